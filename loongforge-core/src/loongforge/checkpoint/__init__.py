@@ -1,0 +1,31 @@
+"""Checkpoints: atomic, verified save/resume of everything a run needs to continue bit-exactly.
+
+Layout of a checkpoint root (``checkpoint.dir``)::
+
+    step-0000006/           one complete checkpoint (made visible by a rename, never written in place)
+      model_optim/          megatron dist_checkpointing: model + optimizer sharded state (reshardable)
+      trainer-rank00000.pt  per-rank state: RNG states, data position (torch.load(weights_only=True))
+      trainer.json          step, scheduler state, plugin extra_state
+      config.yaml           the resolved run config
+      metadata.json         versions, device backend and why it was chosen, parallel layout, time
+      manifest.json         written last: every file with its size and sha256
+    .tmp-step-0000009/      a save in progress (or killed); never loaded, removed by the next save
+    latest                  name of the newest complete checkpoint (replaced atomically)
+
+This package's top level stays torch-free: the directory/manifest logic is usable by ``loongforge`` commands
+that must answer instantly. :mod:`loongforge.checkpoint.saver` holds the torch/megatron parts.
+"""
+
+from __future__ import annotations
+
+from loongforge.checkpoint.layout import CheckpointDir, list_checkpoints, step_dir_name
+from loongforge.checkpoint.manifest import CheckpointCorruptError, verify_manifest, write_manifest
+
+__all__ = [
+    "CheckpointCorruptError",
+    "CheckpointDir",
+    "list_checkpoints",
+    "step_dir_name",
+    "verify_manifest",
+    "write_manifest",
+]

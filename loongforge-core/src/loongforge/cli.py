@@ -1,0 +1,127 @@
+"""The ``loongforge`` command line.
+
+``plugins``, ``list`` and ``doctor`` never import torch, so they answer in well under two seconds.
+Errors that are the user's to fix (:class:`LoongForgeError`) are printed as one line, without a traceback,
+and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from loongforge.errors import LoongForgeError
+from loongforge.registry import REGISTRY_KINDS
+
+#: ``loongforge list <plural>`` -> registry kind.
+_LIST_CHOICES = {f"{kind}s" if not kind.endswith("y") else f"{kind[:-1]}ies": kind for kind in REGISTRY_KINDS}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="loongforge", description="LoongForge: train LLM, VLM, diffusion and embodied models."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    train = sub.add_parser("train", help="train from a YAML config", description="Train from a YAML config.")
+    train.add_argument("config", help="path to the run's YAML config")
+    train.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. training.steps=50")
+    train.add_argument("--device", help="device backend name or 'auto' (beats LOONGFORGE_DEVICE and the config)")
+
+    sub.add_parser("plugins", help="list installed plugins and what each registered")
+
+    lister = sub.add_parser("list", help="list registered components of one kind")
+    lister.add_argument("kind", choices=sorted(_LIST_CHOICES))
+
+    sub.add_parser("doctor", help="report versions, devices, plugins")
+
+    check = sub.add_parser("check", help="validate a config and resolve its names without training")
+    check.add_argument("config")
+    check.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+
+    prep = sub.add_parser("preprocess", help="tokenize .txt/.jsonl files into a memory-mapped token dataset")
+    prep.add_argument("inputs", nargs="+", help=".txt or .jsonl files")
+    prep.add_argument("--output", required=True, help="output path prefix (writes PREFIX.bin and PREFIX.idx.json)")
+    prep.add_argument("--tokenizer", default="byte", help="'byte' or hf:/path/to/local/tokenizer/dir")
+    prep.add_argument("--text-key", default="text", help="JSON field with the text in .jsonl files")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except LoongForgeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from loongforge.config import load_config
+    from loongforge.config.resolve import resolve_names
+
+    config = load_config(args.config, args.overrides)
+    resolve_names(config)  # fail on a misspelled name before torch and megatron load
+
+    from loongforge.train.run import run_training
+
+    run_training(config, device=args.device)
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from loongforge.config import load_config
+    from loongforge.config.resolve import resolve_names
+
+    config = load_config(args.config, args.overrides)
+    for line in resolve_names(config):
+        print(line)
+    print(f"{args.config}: OK")
+    return 0
+
+
+def _cmd_plugins(args: argparse.Namespace) -> int:
+    from loongforge.plugins import iter_plugins
+    from loongforge.report import plugins_table
+
+    plugins_table(list(iter_plugins()))
+    return 0
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from loongforge.plugins import get_registry
+    from loongforge.report import registry_table
+
+    registry_table(get_registry(_LIST_CHOICES[args.kind]))
+    return 0
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from loongforge.report import doctor
+
+    doctor()
+    return 0
+
+
+def _cmd_preprocess(args: argparse.Namespace) -> int:
+    from loongforge.data.preprocess import preprocess_main
+
+    preprocess_main(args.inputs, args.output, args.tokenizer, args.text_key)
+    return 0
+
+
+_COMMANDS = {
+    "train": _cmd_train,
+    "check": _cmd_check,
+    "plugins": _cmd_plugins,
+    "list": _cmd_list,
+    "doctor": _cmd_doctor,
+    "preprocess": _cmd_preprocess,
+}
+
+if __name__ == "__main__":
+    sys.exit(main())

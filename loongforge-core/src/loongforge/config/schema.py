@@ -1,0 +1,158 @@
+"""Typed configuration of a LoongForge run.
+
+Why dataclasses: a YAML file is validated against these classes field by field, so a misspelled key
+fails with its file and key path instead of being silently ignored, and every option has one documented
+default in one place. Component names (``model``, ``device``, ``data.dataset``, ...) stay plain strings
+here; they are resolved through the plugin registries only when the run is built, so a config can be
+loaded and checked without importing torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class RunConfig:
+    """Where a run writes and how it is seeded."""
+
+    name: str = "run"
+    #: Directory for checkpoints, metrics (metrics.jsonl), TensorBoard events and the resolved config.
+    output_dir: str = "runs/run"
+    #: Seed for model initialisation, data order and dropout; a resumed run restores RNG state instead.
+    seed: int = 1234
+
+
+@dataclass
+class ModelConfig:
+    """Which model to build: a registered flavor name plus optional field overrides."""
+
+    #: A registered model name (``loongforge list models``), a Hugging Face id alias, or ``pkg.module:factory``.
+    name: str = "llama-tiny"
+    #: Flavor fields to override, e.g. ``{num_layers: 2}``.
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ParallelConfig:
+    """How the model is split across processes; ``dp`` is derived from the world size."""
+
+    #: Parallel strategy name (``loongforge list strategies``).
+    strategy: str = "megatron"
+    tp: int = 1
+    pp: int = 1
+    #: Shard layer-norm/dropout activations over the tensor-parallel group (needs tp > 1).
+    sequence_parallel: bool = False
+    #: Shard optimizer state across data-parallel ranks (ZeRO-1).
+    distributed_optimizer: bool = False
+
+
+@dataclass
+class DataConfig:
+    """Training data: a registered dataset kind, its location, and the tokenizer."""
+
+    #: Dataset kind (``loongforge list datasets``): ``shipped-corpus``, ``mmap``, ``text``.
+    dataset: str = "shipped-corpus"
+    #: Path(s) the dataset kind reads: a prefix for ``mmap``, files for ``text``; unused for ``shipped-corpus``.
+    paths: list[str] = field(default_factory=list)
+    #: ``byte`` (built in) or ``hf:/local/tokenizer/dir``.
+    tokenizer: str = "byte"
+    #: JSON field holding the text in .jsonl inputs.
+    text_key: str = "text"
+    seq_length: int = 256
+    #: Fraction of documents held out for validation.
+    valid_fraction: float = 0.0
+
+
+@dataclass
+class OptimizerConfig:
+    """AdamW hyper-parameters (megatron's optimizer implements them)."""
+
+    name: str = "adamw"
+    lr: float = 3.0e-4
+    min_lr: float = 3.0e-5
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1.0e-8
+    #: Clip the global gradient norm to this value; 0 disables clipping.
+    grad_clip: float = 1.0
+
+
+@dataclass
+class SchedulerConfig:
+    """Learning-rate schedule: linear warmup then decay to ``optimizer.min_lr``."""
+
+    warmup_steps: int = 10
+    #: ``cosine``, ``linear`` or ``constant``.
+    decay: str = "cosine"
+    #: Steps over which lr decays; defaults to ``training.steps``.
+    decay_steps: int | None = None
+
+
+@dataclass
+class TrainingConfig:
+    """The loop: how many steps, batch sizes and numeric precision."""
+
+    steps: int = 100
+    micro_batch_size: int = 8
+    #: Samples per optimizer step across all data-parallel ranks; a multiple of micro_batch_size * dp.
+    #: Defaults to micro_batch_size * dp (no gradient accumulation).
+    global_batch_size: int | None = None
+    #: ``fp32`` or ``bf16`` (bf16 keeps fp32 master weights in the optimizer).
+    precision: str = "fp32"
+    #: Intra-op threads for CPU runs; null leaves torch's default.
+    threads: int | None = None
+    #: After training, generate this many tokens from ``sample_prompt`` (0 disables).
+    sample_tokens: int = 0
+    sample_prompt: str = "The "
+
+
+@dataclass
+class CheckpointConfig:
+    """When and where checkpoints are saved, and whether a run resumes."""
+
+    #: Directory for checkpoints; defaults to ``<run.output_dir>/checkpoints``.
+    dir: str | None = None
+    #: Save every N steps (0: only at the end).
+    interval: int = 0
+    #: Keep the newest N checkpoints (older ones are deleted after a successful save).
+    keep_last: int = 2
+    #: ``auto`` resumes from the newest valid checkpoint in ``dir`` if one exists; ``never`` starts fresh;
+    #: a path resumes from that checkpoint.
+    resume: str = "auto"
+    save_at_end: bool = True
+
+
+@dataclass
+class LoggingConfig:
+    """Progress display and metrics sinks."""
+
+    #: Log metrics every N steps.
+    interval: int = 10
+    tensorboard: bool = True
+    jsonl: bool = True
+    #: Show a live progress bar (disabled automatically when stdout is not a terminal).
+    progress: bool = True
+
+
+@dataclass
+class LoongForgeConfig:
+    """A whole run. Each section maps to a YAML top-level key of the same name."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    #: Device backend name or ``auto`` (``loongforge list devices``); ``--device`` and LOONGFORGE_DEVICE win.
+    device: str = "auto"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    #: Optimizations to switch on by registered name, each with its own settings mapping.
+    optimizations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Where this config was read from (set by the loader, used in error messages).
+    source: str = "<defaults>"

@@ -1,0 +1,44 @@
+"""Data: tokenizers, memory-mapped token datasets, GPT samples, resumable batch order, the shipped corpus.
+
+Importing this package is free (no numpy, no torch): the names below are loaded from their submodules on
+first use, so ``loongforge plugins`` and config checks stay instant. Modules:
+
+- :mod:`~loongforge.data.tokenizers`: ``Tokenizer`` protocol, ``ByteTokenizer``, ``HFTokenizer``, ``load_tokenizer``
+- :mod:`~loongforge.data.indexed`: the on-disk format (``TokenDatasetWriter``, ``MMapTokenDataset``)
+- :mod:`~loongforge.data.build` / :mod:`~loongforge.data.cache`: text files -> dataset, once
+- :mod:`~loongforge.data.gpt_dataset` / :mod:`~loongforge.data.sampler`: samples and batch order (torch)
+- :mod:`~loongforge.data.shipped`: the bundled English corpus
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "DataError": "errors",
+    "Tokenizer": "tokenizers",
+    "ByteTokenizer": "tokenizers",
+    "HFTokenizer": "tokenizers",
+    "load_tokenizer": "tokenizers",
+    "TokenDatasetWriter": "indexed",
+    "MMapTokenDataset": "indexed",
+    "build_token_dataset": "build",
+    "cached_token_dataset": "cache",
+    "GPTSampleDataset": "gpt_dataset",
+    "train_valid_split": "gpt_dataset",
+    "TrainBatchIterator": "sampler",
+    "eval_batches": "sampler",
+    "shipped_corpus_path": "shipped",
+    "shipped_corpus_files": "shipped",
+    "shipped_corpus_dataset": "shipped",
+    "preprocess_main": "preprocess",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'loongforge.data' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"loongforge.data.{_EXPORTS[name]}"), name)

@@ -1,0 +1,206 @@
+"""Our memory-mapped token dataset format: the token stream on disk, read without loading it.
+
+A dataset at ``PREFIX`` is three files:
+
+- ``PREFIX.bin``: every document's token ids, each document followed by ``eos``, as raw little-endian
+  ``uint16`` (vocabulary <= 65536) or ``int32``. Halving the size for typical vocabularies halves disk and
+  page-cache use, which is what bounds reading speed.
+- ``PREFIX.docs.npy``: ``int64`` document boundaries, ``num_documents + 1`` entries from 0 to ``num_tokens``;
+  document ``i`` is ``bin[docs[i]:docs[i+1]]``. A plain ``.npy`` so any tool can read it.
+- ``PREFIX.idx.json``: the small human-readable header (format, dtype, counts, tokenizer name).
+
+Why verify on open: a truncated copy or a ``.bin`` from another build would otherwise train on garbage
+without any error. The reader checks the ``.bin`` size and the boundaries against the header and fails with
+one line naming the file. The writer streams documents to temporary files and renames them into place with
+the header last, so an interrupted build never leaves a dataset that opens.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from loongforge.data.errors import DataError
+
+FORMAT = "loongforge-tokens"
+FORMAT_VERSION = 1
+_DTYPES = {"uint16": np.dtype("<u2"), "int32": np.dtype("<i4")}
+
+
+def token_dtype(vocab_size: int) -> str:
+    """Name of the narrowest stored dtype that holds ids ``0 .. vocab_size-1``."""
+    return "uint16" if vocab_size <= 65536 else "int32"
+
+
+def dataset_files(prefix: str | Path) -> tuple[Path, Path, Path]:
+    """``(bin, docs, idx)`` paths of the dataset at ``prefix``."""
+    prefix = str(Path(prefix).expanduser())
+    return Path(prefix + ".bin"), Path(prefix + ".docs.npy"), Path(prefix + ".idx.json")
+
+
+class TokenDatasetWriter:
+    """Appends documents to a new dataset; use as a context manager or call :meth:`finish`.
+
+    Leaving the ``with`` block normally finishes the dataset; leaving it with an exception deletes the
+    partial files.
+    """
+
+    def __init__(self, prefix: str | Path, *, vocab_size: int, tokenizer_name: str, eos_id: int) -> None:
+        self.prefix = Path(prefix).expanduser()
+        self.vocab_size = vocab_size
+        self.tokenizer_name = tokenizer_name
+        self.eos_id = eos_id
+        self.dtype = token_dtype(vocab_size)
+        self.num_tokens = 0
+        self._ends = array.array("q")
+        self._eos = np.asarray([eos_id], dtype=_DTYPES[self.dtype]).tobytes()
+        self._final = dataset_files(self.prefix)
+        self._tmp = tuple(p.with_name(f"{p.name}.tmp{os.getpid()}") for p in self._final)
+        self.prefix.parent.mkdir(parents=True, exist_ok=True)
+        self._bin = open(self._tmp[0], "wb")
+
+    @property
+    def num_documents(self) -> int:
+        return len(self._ends)
+
+    def add_document(self, ids: Sequence[int] | np.ndarray) -> None:
+        """Append one document (its ``eos`` is added here)."""
+        arr = np.asarray(ids)
+        if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= self.vocab_size):
+            raise DataError(f"{self.prefix}: token id out of range 0..{self.vocab_size - 1} in document "
+                            f"{self.num_documents}")
+        self._bin.write(arr.astype(_DTYPES[self.dtype], copy=False).tobytes())
+        self._bin.write(self._eos)
+        self.num_tokens += arr.size + 1
+        self._ends.append(self.num_tokens)
+
+    def finish(self) -> None:
+        """Flush, sync and move the files into place, header last."""
+        if not self._ends:
+            self.abort()
+            raise DataError(f"{self.prefix}: no documents were added")
+        self._bin.flush()
+        os.fsync(self._bin.fileno())
+        self._bin.close()
+        docs = np.concatenate([[0], np.frombuffer(self._ends, dtype=np.int64)])
+        with open(self._tmp[1], "wb") as f:
+            np.save(f, docs)
+            f.flush()
+            os.fsync(f.fileno())
+        header = {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "dtype": self.dtype,
+            "vocab_size": self.vocab_size,
+            "tokenizer": self.tokenizer_name,
+            "eos_id": self.eos_id,
+            "num_documents": self.num_documents,
+            "num_tokens": self.num_tokens,
+        }
+        with open(self._tmp[2], "w", encoding="utf-8") as f:
+            json.dump(header, f, indent=2)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        for tmp, final in zip(self._tmp, self._final):
+            os.replace(tmp, final)
+
+    def abort(self) -> None:
+        """Close and delete the partial files."""
+        self._bin.close()
+        for tmp in self._tmp:
+            tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> TokenDatasetWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.finish()
+        else:
+            self.abort()
+
+
+class MMapTokenDataset:
+    """A verified, read-only, memory-mapped token dataset; ``ds[i]`` is document ``i`` (ending with eos).
+
+    ``tokens`` is the whole stream as a ``np.memmap``: the OS pages in only what is read, so opening a
+    dataset of any size is instant. Pickling stores only the prefix (DataLoader workers reopen the files
+    instead of copying the tokens).
+    """
+
+    def __init__(self, prefix: str | Path) -> None:
+        self.prefix = Path(prefix).expanduser()
+        bin_path, docs_path, idx_path = dataset_files(self.prefix)
+        if not idx_path.is_file():
+            raise DataError(f"token dataset not found: {idx_path} (build it with `loongforge preprocess`)")
+        try:
+            header = json.loads(idx_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise DataError(f"{idx_path}: unreadable dataset header: {exc}") from None
+        if not isinstance(header, dict) or header.get("format") != FORMAT:
+            raise DataError(f"{idx_path}: not a {FORMAT} header")
+        if header.get("version") != FORMAT_VERSION or header.get("dtype") not in _DTYPES:
+            raise DataError(f"{idx_path}: unsupported version {header.get('version')} / dtype {header.get('dtype')}"
+                            f" (this LoongForge reads version {FORMAT_VERSION}); rebuild the dataset")
+        self.header = header
+        self.num_tokens: int = header["num_tokens"]
+        self.num_documents: int = header["num_documents"]
+        self.vocab_size: int = header["vocab_size"]
+        self.tokenizer_name: str = header["tokenizer"]
+        self.eos_id: int = header["eos_id"]
+        self.dtype = _DTYPES[header["dtype"]]
+        expected = self.num_tokens * self.dtype.itemsize
+        actual = bin_path.stat().st_size if bin_path.is_file() else None
+        if actual != expected:
+            found = "missing" if actual is None else f"{actual} bytes"
+            raise DataError(f"{bin_path}: {found}, but {idx_path.name} says {self.num_tokens} {header['dtype']} "
+                            f"tokens = {expected} bytes; the dataset is incomplete or mixed up, rebuild it")
+        self.doc_offsets = self._load_offsets(docs_path)
+        self.tokens = np.memmap(bin_path, dtype=self.dtype, mode="r", shape=(self.num_tokens,))
+
+    def _load_offsets(self, docs_path: Path) -> np.ndarray:
+        try:
+            docs = np.load(docs_path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise DataError(f"{docs_path}: unreadable document index: {exc}") from None
+        if (
+            docs.shape != (self.num_documents + 1,)
+            or docs.dtype != np.int64
+            or docs[0] != 0
+            or docs[-1] != self.num_tokens
+            or not np.all(np.diff(docs) > 0)
+        ):
+            raise DataError(f"{docs_path}: document boundaries do not match {self.num_documents} documents of "
+                            f"{self.num_tokens} tokens; rebuild the dataset")
+        return docs
+
+    def __len__(self) -> int:
+        return self.num_documents
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        if not -self.num_documents <= index < self.num_documents:
+            raise IndexError(f"document {index} out of range ({self.num_documents} documents)")
+        index %= self.num_documents
+        return self.tokens[self.doc_offsets[index] : self.doc_offsets[index + 1]]
+
+    def check_tokenizer(self, tokenizer: Any) -> None:
+        """Fail if ``tokenizer`` is not the one the dataset was built with (its ids would mean other text)."""
+        if tokenizer.name != self.tokenizer_name:
+            raise DataError(f"{self.prefix}: built with tokenizer '{self.tokenizer_name}', but this run uses "
+                            f"'{tokenizer.name}'; rebuild the dataset or change the tokenizer")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"prefix": self.prefix}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["prefix"])
+
+    def __repr__(self) -> str:
+        return (f"MMapTokenDataset({str(self.prefix)!r}, documents={self.num_documents}, "
+                f"tokens={self.num_tokens}, tokenizer={self.tokenizer_name!r})")

@@ -1,0 +1,45 @@
+"""Core's dataset kinds and tokenizers, registered by name through the plugin hooks.
+
+Torch-free and import-free: targets are ``"module:attr"`` strings, imported only when a run uses them.
+Dataset targets are factories with the signature documented in :mod:`loongforge.data.kinds`; tokenizer
+targets are classes (``byte`` takes no argument, ``hf`` takes the local directory).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def register_builtin_datasets(registry: Any) -> None:
+    registry.register(
+        "mmap",
+        "loongforge.data.kinds:mmap_dataset",
+        aliases=("indexed",),
+        description="prebuilt memory-mapped token dataset at a path prefix (see `loongforge preprocess`)",
+    )
+    registry.register(
+        "text",
+        "loongforge.data.kinds:text_dataset",
+        aliases=("jsonl", "txt"),
+        description="raw .txt/.jsonl files, tokenized on first use and cached",
+    )
+    registry.register(
+        "shipped-corpus",
+        "loongforge.data.kinds:shipped_corpus",
+        aliases=("austen",),
+        description="three Jane Austen novels (1.8 MB, public domain) shipped with loongforge-core",
+    )
+
+
+def register_builtin_tokenizers(registry: Any) -> None:
+    registry.register(
+        "byte",
+        "loongforge.data.tokenizers:ByteTokenizer",
+        description="built-in UTF-8 byte-level tokenizer (259 ids), no files needed",
+    )
+    registry.register(
+        "hf",
+        "loongforge.data.tokenizers:HFTokenizer",
+        aliases=("huggingface",),
+        description="Hugging Face fast tokenizer from a local directory (hf:/path/to/dir); needs [hf] extra",
+    )

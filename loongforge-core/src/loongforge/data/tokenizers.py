@@ -1,0 +1,151 @@
+"""Tokenizers: a small protocol, a built-in byte-level tokenizer, and Hugging Face tokenizers from disk.
+
+Why a protocol of our own instead of passing Hugging Face objects around: the data pipeline needs only six
+things (encode, decode, vocabulary size and three special ids), and the built-in :class:`ByteTokenizer` must
+work with no optional dependency installed, so the quickstart runs on a bare ``pip install loongforge-core``.
+``name`` identifies the exact vocabulary; token datasets record it so that a dataset is never silently read
+with a different tokenizer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from loongforge.data.errors import DataError
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What the data pipeline and text generation need from a tokenizer."""
+
+    name: str
+    vocab_size: int
+    bos_id: int | None
+    eos_id: int
+    pad_id: int
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``, without special tokens."""
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``; special tokens are dropped."""
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens: ids 0-255 are the bytes, then ``bos`` (256), ``eos`` (257), ``pad`` (258).
+
+    Needs no vocabulary file and is lossless: ``decode(encode(s)) == s`` for every string. Decoding an
+    arbitrary id sequence (e.g. sampled from a half-trained model) cannot fail: invalid UTF-8 becomes U+FFFD.
+    """
+
+    name = "byte"
+    bos_id = 256
+    eos_id = 257
+    pad_id = 258
+    vocab_size = 259
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        arr = np.asarray(ids, dtype=np.int64).ravel()
+        return arr[(arr >= 0) & (arr < 256)].astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+
+    def __repr__(self) -> str:
+        return "ByteTokenizer()"
+
+
+class HFTokenizer:
+    """A Hugging Face *fast* tokenizer loaded from a local directory, with no network access.
+
+    Reads ``tokenizer.json`` with the ``tokenizers`` library (much lighter than ``transformers``, which is
+    not needed) and the special tokens from ``tokenizer_config.json`` (falling back to
+    ``special_tokens_map.json``), the files ``save_pretrained`` writes. ``eos_token`` is required because
+    documents are separated by it; ``bos_token`` is optional and ``pad_token`` defaults to ``eos_token``.
+    """
+
+    def __init__(self, directory: str | Path) -> None:
+        directory = Path(directory).expanduser()
+        if not directory.is_dir():
+            raise DataError(f"tokenizer directory not found: {directory}")
+        tokenizer_file = directory / "tokenizer.json"
+        if not tokenizer_file.is_file():
+            raise DataError(f"no tokenizer.json in {directory} (save the tokenizer with save_pretrained)")
+        try:
+            from tokenizers import Tokenizer as _FastTokenizer
+        except ImportError:
+            raise DataError(
+                "Hugging Face tokenizers need the 'tokenizers' package: pip install 'loongforge-core[hf]'"
+            ) from None
+        try:
+            self._tok = _FastTokenizer.from_file(str(tokenizer_file))
+        except Exception as exc:  # the Rust side raises plain Exception subclasses
+            raise DataError(f"cannot load {tokenizer_file}: {exc}") from None
+        self.directory = directory
+        special = _special_tokens(directory)
+        self.eos_id = self._token_id(special.get("eos_token"), "eos_token", required=True)
+        self.bos_id = self._token_id(special.get("bos_token"), "bos_token", required=False)
+        pad = self._token_id(special.get("pad_token"), "pad_token", required=False)
+        self.pad_id = self.eos_id if pad is None else pad
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        digest = hashlib.sha256(tokenizer_file.read_bytes()).hexdigest()[:12]
+        self.name = f"hf:{directory.name}@{digest}"
+
+    def _token_id(self, token: str | None, key: str, *, required: bool) -> int | None:
+        if token is None:
+            if required:
+                raise DataError(
+                    f"no {key} in {self.directory}/tokenizer_config.json (needed to separate documents)"
+                )
+            return None
+        token_id = self._tok.token_to_id(token)
+        if token_id is None:
+            raise DataError(f"{key} {token!r} of {self.directory} is not in its tokenizer.json vocabulary")
+        return token_id
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(np.asarray(ids, dtype=np.int64).ravel().tolist(), skip_special_tokens=True)
+
+    def __repr__(self) -> str:
+        return f"HFTokenizer({str(self.directory)!r})"
+
+
+def _special_tokens(directory: Path) -> dict[str, str]:
+    """``{"eos_token": "</s>", ...}`` from the files transformers writes; entries may be AddedToken dicts."""
+    found: dict[str, str] = {}
+    for filename in ("special_tokens_map.json", "tokenizer_config.json"):  # later files win
+        path = directory / filename
+        if not path.is_file():
+            continue
+        try:
+            config: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise DataError(f"cannot read {path}: {exc}") from None
+        for key in ("bos_token", "eos_token", "pad_token"):
+            value = config.get(key)
+            if isinstance(value, dict):
+                value = value.get("content")
+            if isinstance(value, str):
+                found[key] = value
+    return found
+
+
+def load_tokenizer(spec: str) -> Tokenizer:
+    """``"byte"`` -> :class:`ByteTokenizer`; ``"hf:DIR"`` or an existing directory -> :class:`HFTokenizer`."""
+    if spec == "byte":
+        return ByteTokenizer()
+    if spec.startswith("hf:"):
+        return HFTokenizer(spec[3:])
+    if Path(spec).expanduser().is_dir():
+        return HFTokenizer(spec)
+    raise DataError(
+        f"unknown tokenizer {spec!r}: expected 'byte', 'hf:/path/to/dir' or a directory holding tokenizer.json"
+    )

@@ -1,0 +1,87 @@
+"""The built-in CPU backend: gloo, the CPU generator, process RSS, megatron CPU patches.
+
+Always available, lowest priority: ``device: auto`` falls back to it when no accelerator plugin is usable.
+Importing this module does not import torch (selection and ``loongforge plugins`` stay instant).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+from typing import Any
+
+from loongforge.devices.base import DeviceBackend, check_feature
+
+#: Features the CPU backend provides. bf16 works (slowly, through CPU kernels); fp16 training needs a
+#: loss scaler megatron implements with CUDA-only kernels; the rest need NVIDIA hardware or libraries.
+_SUPPORTED = frozenset({"bf16", "sequence_parallel"})
+
+
+class CPUBackend(DeviceBackend):
+    """Runs megatron-core on CPU processes connected by gloo."""
+
+    name = "cpu"
+    priority = 0
+    device_type = "cpu"
+    dist_backend = "gloo"
+
+    def probe(self) -> tuple[bool, str]:
+        """Always available."""
+        return True, f"CPU backend is always available ({os.cpu_count()} logical CPUs)"
+
+    def apply_patches(self) -> None:
+        """Apply the megatron CPU patches (idempotent); see :mod:`loongforge.devices.megatron_cpu`."""
+        from loongforge.devices.megatron_cpu import apply_megatron_cpu_patches
+
+        apply_megatron_cpu_patches()
+
+    def device(self, local_rank: int = 0) -> Any:
+        """Every rank computes on ``cpu`` (torch has a single CPU device)."""
+        import torch
+
+        return torch.device("cpu")
+
+    def set_device(self, local_rank: int) -> None:
+        """Nothing to select: all ranks share the one CPU device."""
+
+    def synchronize(self) -> None:
+        """CPU ops complete before they return."""
+
+    def manual_seed(self, seed: int) -> None:
+        """Seed torch's CPU generator."""
+        import torch
+
+        torch.manual_seed(seed)
+
+    def get_rng_state(self) -> dict[str, Any]:
+        """The CPU generator state (``torch.get_rng_state()``)."""
+        import torch
+
+        return {"cpu": torch.get_rng_state()}
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        """Restore a state from :meth:`get_rng_state`."""
+        import torch
+
+        torch.set_rng_state(state["cpu"])
+
+    def memory_stats(self) -> dict[str, int]:
+        """Resident set size now and at peak, in bytes (``allocated``/``peak_allocated`` for the CPU)."""
+        import psutil
+
+        rss = psutil.Process().memory_info().rss
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        peak_bytes = peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB, macOS bytes
+        return {"allocated": rss, "peak_allocated": max(peak_bytes, rss), "rss": rss, "peak_rss": peak_bytes}
+
+    def supports(self, feature: str) -> bool:
+        """bf16 and sequence parallelism; no fp16 loss scaling, FP8, TE, flash-attn or CUDA graphs."""
+        check_feature(feature)
+        return feature in _SUPPORTED
+
+    def spec_provider(self) -> Any:
+        """:class:`~loongforge.devices.cpu_spec.CPUSpecProvider` (local linears, SDPA, fused RMSNorm)."""
+        from loongforge.devices.cpu_spec import CPUSpecProvider
+
+        return CPUSpecProvider()

@@ -1,0 +1,46 @@
+"""Targeted patches that let megatron-core train on CPU under gloo.
+
+megatron-core assumes CUDA in places that have nothing to do with the math: device queries, ``device="cuda"``
+literals, streams, the CUDA RNG, and dtype checks by CUDA type name. Each patch below fixes one such
+assumption where megatron looks the name up, so the rest of megatron runs unmodified:
+
+* :func:`~loongforge.devices.megatron_cpu.modules.install_torch_views` -- the modules in
+  :data:`~loongforge.devices.megatron_cpu.modules.CUDA_ASSUMING_MODULES` see a CPU view of ``torch``
+  (``torch.cuda.current_device()`` -> ``"cpu"``, ``device="cuda"`` -> ``"cpu"``, no-op streams/synchronize).
+* :func:`~loongforge.devices.megatron_cpu.rng.patch_rng_tracker` -- the RNG tracker keeps CPU generator states.
+* :func:`~loongforge.devices.megatron_cpu.optimizer.patch_optimizer_type_checks` -- optimizer constructors
+  accept CPU parameters.
+* :func:`~loongforge.devices.megatron_cpu.optimizer.patch_clip_grads` -- gradient clipping without the CUDA
+  type assertion.
+* :func:`~loongforge.devices.megatron_cpu.moe.patch_router_gemm` -- the MoE router without Transformer Engine.
+
+Checked against megatron-core 0.16.1 (what Python 3.11 resolves ``megatron-core>=0.15`` to): GPTModel with
+the local spec at TP=1, TP=2, TP=2 + sequence parallel and PP=2 (gloo, torchrun), DistributedDataParallel,
+``get_megatron_optimizer`` (Adam, fp32 and bf16, with and without the distributed optimizer), gradient
+clipping, ``OptimizerParamScheduler``, and ``dist_checkpointing`` save/load of the model and the
+(non-distributed) optimizer state.
+
+Importing this package is cheap; the patches import torch and megatron when applied.
+"""
+
+from __future__ import annotations
+
+_applied = False
+
+
+def apply_megatron_cpu_patches() -> None:
+    """Apply every CPU patch once (idempotent); call before building megatron models or optimizers."""
+    global _applied
+    if _applied:
+        return
+    from loongforge.devices.megatron_cpu.modules import install_torch_views
+    from loongforge.devices.megatron_cpu.moe import patch_router_gemm
+    from loongforge.devices.megatron_cpu.optimizer import patch_clip_grads, patch_optimizer_type_checks
+    from loongforge.devices.megatron_cpu.rng import patch_rng_tracker
+
+    install_torch_views()
+    patch_rng_tracker()
+    patch_optimizer_type_checks()
+    patch_clip_grads()
+    patch_router_gemm()
+    _applied = True

@@ -1,0 +1,131 @@
+"""Megatron ``core_attention`` module backed by ``torch.nn.functional.scaled_dot_product_attention``.
+
+Megatron's local ``DotProductAttention`` materialises the ``[b*np, sq, sk]`` score matrix with ``baddbmm``,
+masks and softmaxes it in separate kernels and repeats K/V for GQA. On CPU, torch's SDPA runs a fused
+flash-style kernel instead; plain PyTorch training loops (our benchmark baseline) use it, so a megatron model
+must too to be competitive. The constructor and ``forward`` signatures match megatron-core's
+``DotProductAttention`` (0.15 and 0.16), so the module drops into ``SelfAttentionSubmodules.core_attention``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from megatron.core import tensor_parallel
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.utils import divide
+
+#: ``enable_gqa`` appeared in torch 2.5; older torch gets K/V repeated explicitly.
+_SDPA_HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
+
+
+class SDPAttention(MegatronModule):
+    """Causal/padded multi-head attention with grouped K/V, via torch SDPA.
+
+    Inputs are megatron's ``[sq, b, heads, head_dim]`` query/key/value (key/value carry the query groups of
+    this tensor-parallel rank); the output is ``[sq, b, heads * head_dim]``. Supported: causal and
+    ``no_mask`` attention, explicit boolean masks (megatron convention: ``True`` = masked out), attention
+    dropout (forked on the model-parallel RNG like megatron), GQA. Not supported (raise at construction or
+    call): context parallelism, sliding windows, non-vanilla softmax, packed sequences, attention bias.
+    """
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        layer_number: int,
+        attn_mask_type: AttnMaskType,
+        attention_type: str,
+        attention_dropout: Optional[float] = None,
+        softmax_scale: Optional[float] = None,
+        cp_comm_type: Optional[str] = None,
+        pg_collection: Any = None,
+        **_unused: Any,
+    ) -> None:
+        super().__init__(config=config)
+        if config.context_parallel_size != 1:
+            raise NotImplementedError("SDPAttention does not support context parallelism")
+        if getattr(config, "window_size", None) is not None:
+            raise NotImplementedError("SDPAttention does not support sliding-window attention")
+        if getattr(config, "softmax_type", "vanilla") != "vanilla":
+            raise NotImplementedError(f"SDPAttention supports only vanilla softmax, not {config.softmax_type}")
+        if pg_collection is None:
+            from megatron.core.process_groups_config import ProcessGroupCollection
+
+            pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp"])
+        tp_size = pg_collection.tp.size()
+        self.layer_number = max(1, layer_number)
+        self.attn_mask_type = attn_mask_type
+        self.num_heads = divide(config.num_attention_heads, tp_size)
+        self.num_groups = divide(config.num_query_groups, tp_size)
+        self.head_dim = config.kv_channels
+        # Megatron's apply_query_key_layer_scaling divides the scores by layer_number and multiplies them back
+        # inside the fp32 softmax; mathematically the scale is unchanged, so SDPA gets the plain scale.
+        self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(self.head_dim)
+        self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: Optional[torch.Tensor],
+        attn_mask_type: Optional[AttnMaskType] = None,
+        attention_bias: Optional[torch.Tensor] = None,
+        packed_seq_params: Any = None,
+    ) -> torch.Tensor:
+        """Attend ``query`` over ``key``/``value``; returns ``[sq, b, heads * head_dim]``."""
+        if packed_seq_params is not None:
+            raise NotImplementedError("SDPAttention does not support packed sequences")
+        if attention_bias is not None:
+            raise NotImplementedError("SDPAttention does not support attention bias")
+        mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
+        sq, b = query.shape[0], query.shape[1]
+        sk = key.shape[0]
+        # [s, b, n, d] -> [b, n, s, d]
+        q = query.permute(1, 2, 0, 3)
+        k = key.permute(1, 2, 0, 3)
+        v = value.permute(1, 2, 0, 3)
+        mask, is_causal = self._sdpa_mask(attention_mask, mask_type, sq, sk, query.device)
+        kwargs: dict[str, Any] = {}
+        if self.num_heads != self.num_groups:
+            if _SDPA_HAS_GQA:
+                kwargs["enable_gqa"] = True
+            else:
+                k = k.repeat_interleave(self.num_heads // self.num_groups, dim=1)
+                v = v.repeat_interleave(self.num_heads // self.num_groups, dim=1)
+        dropout_p = self.dropout_p if self.training else 0.0
+        if dropout_p > 0.0 and not self.config.sequence_parallel:
+            with tensor_parallel.get_cuda_rng_tracker().fork():
+                out = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
+                    scale=self.softmax_scale, **kwargs,
+                )
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
+                scale=self.softmax_scale, **kwargs,
+            )
+        # [b, n, sq, d] -> [sq, b, n * d]
+        return out.permute(2, 0, 1, 3).reshape(sq, b, self.num_heads * self.head_dim)
+
+    @staticmethod
+    def _sdpa_mask(
+        attention_mask: Optional[torch.Tensor], mask_type: AttnMaskType, sq: int, sk: int, device: torch.device
+    ) -> tuple[Optional[torch.Tensor], bool]:
+        """Translate megatron's mask (``True`` = masked out) into SDPA's (``True`` = attend) and causal flag."""
+        if attention_mask is not None:
+            return ~attention_mask, False
+        if mask_type == AttnMaskType.no_mask or sq == 1:
+            return None, False
+        if mask_type != AttnMaskType.causal:
+            raise NotImplementedError(f"SDPAttention needs an explicit mask for {mask_type}")
+        if sq == sk:
+            return None, True
+        # Decoding with a cache: queries are the last sq positions, aligned to the bottom right.
+        keep = torch.ones(sq, sk, dtype=torch.bool, device=device).tril(diagonal=sk - sq)
+        return keep, False

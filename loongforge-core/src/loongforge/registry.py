@@ -1,0 +1,179 @@
+"""Named-component registries that config names resolve through.
+
+Plugins fill these through collector hooks (``loongforge_register_models(registry)`` ...). A registry maps
+a kebab-case name (plus aliases such as Hugging Face ids) to a target, which is either the object itself or
+a lazy ``"package.module:attribute"`` string: registering must stay cheap and torch-free so that
+``loongforge plugins`` and ``loongforge list`` answer instantly; the target is imported only when a run uses it.
+
+Resolution failures raise :class:`UnknownComponentError` with the known names, a did-you-mean, and, when
+the name belongs to a first-party plugin that is not installed, the ``pip install`` line that provides it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from loongforge.errors import LoongForgeError
+
+#: Names offered by first-party plugins, so a missing plugin can be named. Patterns are matched
+#: against the lower-cased name. Third-party plugins are unknown to core by design.
+FIRST_PARTY_PROVIDERS: tuple[tuple[str, str, str], ...] = (
+    ("device", r"^(cuda|gpu|nvidia)$", "loongforge-cuda"),
+    ("device", r"^(xpu|kunlun|kunlunxin|p800)$", "loongforge-xpu"),
+    ("model", r"(qwen[\d.]*-vl|siglip|llava|internvl|vlm)", "loongforge-vlm"),
+    ("model", r"(^wan|qwen-image|dit|flux|diffusion)", "loongforge-diffusion"),
+    ("model", r"(pi0|gr00t|groot|vla|act-)", "loongforge-embodied"),
+    ("strategy", r"^(ddp|zero1|fsdp2?|hsdp)$", "loongforge-embodied"),
+    ("optimization", r"(fp8|taot)", "loongforge-cuda"),
+)
+
+
+class UnknownComponentError(LoongForgeError, KeyError):
+    """A config named a component that no installed plugin registered."""
+
+    def __str__(self) -> str:  # KeyError would wrap the message in quotes
+        return str(self.args[0])
+
+
+class DuplicateComponentError(LoongForgeError):
+    """Two plugins registered the same name; the message names both providers."""
+
+
+@dataclass
+class Entry:
+    """One registered component."""
+
+    name: str
+    target: Any
+    provider: str
+    description: str = ""
+    aliases: tuple[str, ...] = ()
+    _loaded: Any = field(default=None, repr=False)
+
+    def load(self) -> Any:
+        """Return the target, importing it first if it was registered as ``"module:attr"``."""
+        if self._loaded is None:
+            self._loaded = resolve_import_path(self.target) if isinstance(self.target, str) else self.target
+        return self._loaded
+
+
+def resolve_import_path(path: str) -> Any:
+    """Import ``"package.module:attribute"`` (the escape hatch for components outside any registry)."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise LoongForgeError(f"'{path}' is not an import path of the form package.module:attribute")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise LoongForgeError(f"cannot import '{module_name}' for '{path}': {exc}") from None
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise LoongForgeError(f"'{module_name}' has no attribute '{attr}' (from '{path}')") from None
+    return obj
+
+
+class Registry:
+    """Names of one kind of component (``model``, ``device``, ...) -> entries.
+
+    ``current_provider`` is set by the plugin manager while a plugin's collector hook runs, so entries
+    record which distribution provided them without plugins having to say so.
+    """
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._entries: dict[str, Entry] = {}
+        self._aliases: dict[str, str] = {}
+        self.current_provider = "<unknown>"
+
+    def register(
+        self, name: str, target: Any, *, aliases: tuple[str, ...] | list[str] = (), description: str = ""
+    ) -> None:
+        """Add ``name`` (and its aliases). A name already taken raises, naming both providers."""
+        key = self._normalise(name)
+        if not key:
+            raise LoongForgeError(f"{self.current_provider}: cannot register a {self.kind} with an empty name")
+        for candidate in (key, *(self._normalise(a) for a in aliases)):
+            owner = self._entries.get(candidate) or self._entries.get(self._aliases.get(candidate, ""))
+            if owner is not None:
+                raise DuplicateComponentError(
+                    f"{self.kind} '{candidate}' registered twice: by {owner.provider} and by {self.current_provider}"
+                )
+        self._entries[key] = Entry(key, target, self.current_provider, description, tuple(aliases))
+        for alias in aliases:
+            self._aliases[self._normalise(alias)] = key
+
+    def names(self) -> list[str]:
+        """Registered canonical names, sorted."""
+        return sorted(self._entries)
+
+    def entries(self) -> Iterator[Entry]:
+        """Entries in name order."""
+        return (self._entries[n] for n in self.names())
+
+    def __contains__(self, name: str) -> bool:
+        key = self._normalise(name)
+        return key in self._entries or key in self._aliases
+
+    def entry(self, name: str, *, where: str = "") -> Entry:
+        """The entry for ``name`` or an alias; ``where`` (e.g. "model in run.yaml") goes in the error."""
+        key = self._normalise(name)
+        key = self._aliases.get(key, key)
+        if key in self._entries:
+            return self._entries[key]
+        raise UnknownComponentError(self.unknown_message(name, where))
+
+    def load(self, name: str, *, where: str = "") -> Any:
+        """Resolve ``name`` to its target; ``pkg.module:attr`` names are imported directly."""
+        if ":" in name and name not in self:
+            return resolve_import_path(name)
+        return self.entry(name, where=where).load()
+
+    def unknown_message(self, name: str, where: str = "") -> str:
+        """One line: what is unknown, where, the known names, a did-you-mean, and an install hint."""
+        location = f" ({where})" if where else ""
+        parts = [f"Unknown {self.kind} '{name}'{location}."]
+        known = self.names()
+        parts.append(f"Known: {', '.join(known) if known else '(none registered)'}.")
+        candidates = known + sorted(self._aliases)
+        close = difflib.get_close_matches(self._normalise(name), candidates, n=1, cutoff=0.6)
+        if close:
+            suggestion = self._aliases.get(close[0], close[0])
+            parts.append(f"Did you mean '{suggestion}'?")
+        provider = first_party_provider(self.kind, name)
+        if provider is not None and not _is_installed(provider):
+            parts.append(f"'{name}' is provided by {provider}, which is not installed: pip install {provider}")
+        return " ".join(parts)
+
+    @staticmethod
+    def _normalise(name: str) -> str:
+        return name.strip().lower()
+
+
+def first_party_provider(kind: str, name: str) -> str | None:
+    """The first-party distribution whose names match ``name``, if any."""
+    lowered = name.lower()
+    for pattern_kind, pattern, dist in FIRST_PARTY_PROVIDERS:
+        if pattern_kind == kind and re.search(pattern, lowered):
+            return dist
+    return None
+
+
+def _is_installed(distribution: str) -> bool:
+    from importlib_metadata import PackageNotFoundError, version
+
+    try:
+        version(distribution)
+    except PackageNotFoundError:
+        return False
+    return True
+
+
+#: Registry kinds, in the order ``loongforge list`` shows them. Each has a collector hook
+#: ``loongforge_register_<kind>s``.
+REGISTRY_KINDS: tuple[str, ...] = ("device", "model", "strategy", "dataset", "tokenizer", "optimization")

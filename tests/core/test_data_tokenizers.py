@@ -1,0 +1,105 @@
+"""Tokenizers: byte-level round trips, and a Hugging Face tokenizer built locally (no downloads)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from loongforge.data.errors import DataError
+from loongforge.data.tokenizers import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
+
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune",
+    "must be in want of a wife. However little known the feelings or views of such a man may be",
+    "Sphinx of black quartz, judge my vow. Pack my box with five dozen liquor jugs.",
+] * 4
+
+
+def build_hf_tokenizer_dir(directory, *, eos="</s>", config=True):
+    """Train a tiny byte-level BPE with the `tokenizers` library and save it as save_pretrained would."""
+    from tokenizers import Tokenizer as FastTokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = FastTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<s>", "</s>", "<pad>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(SENTENCES, trainer)
+    directory.mkdir(parents=True, exist_ok=True)
+    tok.save(str(directory / "tokenizer.json"))
+    if config:
+        special = {"bos_token": {"content": "<s>", "__type": "AddedToken"}, "pad_token": "<pad>"}
+        if eos is not None:
+            special["eos_token"] = eos
+        (directory / "tokenizer_config.json").write_text(json.dumps(special))
+    return directory
+
+
+def test_byte_tokenizer_round_trips_any_unicode():
+    tok = ByteTokenizer()
+    text = "Héllo, wörld! 你好 🦜\n\ttabs & newlines"
+    ids = tok.encode(text)
+    assert ids[:5] == list(b"H\xc3\xa9ll")
+    assert max(ids) < 256 and tok.vocab_size == 259
+    assert tok.decode(ids) == text
+    assert isinstance(tok, Tokenizer)
+
+
+def test_byte_tokenizer_decode_drops_specials_and_never_fails():
+    tok = ByteTokenizer()
+    ids = [tok.bos_id, *tok.encode("ab"), tok.eos_id, 0xE4, tok.pad_id]  # 0xE4 starts a cut-off UTF-8 char
+    assert tok.decode(ids) == "ab\ufffd"
+    assert len({tok.bos_id, tok.eos_id, tok.pad_id}) == 3 and min(tok.bos_id, tok.eos_id, tok.pad_id) >= 256
+
+
+def test_hf_tokenizer_from_local_directory(tmp_path):
+    directory = build_hf_tokenizer_dir(tmp_path / "tok")
+    tok = HFTokenizer(directory)
+    raw = json.loads((directory / "tokenizer.json").read_text())
+    assert tok.eos_id == raw["model"]["vocab"]["</s>"]
+    assert tok.bos_id == raw["model"]["vocab"]["<s>"]
+    assert tok.pad_id == raw["model"]["vocab"]["<pad>"]
+    assert tok.vocab_size == len(raw["model"]["vocab"])
+    text = "The quick fox judges a single man."
+    ids = tok.encode(text)
+    assert len(ids) < len(text)  # BPE merges learned from the sentences
+    assert tok.decode(ids) == text
+    assert tok.decode([tok.bos_id, *ids, tok.eos_id]) == text
+    assert tok.name.startswith("hf:tok@") and isinstance(tok, Tokenizer)
+    assert load_tokenizer(f"hf:{directory}").name == tok.name
+    assert load_tokenizer(str(directory)).name == tok.name
+
+
+def test_hf_pad_defaults_to_eos_and_special_tokens_map_is_read(tmp_path):
+    directory = build_hf_tokenizer_dir(tmp_path / "tok", config=False)
+    (directory / "special_tokens_map.json").write_text(json.dumps({"eos_token": "</s>"}))
+    tok = HFTokenizer(directory)
+    assert tok.pad_id == tok.eos_id and tok.bos_id is None
+
+
+@pytest.mark.parametrize(
+    "setup, message",
+    [
+        (lambda d: None, "tokenizer directory not found"),
+        (lambda d: d.mkdir(), "no tokenizer.json in"),
+        (lambda d: build_hf_tokenizer_dir(d, eos=None), "no eos_token in"),
+        (lambda d: build_hf_tokenizer_dir(d, eos="<eos>"), "eos_token '<eos>'"),
+    ],
+)
+def test_hf_tokenizer_errors_are_one_line_and_name_the_directory(tmp_path, setup, message):
+    directory = tmp_path / "tok"
+    setup(directory)
+    with pytest.raises(DataError) as info:
+        HFTokenizer(directory)
+    assert message in str(info.value) and str(directory) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_load_tokenizer_specs(tmp_path):
+    assert isinstance(load_tokenizer("byte"), ByteTokenizer)
+    with pytest.raises(DataError, match="unknown tokenizer 'gpt9'"):
+        load_tokenizer("gpt9")
+    with pytest.raises(DataError, match="tokenizer directory not found"):
+        load_tokenizer(f"hf:{tmp_path / 'missing'}")

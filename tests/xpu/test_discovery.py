@@ -1,0 +1,15 @@
+"""loongforge-xpu is discovered through its entry point and can be hidden."""
+
+from __future__ import annotations
+
+import pytest
+
+from loongforge.testing.discovery import assert_discovered
+
+pytestmark = pytest.mark.needs_plugins
+
+
+def test_discovered_with_version():
+    import loongforge_xpu
+
+    assert_discovered("xpu", "loongforge-xpu", loongforge_xpu.__version__)
