@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from loongforge.data.errors import DataError
 from loongforge.data.tokenizers import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 
@@ -19,7 +18,8 @@ SENTENCES = [
 
 def build_hf_tokenizer_dir(directory, *, eos="</s>", config=True):
     """Train a tiny byte-level BPE with the `tokenizers` library and save it as save_pretrained would."""
-    from tokenizers import Tokenizer as FastTokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer as FastTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
 
     tok = FastTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

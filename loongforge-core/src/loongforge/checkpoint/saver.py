@@ -82,14 +82,14 @@ def _model_key(index: int, count: int) -> str:
 
 def _sharded_state(model_chunks: list[Any], optimizer: Any, *, is_loading: bool) -> dict[str, Any]:
     state = {
-        _model_key(i, len(model_chunks)): _unwrap(chunk).sharded_state_dict()
+        _model_key(i, len(model_chunks)): unwrap_model(chunk).sharded_state_dict()
         for i, chunk in enumerate(model_chunks)
     }
     state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=is_loading)
     return state
 
 
-def _unwrap(module: Any) -> Any:
+def unwrap_model(module: Any) -> Any:
     """The megatron module under DDP/Float16 wrappers (whose ``sharded_state_dict`` has the canonical keys)."""
     while hasattr(module, "module"):
         module = module.module
@@ -195,7 +195,7 @@ def load_checkpoint(path: Path, *, model_chunks: list[Any], optimizer: Any, sche
         _sharded_state(model_chunks, optimizer, is_loading=True), str(path / MODEL_OPTIM)
     )
     for i, chunk in enumerate(model_chunks):
-        _unwrap(chunk).load_state_dict(state[_model_key(i, len(model_chunks))])
+        unwrap_model(chunk).load_state_dict(state[_model_key(i, len(model_chunks))])
     optimizer.load_state_dict(state["optimizer"])
     shared = json.loads((path / TRAINER_JSON).read_text(encoding="utf-8"))
     scheduler.load_state_dict(shared["scheduler"])

@@ -61,7 +61,7 @@ class DataConfig:
     #: JSON field holding the text in .jsonl inputs.
     text_key: str = "text"
     seq_length: int = 256
-    #: Fraction of documents held out for validation.
+    #: Fraction of samples (the tail of the token stream) held out for validation.
     valid_fraction: float = 0.0
 
 

@@ -6,13 +6,13 @@ sizes) rather than documents (unknown until the files are read), which gives an 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
+from loongforge.data.errors import DataError
 from loongforge.data.indexed import MMapTokenDataset, TokenDatasetWriter
 from loongforge.data.sources import check_inputs, iter_documents
-from loongforge.data.errors import DataError
 from loongforge.data.tokenizers import Tokenizer
 
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 import array
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -107,7 +108,7 @@ class TokenDatasetWriter:
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
-        for tmp, final in zip(self._tmp, self._final):
+        for tmp, final in zip(self._tmp, self._final, strict=True):
             os.replace(tmp, final)
 
     def abort(self) -> None:

@@ -10,8 +10,8 @@ user cache when ``None``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from loongforge.data.cache import cached_token_dataset
 from loongforge.data.errors import DataError

@@ -8,7 +8,8 @@ of samples consumed by all ranks together (Megatron's ``consumed_samples``), whi
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch

@@ -14,8 +14,8 @@ Each document comes with the number of input bytes it consumed, so callers can s
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from loongforge.data.errors import DataError
 

@@ -59,12 +59,12 @@ def select_backend(requested: str, registry: Any, *, source: str = "config") -> 
         return backend, reason
     try:
         target = registry.load(name)
-    except (LookupError, LoongForgeError):  # the registry's unknown-name error is both
-        known = registry.names()
-        raise DeviceSelectionError(
-            f"Unknown device '{requested}' ({source}). Known: {', '.join(known) or '(none)'}. "
-            f"Install the plugin that provides it, or use 'auto'."
-        ) from None
+    except (LookupError, LoongForgeError) as exc:  # the registry's unknown-name error is both
+        if isinstance(exc, LoongForgeError):  # already names the known backends, a did-you-mean, a pip line
+            detail = str(exc)
+        else:
+            detail = f"Unknown device '{requested}'. Known: {', '.join(registry.names()) or '(none)'}."
+        raise DeviceSelectionError(f"{detail} (requested by {source}; use 'auto' to pick one)") from None
     backend = _instantiate(target, name)
     available, why = backend.probe()
     if not available:

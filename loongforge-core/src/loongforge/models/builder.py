@@ -1,0 +1,146 @@
+"""Build a megatron-core ``GPTModel`` from a :class:`DecoderFlavor` on a device backend.
+
+The flavor says *what* model (sizes, family switches), the backend's spec provider says *which modules*
+implement it on this device, and :class:`ParallelSettings` says how it is split. Megatron's parallel state
+(``initialize_model_parallel``) must already be set up with the same TP/PP sizes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+import torch
+import torch.nn.functional as F
+from megatron.core.models.gpt import GPTModel
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from loongforge.errors import ConfigError
+from loongforge.models.flavor import DecoderFlavor, flavor_num_params
+from loongforge.models.layer_spec import decoder_block_spec
+from loongforge.models.rope import rope_inv_freq
+
+__all__ = ["ParallelSettings", "build_model", "flavor_num_params", "padded_vocab_size", "transformer_config"]
+
+#: Embedding rows are padded to a multiple of this (and of TP) so that vocab-parallel shards are equal and
+#: matmuls aligned; the multiple does not depend on TP, so padded models are identical across layouts.
+VOCAB_PAD_MULTIPLE = 128
+
+_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+           "fp16": torch.float16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ParallelSettings:
+    """How the model is split: tensor (tp), pipeline (pp, optional virtual stages vpp), sequence parallel."""
+
+    tp: int = 1
+    pp: int = 1
+    sequence_parallel: bool = False
+    vpp: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.tp < 1 or self.pp < 1 or (self.vpp is not None and self.vpp < 1):
+            raise ConfigError(f"parallel sizes must be >= 1, got tp={self.tp} pp={self.pp} vpp={self.vpp}")
+        if self.sequence_parallel and self.tp == 1:
+            raise ConfigError("sequence_parallel needs tp > 1 (it splits the sequence across TP ranks)")
+
+
+def resolve_dtype(params_dtype: Union[str, torch.dtype]) -> torch.dtype:
+    """``"fp32"``/``"bf16"``/``"fp16"`` (or a torch dtype) -> torch dtype."""
+    if isinstance(params_dtype, torch.dtype):
+        return params_dtype
+    try:
+        return _DTYPES[params_dtype.lower()]
+    except KeyError:
+        raise ConfigError(f"unknown params_dtype '{params_dtype}'; use one of fp32, bf16, fp16") from None
+
+
+def padded_vocab_size(vocab_size: int, tp: int = 1) -> int:
+    """``vocab_size`` rounded up to a multiple of ``lcm(VOCAB_PAD_MULTIPLE, tp)``."""
+    multiple = math.lcm(VOCAB_PAD_MULTIPLE, tp)
+    return -(-vocab_size // multiple) * multiple
+
+
+def transformer_config(
+    flavor: DecoderFlavor, *, params_dtype: Union[str, torch.dtype] = "fp32",
+    parallel: Optional[ParallelSettings] = None,
+) -> TransformerConfig:
+    """The megatron ``TransformerConfig`` for ``flavor`` (SwiGLU, RMSNorm, RoPE, GQA, no dropout)."""
+    parallel = parallel or ParallelSettings()
+    dtype = resolve_dtype(params_dtype)
+    if flavor.num_layers % parallel.pp:
+        raise ConfigError(f"num_layers ({flavor.num_layers}) is not divisible by pp ({parallel.pp})")
+    if flavor.num_query_groups % parallel.tp:
+        raise ConfigError(f"num_query_groups ({flavor.num_query_groups}) is not divisible by tp ({parallel.tp})")
+    return TransformerConfig(
+        num_layers=flavor.num_layers,
+        hidden_size=flavor.hidden_size,
+        ffn_hidden_size=flavor.ffn_hidden_size,
+        num_attention_heads=flavor.num_attention_heads,
+        num_query_groups=flavor.num_query_groups,
+        kv_channels=flavor.kv_channels,
+        normalization="RMSNorm",
+        layernorm_epsilon=flavor.norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=flavor.add_qkv_bias,
+        qk_layernorm=flavor.qk_layernorm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        init_method_std=0.02,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        # Initialise full weights on CPU and slice them per rank: the model is the same for every TP size.
+        use_cpu_initialization=True,
+        tensor_model_parallel_size=parallel.tp,
+        pipeline_model_parallel_size=parallel.pp,
+        virtual_pipeline_model_parallel_size=parallel.vpp,
+        sequence_parallel=parallel.sequence_parallel,
+    )
+
+
+def build_model(
+    flavor: DecoderFlavor,
+    *,
+    backend: Any,
+    params_dtype: Union[str, torch.dtype] = "fp32",
+    pre_process: bool = True,
+    post_process: bool = True,
+    parallel: Optional[ParallelSettings] = None,
+    vp_stage: Optional[int] = None,
+) -> GPTModel:
+    """A megatron ``GPTModel`` for ``flavor`` with layers from ``backend.spec_provider()``.
+
+    ``pre_process``/``post_process`` say whether this pipeline stage holds the embedding / the output layer
+    (megatron's ``is_pipeline_first_stage``/``is_pipeline_last_stage``); ``vp_stage`` selects the virtual
+    pipeline chunk. The backend's patches must have been applied (``backend.apply_patches()``).
+    """
+    parallel = parallel or ParallelSettings()
+    config = transformer_config(flavor, params_dtype=params_dtype, parallel=parallel)
+    provider = backend.spec_provider()
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=decoder_block_spec(provider, config, qk_layernorm=flavor.qk_layernorm,
+                                                  vp_stage=vp_stage),
+        vocab_size=padded_vocab_size(flavor.vocab_size, parallel.tp),
+        max_sequence_length=flavor.max_position_embeddings,
+        pre_process=pre_process,
+        post_process=post_process,
+        share_embeddings_and_output_weights=flavor.tie_word_embeddings,
+        position_embedding_type="rope",
+        rotary_base=int(flavor.rope_theta),
+        vp_stage=vp_stage,
+    )
+    model.rotary_pos_emb.inv_freq = rope_inv_freq(flavor.kv_channels, flavor.rope_theta, flavor.rope_scaling)
+    return model

@@ -1,0 +1,98 @@
+"""``DecoderFlavor``: the hyperparameters that define one Llama-style decoder size.
+
+Families (Llama, Qwen2, Qwen3) differ only in a few switches -- QKV bias, QK-norm, explicit head_dim, tied
+embeddings, RoPE scaling -- so one flat, torch-free description serves all of them. Names in the registry
+point at flavors; ``with_overrides`` lets a config shrink or tweak one (``num_layers=2`` for a smoke run)
+without a new table entry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from loongforge.errors import ConfigError
+
+#: RoPE scaling types ``build_model`` implements (Hugging Face ``rope_type`` names).
+ROPE_SCALING_TYPES: tuple[str, ...] = ("llama3", "linear")
+
+
+@dataclass(frozen=True)
+class DecoderFlavor:
+    """A pre-norm decoder: RMSNorm, RoPE, SwiGLU MLP, grouped-query attention.
+
+    ``rope_scaling`` is ``None`` or a Hugging Face style dict with ``rope_type`` ("llama3": ``factor``,
+    ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``; "linear": ``factor``).
+    ``head_dim`` is ``None`` when it is ``hidden_size // num_attention_heads``; Qwen3 sets it explicitly.
+    """
+
+    family: str
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int
+    vocab_size: int
+    max_position_embeddings: int
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[dict[str, Any]] = field(default=None, hash=False)
+    norm_eps: float = 1e-5
+    qk_layernorm: bool = False
+    add_qkv_bias: bool = False
+    tie_word_embeddings: bool = False
+    head_dim: Optional[int] = None
+    hf_architecture: str = "LlamaForCausalLM"
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+                     "vocab_size", "max_position_embeddings"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{self.family} flavor: {name} must be positive, got {getattr(self, name)}")
+        if self.num_attention_heads % self.num_query_groups:
+            raise ConfigError(
+                f"{self.family} flavor: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_query_groups ({self.num_query_groups})"
+            )
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ConfigError(
+                f"{self.family} flavor: hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "
+                f"({self.num_attention_heads}); set head_dim explicitly"
+            )
+        if self.rope_scaling is not None:
+            rope_type = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
+            if rope_type not in ROPE_SCALING_TYPES:
+                raise ConfigError(
+                    f"{self.family} flavor: rope_scaling type {rope_type!r} is not supported; "
+                    f"supported: {', '.join(ROPE_SCALING_TYPES)}"
+                )
+
+    @property
+    def kv_channels(self) -> int:
+        """Per-head dimension (megatron's ``kv_channels``)."""
+        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_attention_heads
+
+    def with_overrides(self, **overrides: Any) -> "DecoderFlavor":
+        """A copy with some fields replaced; an unknown field name is a :class:`ConfigError`."""
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown flavor field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
+        return dataclasses.replace(self, **overrides)
+
+
+def flavor_num_params(flavor: DecoderFlavor, *, include_embeddings: bool = True) -> int:
+    """Parameter count of ``flavor`` with the unpadded vocabulary, as published model sizes count it."""
+    h, f, d = flavor.hidden_size, flavor.ffn_hidden_size, flavor.kv_channels
+    q, kv = flavor.num_attention_heads * d, flavor.num_query_groups * d
+    layer = h * (q + 2 * kv) + q * h + 3 * h * f + 2 * h  # qkv, proj, gate/up/down, two norms
+    if flavor.add_qkv_bias:
+        layer += q + 2 * kv
+    if flavor.qk_layernorm:
+        layer += 2 * d
+    total = flavor.num_layers * layer + h  # + final norm
+    if include_embeddings:
+        total += flavor.vocab_size * h * (1 if flavor.tie_word_embeddings else 2)
+    return total

@@ -1,0 +1,32 @@
+"""Registering the built-in model flavors (torch-free, so ``loongforge list`` stays instant)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loongforge.models import llama, qwen
+from loongforge.models.flavor import DecoderFlavor, flavor_num_params
+
+_TABLES = (llama, qwen)
+
+
+def all_flavors() -> dict[str, DecoderFlavor]:
+    """Every built-in flavor by canonical name."""
+    return {name: flavor for table in _TABLES for name, flavor in table.FLAVORS.items()}
+
+
+def describe(flavor: DecoderFlavor) -> str:
+    """One line for listings: family, size and the switches that distinguish it."""
+    count = flavor_num_params(flavor)
+    size = f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.1f}M"
+    extras = [s for s, on in (("qkv-bias", flavor.add_qkv_bias), ("qk-norm", flavor.qk_layernorm),
+                             ("tied", flavor.tie_word_embeddings)) if on]
+    return (f"{flavor.family} decoder, {size} params, {flavor.num_layers} layers, d{flavor.hidden_size}, "
+            f"{flavor.num_attention_heads}/{flavor.num_query_groups} heads" + (f", {', '.join(extras)}" if extras else ""))
+
+
+def register_builtin_models(registry: Any) -> None:
+    """Register each flavor under its name, with its Hugging Face ids as aliases."""
+    for table in _TABLES:
+        for name, flavor in table.FLAVORS.items():
+            registry.register(name, flavor, aliases=table.HF_IDS.get(name, ()), description=describe(flavor))

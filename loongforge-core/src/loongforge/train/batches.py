@@ -1,0 +1,41 @@
+"""The run's tokenizer, dataset and per-rank batch iterator, resolved through the plugin registries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed as dist
+
+from loongforge.config.schema import LoongForgeConfig
+
+
+def load_tokenizer(host: Any, config: LoongForgeConfig) -> Any:
+    """``data.tokenizer`` is ``kind`` or ``kind:argument`` (``byte``, ``hf:/dir``); the kind names a registry entry."""
+    kind, _, argument = config.data.tokenizer.partition(":")
+    factory = host.registry("tokenizer").load(kind, where=f"data.tokenizer in {config.source}")
+    return factory(argument) if argument else factory()
+
+
+def build_batches(host: Any, config: LoongForgeConfig, tokenizer: Any, *, rank: int, dp_rank: int, dp_size: int) -> Any:
+    """The training split as an endless, resumable iterator of this data-parallel rank's micro-batches.
+
+    Rank 0 tokenizes (and caches) first while the others wait, so several ranks never build one cache at once.
+    """
+    from loongforge.data.gpt_dataset import train_valid_split
+    from loongforge.data.sampler import TrainBatchIterator
+
+    factory = host.registry("dataset").load(config.data.dataset, where=f"data.dataset in {config.source}")
+
+    def tokens() -> Any:
+        return factory(config.data.paths, tokenizer, text_key=config.data.text_key, progress=rank == 0)
+
+    if rank == 0:
+        dataset = tokens()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+    if rank != 0:
+        dataset = tokens()
+    train, _ = train_valid_split(dataset, config.data.seq_length, config.data.valid_fraction)
+    return TrainBatchIterator(
+        train, config.training.micro_batch_size, config.run.seed, dp_rank=dp_rank, dp_size=dp_size
+    )

@@ -1,0 +1,66 @@
+"""megatron's optimizer and learning-rate scheduler from the run config.
+
+The scheduler counts *samples* (megatron's convention, ``step(increment=global_batch_size)``), so warmup and
+decay lengths given in steps are multiplied by the global batch size; a resumed run with the same batch size
+continues the same curve.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+from loongforge.config.schema import LoongForgeConfig
+from loongforge.errors import ConfigError
+
+_DECAY_STYLES = ("cosine", "linear", "constant")
+
+
+def build_optimizer(config: LoongForgeConfig, model_chunks: list[Any]) -> Any:
+    """AdamW over the model chunks (fp32 master weights and grads when training in bf16)."""
+    opt = config.optimizer
+    if opt.name.lower() not in ("adamw", "adam"):
+        raise ConfigError(f"{config.source}: optimizer.name '{opt.name}' is not supported (use adamw)")
+    bf16 = config.training.precision == "bf16"
+    return get_megatron_optimizer(
+        OptimizerConfig(
+            optimizer="adam",
+            lr=opt.lr,
+            min_lr=opt.min_lr,
+            weight_decay=opt.weight_decay,
+            adam_beta1=opt.beta1,
+            adam_beta2=opt.beta2,
+            adam_eps=opt.eps,
+            clip_grad=opt.grad_clip,
+            bf16=bf16,
+            params_dtype=torch.bfloat16 if bf16 else torch.float32,
+            use_distributed_optimizer=config.parallel.distributed_optimizer,
+        ),
+        model_chunks,
+    )
+
+
+def build_scheduler(config: LoongForgeConfig, optimizer: Any, global_batch_size: int) -> OptimizerParamScheduler:
+    """Linear warmup to ``optimizer.lr``, then cosine/linear/constant decay to ``optimizer.min_lr``."""
+    sched, opt = config.scheduler, config.optimizer
+    if sched.decay not in _DECAY_STYLES:
+        raise ConfigError(f"{config.source}: scheduler.decay must be one of {', '.join(_DECAY_STYLES)}, got '{sched.decay}'")
+    if opt.min_lr > opt.lr:
+        raise ConfigError(f"{config.source}: optimizer.min_lr ({opt.min_lr}) is above optimizer.lr ({opt.lr})")
+    decay_steps = sched.decay_steps if sched.decay_steps is not None else config.training.steps
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=0.0,
+        max_lr=opt.lr,
+        min_lr=opt.min_lr,
+        lr_warmup_steps=sched.warmup_steps * global_batch_size,
+        lr_decay_steps=max(1, decay_steps) * global_batch_size,
+        lr_decay_style=sched.decay,
+        start_wd=opt.weight_decay,
+        end_wd=opt.weight_decay,
+        wd_incr_steps=max(1, decay_steps) * global_batch_size,
+        wd_incr_style="constant",
+    )

@@ -1,0 +1,335 @@
+"""``run_training``: turn a config into a running :class:`~loongforge.train.trainer.Trainer`, and clean up after.
+
+The order matters and is the point of this module:
+
+1. plugins adjust the config (``loongforge_configure``); optimizations named in the config are enabled;
+2. the device backend is chosen (``--device`` > ``LOONGFORGE_DEVICE`` > ``device:``) and its environment
+   and megatron patches are applied *before* anything is built;
+3. process groups (torchrun or a world of one), megatron's parallel layout, threads and seeds;
+4. model chunks (flavor by name + overrides) -> ``loongforge_modify_model`` -> megatron DDP -> optimizer
+   -> scheduler -> data;
+5. resume (newest valid checkpoint, RNG and data position included), the loop, the final checkpoint and an
+   optional text sample.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+import loongforge
+from loongforge.checkpoint.layout import CheckpointDir
+from loongforge.config.loader import config_to_dict
+from loongforge.config.schema import LoongForgeConfig
+from loongforge.errors import ConfigError
+from loongforge.plugins import get_host
+
+
+def _say(rank: int, message: str) -> None:
+    if rank == 0:
+        print(f"[loongforge] {message}", flush=True)
+
+
+def _warn(message: str) -> None:
+    print(f"[loongforge] warning: {message}", file=sys.stderr, flush=True)
+
+
+def requested_device(config: LoongForgeConfig, device: str | None, device_source: str) -> tuple[str, str]:
+    """The device request and where it came from: the CLI flag, then ``LOONGFORGE_DEVICE``, then the config."""
+    if device:
+        return device, device_source
+    if os.environ.get("LOONGFORGE_DEVICE"):
+        return os.environ["LOONGFORGE_DEVICE"], "LOONGFORGE_DEVICE"
+    return config.device or "auto", f"device in {config.source}"
+
+
+def _seed_everything(seed: int, backend: Any) -> None:
+    """Seed every stream; pipeline stages get distinct seeds (megatron's convention) so their layers differ."""
+    from megatron.core import parallel_state, tensor_parallel
+
+    seed = seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    backend.manual_seed(seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def _load_flavor(host: Any, config: LoongForgeConfig) -> Any:
+    flavor = host.registry("model").load(config.model.name, where=f"model.name in {config.source}")
+    if callable(flavor) and not hasattr(flavor, "with_overrides"):  # a ``pkg.module:factory`` escape hatch
+        flavor = flavor()
+    return flavor.with_overrides(**config.model.overrides) if config.model.overrides else flavor
+
+
+def _build_model(flavor: Any, config: LoongForgeConfig, backend: Any, layout: Any) -> list[Any]:
+    """This rank's model chunks (one per pipeline stage it holds); megatron says which stage holds what."""
+    from megatron.core import parallel_state
+
+    from loongforge.models.builder import ParallelSettings, build_model
+
+    model = build_model(
+        flavor,
+        backend=backend,
+        params_dtype=config.training.precision,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+        parallel=ParallelSettings(tp=layout.tp, pp=layout.pp, sequence_parallel=layout.sequence_parallel),
+    )
+    return [model]
+
+
+def _wrap_ddp(model: list[Any], config: LoongForgeConfig) -> list[Any]:
+    """megatron DDP: contiguous gradient buffers reduced over the data-parallel group once per step."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=config.training.precision == "bf16",
+        overlap_grad_reduce=False,
+        use_distributed_optimizer=config.parallel.distributed_optimizer,
+    )
+    return [
+        DistributedDataParallel(config=chunk.config, ddp_config=ddp_config, module=chunk, disable_bucketing=i > 0)
+        for i, chunk in enumerate(model)
+    ]
+
+
+def _connect_schedule(model: list[Any], optimizer: Any) -> None:
+    """Give megatron's schedule the hooks it calls: loss scaling, gradient finalisation, no-sync."""
+    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.utils import get_model_config
+
+    model_config = get_model_config(model[0])
+    model_config.grad_scale_func = optimizer.scale_loss
+    model_config.finalize_model_grads_func = finalize_model_grads
+    model_config.no_sync_func = model[0].no_sync if len(model) == 1 else [chunk.no_sync for chunk in model]
+
+
+def _validate(config: LoongForgeConfig, layout: Any, flavor: Any, tokenizer: Any) -> tuple[int, int]:
+    """``(global_batch_size, num_microbatches)``; raise ConfigError for sizes that cannot work."""
+    t, where = config.training, config.source
+    if t.steps < 1:
+        raise ConfigError(f"{where}: training.steps must be >= 1, got {t.steps}")
+    if t.precision not in ("fp32", "bf16"):
+        raise ConfigError(f"{where}: training.precision must be fp32 or bf16, got '{t.precision}'")
+    per_step = t.micro_batch_size * layout.dp
+    global_batch = t.global_batch_size or per_step
+    if global_batch % per_step:
+        raise ConfigError(
+            f"{where}: training.global_batch_size ({global_batch}) must be a multiple of micro_batch_size * dp "
+            f"({t.micro_batch_size} * {layout.dp} = {per_step})"
+        )
+    if config.data.seq_length > flavor.max_position_embeddings:
+        raise ConfigError(
+            f"{where}: data.seq_length ({config.data.seq_length}) exceeds the model's max_position_embeddings "
+            f"({flavor.max_position_embeddings})"
+        )
+    if tokenizer.vocab_size > flavor.vocab_size:
+        raise ConfigError(
+            f"{where}: tokenizer '{config.data.tokenizer}' has {tokenizer.vocab_size} ids but model "
+            f"'{config.model.name}' only {flavor.vocab_size} (set model.overrides.vocab_size)"
+        )
+    return global_batch, global_batch // per_step
+
+
+def run_training(config: LoongForgeConfig, *, device: str | None = None, device_source: str = "--device") -> dict:
+    """Train as ``config`` says; return summary metrics (losses, steps, tokens/s, checkpoint, sample text)."""
+    from loongforge.devices.selection import select_backend
+
+    host = get_host()
+    enabled = host.enable_optimizations(config.optimizations)
+    try:
+        host.configure(config)
+        request, source = requested_device(config, device, device_source)
+        backend, reason = select_backend(request, host.registry("device"), source=source)
+        backend.configure_env()
+        from loongforge.train.distributed import init_distributed, shutdown_distributed
+
+        info = init_distributed(backend)
+        try:
+            return _run(config, host, backend, reason, info)
+        finally:
+            shutdown_distributed(info)
+    finally:
+        for name in enabled:
+            host.unregister(f"optimization:{name}")
+
+
+def _run(config: LoongForgeConfig, host: Any, backend: Any, reason: str, info: Any) -> dict:
+    from megatron.core import parallel_state
+
+    from loongforge.checkpoint.saver import check_optimizer_supported
+    from loongforge.train.batches import build_batches, load_tokenizer
+    from loongforge.train.metrics import MetricsWriter
+    from loongforge.train.optim import build_optimizer, build_scheduler
+    from loongforge.train.progress import ProgressDisplay
+    from loongforge.train.trainer import Trainer
+
+    rank = info.rank
+    _say(rank, f"device: {backend.name} ({reason})")
+    backend.apply_patches()
+    strategy = host.registry("strategy").load(config.parallel.strategy, where=f"parallel.strategy in {config.source}")
+    layout = strategy.validate(config.parallel, info.world_size, config.source)
+    strategy.initialize(layout)
+    _say(rank, f"parallel: tp={layout.tp} pp={layout.pp} dp={layout.dp} ({info.launcher}, {info.world_size} processes)")
+    if config.training.threads:
+        torch.set_num_threads(config.training.threads)
+    _seed_everything(config.run.seed, backend)
+
+    flavor = _load_flavor(host, config)
+    tokenizer = load_tokenizer(host, config)
+    global_batch, num_microbatches = _validate(config, layout, flavor, tokenizer)
+    model = host.modify_model(_build_model(flavor, config, backend, layout), config)
+    model = _wrap_ddp(model, config)
+    optimizer = build_optimizer(config, model)
+    checkpointing = config.checkpoint.interval > 0 or config.checkpoint.save_at_end or config.checkpoint.resume != "never"
+    if checkpointing:
+        check_optimizer_supported(optimizer)
+    scheduler = build_scheduler(config, optimizer, global_batch)
+    _connect_schedule(model, optimizer)
+    data = build_batches(
+        host,
+        config,
+        tokenizer,
+        rank=rank,
+        dp_rank=parallel_state.get_data_parallel_rank(),
+        dp_size=layout.dp,
+    )
+    n_params = sum(p.numel() for chunk in model for p in chunk.parameters())
+    _say(rank, f"model: {config.model.name} ({n_params / 1e6:.2f}M parameters on this rank), "
+               f"global batch {global_batch} x {config.data.seq_length} tokens, {num_microbatches} micro-batches/step")
+
+    output_dir = Path(config.run.output_dir)
+    ckpt_dir = CheckpointDir(config.checkpoint.dir or output_dir / "checkpoints", config.checkpoint.keep_last)
+    metadata = {
+        "loongforge_version": loongforge.__version__,
+        "megatron_core_version": _megatron_version(),
+        "torch_version": torch.__version__,
+        "device": backend.name,
+        "device_reason": reason,
+        "parallel": {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "world_size": info.world_size,
+                     "sequence_parallel": layout.sequence_parallel,
+                     "distributed_optimizer": layout.distributed_optimizer},
+        "model": config.model.name,
+    }
+    config_yaml = yaml.safe_dump(config_to_dict(config), sort_keys=False)
+
+    def save(trainer: Trainer) -> Path:
+        from loongforge.checkpoint.rng import capture_rng_state
+        from loongforge.checkpoint.saver import save_checkpoint
+
+        return save_checkpoint(
+            ckpt_dir,
+            trainer.step,
+            model_chunks=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            rank_state={"rng": capture_rng_state(backend)},
+            shared_state={"data": data.state_dict()},
+            config_yaml=config_yaml,
+            metadata={**metadata, "step": trainer.step, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
+            on_save=lambda path, extra: host.on_checkpoint_save(trainer, path, extra),
+        )
+
+    trainer = Trainer(
+        config=config,
+        host=host,
+        backend=backend,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        data=data,
+        num_microbatches=num_microbatches,
+        global_batch_size=global_batch,
+        save_checkpoint=save,
+    )
+    if config.checkpoint.resume != "never":
+        _resume(trainer, ckpt_dir, config.checkpoint.resume, host, backend)
+    if trainer.step >= config.training.steps:
+        _say(rank, f"nothing to do: already at step {trainer.step} of {config.training.steps}")
+
+    metrics = MetricsWriter(
+        output_dir, rank=rank, jsonl=config.logging.jsonl, tensorboard=config.logging.tensorboard,
+        start_step=trainer.step,
+    )
+    progress = ProgressDisplay(config.training.steps, start_step=trainer.step, rank=rank, enabled=config.logging.progress)
+    try:
+        summary = trainer.fit(metrics, progress)
+    finally:
+        metrics.close()
+    summary["sample"] = _sample(trainer, flavor, tokenizer, config, rank)
+    summary["metrics_file"] = str(metrics.jsonl_path) if config.logging.jsonl else None
+    summary["tensorboard_dir"] = str(metrics.tensorboard_dir) if config.logging.tensorboard else None
+    _report(summary, rank)
+    return summary
+
+
+def _megatron_version() -> str:
+    from megatron.core import package_info
+
+    return package_info.__version__
+
+
+def _resume(trainer: Any, ckpt_dir: CheckpointDir, resume: str, host: Any, backend: Any) -> None:
+    from loongforge.checkpoint.rng import restore_rng_state
+    from loongforge.checkpoint.saver import choose_resume, load_checkpoint
+
+    path = choose_resume(ckpt_dir, resume, _warn)
+    if path is None:
+        return
+    rank_state, shared = load_checkpoint(
+        path, model_chunks=trainer.model, optimizer=trainer.optimizer, scheduler=trainer.scheduler
+    )
+    trainer.data.load_state_dict(shared["data"])
+    trainer.step = int(shared["step"])
+    if rank_state:
+        restore_rng_state(rank_state["rng"], backend)
+    else:
+        _warn(f"{path} was saved by a different number of processes: RNG streams start fresh")
+    host.on_checkpoint_load(trainer, str(path), shared.get("extra_state", {}))
+    trainer.last_checkpoint = path
+    _say(torch.distributed.get_rank(), f"resumed from {path} at step {trainer.step}")
+
+
+def _sample(trainer: Any, flavor: Any, tokenizer: Any, config: LoongForgeConfig, rank: int) -> str | None:
+    """A short continuation of ``training.sample_prompt`` (every TP rank runs the forward; rank 0 prints)."""
+    from megatron.core import parallel_state
+
+    n = config.training.sample_tokens
+    if n <= 0 or parallel_state.get_pipeline_model_parallel_world_size() > 1:
+        return None
+    from loongforge.checkpoint.saver import unwrap_model
+    from loongforge.train.generate import generate_text
+
+    text = generate_text(
+        unwrap_model(trainer.model[0]),
+        tokenizer,
+        config.training.sample_prompt,
+        n,
+        max_positions=min(config.data.seq_length, flavor.max_position_embeddings),
+        temperature=0.8,
+        top_k=40,
+        seed=config.run.seed,
+    )
+    _say(rank, f"sample:\n{text}")
+    return text
+
+
+def _report(summary: dict, rank: int) -> None:
+    if summary["final_loss"] is not None:
+        _say(rank, f"done: {summary['steps']} steps, loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
+                   f"{summary['tokens_per_s']:,.0f} tokens/s")
+    if summary["checkpoint_dir"]:
+        _say(rank, f"checkpoint: {summary['checkpoint_dir']}")
+    if summary["metrics_file"]:
+        _say(rank, f"metrics: {summary['metrics_file']}")
+    if summary["tensorboard_dir"]:
+        _say(rank, f"tensorboard: tensorboard --logdir {summary['tensorboard_dir']}")
