@@ -141,8 +141,8 @@ class PluginHost:
             info.registered = {}
         for kind, hook_name in _COLLECTORS.items():
             registry = registries[kind]
-            # Call implementations one by one (oldest first) so each entry records its provider.
-            for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
+            # Call implementations one by one, in registration order, so each entry records its provider.
+            for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
                 info = self.plugins.get(impl.plugin_name)
                 registry.current_provider = info.distribution if info else impl.plugin_name
                 before = set(registry.names())
@@ -168,7 +168,7 @@ class PluginHost:
 
     def modify_model(self, model: Any, config: Any) -> Any:
         """Chain ``loongforge_modify_model`` implementations; each may return a replacement."""
-        for impl in reversed(self.pm.hook.loongforge_modify_model.get_hookimpls()):
+        for impl in self.pm.hook.loongforge_modify_model.get_hookimpls():
             kwargs = {"model": model, "config": config}
             result = impl.function(**{k: kwargs[k] for k in impl.argnames})
             if result is not None:

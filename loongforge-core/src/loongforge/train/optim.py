@@ -51,16 +51,18 @@ def build_scheduler(config: LoongForgeConfig, optimizer: Any, global_batch_size:
     if opt.min_lr > opt.lr:
         raise ConfigError(f"{config.source}: optimizer.min_lr ({opt.min_lr}) is above optimizer.lr ({opt.lr})")
     decay_steps = sched.decay_steps if sched.decay_steps is not None else config.training.steps
+    # megatron requires warmup < decay; a short smoke run with the default warmup then only warms up.
+    decay_steps = max(decay_steps, sched.warmup_steps + 1)
     return OptimizerParamScheduler(
         optimizer,
         init_lr=0.0,
         max_lr=opt.lr,
         min_lr=opt.min_lr,
         lr_warmup_steps=sched.warmup_steps * global_batch_size,
-        lr_decay_steps=max(1, decay_steps) * global_batch_size,
+        lr_decay_steps=decay_steps * global_batch_size,
         lr_decay_style=sched.decay,
         start_wd=opt.weight_decay,
         end_wd=opt.weight_decay,
-        wd_incr_steps=max(1, decay_steps) * global_batch_size,
+        wd_incr_steps=decay_steps * global_batch_size,
         wd_incr_style="constant",
     )

@@ -56,6 +56,8 @@ CUDA_ASSUMING_MODULES: tuple[str, ...] = (
     "megatron.core.dist_checkpointing.strategies.fully_parallel",
     "megatron.core.dist_checkpointing.strategies.state_dict_saver",
     "megatron.core.dist_checkpointing.tensor_aware_state_dict",
+    "megatron.core.dist_checkpointing.strategies.filesystem_async",
+    "megatron.core.dist_checkpointing.strategies.async_utils",
     # MoE: router/expert buffers on current_device(), side streams in shared experts and the a2a dispatcher.
     "megatron.core.transformer.moe.router",
     "megatron.core.transformer.moe.experts",

@@ -92,7 +92,7 @@ def _make_cuda_namespace() -> _CudaOnCpu:
     nvtx = types.SimpleNamespace(range_push=_noop, range_pop=_noop, mark=_noop, range=contextlib.nullcontext)
     return _CudaOnCpu(
         is_available=lambda: False,
-        device_count=lambda: 0,
+        device_count=lambda: 1,  # the CPU is this process's one device (megatron computes rank % count)
         current_device=lambda: "cpu",
         set_device=_noop,
         synchronize=_noop,
