@@ -12,10 +12,10 @@ import sys
 from typing import Sequence
 
 from loongforge.errors import LoongForgeError
-from loongforge.registry import REGISTRY_KINDS
+from loongforge.registry import REGISTRY_KINDS, plural
 
 #: ``loongforge list <plural>`` -> registry kind.
-_LIST_CHOICES = {f"{kind}s" if not kind.endswith("y") else f"{kind[:-1]}ies": kind for kind in REGISTRY_KINDS}
+_LIST_CHOICES = {plural(kind): kind for kind in REGISTRY_KINDS}
 
 
 def _parser() -> argparse.ArgumentParser:

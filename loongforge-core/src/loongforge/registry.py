@@ -174,6 +174,11 @@ def _is_installed(distribution: str) -> bool:
     return True
 
 
+def plural(kind: str) -> str:
+    """``strategy`` -> ``strategies``, ``model`` -> ``models`` (for listings and CLI choices)."""
+    return f"{kind[:-1]}ies" if kind.endswith("y") else f"{kind}s"
+
+
 #: Registry kinds, in the order ``loongforge list`` shows them. Each has a collector hook
 #: ``loongforge_register_<kind>s``.
 REGISTRY_KINDS: tuple[str, ...] = ("device", "model", "strategy", "dataset", "tokenizer", "optimization")

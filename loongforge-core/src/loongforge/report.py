@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from loongforge.plugins import PluginInfo, get_host
-from loongforge.registry import REGISTRY_KINDS, Registry
+from loongforge.registry import REGISTRY_KINDS, Registry, plural
 
 
 def _console() -> Console:
@@ -25,13 +25,13 @@ def plugins_table(plugins: Iterable[PluginInfo]) -> None:
     for column in ("plugin", "distribution", "version", "provides"):
         table.add_column(column, overflow="fold")
     for info in plugins:
-        provides = "; ".join(f"{kind}s: {', '.join(names)}" for kind, names in info.registered.items())
+        provides = "; ".join(f"{plural(kind)}: {', '.join(names)}" for kind, names in info.registered.items())
         table.add_row(info.name, info.distribution, info.version, provides or info.summary or "(nothing registered)")
     _console().print(table)
 
 
 def registry_table(registry: Registry) -> None:
-    table = Table(title=f"Registered {registry.kind}s", title_justify="left")
+    table = Table(title=f"Registered {plural(registry.kind)}", title_justify="left")
     for column in ("name", "aliases", "provided by", "description"):
         table.add_column(column, overflow="fold")
     for entry in registry.entries():
@@ -76,5 +76,5 @@ def doctor() -> None:
     from loongforge.plugins import iter_plugins
 
     plugins_table(list(iter_plugins()))
-    counts = ", ".join(f"{len(get_host().registry(kind).names())} {kind}s" for kind in REGISTRY_KINDS)
+    counts = ", ".join(f"{len(get_host().registry(kind).names())} {plural(kind)}" for kind in REGISTRY_KINDS)
     console.print(f"Registered: {counts}")
