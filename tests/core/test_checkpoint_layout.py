@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from loongforge.checkpoint import CheckpointCorruptError, CheckpointDir, list_checkpoints, verify_manifest
 from loongforge.checkpoint.manifest import write_manifest
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from loongforge import hookimpl, load_config
 
 pytest.importorskip("megatron.core")
@@ -64,7 +63,14 @@ def test_hooks_then_corrupt_checkpoint_falls_back(tmp_path, register_plugin, cap
     recorder = register_plugin(Recorder(), "recorder")
     summary = run_training(_config(tmp_path, "training.steps=4", "checkpoint.interval=2", "checkpoint.keep_last=3"))
     assert recorder.calls == [
-        ("start", 0), ("step", 1), ("step", 2), ("save", 2), ("step", 3), ("step", 4), ("save", 4), ("end", 4),
+        ("start", 0),
+        ("step", 1),
+        ("step", 2),
+        ("save", 2),
+        ("step", 3),
+        ("step", 4),
+        ("save", 4),
+        ("end", 4),
     ]
     ckpts = tmp_path / "out" / "checkpoints"
     assert summary["checkpoint_dir"] == str(ckpts / "step-0000004")
@@ -118,3 +124,55 @@ def test_loss_falls_on_shipped_corpus_and_samples_text(tmp_path):
     assert last < first - 1.0, (first, last)
     assert summary["sample"].startswith("Elizabeth") and len(summary["sample"]) > len("Elizabeth")
     assert summary["tokens_per_s"] > 0
+
+
+def test_device_request_precedence(monkeypatch):
+    from loongforge.train.run import requested_device
+
+    config = load_config(None, ["device=cpu"])
+    monkeypatch.delenv("LOONGFORGE_DEVICE", raising=False)
+    assert requested_device(config, None, "--device") == ("cpu", "device in <defaults>")
+    monkeypatch.setenv("LOONGFORGE_DEVICE", "xpu")
+    assert requested_device(config, None, "--device") == ("xpu", "LOONGFORGE_DEVICE")
+    assert requested_device(config, "cuda", "--device") == ("cuda", "--device")
+
+
+def test_checkpoint_from_another_model_fails_in_one_line(tmp_path):
+    from loongforge.errors import LoongForgeError
+    from loongforge.train.run import run_training
+
+    run_training(_config(tmp_path, "training.steps=1"))
+    with pytest.raises(LoongForgeError, match=r"step-0000001 does not fit this run's model .* shape mismatch"):
+        run_training(_config(tmp_path, "training.steps=2", "model.overrides.num_layers=3"))
+
+
+class StopAfter:
+    """An optimization (enabled by name from ``optimizations:``) that ends training early."""
+
+    def __init__(self, options):
+        self.stop_at = options["stop_at"]
+
+    @hookimpl
+    def loongforge_on_step_end(self, trainer, step):
+        trainer.should_stop = step >= self.stop_at
+
+
+class Provider:
+    @hookimpl
+    def loongforge_register_optimizations(self, registry):
+        registry.register("stop-after", StopAfter)
+
+    @hookimpl
+    def loongforge_configure(self, config):
+        config.run.name = "configured-by-plugin"
+
+
+def test_configure_hook_and_config_enabled_optimization(tmp_path, register_plugin, plugin_host):
+    from loongforge.train.run import run_training
+
+    register_plugin(Provider(), "provider")
+    summary = run_training(_config(tmp_path, "training.steps=5", "optimizations.stop-after.stop_at=2"))
+    assert summary["steps"] == 2
+    saved = (tmp_path / "out" / "checkpoints" / "step-0000002" / "config.yaml").read_text()
+    assert "configured-by-plugin" in saved and "stop-after" in saved
+    assert "optimization:stop-after" not in plugin_host.plugins  # registered for that run only

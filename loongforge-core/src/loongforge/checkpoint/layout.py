@@ -56,12 +56,16 @@ class CheckpointDir:
         self.root = Path(root)
         self.keep_last = keep_last
 
+    def tmp_path(self, step: int) -> Path:
+        """Where the save of ``step`` is written before it becomes visible."""
+        return self.root / f"{_TMP_PREFIX}{step_dir_name(step)}"
+
     def begin(self, step: int) -> Path:
         """A fresh, empty temporary directory for the save of ``step`` (stale ``.tmp-*`` leftovers are removed)."""
         self.root.mkdir(parents=True, exist_ok=True)
         for stale in self.root.glob(f"{_TMP_PREFIX}*"):
             shutil.rmtree(stale, ignore_errors=True)
-        tmp = self.root / f"{_TMP_PREFIX}{step_dir_name(step)}"
+        tmp = self.tmp_path(step)
         tmp.mkdir()
         return tmp
 

@@ -38,9 +38,7 @@ def _files(root: Path) -> list[Path]:
 def write_manifest(root: str | os.PathLike, *, step: int) -> Path:
     """Hash every file under ``root`` into ``root/manifest.json`` (fsynced). Call after all else is written."""
     root = Path(root)
-    files = {
-        p.relative_to(root).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in _files(root)
-    }
+    files = {p.relative_to(root).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in _files(root)}
     path = root / MANIFEST
     with open(path, "w", encoding="utf-8") as handle:
         json.dump({"format": _FORMAT, "step": step, "files": files}, handle, indent=1, sort_keys=True)

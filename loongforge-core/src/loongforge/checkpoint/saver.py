@@ -16,14 +16,18 @@ manifest and commits. Saves are made visible atomically by :class:`loongforge.ch
 
 from __future__ import annotations
 
+import contextlib
 import json
+import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from megatron.core import dist_checkpointing
+from megatron.core.dist_checkpointing.mapping import CheckpointingException
 from megatron.core.dist_checkpointing.strategies.torch import (
     MCoreSavePlanner,
     TorchDistSaveShardedStrategy,
@@ -31,7 +35,7 @@ from megatron.core.dist_checkpointing.strategies.torch import (
     mcore_to_pyt_state_dict,
 )
 
-from loongforge.checkpoint.layout import CheckpointDir
+from loongforge.checkpoint.layout import CheckpointDir, step_dir_name
 from loongforge.checkpoint.manifest import CheckpointCorruptError, verify_manifest, write_manifest
 from loongforge.errors import LoongForgeError
 
@@ -74,6 +78,15 @@ def check_optimizer_supported(optimizer: Any) -> None:
             "does not load back on megatron-core 0.16); set parallel.distributed_optimizer=false, or disable "
             "checkpoints with checkpoint.interval=0 checkpoint.save_at_end=false checkpoint.resume=never"
         )
+
+
+@contextlib.contextmanager
+def _quiet_deprecations():
+    """Hide torch's ShardedTensor and megatron's ``load_state_dict`` FutureWarnings: library internals a user
+    cannot act on, printed on every save and load."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        yield
 
 
 def _model_key(index: int, count: int) -> str:
@@ -128,22 +141,23 @@ def save_checkpoint(
     ``extra_state`` that ``on_save(tmp_path, extra_state)`` fills go to ``trainer.json`` from rank 0.
     """
     rank = _rank()
-    tmp = ckpt_dir.root / f".tmp-step-{step:07d}"
+    tmp = ckpt_dir.tmp_path(step)
     if rank == 0:
         tmp = ckpt_dir.begin(step)
         (tmp / MODEL_OPTIM).mkdir()
     _barrier()
-    dist_checkpointing.save(
-        _sharded_state(model_chunks, optimizer, is_loading=False),
-        str(tmp / MODEL_OPTIM),
-        sharded_strategy=SyncTorchDistSaveStrategy("torch_dist", 1),
-    )
+    with _quiet_deprecations():
+        dist_checkpointing.save(
+            _sharded_state(model_chunks, optimizer, is_loading=False),
+            str(tmp / MODEL_OPTIM),
+            sharded_strategy=SyncTorchDistSaveStrategy("torch_dist", 1),
+        )
     torch.save(rank_state, tmp / rank_file(rank))
     extra_state: dict[str, Any] = {}
     if on_save is not None:
         on_save(str(tmp), extra_state)
     _barrier()
-    final = ckpt_dir.root / f"step-{step:07d}"
+    final = ckpt_dir.root / step_dir_name(step)
     if rank == 0:
         _write_json(
             tmp / TRAINER_JSON,
@@ -169,8 +183,8 @@ def choose_resume(ckpt_dir: CheckpointDir, resume: str, warn: Callable[[str], No
     if _rank() == 0:
         try:
             if resume == "auto":
-                path, warnings = ckpt_dir.find_valid()
-                for line in warnings:
+                path, problems = ckpt_dir.find_valid()
+                for line in problems:
                     warn(line)
                 choice[0] = str(path) if path is not None else None
             else:
@@ -185,15 +199,30 @@ def choose_resume(ckpt_dir: CheckpointDir, resume: str, warn: Callable[[str], No
     return Path(choice[0]) if choice[0] is not None else None
 
 
+def _root_cause(exc: BaseException) -> str:
+    """The first failing rank's own message from torch's per-rank ``CheckpointException`` wrapper."""
+    failures = getattr(exc, "failures", None)
+    if failures:
+        exc = next(iter(failures.values()))[0]
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
 def load_checkpoint(path: Path, *, model_chunks: list[Any], optimizer: Any, scheduler: Any) -> tuple[dict, dict]:
     """Load model, optimizer and scheduler state in place; return ``(rank_state, shared_state)``.
 
-    ``rank_state`` is ``{}`` when this rank has no file of its own (the checkpoint was written by a
-    different world size): weights still reshard, but RNG and data positions cannot be restored per rank.
+    ``rank_state`` is ``{}`` when this rank has no file of its own (the checkpoint was written by more
+    processes): weights and optimizer state reshard and the data position is global, but this rank's RNG
+    streams cannot be restored.
     """
-    state = dist_checkpointing.load(
-        _sharded_state(model_chunks, optimizer, is_loading=True), str(path / MODEL_OPTIM)
-    )
+    try:
+        with _quiet_deprecations():
+            state = dist_checkpointing.load(
+                _sharded_state(model_chunks, optimizer, is_loading=True), str(path / MODEL_OPTIM)
+            )
+    except (CheckpointingException, dcp.CheckpointException) as exc:
+        raise LoongForgeError(
+            f"checkpoint {path} does not fit this run's model or optimizer (was the model changed?): {_root_cause(exc)}"
+        ) from exc
     for i, chunk in enumerate(model_chunks):
         unwrap_model(chunk).load_state_dict(state[_model_key(i, len(model_chunks))])
     optimizer.load_state_dict(state["optimizer"])

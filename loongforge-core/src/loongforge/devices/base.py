@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from typing import TYPE_CHECKING, Any, ContextManager
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -49,14 +50,14 @@ class DeviceBackend(abc.ABC):
         reasons). Checking that a vendor module imports and reports devices is the expected depth.
         """
 
-    def configure_env(self) -> None:
+    def configure_env(self) -> None:  # noqa: B027 -- optional hook, empty by default
         """Set environment variables the runtime reads at initialisation (allocator, NCCL/XCCL knobs).
 
         Called before ``torch.distributed`` is initialised. Use ``os.environ.setdefault`` only, so that a
         user's explicit setting always wins. The default sets nothing.
         """
 
-    def apply_patches(self) -> None:
+    def apply_patches(self) -> None:  # noqa: B027 -- optional hook, empty by default
         """Patch third-party libraries (megatron-core, torch) for this device.
 
         Called once per process after selection and before any model or optimizer is built; must be
@@ -66,7 +67,7 @@ class DeviceBackend(abc.ABC):
 
     # -- placement and synchronisation ---------------------------------------------------------------
 
-    def device(self, local_rank: int = 0) -> "torch.device":
+    def device(self, local_rank: int = 0) -> torch.device:
         """The ``torch.device`` that a process with this node-local rank computes on."""
         import torch
 
@@ -123,7 +124,7 @@ class DeviceBackend(abc.ABC):
         inside a kernel. Unknown feature names raise ``ValueError``.
         """
 
-    def profiler_range(self, name: str) -> ContextManager[Any]:
+    def profiler_range(self, name: str) -> AbstractContextManager[Any]:
         """A context manager that labels the enclosed work in profiler traces (NVTX on CUDA).
 
         The default uses ``torch.profiler.record_function``, which every backend's profiler understands.
@@ -164,7 +165,7 @@ class NullStream(contextlib.nullcontext):  # type: ignore[type-arg]
     def wait_event(self, event: Any) -> None:
         """No-op."""
 
-    def record_event(self, event: Any = None) -> "NullStream":
+    def record_event(self, event: Any = None) -> NullStream:
         """Return an always-complete event."""
         return NullStream()
 

@@ -10,7 +10,7 @@ must too to be competitive. The constructor and ``forward`` signatures match meg
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +21,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import divide
 
 #: ``enable_gqa`` appeared in torch 2.5; older torch gets K/V repeated explicitly.
-_SDPA_HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
+_SDPA_HAS_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
 
 
 class SDPAttention(MegatronModule):
@@ -40,11 +40,10 @@ class SDPAttention(MegatronModule):
         layer_number: int,
         attn_mask_type: AttnMaskType,
         attention_type: str,
-        attention_dropout: Optional[float] = None,
-        softmax_scale: Optional[float] = None,
-        cp_comm_type: Optional[str] = None,
+        attention_dropout: float | None = None,
+        softmax_scale: float | None = None,
+        cp_comm_type: str | None = None,
         pg_collection: Any = None,
-        **_unused: Any,
     ) -> None:
         super().__init__(config=config)
         if config.context_parallel_size != 1:
@@ -73,9 +72,9 @@ class SDPAttention(MegatronModule):
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
-        attention_mask: Optional[torch.Tensor],
-        attn_mask_type: Optional[AttnMaskType] = None,
-        attention_bias: Optional[torch.Tensor] = None,
+        attention_mask: torch.Tensor | None,
+        attn_mask_type: AttnMaskType | None = None,
+        attention_bias: torch.Tensor | None = None,
         packed_seq_params: Any = None,
     ) -> torch.Tensor:
         """Attend ``query`` over ``key``/``value``; returns ``[sq, b, heads * head_dim]``."""
@@ -115,8 +114,8 @@ class SDPAttention(MegatronModule):
 
     @staticmethod
     def _sdpa_mask(
-        attention_mask: Optional[torch.Tensor], mask_type: AttnMaskType, sq: int, sk: int, device: torch.device
-    ) -> tuple[Optional[torch.Tensor], bool]:
+        attention_mask: torch.Tensor | None, mask_type: AttnMaskType, sq: int, sk: int, device: torch.device
+    ) -> tuple[torch.Tensor | None, bool]:
         """Translate megatron's mask (``True`` = masked out) into SDPA's (``True`` = attend) and causal flag."""
         if attention_mask is not None:
             return ~attention_mask, False

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +38,7 @@ class ParallelSettings:
     tp: int = 1
     pp: int = 1
     sequence_parallel: bool = False
-    vpp: Optional[int] = None
+    vpp: int | None = None
 
     def __post_init__(self) -> None:
         if self.tp < 1 or self.pp < 1 or (self.vpp is not None and self.vpp < 1):
@@ -47,7 +47,7 @@ class ParallelSettings:
             raise ConfigError("sequence_parallel needs tp > 1 (it splits the sequence across TP ranks)")
 
 
-def resolve_dtype(params_dtype: Union[str, torch.dtype]) -> torch.dtype:
+def resolve_dtype(params_dtype: str | torch.dtype) -> torch.dtype:
     """``"fp32"``/``"bf16"``/``"fp16"`` (or a torch dtype) -> torch dtype."""
     if isinstance(params_dtype, torch.dtype):
         return params_dtype
@@ -64,8 +64,8 @@ def padded_vocab_size(vocab_size: int, tp: int = 1) -> int:
 
 
 def transformer_config(
-    flavor: DecoderFlavor, *, params_dtype: Union[str, torch.dtype] = "fp32",
-    parallel: Optional[ParallelSettings] = None,
+    flavor: DecoderFlavor, *, params_dtype: str | torch.dtype = "fp32",
+    parallel: ParallelSettings | None = None,
 ) -> TransformerConfig:
     """The megatron ``TransformerConfig`` for ``flavor`` (SwiGLU, RMSNorm, RoPE, GQA, no dropout)."""
     parallel = parallel or ParallelSettings()
@@ -114,11 +114,11 @@ def build_model(
     flavor: DecoderFlavor,
     *,
     backend: Any,
-    params_dtype: Union[str, torch.dtype] = "fp32",
+    params_dtype: str | torch.dtype = "fp32",
     pre_process: bool = True,
     post_process: bool = True,
-    parallel: Optional[ParallelSettings] = None,
-    vp_stage: Optional[int] = None,
+    parallel: ParallelSettings | None = None,
+    vp_stage: int | None = None,
 ) -> GPTModel:
     """A megatron ``GPTModel`` for ``flavor`` with layers from ``backend.spec_provider()``.
 

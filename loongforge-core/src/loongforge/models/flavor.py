@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from loongforge.errors import ConfigError
 
@@ -36,12 +36,12 @@ class DecoderFlavor:
     vocab_size: int
     max_position_embeddings: int
     rope_theta: float = 10000.0
-    rope_scaling: Optional[dict[str, Any]] = field(default=None, hash=False)
+    rope_scaling: dict[str, Any] | None = field(default=None, hash=False)
     norm_eps: float = 1e-5
     qk_layernorm: bool = False
     add_qkv_bias: bool = False
     tie_word_embeddings: bool = False
-    head_dim: Optional[int] = None
+    head_dim: int | None = None
     hf_architecture: str = "LlamaForCausalLM"
 
     def __post_init__(self) -> None:
@@ -72,7 +72,7 @@ class DecoderFlavor:
         """Per-head dimension (megatron's ``kv_channels``)."""
         return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_attention_heads
 
-    def with_overrides(self, **overrides: Any) -> "DecoderFlavor":
+    def with_overrides(self, **overrides: Any) -> DecoderFlavor:
         """A copy with some fields replaced; an unknown field name is a :class:`ConfigError`."""
         known = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(overrides) - known)

@@ -8,8 +8,9 @@ provider from the selected backend, and handle both providers that fuse the norm
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
+from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
 from megatron.core.models.gpt.gpt_layer_specs import get_mlp_module_spec_for_backend
 from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
 from megatron.core.transformer.enums import AttnMaskType
@@ -18,11 +19,14 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
-from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
 
 
 def decoder_layer_spec(provider: Any, *, qk_layernorm: bool) -> ModuleSpec:
-    """One pre-norm decoder layer: norm -> self-attention -> residual, norm -> (Swi)GLU MLP -> residual."""
+    """One pre-norm decoder layer: norm -> self-attention -> residual, norm -> (Swi)GLU MLP -> residual.
+
+    With a non-fused provider the checkpoint key map stores the norms under the fused (Transformer Engine)
+    names, so dist-checkpoints move between the CPU and CUDA backends.
+    """
     fused = provider.fuse_layernorm_and_linear()
     norm = provider.layer_norm(rms_norm=True, for_qk=False)
     qk_norm = provider.layer_norm(rms_norm=True, for_qk=True) if qk_layernorm else IdentityOp
@@ -59,13 +63,9 @@ def decoder_layer_spec(provider: Any, *, qk_layernorm: bool) -> ModuleSpec:
 
 
 def decoder_block_spec(
-    provider: Any, config: TransformerConfig, *, qk_layernorm: bool, vp_stage: Optional[int] = None
+    provider: Any, config: TransformerConfig, *, qk_layernorm: bool, vp_stage: int | None = None
 ) -> TransformerBlockSubmodules:
-    """The layers this pipeline stage builds plus the final norm, all from ``provider``.
-
-    The checkpoint key map makes local-norm checkpoints use the fused (Transformer Engine) names, so
-    dist-checkpoints move between CPU and CUDA backends.
-    """
+    """The layers this pipeline stage (and virtual stage ``vp_stage``) builds plus the final norm."""
     layer = decoder_layer_spec(provider, qk_layernorm=qk_layernorm)
     num_layers = get_num_layers_to_build(config, vp_stage=vp_stage)
     return TransformerBlockSubmodules(

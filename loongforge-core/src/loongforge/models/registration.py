@@ -21,8 +21,10 @@ def describe(flavor: DecoderFlavor) -> str:
     size = f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.1f}M"
     extras = [s for s, on in (("qkv-bias", flavor.add_qkv_bias), ("qk-norm", flavor.qk_layernorm),
                              ("tied", flavor.tie_word_embeddings)) if on]
-    return (f"{flavor.family} decoder, {size} params, {flavor.num_layers} layers, d{flavor.hidden_size}, "
-            f"{flavor.num_attention_heads}/{flavor.num_query_groups} heads" + (f", {', '.join(extras)}" if extras else ""))
+    heads = f"{flavor.num_attention_heads}/{flavor.num_query_groups} heads"
+    parts = [f"{flavor.family} decoder", f"{size} params", f"{flavor.num_layers} layers", f"d{flavor.hidden_size}"]
+    parts.append(heads)
+    return ", ".join(parts + extras)
 
 
 def register_builtin_models(registry: Any) -> None:

@@ -9,12 +9,12 @@ parity tests compare against transformers.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
 
-def rope_inv_freq(head_dim: int, theta: float, scaling: Optional[dict[str, Any]] = None) -> torch.Tensor:
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None = None) -> torch.Tensor:
     """``inv_freq`` (``[head_dim // 2]``, fp32) for base ``theta`` and an optional HF ``rope_scaling`` dict."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if scaling is None:

@@ -47,7 +47,9 @@ def build_scheduler(config: LoongForgeConfig, optimizer: Any, global_batch_size:
     """Linear warmup to ``optimizer.lr``, then cosine/linear/constant decay to ``optimizer.min_lr``."""
     sched, opt = config.scheduler, config.optimizer
     if sched.decay not in _DECAY_STYLES:
-        raise ConfigError(f"{config.source}: scheduler.decay must be one of {', '.join(_DECAY_STYLES)}, got '{sched.decay}'")
+        raise ConfigError(
+            f"{config.source}: scheduler.decay must be one of {', '.join(_DECAY_STYLES)}, got '{sched.decay}'"
+        )
     if opt.min_lr > opt.lr:
         raise ConfigError(f"{config.source}: optimizer.min_lr ({opt.min_lr}) is above optimizer.lr ({opt.lr})")
     decay_steps = sched.decay_steps if sched.decay_steps is not None else config.training.steps

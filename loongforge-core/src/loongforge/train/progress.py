@@ -16,9 +16,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 
 def _fmt(metrics: dict[str, Any]) -> str:
+    grad_norm = metrics.get("grad_norm")
+    norm = f"{grad_norm:.3f}" if grad_norm is not None else "n/a"  # None when clipping is off
     return (
-        f"loss {metrics['loss']:.4f} | lr {metrics['lr']:.3e} | grad_norm {metrics['grad_norm']:.3f} | "
-        f"{metrics['tokens_per_s']:,.0f} tok/s"
+        f"loss {metrics['loss']:.4f} | lr {metrics['lr']:.3e} | grad_norm {norm} | {metrics['tokens_per_s']:,.0f} tok/s"
     )
 
 
@@ -36,7 +37,7 @@ class ProgressDisplay:
         if self.live:
             self._bar = Progress(
                 TextColumn("[bold]train"),
-                BarColumn(),
+                BarColumn(bar_width=24),
                 MofNCompleteColumn(),
                 TextColumn("{task.fields[stats]}"),
                 TimeRemainingColumn(),

@@ -2,7 +2,8 @@
 
 The order matters and is the point of this module:
 
-1. plugins adjust the config (``loongforge_configure``); optimizations named in the config are enabled;
+1. optimizations named in the config are registered for the run, then plugins (those included) adjust the
+   config (``loongforge_configure``);
 2. the device backend is chosen (``--device`` > ``LOONGFORGE_DEVICE`` > ``device:``) and its environment
    and megatron patches are applied *before* anything is built;
 3. process groups (torchrun or a world of one), megatron's parallel layout, threads and seeds;
@@ -16,18 +17,11 @@ from __future__ import annotations
 
 import os
 import random
-import sys
-import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import yaml
 
-import loongforge
-from loongforge.checkpoint.layout import CheckpointDir
-from loongforge.config.loader import config_to_dict
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import ConfigError
 from loongforge.plugins import get_host
@@ -36,10 +30,6 @@ from loongforge.plugins import get_host
 def _say(rank: int, message: str) -> None:
     if rank == 0:
         print(f"[loongforge] {message}", flush=True)
-
-
-def _warn(message: str) -> None:
-    print(f"[loongforge] warning: {message}", file=sys.stderr, flush=True)
 
 
 def requested_device(config: LoongForgeConfig, device: str | None, device_source: str) -> tuple[str, str]:
@@ -164,81 +154,61 @@ def run_training(config: LoongForgeConfig, *, device: str | None = None, device_
 
 
 def _run(config: LoongForgeConfig, host: Any, backend: Any, reason: str, info: Any) -> dict:
+    _say(info.rank, f"device: {backend.name} ({reason})")
+    backend.apply_patches()
+    layout = _init_parallel(config, host, backend, info)
+    trainer, flavor, tokenizer = _build_trainer(config, host, backend, reason, layout, info)
+    return _train(trainer, flavor, tokenizer, config, info.rank)
+
+
+def _init_parallel(config: LoongForgeConfig, host: Any, backend: Any, info: Any) -> Any:
+    """Validate and create the parallel layout; set threads and seeds (which depend on the layout)."""
+    strategy = host.registry("strategy").load(config.parallel.strategy, where=f"parallel.strategy in {config.source}")
+    layout = strategy.validate(config.parallel, info.world_size, config.source)
+    strategy.initialize(layout)
+    _say(
+        info.rank,
+        f"parallel: tp={layout.tp} pp={layout.pp} dp={layout.dp} ({info.launcher}, world size {info.world_size})",
+    )
+    if config.training.threads:
+        torch.set_num_threads(config.training.threads)
+    _seed_everything(config.run.seed, backend)
+    return layout
+
+
+def _build_trainer(
+    config: LoongForgeConfig, host: Any, backend: Any, reason: str, layout: Any, info: Any
+) -> tuple[Any, Any, Any]:
+    """Model -> plugins' modify_model -> DDP -> optimizer -> scheduler -> data -> Trainer, resumed if asked."""
     from megatron.core import parallel_state
 
     from loongforge.checkpoint.saver import check_optimizer_supported
     from loongforge.train.batches import build_batches, load_tokenizer
-    from loongforge.train.metrics import MetricsWriter
+    from loongforge.train.checkpointing import RunCheckpoints, run_metadata
     from loongforge.train.optim import build_optimizer, build_scheduler
-    from loongforge.train.progress import ProgressDisplay
     from loongforge.train.trainer import Trainer
-
-    rank = info.rank
-    _say(rank, f"device: {backend.name} ({reason})")
-    backend.apply_patches()
-    strategy = host.registry("strategy").load(config.parallel.strategy, where=f"parallel.strategy in {config.source}")
-    layout = strategy.validate(config.parallel, info.world_size, config.source)
-    strategy.initialize(layout)
-    _say(rank, f"parallel: tp={layout.tp} pp={layout.pp} dp={layout.dp} ({info.launcher}, {info.world_size} processes)")
-    if config.training.threads:
-        torch.set_num_threads(config.training.threads)
-    _seed_everything(config.run.seed, backend)
 
     flavor = _load_flavor(host, config)
     tokenizer = load_tokenizer(host, config)
     global_batch, num_microbatches = _validate(config, layout, flavor, tokenizer)
-    model = host.modify_model(_build_model(flavor, config, backend, layout), config)
-    model = _wrap_ddp(model, config)
+    model = _wrap_ddp(host.modify_model(_build_model(flavor, config, backend, layout), config), config)
     optimizer = build_optimizer(config, model)
-    checkpointing = config.checkpoint.interval > 0 or config.checkpoint.save_at_end or config.checkpoint.resume != "never"
-    if checkpointing:
+    ckpt = config.checkpoint
+    if ckpt.interval > 0 or ckpt.save_at_end or ckpt.resume != "never":
         check_optimizer_supported(optimizer)
     scheduler = build_scheduler(config, optimizer, global_batch)
     _connect_schedule(model, optimizer)
-    data = build_batches(
-        host,
-        config,
-        tokenizer,
-        rank=rank,
-        dp_rank=parallel_state.get_data_parallel_rank(),
-        dp_size=layout.dp,
-    )
+    dp_rank = parallel_state.get_data_parallel_rank()
+    data = build_batches(host, config, tokenizer, rank=info.rank, dp_rank=dp_rank, dp_size=layout.dp)
     n_params = sum(p.numel() for chunk in model for p in chunk.parameters())
-    _say(rank, f"model: {config.model.name} ({n_params / 1e6:.2f}M parameters on this rank), "
-               f"global batch {global_batch} x {config.data.seq_length} tokens, {num_microbatches} micro-batches/step")
-
-    output_dir = Path(config.run.output_dir)
-    ckpt_dir = CheckpointDir(config.checkpoint.dir or output_dir / "checkpoints", config.checkpoint.keep_last)
-    metadata = {
-        "loongforge_version": loongforge.__version__,
-        "megatron_core_version": _megatron_version(),
-        "torch_version": torch.__version__,
-        "device": backend.name,
-        "device_reason": reason,
-        "parallel": {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "world_size": info.world_size,
-                     "sequence_parallel": layout.sequence_parallel,
-                     "distributed_optimizer": layout.distributed_optimizer},
-        "model": config.model.name,
-    }
-    config_yaml = yaml.safe_dump(config_to_dict(config), sort_keys=False)
-
-    def save(trainer: Trainer) -> Path:
-        from loongforge.checkpoint.rng import capture_rng_state
-        from loongforge.checkpoint.saver import save_checkpoint
-
-        return save_checkpoint(
-            ckpt_dir,
-            trainer.step,
-            model_chunks=model,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            rank_state={"rng": capture_rng_state(backend)},
-            shared_state={"data": data.state_dict()},
-            config_yaml=config_yaml,
-            metadata={**metadata, "step": trainer.step, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
-            on_save=lambda path, extra: host.on_checkpoint_save(trainer, path, extra),
-        )
-
+    _say(
+        info.rank,
+        f"model: {config.model.name} ({n_params / 1e6:.2f}M parameters on this rank), "
+        f"global batch {global_batch} x {config.data.seq_length} tokens, {num_microbatches} micro-batches/step",
+    )
+    checkpoints = RunCheckpoints(
+        config, host, backend, run_metadata(backend, reason, layout, info.world_size, config.model.name)
+    )
     trainer = Trainer(
         config=config,
         host=host,
@@ -249,54 +219,35 @@ def _run(config: LoongForgeConfig, host: Any, backend: Any, reason: str, info: A
         data=data,
         num_microbatches=num_microbatches,
         global_batch_size=global_batch,
-        save_checkpoint=save,
+        save_checkpoint=checkpoints.save,
     )
-    if config.checkpoint.resume != "never":
-        _resume(trainer, ckpt_dir, config.checkpoint.resume, host, backend)
+    resumed = checkpoints.resume(trainer, ckpt.resume)
+    if resumed is not None:
+        _say(info.rank, f"resumed from {resumed} at step {trainer.step}")
+    return trainer, flavor, tokenizer
+
+
+def _train(trainer: Any, flavor: Any, tokenizer: Any, config: LoongForgeConfig, rank: int) -> dict:
+    """The loop with its metrics sinks and progress display, then the sample and the closing report."""
+    from loongforge.train.metrics import MetricsWriter
+    from loongforge.train.progress import ProgressDisplay
+
     if trainer.step >= config.training.steps:
         _say(rank, f"nothing to do: already at step {trainer.step} of {config.training.steps}")
-
+    log = config.logging
     metrics = MetricsWriter(
-        output_dir, rank=rank, jsonl=config.logging.jsonl, tensorboard=config.logging.tensorboard,
-        start_step=trainer.step,
+        config.run.output_dir, rank=rank, jsonl=log.jsonl, tensorboard=log.tensorboard, start_step=trainer.step
     )
-    progress = ProgressDisplay(config.training.steps, start_step=trainer.step, rank=rank, enabled=config.logging.progress)
+    progress = ProgressDisplay(config.training.steps, start_step=trainer.step, rank=rank, enabled=log.progress)
     try:
         summary = trainer.fit(metrics, progress)
     finally:
         metrics.close()
     summary["sample"] = _sample(trainer, flavor, tokenizer, config, rank)
-    summary["metrics_file"] = str(metrics.jsonl_path) if config.logging.jsonl else None
-    summary["tensorboard_dir"] = str(metrics.tensorboard_dir) if config.logging.tensorboard else None
+    summary["metrics_file"] = str(metrics.jsonl_path) if log.jsonl else None
+    summary["tensorboard_dir"] = str(metrics.tensorboard_dir) if log.tensorboard else None
     _report(summary, rank)
     return summary
-
-
-def _megatron_version() -> str:
-    from megatron.core import package_info
-
-    return package_info.__version__
-
-
-def _resume(trainer: Any, ckpt_dir: CheckpointDir, resume: str, host: Any, backend: Any) -> None:
-    from loongforge.checkpoint.rng import restore_rng_state
-    from loongforge.checkpoint.saver import choose_resume, load_checkpoint
-
-    path = choose_resume(ckpt_dir, resume, _warn)
-    if path is None:
-        return
-    rank_state, shared = load_checkpoint(
-        path, model_chunks=trainer.model, optimizer=trainer.optimizer, scheduler=trainer.scheduler
-    )
-    trainer.data.load_state_dict(shared["data"])
-    trainer.step = int(shared["step"])
-    if rank_state:
-        restore_rng_state(rank_state["rng"], backend)
-    else:
-        _warn(f"{path} was saved by a different number of processes: RNG streams start fresh")
-    host.on_checkpoint_load(trainer, str(path), shared.get("extra_state", {}))
-    trainer.last_checkpoint = path
-    _say(torch.distributed.get_rank(), f"resumed from {path} at step {trainer.step}")
 
 
 def _sample(trainer: Any, flavor: Any, tokenizer: Any, config: LoongForgeConfig, rank: int) -> str | None:
@@ -325,8 +276,11 @@ def _sample(trainer: Any, flavor: Any, tokenizer: Any, config: LoongForgeConfig,
 
 def _report(summary: dict, rank: int) -> None:
     if summary["final_loss"] is not None:
-        _say(rank, f"done: {summary['steps']} steps, loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
-                   f"{summary['tokens_per_s']:,.0f} tokens/s")
+        _say(
+            rank,
+            f"done: {summary['steps']} steps, loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
+            f"{summary['tokens_per_s']:,.0f} tokens/s",
+        )
     if summary["checkpoint_dir"]:
         _say(rank, f"checkpoint: {summary['checkpoint_dir']}")
     if summary["metrics_file"]:

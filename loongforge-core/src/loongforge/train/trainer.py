@@ -9,9 +9,10 @@ steps. The hot path does what a plain PyTorch loop does plus megatron's gradient
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -24,18 +25,21 @@ from loongforge.train.progress import ProgressDisplay
 
 
 def _masked_mean_loss(loss_mask: torch.Tensor, per_token_loss: torch.Tensor) -> tuple[torch.Tensor, dict]:
-    """Mean cross-entropy over the tokens ``loss_mask`` selects (megatron divides by the microbatch count)."""
+    """Mean cross-entropy over the tokens ``loss_mask`` selects.
+
+    The reported copy is cloned: megatron divides the returned loss by the micro-batch count *in place*.
+    """
     mask = loss_mask.reshape(-1)
     loss = torch.sum(per_token_loss.float().reshape(-1) * mask) / mask.sum().clamp(min=1)
-    return loss, {"loss": loss.detach()}
+    return loss, {"loss": loss.detach().clone()}
 
 
 class Trainer:
     """Owns the built run (model chunks, optimizer, scheduler, batches) and steps it to ``training.steps``.
 
     Attributes plugins may read in lifecycle hooks: ``config``, ``model`` (list of chunks), ``optimizer``,
-    ``scheduler``, ``data`` (the batch iterator), ``backend``, ``step`` (completed steps), ``output_dir``, ``last_checkpoint``; plugins may set
-    ``should_stop``.
+    ``scheduler``, ``data`` (the batch iterator), ``backend``, ``step`` (completed steps), ``output_dir``,
+    ``last_checkpoint``. Plugins may set ``should_stop`` to end training after the current step.
     """
 
     def __init__(
@@ -50,7 +54,7 @@ class Trainer:
         data: Any,
         num_microbatches: int,
         global_batch_size: int,
-        save_checkpoint: Callable[["Trainer"], Path],
+        save_checkpoint: Callable[[Trainer], Path],
         start_step: int = 0,
     ) -> None:
         self.config = config
@@ -151,8 +155,10 @@ class Trainer:
                 if ckpt_interval and self.step % ckpt_interval == 0:
                     self.last_checkpoint = self._save(self)
                     progress.message(f"saved checkpoint {self.last_checkpoint}")
-            if self.config.checkpoint.save_at_end and self.step > start_step and (
-                not ckpt_interval or self.step % ckpt_interval
+            if (
+                self.config.checkpoint.save_at_end
+                and self.step > start_step
+                and (not ckpt_interval or self.step % ckpt_interval)
             ):
                 self.last_checkpoint = self._save(self)
         finally:

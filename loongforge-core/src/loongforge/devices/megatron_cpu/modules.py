@@ -21,6 +21,16 @@ CUDA_ASSUMING_MODULES: tuple[str, ...] = (
     "megatron.core.tensor_parallel.layers",
     # TP/SP gather/scatter output buffers on torch.cuda.current_device().
     "megatron.core.tensor_parallel.mappings",
+    # broadcast_data (TP data broadcast) sizes/buffers with device="cuda" / current_device().
+    "megatron.core.tensor_parallel.data",
+    # split/gather helpers allocate on torch.cuda.current_device().
+    "megatron.core.tensor_parallel.utils",
+    # get_default_causal_mask (used by megatron's own DotProductAttention) builds its mask with device="cuda".
+    "megatron.core.transformer.utils",
+    # megatron's DotProductAttention: off-by-one/learnable softmax offsets on torch.cuda.current_device().
+    "megatron.core.transformer.dot_product_attention",
+    # torch.cuda.empty_cache() when retrying an out-of-memory MLP chunk.
+    "megatron.core.transformer.mlp",
     # num-token counters with device="cuda"; autocast("cuda") when enable_autocast.
     "megatron.core.pipeline_parallel.schedules",
     # PP send/recv buffers on torch.cuda.current_device(); torch.cuda.synchronize() after batched p2p.

@@ -9,7 +9,8 @@ CPU generator, so the tracker's states are CPU generator states and forking swap
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 

@@ -1,0 +1,94 @@
+"""The run's side of checkpoints: what goes into one, and how a trainer is put back from one.
+
+:mod:`loongforge.checkpoint` knows directories, manifests and megatron's formats; this module knows the
+trainer: which RNG streams, which data position, which metadata (versions, device and why, layout) and
+which lifecycle hooks are called around a save or a load.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+import loongforge
+from loongforge.checkpoint.layout import CheckpointDir
+from loongforge.checkpoint.rng import capture_rng_state, restore_rng_state
+from loongforge.checkpoint.saver import choose_resume, load_checkpoint, save_checkpoint
+from loongforge.config.loader import config_to_dict
+from loongforge.config.schema import LoongForgeConfig
+
+
+def _warn(message: str) -> None:
+    print(f"[loongforge] warning: {message}", file=sys.stderr, flush=True)
+
+
+def run_metadata(backend: Any, reason: str, layout: Any, world_size: int, model_name: str) -> dict[str, Any]:
+    """What a checkpoint records about the run that wrote it (for humans and for later compatibility checks)."""
+    from megatron.core import package_info
+
+    return {
+        "loongforge_version": loongforge.__version__,
+        "megatron_core_version": package_info.__version__,
+        "torch_version": torch.__version__,
+        "device": backend.name,
+        "device_reason": reason,
+        "parallel": {
+            "tp": layout.tp,
+            "pp": layout.pp,
+            "dp": layout.dp,
+            "world_size": world_size,
+            "sequence_parallel": layout.sequence_parallel,
+            "distributed_optimizer": layout.distributed_optimizer,
+        },
+        "model": model_name,
+    }
+
+
+class RunCheckpoints:
+    """Saves a trainer's complete state into ``root`` and restores it from there."""
+
+    def __init__(self, config: LoongForgeConfig, host: Any, backend: Any, metadata: dict[str, Any]) -> None:
+        root = config.checkpoint.dir or Path(config.run.output_dir) / "checkpoints"
+        self.dir = CheckpointDir(root, config.checkpoint.keep_last)
+        self.host = host
+        self.backend = backend
+        self.metadata = metadata
+        self.config_yaml = yaml.safe_dump(config_to_dict(config), sort_keys=False)
+
+    def save(self, trainer: Any) -> Path:
+        """Checkpoint ``trainer`` at its current step (all ranks call this); returns the new directory."""
+        return save_checkpoint(
+            self.dir,
+            trainer.step,
+            model_chunks=trainer.model,
+            optimizer=trainer.optimizer,
+            scheduler=trainer.scheduler,
+            rank_state={"rng": capture_rng_state(self.backend)},
+            shared_state={"data": trainer.data.state_dict()},
+            config_yaml=self.config_yaml,
+            metadata={**self.metadata, "step": trainer.step, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
+            on_save=lambda path, extra: self.host.on_checkpoint_save(trainer, path, extra),
+        )
+
+    def resume(self, trainer: Any, resume: str) -> Path | None:
+        """Restore ``trainer`` from the checkpoint ``resume`` selects (``auto``/``never``/a path); None if none."""
+        path = choose_resume(self.dir, resume, _warn)
+        if path is None:
+            return None
+        rank_state, shared = load_checkpoint(
+            path, model_chunks=trainer.model, optimizer=trainer.optimizer, scheduler=trainer.scheduler
+        )
+        trainer.data.load_state_dict(shared["data"])
+        trainer.step = int(shared["step"])
+        if rank_state:
+            restore_rng_state(rank_state["rng"], self.backend)
+        else:
+            _warn(f"{path} was saved by fewer processes: this rank's RNG streams start fresh")
+        self.host.on_checkpoint_load(trainer, str(path), shared.get("extra_state", {}))
+        trainer.last_checkpoint = path
+        return path
