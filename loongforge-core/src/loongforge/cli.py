@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from typing import Sequence
 
 from loongforge.errors import LoongForgeError
@@ -66,11 +67,22 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.overrides)
     resolve_names(config)  # fail on a misspelled name before torch and megatron load
+    _quiet_optional_dependency_warnings()
 
     from loongforge.train.run import run_training
 
     run_training(config, device=args.device)
     return 0
+
+
+def _quiet_optional_dependency_warnings() -> None:
+    """Hide megatron-core's import-time notices that Apex / Transformer Engine are absent.
+
+    They repeat a dozen times per process on every CPU run and bury the progress output; ``loongforge
+    doctor`` reports which optional GPU libraries are installed instead.
+    """
+    warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine)( and Apex)? (is|are) not installed")
+    warnings.filterwarnings("ignore", message=r"full scope is deprecated")
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
