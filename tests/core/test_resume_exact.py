@@ -92,3 +92,20 @@ def test_sigkill_then_resume_matches_uninterrupted_run_exactly(tmp_path):
         assert losses[step] == reference[step], f"step {step}: {losses[step]!r} != {reference[step]!r}"
     assert (ckpts / "latest").read_text().strip() == "step-0000012"
     assert not half.exists()
+
+
+def test_checkpointing_script_needs_no_main_guard(tmp_path):
+    """megatron's default checkpoint writer starts a ``spawn`` process, which re-imports an unguarded script
+    and fails; our synchronous writer must not start any process."""
+    cfg, out = _write_config(tmp_path, "script", interval=1)
+    script = tmp_path / "train_script.py"
+    script.write_text(
+        "import multiprocessing\n"
+        "import loongforge\n"
+        f"loongforge.train({str(cfg)!r}, ['training.steps=2'])\n"
+        "assert not multiprocessing.active_children(), multiprocessing.active_children()\n"
+        "print('SCRIPT-OK')\n"
+    )
+    done = _run([str(script)])
+    assert done.returncode == 0 and "SCRIPT-OK" in done.stdout, done.stderr[-3000:]
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step-0000002"

@@ -50,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parser().parse_intermixed_args(argv)
     try:
         return _COMMANDS[args.command](args)
     except LoongForgeError as exc:

@@ -51,7 +51,6 @@ def generate_ids(
     top_k: int = 0,
     seed: int = 0,
     stop_id: int | None = None,
-    device: str | torch.device = "cpu",
 ) -> list[int]:
     """Extend ``prompt_ids`` by up to ``max_new_tokens`` ids (stops early at ``stop_id``); returns the new ids.
 
@@ -64,6 +63,7 @@ def generate_ids(
     if not prompt_ids:
         raise LoongForgeError("text generation needs a non-empty prompt")
     generator = torch.Generator(device="cpu").manual_seed(seed)
+    device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     ids = list(prompt_ids)

@@ -19,10 +19,9 @@ class MetricsWriter:
         self, output_dir: str | Path, *, rank: int, jsonl: bool, tensorboard: bool, start_step: int = 0
     ) -> None:
         self.output_dir = Path(output_dir)
-        self.enabled = rank == 0
         self._jsonl = None
         self._tb = None
-        if not self.enabled:
+        if rank != 0:
             return
         self.output_dir.mkdir(parents=True, exist_ok=True)
         if jsonl:

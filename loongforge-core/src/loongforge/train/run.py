@@ -255,7 +255,10 @@ def _sample(trainer: Any, flavor: Any, tokenizer: Any, config: LoongForgeConfig,
     from megatron.core import parallel_state
 
     n = config.training.sample_tokens
-    if n <= 0 or parallel_state.get_pipeline_model_parallel_world_size() > 1:
+    if n <= 0:
+        return None
+    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+        _say(rank, "sample skipped: text generation does not support pipeline parallelism yet")
         return None
     from loongforge.checkpoint.saver import unwrap_model
     from loongforge.train.generate import generate_text
