@@ -74,13 +74,12 @@ def worker_plain(args: argparse.Namespace) -> dict:
     import torch
 
     sys.path.insert(0, str(HERE))
-    from plain_llama import PlainLlama, train_step
-
     from loongforge.data.gpt_dataset import GPTSampleDataset
     from loongforge.data.sampler import TrainBatchIterator
     from loongforge.data.shipped import shipped_corpus_dataset
     from loongforge.models.builder import padded_vocab_size
     from loongforge.plugins import get_registry
+    from plain_llama import PlainLlama, train_step
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(1)

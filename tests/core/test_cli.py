@@ -22,9 +22,9 @@ def run_cli(*args, env=None):
 @pytest.mark.parametrize("command", [["plugins"], ["list", "models"], ["list", "devices"], ["list", "datasets"]])
 def test_listing_commands_never_import_torch(command):
     code = (
-        "import sys; from loongforge.cli import main; rc = main(%r); "
+        f"import sys; from loongforge.cli import main; rc = main({command!r}); "
         "heavy = [m for m in ('torch', 'megatron') if m in sys.modules]; "
-        "assert not heavy, heavy; sys.exit(rc)" % (command,)
+        "assert not heavy, heavy; sys.exit(rc)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from loongforge.config import config_to_dict, load_config
 from loongforge.errors import ConfigError
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import loongforge.plugins as plugins_module
 import pytest
 from importlib_metadata import EntryPoint
-
-import loongforge.plugins as plugins_module
 from loongforge import hookimpl
 from loongforge.errors import PluginLoadError
 from loongforge.plugins import PluginHost

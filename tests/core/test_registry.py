@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from loongforge.registry import DuplicateComponentError, Registry, UnknownComponentError
 
 

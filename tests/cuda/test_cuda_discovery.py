@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from loongforge.testing.discovery import assert_discovered
 
 pytestmark = pytest.mark.needs_plugins

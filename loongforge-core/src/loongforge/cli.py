@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 from loongforge.errors import LoongForgeError
 from loongforge.registry import REGISTRY_KINDS, plural
@@ -50,7 +50,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_intermixed_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    # argparse stops collecting KEY=VALUE overrides at the first option; accept the ones after it too.
+    if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+        args.overrides += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return _COMMANDS[args.command](args)
     except LoongForgeError as exc:

@@ -16,8 +16,9 @@ A plugin that fails to import, or implements a hook that does not exist (a typo)
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import pluggy
 from importlib_metadata import entry_points

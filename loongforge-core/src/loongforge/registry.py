@@ -14,8 +14,9 @@ from __future__ import annotations
 import difflib
 import importlib
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from loongforge.errors import LoongForgeError
 

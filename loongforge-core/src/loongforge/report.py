@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
-from typing import Iterable
+from collections.abc import Iterable
 
 from importlib_metadata import PackageNotFoundError, version
 from rich.console import Console

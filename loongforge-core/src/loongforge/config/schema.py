@@ -32,6 +32,9 @@ class ModelConfig:
     name: str = "llama-tiny"
     #: Flavor fields to override, e.g. ``{num_layers: 2}``.
     overrides: dict[str, Any] = field(default_factory=dict)
+    #: Initial weights: ``hf:/path/to/hf/dir`` (a Hugging Face checkpoint directory). Ignored when the run
+    #: resumes from one of its own checkpoints.
+    load: str | None = None
 
 
 @dataclass
@@ -123,6 +126,8 @@ class CheckpointConfig:
     #: a path resumes from that checkpoint.
     resume: str = "auto"
     save_at_end: bool = True
+    #: Also write each checkpoint in Hugging Face format (``<checkpoint>/hf``: safetensors + config.json).
+    save_hf: bool = False
 
 
 @dataclass

@@ -6,7 +6,8 @@ so a test's plugin can never leak into the next test.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
