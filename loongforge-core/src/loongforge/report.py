@@ -9,10 +9,12 @@ from collections.abc import Iterable
 
 from importlib_metadata import PackageNotFoundError, version
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from loongforge.devices.base import DeviceBackend
 from loongforge.plugins import PluginInfo, get_host
-from loongforge.registry import REGISTRY_KINDS, Registry, plural
+from loongforge.registry import REGISTRY_KINDS, Entry, Registry, plural
 
 
 def _console() -> Console:
@@ -46,6 +48,22 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
+def _backend_section(console: Console, entry: Entry, backend: DeviceBackend) -> None:
+    """The backend's own ``doctor_rows()`` (its vendor stack) as a table, when it has any."""
+    try:
+        rows = backend.doctor_rows()
+    except Exception as exc:  # noqa: BLE001 - a broken section must not hide the rest of the report
+        rows = [("error", f"{type(exc).__name__}: {exc}")]
+    if not rows:
+        return
+    table = Table(title=f"{entry.name} backend ({entry.provider})", title_justify="left")
+    table.add_column("item")
+    table.add_column("value", overflow="fold")
+    for item, value in rows:
+        table.add_row(escape(item), escape(value))  # values hold pip extras like 'pkg[te]', not markup
+    console.print(table)
+
+
 def doctor() -> None:
     """Versions, device backends (probed, never initialised), plugins and relevant environment."""
     console = _console()
@@ -64,14 +82,18 @@ def doctor() -> None:
     devices = Table(title="Device backends", title_justify="left")
     for column in ("backend", "provided by", "priority", "available", "why"):
         devices.add_column(column, overflow="fold")
+    sections = []
     for entry in get_host().registry("device").entries():
         try:
             backend = entry.load()()
             ok, reason = backend.probe()
             devices.add_row(entry.name, entry.provider, str(backend.priority), "yes" if ok else "no", reason)
+            sections.append((entry, backend))
         except Exception as exc:  # noqa: BLE001 - doctor reports, it does not stop at the first problem
             devices.add_row(entry.name, entry.provider, "?", "error", f"{type(exc).__name__}: {exc}")
     console.print(devices)
+    for entry, backend in sections:
+        _backend_section(console, entry, backend)
 
     from loongforge.plugins import iter_plugins
 

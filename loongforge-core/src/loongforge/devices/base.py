@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 import contextlib
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -143,8 +144,108 @@ class DeviceBackend(abc.ABC):
         (local torch modules on CPU, Transformer Engine modules on CUDA when installed).
         """
 
+    def megatron_settings(self, precision: str = "fp32", **options: Any) -> MegatronSettings:
+        """Device-specific megatron settings for a run in ``precision`` (``fp32``/``bf16``/``fp16``/``fp8``).
+
+        The trainer builds its ``TransformerConfig`` and ``DistributedDataParallelConfig`` and adds
+        ``settings.transformer_config_kwargs()`` / ``settings.ddp_config_kwargs()``, building parameters in
+        ``settings.params_dtype``. ``options`` are the device's own switches (FP8 recipe, CUDA graphs,
+        communication overlap, ...), so that such knobs live in the plugin that understands them instead of in
+        core. The default accepts the precisions every backend can express through ``params_dtype`` and no
+        options: an unknown option or ``fp8`` on a device without it is an error here, before any model is built.
+        """
+        if options:
+            raise ValueError(f"device '{self.name}' takes no megatron options; got {', '.join(sorted(options))}")
+        if precision not in ("fp32", "bf16", "fp16"):
+            raise ValueError(f"device '{self.name}' does not support precision '{precision}' (fp32, bf16, fp16)")
+        return MegatronSettings(params_dtype=precision)
+
+    # -- reporting ----------------------------------------------------------------------------------
+
+    def doctor_rows(self) -> list[tuple[str, str]]:
+        """``(item, value)`` rows ``loongforge doctor`` prints in a section of its own for this backend.
+
+        For the vendor stack behind the device (runtime versions, device nodes, environment knobs) that the
+        one-line probe reason cannot hold. Same rules as :meth:`probe`: cheap, never initialise the device.
+        The default has nothing to add.
+        """
+        return []
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
+
+
+@dataclass(frozen=True)
+class MegatronSettings:
+    """What a device adds to megatron's configs for one run (see :meth:`DeviceBackend.megatron_settings`).
+
+    Backends with settings of their own (FP8 recipes, CUDA graphs) subclass this frozen dataclass with typed
+    fields and override the two ``*_kwargs`` methods; this base adds nothing beyond the parameter dtype.
+    """
+
+    #: dtype parameters are built in (``fp32``/``bf16``/``fp16``); FP8 runs keep ``bf16`` parameters.
+    params_dtype: str = "fp32"
+
+    def transformer_config_kwargs(self) -> dict[str, Any]:
+        """Extra keyword arguments for ``megatron.core.transformer.TransformerConfig``."""
+        return {}
+
+    def ddp_config_kwargs(self) -> dict[str, Any]:
+        """Extra keyword arguments for ``megatron.core.distributed.DistributedDataParallelConfig``."""
+        return {}
+
+
+class DeviceModuleBackend(DeviceBackend):
+    """A backend whose device is driven through a ``torch.cuda``-style module.
+
+    ``torch.cuda``, ``torch.xpu``, ``torch.npu`` (torch_npu) and Kunlun's torch_xmlir (which serves the
+    ``torch.cuda`` API itself) share one API for devices, streams, events, generators and allocator
+    statistics, so a backend for such a stack only writes its probe, capabilities and spec provider. All
+    device access goes through :meth:`device_module`, which is also where tests substitute a fake module.
+    """
+
+    def device_module(self) -> Any:
+        """The torch device module for :attr:`device_type` (``torch.cuda`` for ``"cuda"``)."""
+        import torch
+
+        return torch.get_device_module(self.device_type)
+
+    def set_device(self, local_rank: int) -> None:
+        """``<module>.set_device(local_rank)``."""
+        self.device_module().set_device(local_rank)
+
+    def synchronize(self) -> None:
+        """``<module>.synchronize()`` on the current device."""
+        self.device_module().synchronize()
+
+    def stream(self) -> Any:
+        """A new ``<module>.Stream()`` (a context manager that makes it current)."""
+        return self.device_module().Stream()
+
+    def event(self) -> Any:
+        """A new timing-enabled ``<module>.Event``."""
+        return self.device_module().Event(enable_timing=True)
+
+    def manual_seed(self, seed: int) -> None:
+        """Seed the current device's default generator."""
+        self.device_module().manual_seed(seed)
+
+    def get_rng_state(self) -> dict[str, Any]:
+        """The current device's generator state, keyed by device type."""
+        return {self.device_type: self.device_module().get_rng_state()}
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        """Restore a state from :meth:`get_rng_state`."""
+        self.device_module().set_rng_state(state[self.device_type])
+
+    def memory_stats(self) -> dict[str, int]:
+        """Allocator statistics of the current device, in bytes."""
+        module = self.device_module()
+        return {
+            "allocated": int(module.memory_allocated()),
+            "peak_allocated": int(module.max_memory_allocated()),
+            "reserved": int(module.memory_reserved()),
+        }
 
 
 def check_feature(feature: str) -> None:

@@ -1,117 +1,116 @@
 """The CUDA device backend.
 
-megatron-core targets CUDA natively, so unlike the CPU backend this one patches nothing; its job is
-selection (probe without creating a CUDA context), NCCL, per-rank device placement, RNG state for resume,
-memory statistics, capability answers by compute capability, and the layer spec provider (Transformer
-Engine when it imports, megatron's local torch layers otherwise).
+megatron-core targets CUDA natively, so unlike the CPU backend this one patches nothing. Its job is selection
+(probe without creating a CUDA context), NCCL, per-rank placement, RNG state for resume and memory statistics
+(all through ``torch.cuda``, see :class:`~loongforge.devices.base.DeviceModuleBackend`), capability answers by
+compute capability, the layer spec provider (Transformer Engine when it imports, megatron's local layers
+otherwise) and the megatron settings for precision, attention, CUDA graphs and overlap.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import functools
 import os
+import sys
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from loongforge.devices.base import DeviceBackend, check_feature
+from loongforge.devices.base import DeviceModuleBackend, check_feature
 
-#: Minimum compute capability per feature (Ampere for bf16 and flash-attn, Hopper/Ada for FP8).
-_MIN_CAPABILITY = {"bf16": (8, 0), "flash_attn": (8, 0), "fp8": (8, 9)}
+from loongforge_cuda.capability import feature_supported, installed, te_recipe_classes
+from loongforge_cuda.settings import CUDAMegatronSettings, resolve_settings
 
 
-class CUDABackend(DeviceBackend):
+class CUDABackend(DeviceModuleBackend):
+    """NVIDIA GPUs through ``torch.cuda`` and NCCL."""
+
     name = "cuda"
     priority = 200
     device_type = "cuda"
     dist_backend = "nccl"
 
     def probe(self) -> tuple[bool, str]:
-        if importlib.util.find_spec("torch") is None:
-            return False, "torch is not installed"
+        """Available when torch sees a CUDA device; ``is_available``/``device_count`` create no context."""
         import torch
 
-        if torch.version.cuda is None:
-            return False, f"torch {torch.__version__} is a build without CUDA"
-        # is_available() asks the driver (NVML when possible) and does not create a CUDA context.
-        if not torch.cuda.is_available():
+        cuda = self.device_module()
+        if not cuda.is_available():
+            if torch.version.cuda is None:
+                return False, f"torch {torch.__version__} is a build without CUDA"
             return False, "no CUDA device visible (driver missing or CUDA_VISIBLE_DEVICES empty)"
-        return True, f"{torch.cuda.device_count()} CUDA device(s), CUDA {torch.version.cuda}"
+        return True, f"{cuda.device_count()} CUDA device(s), CUDA {torch.version.cuda}"
 
     def configure_env(self) -> None:
-        # megatron-core's TP/SP overlap needs kernels queued in order on one connection per device.
+        """Defaults megatron-core expects on GPUs; a value the user set is never replaced.
+
+        ``CUDA_DEVICE_MAX_CONNECTIONS=1`` keeps kernels in issue order on one hardware queue, which TP/SP
+        communication overlap relies on; ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` makes a failed collective abort
+        the job instead of hanging it.
+        """
         os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
-        os.environ.setdefault("NCCL_ASYNC_ERROR_HANDLING", "1")
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
 
-    def set_device(self, local_rank: int) -> None:
-        import torch
-
-        torch.cuda.set_device(local_rank)
-
-    def synchronize(self) -> None:
-        import torch
-
-        torch.cuda.synchronize()
-
-    def stream(self) -> Any:
-        import torch
-
-        return torch.cuda.Stream()
-
-    def event(self) -> Any:
-        import torch
-
-        return torch.cuda.Event(enable_timing=True)
-
-    def manual_seed(self, seed: int) -> None:
-        import torch
-
-        torch.cuda.manual_seed(seed)
-
-    def get_rng_state(self) -> dict[str, Any]:
-        import torch
-
-        return {"cuda": torch.cuda.get_rng_state()}
-
-    def set_rng_state(self, state: dict[str, Any]) -> None:
-        import torch
-
-        torch.cuda.set_rng_state(state["cuda"])
-
-    def memory_stats(self) -> dict[str, int]:
-        import torch
-
-        return {
-            "allocated": torch.cuda.memory_allocated(),
-            "peak_allocated": torch.cuda.max_memory_allocated(),
-            "reserved": torch.cuda.memory_reserved(),
-        }
+    def capability(self) -> tuple[int, int]:
+        """The current device's compute capability (initialises CUDA: call after selection, never in probe)."""
+        major, minor = self.device_module().get_device_capability()
+        return int(major), int(minor)
 
     def supports(self, feature: str) -> bool:
+        """By compute capability and installed libraries; every feature is ``False`` without a visible GPU."""
         check_feature(feature)
-        if feature in ("fp16", "cuda_graphs", "sequence_parallel"):
-            return True
-        if feature == "te":
-            return importlib.util.find_spec("transformer_engine") is not None
-        import torch
-
-        capability = torch.cuda.get_device_capability()
-        if feature == "flash_attn" and importlib.util.find_spec("flash_attn") is None:
+        if not self.device_module().is_available():
             return False
-        if feature == "fp8" and not self.supports("te"):
-            return False
-        return capability >= _MIN_CAPABILITY[feature]
+        return feature_supported(feature, self.capability(), te=installed("transformer_engine"),
+                                 flash_attn=installed("flash_attn"))
 
     def profiler_range(self, name: str) -> Any:
-        import torch
-
-        return torch.cuda.nvtx.range(name)
+        """An NVTX range, which Nsight Systems shows on the timeline."""
+        return self.device_module().nvtx.range(name)
 
     def spec_provider(self) -> Any:
-        if self.supports("te"):
+        """Transformer Engine's spec provider when TE is installed, else megatron's local layers (with a notice)."""
+        if installed("transformer_engine"):
             from megatron.core.extensions.transformer_engine_spec_provider import TESpecProvider
 
             return TESpecProvider()
-        print("loongforge-cuda: transformer-engine not installed; using megatron-core's local layers "
-              "(pip install 'loongforge-cuda[te]' for fused kernels)")
+        _local_layers_notice()
         from megatron.core.models.backends import LocalSpecProvider
 
         return LocalSpecProvider()
+
+    def megatron_settings(self, precision: str = "fp32", **options: Any) -> CUDAMegatronSettings:
+        """Precision (bf16, FP8 with a TE recipe), attention backend, CUDA graphs and overlap switches.
+
+        See :data:`loongforge_cuda.settings.OPTIONS` for the options and their defaults.
+        """
+        return resolve_settings(
+            precision, options, capability=self.capability(), te_recipes=te_recipe_classes(),
+            te=installed("transformer_engine"), flash_attn=installed("flash_attn"),
+        )
+
+    def doctor_rows(self) -> list[tuple[str, str]]:
+        """CUDA build, visible devices and the optional GPU libraries (no context is created)."""
+        import torch
+
+        cuda = self.device_module()
+        return [
+            ("torch CUDA build", torch.version.cuda or "none (CPU build of torch)"),
+            ("visible devices", str(cuda.device_count()) if cuda.is_available() else "0"),
+            ("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)")),
+            ("transformer-engine", _dist_version("transformer-engine", "loongforge-cuda[te]")),
+            ("flash-attn", _dist_version("flash-attn", "loongforge-cuda[flash]")),
+        ]
+
+
+def _dist_version(dist: str, extra: str) -> str:
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return f"not installed (pip install '{extra}')"
+
+
+@functools.cache
+def _local_layers_notice() -> None:
+    """Say once per process that the fused TE layers are not in use, and how to get them."""
+    print("loongforge-cuda: transformer-engine is not installed; building megatron-core's local layers "
+          "(pip install 'loongforge-cuda[te]' for fused kernels and FP8)", file=sys.stderr)

@@ -1,10 +1,18 @@
-"""Entry point of the ``xpu`` plugin.
+"""Entry point of the ``xpu`` plugin: registers the Kunlunxin P800 device backend.
 
-Planned components (the hardware-plugins issue fills them): the Kunlunxin P800 device backend through
-torch_xmlir, probed before CUDA, with XMLIR/BKCL environment defaults and the Megatron XPU patch hook.
+Torch-free at import: the backend class is registered by import path and loaded only when probed or selected.
 """
 
 from __future__ import annotations
 
-#: Shown by ``loongforge plugins`` until the plugin registers components of its own.
-SUMMARY = "Kunlunxin P800 device backend via torch_xmlir (backend arrives in 0.2)"
+from loongforge import hookimpl
+
+
+@hookimpl
+def loongforge_register_devices(registry):
+    registry.register(
+        "xpu",
+        "loongforge_xpu.backend:XPUBackend",
+        aliases=("kunlun", "kunlunxin", "p800"),
+        description="Kunlunxin P800 via torch_xmlir (CUDA-compatible torch, BKCL); probed before cuda",
+    )
