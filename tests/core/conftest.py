@@ -36,3 +36,79 @@ def megatron_cpu_world():
     finally:
         parallel_state.destroy_model_parallel()
         dist.destroy_process_group()
+
+
+#: Tiny Hugging Face configs, one per dense family switch we convert (fp32, no downloads). Llama 3.1-style
+#: RoPE scaling uses a short original context so the scaling changes most frequencies; Qwen3's head_dim 32
+#: with 4 heads (128) != hidden 64, as in the real sizes.
+HF_TINY_CASES = {
+    "llama3-rope-untied": ("LlamaConfig", "LlamaForCausalLM", dict(
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 32, "rope_theta": 500000.0})),
+    "qwen2-bias-tied": ("Qwen2Config", "Qwen2ForCausalLM", dict(
+        tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    "qwen3-qknorm-untied": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, tie_word_embeddings=False)),
+    "qwen3-qknorm-tied": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, tie_word_embeddings=True)),
+}
+HF_TINY_COMMON = dict(
+    hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    vocab_size=384, max_position_embeddings=256, rms_norm_eps=1e-6,
+)
+
+
+def make_hf_model(config_cls: str, model_cls: str, settings: dict, seed: int = 0):
+    """A random fp32 transformers model; weights drawn with a large spread (and norms away from 1) so that a
+    mis-mapped head, bias or norm moves the logits far more than the 1e-4 tolerance."""
+    import torch
+    import transformers
+
+    config = getattr(transformers, config_cls)(**settings, attn_implementation="eager")
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(config).float().eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name:
+                param.uniform_(0.5, 1.5)
+            elif name.endswith("bias"):
+                param.normal_(0.0, 0.5)
+            else:
+                param.normal_(0.0, 0.15)
+    return model
+
+
+@pytest.fixture
+def hf_tiny(tmp_path):
+    """``hf_tiny(case) -> (directory, model)``: a tiny HF checkpoint saved with ``save_pretrained``."""
+
+    def build(case: str, **overrides):
+        config_cls, model_cls, extra = HF_TINY_CASES[case]
+        model = make_hf_model(config_cls, model_cls, {**HF_TINY_COMMON, **extra, **overrides})
+        directory = tmp_path / f"hf-{case}"
+        model.save_pretrained(directory)
+        return directory, model
+
+    return build
+
+
+def checkpoint_logits(checkpoint, tokens):
+    """Logits of the model in a LoongForge checkpoint, built at TP=PP=1 in a world of its own."""
+    import torch
+    from loongforge.interop.mcore_checkpoint import (
+        checkpoint_config,
+        checkpoint_dtype,
+        find_checkpoint,
+        load_model_weights,
+        resolve_flavor,
+    )
+    from loongforge.interop.world import standalone_world
+    from loongforge.models.builder import build_model
+
+    path = find_checkpoint(checkpoint)
+    config = checkpoint_config(path)
+    with standalone_world() as backend:
+        model = build_model(resolve_flavor(config), backend=backend, params_dtype=checkpoint_dtype(path, config))
+        load_model_weights(path, [model])
+        positions = torch.arange(tokens.shape[1]).unsqueeze(0).expand(tokens.shape[0], -1)
+        with torch.no_grad():
+            return model.eval()(tokens, positions, None)

@@ -121,7 +121,7 @@ def test_registration_names_resolve_to_the_factories():
     datasets, tokenizers = Registry("dataset"), Registry("tokenizer")
     register_builtin_datasets(datasets)
     register_builtin_tokenizers(tokenizers)
-    assert datasets.names() == ["mmap", "shipped-corpus", "text"]
+    assert datasets.names() == ["mmap", "sft", "shipped-chat", "shipped-corpus", "text"]
     assert datasets.load("jsonl") is text_dataset and datasets.load("shipped-corpus") is shipped_corpus
     assert tokenizers.names() == ["byte", "hf"]
     assert isinstance(tokenizers.load("byte")(), ByteTokenizer)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from loongforge.plugins import hookimpl
 
-SUMMARY = "LoongForge core: CPU backend, Llama/Qwen families on megatron-core, token datasets"
+SUMMARY = "LoongForge core: CPU backend, Llama/Qwen families on megatron-core, token datasets, HF interop"
 
 
 @hookimpl
@@ -50,3 +50,30 @@ def loongforge_register_tokenizers(registry):
     from loongforge.data.registration import register_builtin_tokenizers
 
     register_builtin_tokenizers(registry)
+
+
+@hookimpl
+def loongforge_modify_model(model, config):
+    """``model.load``: start from Hugging Face (``hf:DIR``) or LoongForge checkpoint weights; then ``model.lora`` /
+    ``model.freeze``: add adapters and freeze weights. One function, so the order is fixed: weights are loaded
+    under the base model's names before adapters join them."""
+    if config.model.load:
+        from loongforge.interop.online import load_initial_weights
+
+        load_initial_weights(model, config)
+    if config.model.lora is not None or config.model.freeze:
+        from loongforge.models.lora import apply_adapters
+
+        apply_adapters(model, config)
+    return None
+
+
+@hookimpl
+def loongforge_on_checkpoint_save(trainer, path, extra_state):
+    """``checkpoint.save_hf``: also write the checkpoint's weights in Hugging Face format under ``<path>/hf``."""
+    if not trainer.config.checkpoint.save_hf:
+        return
+    from loongforge.interop.online import HF_SUBDIR, save_hf_copy
+
+    save_hf_copy(trainer, path)
+    extra_state["hf"] = {"dir": HF_SUBDIR}

@@ -8,12 +8,14 @@ and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 import warnings
 from collections.abc import Sequence
 
-from loongforge.errors import LoongForgeError
-from loongforge.registry import REGISTRY_KINDS, plural
+from loongforge.errors import ConfigError, LoongForgeError
+from loongforge.registry import REGISTRY_KINDS, UnknownComponentError, plural
 
 #: ``loongforge list <plural>`` -> registry kind.
 _LIST_CHOICES = {plural(kind): kind for kind in REGISTRY_KINDS}
@@ -29,6 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("config", help="path to the run's YAML config")
     train.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. training.steps=50")
     train.add_argument("--device", help="device backend name or 'auto' (beats LOONGFORGE_DEVICE and the config)")
+    train.add_argument("--nproc", type=int, help="start this many local processes (as torchrun would)")
 
     sub.add_parser("plugins", help="list installed plugins and what each registered")
 
@@ -46,6 +49,27 @@ def _parser() -> argparse.ArgumentParser:
     prep.add_argument("--output", required=True, help="output path prefix (writes PREFIX.bin and PREFIX.idx.json)")
     prep.add_argument("--tokenizer", default="byte", help="'byte' or hf:/path/to/local/tokenizer/dir")
     prep.add_argument("--text-key", default="text", help="JSON field with the text in .jsonl files")
+
+    convert = sub.add_parser("convert", help="convert checkpoints between Hugging Face and LoongForge formats")
+    direction = convert.add_subparsers(dest="direction", required=True, metavar="DIRECTION")
+    to_mcore = direction.add_parser("hf-to-mcore", help="HF directory -> model-only LoongForge checkpoint")
+    to_mcore.add_argument("hf_dir", help="Hugging Face checkpoint directory (config.json + safetensors)")
+    to_mcore.add_argument("out_dir", help="new LoongForge checkpoint directory (use it as model.load)")
+    to_mcore.add_argument("--model", help="registered model name the checkpoint must match (default: inferred)")
+    to_hf = direction.add_parser("mcore-to-hf", help="LoongForge checkpoint (any tp/pp) -> HF directory")
+    to_hf.add_argument("checkpoint", help="a checkpoint directory (step-N, a converted one) or a checkpoint root")
+    to_hf.add_argument("out_dir", help="new Hugging Face directory")
+    to_hf.add_argument("--max-shard-size", default="5GB", help="split safetensors above this size (default 5GB)")
+
+    gen = sub.add_parser("generate", help="continue a prompt with a LoongForge or Hugging Face checkpoint")
+    gen.add_argument("checkpoint", help="LoongForge checkpoint (or root) or Hugging Face directory")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--tokens", type=int, default=64, help="new tokens to generate (default 64)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0 = all)")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0 = off)")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--tokenizer", help="override the checkpoint's tokenizer: byte or hf:/dir")
     return parser
 
 
@@ -60,7 +84,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _COMMANDS[args.command](args)
     except LoongForgeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        if _reported_here(exc):
+            print(f"error: {exc}", file=sys.stderr)
+        else:
+            time.sleep(2)  # let rank 0 print before the launcher sees this exit and stops the others
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -73,12 +100,25 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.overrides)
     resolve_names(config)  # fail on a misspelled name before torch and megatron load
+    if args.nproc is not None:
+        from loongforge.parallel.launch import launch_local
+
+        device = ["--device", args.device] if args.device else []
+        return launch_local(config, args.nproc, ["train", args.config, *args.overrides, *device])
     _quiet_optional_dependency_warnings()
 
     from loongforge.train.run import run_training
 
     run_training(config, device=args.device)
     return 0
+
+
+def _reported_here(exc: LoongForgeError) -> bool:
+    """Whether this process prints ``exc``: under torchrun, config and name errors (which every rank hits
+    identically) are printed by rank 0 alone; other errors may be one rank's own, so every rank prints them."""
+    if isinstance(exc, (ConfigError, UnknownComponentError)):
+        return int(os.environ.get("RANK", "0")) == 0
+    return True
 
 
 def _quiet_optional_dependency_warnings() -> None:
@@ -132,6 +172,28 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_convert(args: argparse.Namespace) -> int:
+    _quiet_optional_dependency_warnings()
+    from loongforge.interop.convert import hf_to_mcore, mcore_to_hf
+
+    if args.direction == "hf-to-mcore":
+        print(hf_to_mcore(args.hf_dir, args.out_dir, model=args.model))
+    else:
+        print(mcore_to_hf(args.checkpoint, args.out_dir, max_shard_size=args.max_shard_size))
+    return 0
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    _quiet_optional_dependency_warnings()
+    from loongforge.interop.generate import generate_from_checkpoint
+
+    print(generate_from_checkpoint(
+        args.checkpoint, args.prompt, tokens=args.tokens, temperature=args.temperature, top_k=args.top_k,
+        top_p=args.top_p, seed=args.seed, tokenizer=args.tokenizer,
+    ))
+    return 0
+
+
 _COMMANDS = {
     "train": _cmd_train,
     "check": _cmd_check,
@@ -139,6 +201,8 @@ _COMMANDS = {
     "list": _cmd_list,
     "doctor": _cmd_doctor,
     "preprocess": _cmd_preprocess,
+    "convert": _cmd_convert,
+    "generate": _cmd_generate,
 }
 
 if __name__ == "__main__":

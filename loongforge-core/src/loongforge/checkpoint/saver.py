@@ -3,7 +3,9 @@
 Why these pieces:
 
 * ``model_optim/`` uses megatron's ``dist_checkpointing`` on the *unwrapped* modules' ``sharded_state_dict``
-  so a checkpoint written at one TP/PP layout loads at another.
+  so a checkpoint written at one TP/PP layout loads at another. The optimizer state is stored per parameter
+  beside the weights (:mod:`loongforge.checkpoint.optim_state`), so it reshards the same way, for the plain and
+  the distributed optimizer alike.
 * megatron's default ``torch_dist`` writer forks worker processes and starts a ``spawn`` multiprocessing
   manager, which breaks scripts without a ``__main__`` guard and costs seconds per save. We write the same
   format synchronously in-process (:class:`SyncTorchDistSaveStrategy`); megatron's default loader reads it.
@@ -37,6 +39,7 @@ from megatron.core.dist_checkpointing.strategies.torch import (
 
 from loongforge.checkpoint.layout import CheckpointDir, step_dir_name
 from loongforge.checkpoint.manifest import CheckpointCorruptError, verify_manifest, write_manifest
+from loongforge.checkpoint.optim_state import adam_step, load_optimizer_state, optimizer_sharded_state
 from loongforge.errors import LoongForgeError
 
 MODEL_OPTIM = "model_optim"
@@ -63,23 +66,6 @@ class SyncTorchDistSaveStrategy(TorchDistSaveShardedStrategy):
         )
 
 
-def check_optimizer_supported(optimizer: Any) -> None:
-    """Fail early for optimizer state that cannot round-trip on this megatron version.
-
-    megatron-core 0.16's distributed-optimizer state saves on CPU but fails to load (``KeyError: 'step'``),
-    so a run would only discover at resume time that its checkpoints are useless.
-    """
-    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-
-    chained = getattr(optimizer, "chained_optimizers", [optimizer])
-    if any(isinstance(opt, DistributedOptimizer) for opt in chained):
-        raise LoongForgeError(
-            "checkpoints with parallel.distributed_optimizer=true are not supported yet (its optimizer state "
-            "does not load back on megatron-core 0.16); set parallel.distributed_optimizer=false, or disable "
-            "checkpoints with checkpoint.interval=0 checkpoint.save_at_end=false checkpoint.resume=never"
-        )
-
-
 @contextlib.contextmanager
 def _quiet_deprecations():
     """Hide torch's ShardedTensor and megatron's ``load_state_dict`` FutureWarnings: library internals a user
@@ -98,7 +84,7 @@ def _sharded_state(model_chunks: list[Any], optimizer: Any, *, is_loading: bool)
         _model_key(i, len(model_chunks)): unwrap_model(chunk).sharded_state_dict()
         for i, chunk in enumerate(model_chunks)
     }
-    state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=is_loading)
+    state["optimizer"] = optimizer_sharded_state(optimizer, model_chunks, state, is_loading=is_loading)
     return state
 
 
@@ -141,6 +127,7 @@ def save_checkpoint(
     ``extra_state`` that ``on_save(tmp_path, extra_state)`` fills go to ``trainer.json`` from rank 0.
     """
     rank = _rank()
+    optimizer_steps = adam_step(optimizer)
     tmp = ckpt_dir.tmp_path(step)
     if rank == 0:
         tmp = ckpt_dir.begin(step)
@@ -161,7 +148,13 @@ def save_checkpoint(
     if rank == 0:
         _write_json(
             tmp / TRAINER_JSON,
-            {"step": step, "scheduler": scheduler.state_dict(), "extra_state": extra_state, **shared_state},
+            {
+                "step": step,
+                "optimizer_steps": optimizer_steps,
+                "scheduler": scheduler.state_dict(),
+                "extra_state": extra_state,
+                **shared_state,
+            },
         )
         (tmp / CONFIG_YAML).write_text(config_yaml, encoding="utf-8")
         _write_json(tmp / METADATA_JSON, metadata)
@@ -225,8 +218,8 @@ def load_checkpoint(path: Path, *, model_chunks: list[Any], optimizer: Any, sche
         ) from exc
     for i, chunk in enumerate(model_chunks):
         unwrap_model(chunk).load_state_dict(state[_model_key(i, len(model_chunks))])
-    optimizer.load_state_dict(state["optimizer"])
     shared = json.loads((path / TRAINER_JSON).read_text(encoding="utf-8"))
+    load_optimizer_state(optimizer, model_chunks, state["optimizer"], shared["optimizer_steps"])
     scheduler.load_state_dict(shared["scheduler"])
     own = path / rank_file(_rank())
     rank_state = torch.load(own, map_location="cpu", weights_only=True) if own.is_file() else {}

@@ -25,6 +25,18 @@ class RunConfig:
 
 
 @dataclass
+class LoRAConfig:
+    """LoRA (``model.lora``): ``W x + (alpha / rank) * B A x`` with ``B`` starting at zero; every other weight is frozen."""
+
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    #: Which linear layers of each transformer layer get an adapter:
+    #: ``linear_qkv``, ``linear_proj`` (attention), ``linear_fc1``, ``linear_fc2`` (MLP).
+    targets: list[str] = field(default_factory=lambda: ["linear_qkv", "linear_proj"])
+
+
+@dataclass
 class ModelConfig:
     """Which model to build: a registered flavor name plus optional field overrides."""
 
@@ -32,9 +44,15 @@ class ModelConfig:
     name: str = "llama-tiny"
     #: Flavor fields to override, e.g. ``{num_layers: 2}``.
     overrides: dict[str, Any] = field(default_factory=dict)
-    #: Initial weights: ``hf:/path/to/hf/dir`` (a Hugging Face checkpoint directory). Ignored when the run
-    #: resumes from one of its own checkpoints.
+    #: Initial weights: ``hf:/path/to/hf/dir`` (a Hugging Face checkpoint directory) or the path of a LoongForge
+    #: checkpoint (e.g. written by ``loongforge convert hf-to-mcore``); it must describe this model. Ignored
+    #: when the run resumes from one of its own checkpoints (the resumed weights replace it).
     load: str | None = None
+    #: Low-rank adapters on the chosen linear layers (see :class:`LoRAConfig`); null trains the full model.
+    lora: LoRAConfig | None = None
+    #: Freeze parameters whose names (TP=1/PP=1 names, e.g. ``embedding.*``, ``decoder.layers.0.*``) match any of
+    #: these glob patterns; each pattern must match something.
+    freeze: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -45,6 +63,9 @@ class ParallelConfig:
     strategy: str = "megatron"
     tp: int = 1
     pp: int = 1
+    #: Virtual pipeline stages per pipeline rank (interleaved schedule); null is off. Needs pp > 1, layers
+    #: divisible by pp*vpp and a number of micro-batches per step that is a multiple of pp.
+    vpp: int | None = None
     #: Shard layer-norm/dropout activations over the tensor-parallel group (needs tp > 1).
     sequence_parallel: bool = False
     #: Shard optimizer state across data-parallel ranks (ZeRO-1).
@@ -66,6 +87,8 @@ class DataConfig:
     seq_length: int = 256
     #: Fraction of samples (the tail of the token stream) held out for validation.
     valid_fraction: float = 0.0
+    #: Chat datasets only: pack several conversations into each sequence (attention stays within each one).
+    pack: bool = False
 
 
 @dataclass
@@ -110,6 +133,9 @@ class TrainingConfig:
     #: After training, generate this many tokens from ``sample_prompt`` (0 disables).
     sample_tokens: int = 0
     sample_prompt: str = "The "
+    #: ``pretrain`` (every token is a target) or ``sft`` (chat data, loss on assistant tokens only; needs a chat
+    #: dataset such as ``sft`` or ``shipped-chat``).
+    phase: str = "pretrain"
 
 
 @dataclass

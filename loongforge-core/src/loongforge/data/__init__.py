@@ -8,6 +8,8 @@ first use, so ``loongforge plugins`` and config checks stay instant. Modules:
 - :mod:`~loongforge.data.build` / :mod:`~loongforge.data.cache`: text files -> dataset, once
 - :mod:`~loongforge.data.gpt_dataset` / :mod:`~loongforge.data.sampler`: samples and batch order (torch)
 - :mod:`~loongforge.data.shipped`: the bundled English corpus
+- :mod:`~loongforge.data.chat_template` / :mod:`~loongforge.data.sft` / :mod:`~loongforge.data.packing` /
+  :mod:`~loongforge.data.chat_dataset`: chat data for SFT (templates, reply masks, packed rows, the shipped set)
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ _EXPORTS = {
     "shipped_corpus_files": "shipped",
     "shipped_corpus_dataset": "shipped",
     "preprocess_main": "preprocess",
+    "ChatDataset": "chat_dataset",
+    "ChatRowDataset": "packing",
+    "chat_template_for": "chat_template",
+    "shipped_chat_path": "chat_dataset",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -29,6 +29,17 @@ def register_builtin_datasets(registry: Any) -> None:
         aliases=("austen",),
         description="three Jane Austen novels (1.8 MB, public domain) shipped with loongforge-core",
     )
+    registry.register(
+        "sft",
+        "loongforge.data.chat_dataset:sft_dataset",
+        aliases=("chat",),
+        description="chat .jsonl ({\"messages\": [...]}) for training.phase sft; loss on assistant tokens",
+    )
+    registry.register(
+        "shipped-chat",
+        "loongforge.data.chat_dataset:shipped_chat",
+        description="small generated chat set (arithmetic, Austen facts) shipped with loongforge-core",
+    )
 
 
 def register_builtin_tokenizers(registry: Any) -> None:

@@ -30,8 +30,10 @@ class SDPAttention(MegatronModule):
     Inputs are megatron's ``[sq, b, heads, head_dim]`` query/key/value (key/value carry the query groups of
     this tensor-parallel rank); the output is ``[sq, b, heads * head_dim]``. Supported: causal and
     ``no_mask`` attention, explicit boolean masks (megatron convention: ``True`` = masked out), attention
-    dropout (forked on the model-parallel RNG like megatron), GQA. Not supported (raise at construction or
-    call): context parallelism, sliding windows, non-vanilla softmax, packed sequences, attention bias.
+    dropout (forked on the model-parallel RNG like megatron), GQA. An explicit mask replaces the causal flag (as
+    in megatron's softmax), so it must carry causality itself: packed rows pass a block-diagonal causal mask
+    (:mod:`loongforge.data.packing`). Not supported (raise at construction or call): context parallelism,
+    sliding windows, non-vanilla softmax, THD packed sequences (``packed_seq_params``), attention bias.
     """
 
     def __init__(

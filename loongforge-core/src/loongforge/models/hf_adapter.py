@@ -1,4 +1,4 @@
-"""Hugging Face Llama/Qwen2/Qwen3 weights -> megatron ``GPTModel`` state dict (TP=1, PP=1).
+"""Hugging Face Llama/Qwen2/Qwen3 weights <-> megatron ``GPTModel`` state dict (TP=1, PP=1 names and shapes).
 
 Megatron fuses projections that Hugging Face keeps separate:
 
@@ -7,7 +7,9 @@ Megatron fuses projections that Hugging Face keeps separate:
 * ``linear_fc1`` holds ``[gate; up]`` of the SwiGLU MLP (megatron applies ``silu(first half) * second half``).
 
 The mapping is what the parity tests use to prove the megatron model computes the same function as
-transformers; checkpoint conversion builds on it.
+transformers; checkpoint conversion builds on it. The two directions are exact inverses (only reshapes,
+concatenations and slices), so a round trip is bitwise. Other tensor/pipeline layouts are reached from these
+full tensors by :mod:`loongforge.interop.sharding`, never by a second name map.
 """
 
 from __future__ import annotations
@@ -28,6 +30,17 @@ def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, flavor: DecoderF
     k = k.reshape(groups, d, *rest)
     v = v.reshape(groups, d, *rest)
     return torch.cat([q, k, v], dim=1).reshape(groups * (heads_per_group + 2) * d, *rest)
+
+
+def split_qkv(fused: torch.Tensor, flavor: DecoderFlavor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inverse of :func:`fuse_qkv`: HF ``(q, k, v)`` weights (or biases) from megatron's ``linear_qkv``."""
+    groups, d = flavor.num_query_groups, flavor.kv_channels
+    heads_per_group = flavor.num_attention_heads // groups
+    rest = fused.shape[1:]
+    per_group = fused.reshape(groups, (heads_per_group + 2) * d, *rest)
+    q, k, v = per_group.split([heads_per_group * d, d, d], dim=1)
+    return (q.reshape(groups * heads_per_group * d, *rest), k.reshape(groups * d, *rest),
+            v.reshape(groups * d, *rest))
 
 
 def _pad_rows(weight: torch.Tensor, rows: int) -> torch.Tensor:
@@ -68,6 +81,62 @@ def hf_to_megatron(
     if not flavor.tie_word_embeddings:
         out["output_layer.weight"] = _pad_rows(sd["lm_head.weight"], vocab_rows)
     return out
+
+
+def megatron_to_hf(megatron_state_dict: dict[str, torch.Tensor], flavor: DecoderFlavor) -> dict[str, torch.Tensor]:
+    """A ``*ForCausalLM`` state dict (as ``save_pretrained`` writes it) from a full megatron state dict.
+
+    Padded vocabulary rows are dropped; a tied model has no ``lm_head.weight`` (Hugging Face re-ties it on
+    load). Every tensor is a fresh contiguous copy, so the result can be written with safetensors.
+    """
+    sd = megatron_state_dict
+    vocab = flavor.vocab_size
+    out = {"model.embed_tokens.weight": sd["embedding.word_embeddings.weight"][:vocab]}
+    for i in range(flavor.num_layers):
+        hf, mg = f"model.layers.{i}.", f"decoder.layers.{i}."
+        attn = hf + "self_attn."
+        out[hf + "input_layernorm.weight"] = sd[mg + "input_layernorm.weight"]
+        q, k, v = split_qkv(sd[mg + "self_attention.linear_qkv.weight"], flavor)
+        out.update({attn + "q_proj.weight": q, attn + "k_proj.weight": k, attn + "v_proj.weight": v})
+        if flavor.add_qkv_bias:
+            q, k, v = split_qkv(sd[mg + "self_attention.linear_qkv.bias"], flavor)
+            out.update({attn + "q_proj.bias": q, attn + "k_proj.bias": k, attn + "v_proj.bias": v})
+        if flavor.qk_layernorm:
+            out[attn + "q_norm.weight"] = sd[mg + "self_attention.q_layernorm.weight"]
+            out[attn + "k_norm.weight"] = sd[mg + "self_attention.k_layernorm.weight"]
+        out[attn + "o_proj.weight"] = sd[mg + "self_attention.linear_proj.weight"]
+        out[hf + "post_attention_layernorm.weight"] = sd[mg + "pre_mlp_layernorm.weight"]
+        gate, up = sd[mg + "mlp.linear_fc1.weight"].chunk(2, dim=0)
+        out.update({hf + "mlp.gate_proj.weight": gate, hf + "mlp.up_proj.weight": up})
+        out[hf + "mlp.down_proj.weight"] = sd[mg + "mlp.linear_fc2.weight"]
+    out["model.norm.weight"] = sd["decoder.final_layernorm.weight"]
+    if not flavor.tie_word_embeddings:
+        out["lm_head.weight"] = sd["output_layer.weight"][:vocab]
+    return {name: tensor.detach().clone(memory_format=torch.contiguous_format) for name, tensor in out.items()}
+
+
+def hf_tensor_shapes(flavor: DecoderFlavor) -> dict[str, tuple[int, ...]]:
+    """Every tensor a ``*ForCausalLM`` checkpoint of ``flavor`` holds, with its shape (as saved: tied models
+    have no ``lm_head.weight``). Used to refuse a checkpoint before any weight is read."""
+    h, f, d, vocab = flavor.hidden_size, flavor.ffn_hidden_size, flavor.kv_channels, flavor.vocab_size
+    q, kv = flavor.num_attention_heads * d, flavor.num_query_groups * d
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, h), "model.norm.weight": (h,)}
+    for i in range(flavor.num_layers):
+        hf = f"model.layers.{i}."
+        attn = hf + "self_attn."
+        shapes.update({
+            hf + "input_layernorm.weight": (h,), hf + "post_attention_layernorm.weight": (h,),
+            attn + "q_proj.weight": (q, h), attn + "k_proj.weight": (kv, h), attn + "v_proj.weight": (kv, h),
+            attn + "o_proj.weight": (h, q),
+            hf + "mlp.gate_proj.weight": (f, h), hf + "mlp.up_proj.weight": (f, h), hf + "mlp.down_proj.weight": (h, f),
+        })
+        if flavor.add_qkv_bias:
+            shapes.update({attn + "q_proj.bias": (q,), attn + "k_proj.bias": (kv,), attn + "v_proj.bias": (kv,)})
+        if flavor.qk_layernorm:
+            shapes.update({attn + "q_norm.weight": (d,), attn + "k_norm.weight": (d,)})
+    if not flavor.tie_word_embeddings:
+        shapes["lm_head.weight"] = (vocab, h)
+    return shapes
 
 
 def flavor_from_hf_config(config: object, *, family: str) -> DecoderFlavor:

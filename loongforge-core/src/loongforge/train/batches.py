@@ -7,6 +7,10 @@ from typing import Any
 import torch.distributed as dist
 
 from loongforge.config.schema import LoongForgeConfig
+from loongforge.errors import ConfigError
+
+#: Values of ``training.phase``.
+PHASES = ("pretrain", "sft")
 
 
 def load_tokenizer(host: Any, config: LoongForgeConfig) -> Any:
@@ -21,7 +25,6 @@ def build_batches(host: Any, config: LoongForgeConfig, tokenizer: Any, *, rank: 
 
     Rank 0 tokenizes (and caches) first while the others wait, so several ranks never build one cache at once.
     """
-    from loongforge.data.gpt_dataset import train_valid_split
     from loongforge.data.sampler import TrainBatchIterator
 
     factory = host.registry("dataset").load(config.data.dataset, where=f"data.dataset in {config.source}")
@@ -35,7 +38,32 @@ def build_batches(host: Any, config: LoongForgeConfig, tokenizer: Any, *, rank: 
         dist.barrier()
     if rank != 0:
         dataset = tokens()
-    train, _ = train_valid_split(dataset, config.data.seq_length, config.data.valid_fraction)
+    train, _ = _split(dataset, config)
     return TrainBatchIterator(
         train, config.training.micro_batch_size, config.run.seed, dp_rank=dp_rank, dp_size=dp_size
     )
+
+
+def _split(dataset: Any, config: LoongForgeConfig) -> tuple[Any, Any]:
+    """Train/valid samples: the dataset's own ``split_samples`` (chat data) or windows of a token stream.
+
+    ``training.phase`` must agree with the data: ``sft`` trains on chat data with loss masks, ``pretrain`` on
+    every token; a mismatch is almost always a config mistake, so it is an error rather than a guess.
+    """
+    from loongforge.data.gpt_dataset import train_valid_split
+
+    phase, where = config.training.phase, config.source
+    if phase not in PHASES:
+        raise ConfigError(f"{where}: training.phase must be one of {', '.join(PHASES)}, got '{phase}'")
+    chat = hasattr(dataset, "split_samples")
+    if chat != (phase == "sft"):
+        raise ConfigError(
+            f"{where}: data.dataset '{config.data.dataset}' is {'chat' if chat else 'plain-text'} data but "
+            f"training.phase is '{phase}' (chat data needs phase sft, e.g. dataset sft or shipped-chat)"
+        )
+    if chat:
+        return dataset.split_samples(config.data)
+    if config.data.pack:
+        raise ConfigError(f"{where}: data.pack applies to chat datasets; '{config.data.dataset}' is already "
+                          "packed into full windows")
+    return train_valid_split(dataset, config.data.seq_length, config.data.valid_fraction)

@@ -40,6 +40,7 @@ def run_metadata(backend: Any, reason: str, layout: Any, world_size: int, model_
         "parallel": {
             "tp": layout.tp,
             "pp": layout.pp,
+            "vpp": layout.vpp,
             "dp": layout.dp,
             "world_size": world_size,
             "sequence_parallel": layout.sequence_parallel,

@@ -1,4 +1,4 @@
-"""Text generation from a megatron ``GPTModel``: greedy, or temperature + top-k sampling.
+"""Text generation from a megatron ``GPTModel``: greedy, or temperature + top-k / top-p (nucleus) sampling.
 
 No KV cache on purpose: generation here is a smoke test of a trained model (the quickstart sample and
 ``loongforge generate``), and re-running the full context each token keeps this to one forward call that
@@ -28,7 +28,11 @@ def _gather_vocab(logits: torch.Tensor) -> torch.Tensor:
     return logits
 
 
-def _next_token(logits: torch.Tensor, temperature: float, top_k: int, generator: torch.Generator) -> int:
+def _next_token(
+    logits: torch.Tensor, temperature: float, top_k: int, generator: torch.Generator, top_p: float = 1.0
+) -> int:
+    """Greedy when ``temperature <= 0``; else sample from the ``top_k`` best, then from the smallest set of
+    tokens whose probability reaches ``top_p`` (the most likely token is always kept)."""
     if temperature <= 0:
         return int(torch.argmax(logits))
     logits = logits / temperature
@@ -36,6 +40,11 @@ def _next_token(logits: torch.Tensor, temperature: float, top_k: int, generator:
         kth = torch.topk(logits, top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits.float(), dim=-1)
+    if top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        before = torch.cumsum(sorted_probs, dim=0) - sorted_probs  # mass of the strictly better tokens
+        sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
@@ -49,6 +58,7 @@ def generate_ids(
     max_positions: int,
     temperature: float = 0.0,
     top_k: int = 0,
+    top_p: float = 1.0,
     seed: int = 0,
     stop_id: int | None = None,
 ) -> list[int]:
@@ -75,7 +85,7 @@ def generate_ids(
             positions = torch.arange(len(context), dtype=torch.long, device=device).unsqueeze(0)
             logits = _gather_vocab(model(tokens, positions, None))
             last = logits[0, -1, :vocab_size].float().cpu()
-            token = _next_token(last, temperature, top_k, generator)
+            token = _next_token(last, temperature, top_k, generator, top_p)
             if token == stop_id:
                 break
             ids.append(token)

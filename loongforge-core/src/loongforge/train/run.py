@@ -6,9 +6,10 @@ The order matters and is the point of this module:
    config (``loongforge_configure``);
 2. the device backend is chosen (``--device`` > ``LOONGFORGE_DEVICE`` > ``device:``) and its environment
    and megatron patches are applied *before* anything is built;
-3. process groups (torchrun or a world of one), megatron's parallel layout, threads and seeds;
-4. model chunks (flavor by name + overrides) -> ``loongforge_modify_model`` -> megatron DDP -> optimizer
-   -> scheduler -> data;
+3. process groups (torchrun or a world of one); the layout, model sizes and batch are validated before
+   megatron's parallel groups are made; threads and seeds;
+4. model chunks (flavor by name + overrides, weights independent of the layout) -> ``loongforge_modify_model``
+   -> megatron DDP -> optimizer -> scheduler -> data;
 5. resume (newest valid checkpoint, RNG and data position included), the loop, the final checkpoint and an
    optional text sample.
 """
@@ -42,7 +43,8 @@ def requested_device(config: LoongForgeConfig, device: str | None, device_source
 
 
 def _seed_everything(seed: int, backend: Any) -> None:
-    """Seed every stream; pipeline stages get distinct seeds (megatron's convention) so their layers differ."""
+    """Seed every stream; pipeline stages get distinct seeds (megatron's convention) so that dropout differs
+    per stage. Initial weights do not depend on these streams (:mod:`loongforge.parallel.init`)."""
     from megatron.core import parallel_state, tensor_parallel
 
     seed = seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
@@ -61,20 +63,35 @@ def _load_flavor(host: Any, config: LoongForgeConfig) -> Any:
 
 
 def _build_model(flavor: Any, config: LoongForgeConfig, backend: Any, layout: Any) -> list[Any]:
-    """This rank's model chunks (one per pipeline stage it holds); megatron says which stage holds what."""
+    """This rank's model chunks, one per (virtual) pipeline stage it holds, with layout-independent weights.
+
+    megatron says which stage holds the embedding and the output layer; with virtual stages only the first
+    chunk of the first rank and the last chunk of the last rank do.
+    """
     from megatron.core import parallel_state
 
     from loongforge.models.builder import ParallelSettings, build_model
+    from loongforge.parallel.init import initialize_layout_independent
 
-    model = build_model(
-        flavor,
-        backend=backend,
-        params_dtype=config.training.precision,
-        pre_process=parallel_state.is_pipeline_first_stage(),
-        post_process=parallel_state.is_pipeline_last_stage(),
-        parallel=ParallelSettings(tp=layout.tp, pp=layout.pp, sequence_parallel=layout.sequence_parallel),
+    settings = ParallelSettings(
+        tp=layout.tp, pp=layout.pp, sequence_parallel=layout.sequence_parallel, vpp=layout.vpp
     )
-    return [model]
+    chunks = []
+    for index in range(layout.num_chunks):
+        vp_stage = index if layout.vpp else None
+        chunks.append(
+            build_model(
+                flavor,
+                backend=backend,
+                params_dtype=config.training.precision,
+                pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+                post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+                parallel=settings,
+                vp_stage=vp_stage,
+            )
+        )
+    initialize_layout_independent(chunks, config.run.seed)
+    return chunks
 
 
 def _wrap_ddp(model: list[Any], config: LoongForgeConfig) -> list[Any]:
@@ -103,20 +120,13 @@ def _connect_schedule(model: list[Any], optimizer: Any) -> None:
     model_config.no_sync_func = model[0].no_sync if len(model) == 1 else [chunk.no_sync for chunk in model]
 
 
-def _validate(config: LoongForgeConfig, layout: Any, flavor: Any, tokenizer: Any) -> tuple[int, int]:
-    """``(global_batch_size, num_microbatches)``; raise ConfigError for sizes that cannot work."""
+def _validate(config: LoongForgeConfig, flavor: Any, tokenizer: Any) -> None:
+    """Raise ConfigError for training settings that cannot work (the layout is the strategy's to check)."""
     t, where = config.training, config.source
     if t.steps < 1:
         raise ConfigError(f"{where}: training.steps must be >= 1, got {t.steps}")
     if t.precision not in ("fp32", "bf16"):
         raise ConfigError(f"{where}: training.precision must be fp32 or bf16, got '{t.precision}'")
-    per_step = t.micro_batch_size * layout.dp
-    global_batch = t.global_batch_size or per_step
-    if global_batch % per_step:
-        raise ConfigError(
-            f"{where}: training.global_batch_size ({global_batch}) must be a multiple of micro_batch_size * dp "
-            f"({t.micro_batch_size} * {layout.dp} = {per_step})"
-        )
     if config.data.seq_length > flavor.max_position_embeddings:
         raise ConfigError(
             f"{where}: data.seq_length ({config.data.seq_length}) exceeds the model's max_position_embeddings "
@@ -127,7 +137,6 @@ def _validate(config: LoongForgeConfig, layout: Any, flavor: Any, tokenizer: Any
             f"{where}: tokenizer '{config.data.tokenizer}' has {tokenizer.vocab_size} ids but model "
             f"'{config.model.name}' only {flavor.vocab_size} (set model.overrides.vocab_size)"
         )
-    return global_batch, global_batch // per_step
 
 
 def run_training(config: LoongForgeConfig, *, device: str | None = None, device_source: str = "--device") -> dict:
@@ -154,48 +163,58 @@ def run_training(config: LoongForgeConfig, *, device: str | None = None, device_
 
 
 def _run(config: LoongForgeConfig, host: Any, backend: Any, reason: str, info: Any) -> dict:
+    from loongforge.train.batches import load_tokenizer
+
     _say(info.rank, f"device: {backend.name} ({reason})")
     backend.apply_patches()
-    layout = _init_parallel(config, host, backend, info)
-    trainer, flavor, tokenizer = _build_trainer(config, host, backend, reason, layout, info)
+    # Everything that can be wrong with the layout, model sizes and batch fails here, before any group or model.
+    strategy = host.registry("strategy").load(config.parallel.strategy, where=f"parallel.strategy in {config.source}")
+    layout = strategy.validate(config.parallel, info.world_size, config.source)
+    flavor = _load_flavor(host, config)
+    plan = strategy.check_model(layout, flavor, config.training, config.source)
+    tokenizer = load_tokenizer(host, config)
+    _validate(config, flavor, tokenizer)
+    _init_parallel(strategy, layout, config, backend, info)
+    trainer = _build_trainer(config, host, backend, reason, layout, plan, flavor, tokenizer, info)
     return _train(trainer, flavor, tokenizer, config, info.rank)
 
 
-def _init_parallel(config: LoongForgeConfig, host: Any, backend: Any, info: Any) -> Any:
-    """Validate and create the parallel layout; set threads and seeds (which depend on the layout)."""
-    strategy = host.registry("strategy").load(config.parallel.strategy, where=f"parallel.strategy in {config.source}")
-    layout = strategy.validate(config.parallel, info.world_size, config.source)
+def _init_parallel(strategy: Any, layout: Any, config: LoongForgeConfig, backend: Any, info: Any) -> None:
+    """Create the parallel layout's process groups; set threads and seeds (which depend on the layout)."""
     strategy.initialize(layout)
+    vpp = f" vpp={layout.vpp}" if layout.vpp else ""
     _say(
         info.rank,
-        f"parallel: tp={layout.tp} pp={layout.pp} dp={layout.dp} ({info.launcher}, world size {info.world_size})",
+        f"parallel: tp={layout.tp} pp={layout.pp}{vpp} dp={layout.dp} ({info.launcher}, world size {info.world_size})",
     )
     if config.training.threads:
         torch.set_num_threads(config.training.threads)
     _seed_everything(config.run.seed, backend)
-    return layout
 
 
 def _build_trainer(
-    config: LoongForgeConfig, host: Any, backend: Any, reason: str, layout: Any, info: Any
-) -> tuple[Any, Any, Any]:
+    config: LoongForgeConfig,
+    host: Any,
+    backend: Any,
+    reason: str,
+    layout: Any,
+    plan: Any,
+    flavor: Any,
+    tokenizer: Any,
+    info: Any,
+) -> Any:
     """Model -> plugins' modify_model -> DDP -> optimizer -> scheduler -> data -> Trainer, resumed if asked."""
     from megatron.core import parallel_state
 
-    from loongforge.checkpoint.saver import check_optimizer_supported
-    from loongforge.train.batches import build_batches, load_tokenizer
+    from loongforge.train.batches import build_batches
     from loongforge.train.checkpointing import RunCheckpoints, run_metadata
     from loongforge.train.optim import build_optimizer, build_scheduler
     from loongforge.train.trainer import Trainer
 
-    flavor = _load_flavor(host, config)
-    tokenizer = load_tokenizer(host, config)
-    global_batch, num_microbatches = _validate(config, layout, flavor, tokenizer)
+    global_batch, num_microbatches = plan.global_batch_size, plan.num_microbatches
     model = _wrap_ddp(host.modify_model(_build_model(flavor, config, backend, layout), config), config)
     optimizer = build_optimizer(config, model)
     ckpt = config.checkpoint
-    if ckpt.interval > 0 or ckpt.save_at_end or ckpt.resume != "never":
-        check_optimizer_supported(optimizer)
     scheduler = build_scheduler(config, optimizer, global_batch)
     _connect_schedule(model, optimizer)
     dp_rank = parallel_state.get_data_parallel_rank()
@@ -224,7 +243,7 @@ def _build_trainer(
     resumed = checkpoints.resume(trainer, ckpt.resume)
     if resumed is not None:
         _say(info.rank, f"resumed from {resumed} at step {trainer.step}")
-    return trainer, flavor, tokenizer
+    return trainer
 
 
 def _train(trainer: Any, flavor: Any, tokenizer: Any, config: LoongForgeConfig, rank: int) -> dict:

@@ -20,6 +20,7 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from loongforge.config.schema import LoongForgeConfig
+from loongforge.parallel.chunk_feeds import chunk_feeds
 from loongforge.train.metrics import MetricsWriter
 from loongforge.train.progress import ProgressDisplay
 
@@ -79,12 +80,16 @@ class Trainer:
         self._pp_group = parallel_state.get_pipeline_model_parallel_group()
         self._pp_size = parallel_state.get_pipeline_model_parallel_world_size()
         self._last_stage = parallel_state.is_pipeline_last_stage()
+        # The interleaved schedule wants one iterator per model chunk, all yielding the same micro-batches.
+        self._data_iterator = chunk_feeds(data, len(model)) if len(model) > 1 else data
 
     # -- one step --------------------------------------------------------------------------------
 
     def _forward_step(self, data_iterator: Any, model: Any) -> tuple[torch.Tensor, Callable]:
         batch = next(data_iterator)
-        per_token_loss = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+        per_token_loss = model(
+            batch["tokens"], batch["position_ids"], batch.get("attention_mask"), labels=batch["labels"]
+        )
         return per_token_loss, partial(_masked_mean_loss, batch["loss_mask"])
 
     def _reduce_loss(self, reduced: list[dict]) -> float:
@@ -108,7 +113,7 @@ class Trainer:
         self.optimizer.zero_grad()
         reduced = self._forward_backward(
             forward_step_func=self._forward_step,
-            data_iterator=self.data,
+            data_iterator=self._data_iterator,
             model=self.model if len(self.model) > 1 else self.model[0],
             num_microbatches=self.num_microbatches,
             seq_length=self.config.data.seq_length,

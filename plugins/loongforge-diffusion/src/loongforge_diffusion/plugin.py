@@ -1,10 +1,17 @@
-"""Entry point of the ``diffusion`` plugin.
+"""Entry point of the ``diffusion`` plugin: registers the Wan video DiT flavors.
 
-Planned components (the diffusion issue fills them): Wan 2.1/2.2 video DiT, Qwen-Image MMDiT,
-flow-matching training, latent caches, the Euler flow sampler.
+Torch-free at import and while registering: flavors are plain dataclasses; the torch model is built only when a
+run asks for one (:func:`loongforge_diffusion.task.DiffusionTask.build_model`).
 """
 
 from __future__ import annotations
 
-#: Shown by ``loongforge plugins`` until the plugin registers components of its own.
-SUMMARY = "diffusion: Wan video DiT, Qwen-Image, flow matching (components arrive in 0.2)"
+from loongforge import hookimpl
+
+
+@hookimpl
+def loongforge_register_models(registry):
+    from loongforge_diffusion.wan.flavors import FLAVORS, HF_IDS, describe
+
+    for name, flavor in FLAVORS.items():
+        registry.register(name, flavor, aliases=HF_IDS.get(name, ()), description=describe(flavor))

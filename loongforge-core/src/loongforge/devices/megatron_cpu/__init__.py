@@ -13,6 +13,8 @@ assumption where megatron looks the name up, so the rest of megatron runs unmodi
 * :func:`~loongforge.devices.megatron_cpu.optimizer.patch_clip_grads` -- gradient clipping without the CUDA
   type assertion.
 * :func:`~loongforge.devices.megatron_cpu.moe.patch_router_gemm` -- the MoE router without Transformer Engine.
+* :func:`~loongforge.devices.megatron_cpu.embedding.patch_tied_embedding_setup` -- tied embeddings at PP > 1
+  (the construction-time all-reduce of the two copies).
 
 Checked against megatron-core 0.16.1 (what Python 3.11 resolves ``megatron-core>=0.15`` to): GPTModel with
 the local spec at TP=1, TP=2, TP=2 + sequence parallel and PP=2 (gloo, torchrun), DistributedDataParallel,
@@ -33,6 +35,7 @@ def apply_megatron_cpu_patches() -> None:
     global _applied
     if _applied:
         return
+    from loongforge.devices.megatron_cpu.embedding import patch_tied_embedding_setup
     from loongforge.devices.megatron_cpu.modules import install_torch_views
     from loongforge.devices.megatron_cpu.moe import patch_router_gemm
     from loongforge.devices.megatron_cpu.optimizer import patch_clip_grads, patch_optimizer_type_checks
@@ -43,4 +46,5 @@ def apply_megatron_cpu_patches() -> None:
     patch_optimizer_type_checks()
     patch_clip_grads()
     patch_router_gemm()
+    patch_tied_embedding_setup()
     _applied = True

@@ -1,0 +1,113 @@
+"""Chat templates: a list of ``{"role", "content"}`` messages -> the text a model is trained and prompted with.
+
+Why the tokenizer's own template: a model fine-tuned on one turn format must be prompted with the same one,
+and Hugging Face tokenizers carry it (``chat_template`` in ``tokenizer_config.json``, or the
+``chat_template.jinja`` file newer ``save_pretrained`` writes). It is rendered with jinja2 the way
+``transformers.apply_chat_template`` does (sandboxed, ``trim_blocks``/``lstrip_blocks``, ``raise_exception``,
+``tojson``, the special tokens as variables), without importing transformers.
+
+The built-in byte tokenizer has no template file, so :class:`ByteChatTemplate` is ours, in plain Python so that
+SFT works on a bare install (jinja2 comes with the ``hf`` extra)::
+
+    <|system|>\\n{content}\\n<|user|>\\n{content}\\n<|assistant|>\\n{content}\\n
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from loongforge.data.errors import DataError
+from loongforge.data.tokenizers import ByteTokenizer, HFTokenizer, Tokenizer, _special_tokens
+
+Message = dict[str, str]
+
+
+class ChatTemplate(Protocol):
+    """Renders messages as text; with ``add_generation_prompt`` the text ends where the assistant's reply begins."""
+
+    def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = False) -> str: ...
+
+
+class ByteChatTemplate:
+    """Our template for the byte tokenizer: a role tag line, then the content and a newline."""
+
+    def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = False) -> str:
+        text = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
+        return text + "<|assistant|>\n" if add_generation_prompt else text
+
+
+class JinjaChatTemplate:
+    """A Hugging Face chat template (jinja2 source) with the tokenizer's special tokens as variables."""
+
+    def __init__(self, source: str, special_tokens: dict[str, str], where: str) -> None:
+        try:
+            import jinja2
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+        except ImportError:
+            raise DataError("chat templates need jinja2: pip install 'loongforge-core[hf]'") from None
+
+        def raise_exception(message: str) -> None:
+            raise DataError(f"chat template of {where}: {message}")
+
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
+        env.filters["tojson"] = lambda value, indent=None: json.dumps(value, indent=indent, ensure_ascii=False)
+        env.globals["raise_exception"] = raise_exception
+        try:
+            self._template = env.from_string(source)
+        except jinja2.TemplateError as exc:
+            raise DataError(f"chat template of {where} does not compile: {exc}") from None
+        self._special = special_tokens
+        self._where = where
+
+    def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = False) -> str:
+        import jinja2
+
+        try:
+            return self._template.render(
+                messages=list(messages), add_generation_prompt=add_generation_prompt, **self._special
+            )
+        except jinja2.TemplateError as exc:
+            raise DataError(f"chat template of {self._where} failed: {exc}") from None
+
+
+def chat_template_for(tokenizer: Tokenizer) -> ChatTemplate:
+    """The template that belongs to ``tokenizer``: ours for ``byte``, the directory's for a HF tokenizer.
+
+    A plugin tokenizer can provide one as a ``chat_template`` attribute (jinja2 source).
+    """
+    if isinstance(tokenizer, ByteTokenizer):
+        return ByteChatTemplate()
+    source = getattr(tokenizer, "chat_template", None)
+    if isinstance(source, str):
+        return JinjaChatTemplate(source, {}, repr(tokenizer))
+    if isinstance(tokenizer, HFTokenizer):
+        return _hf_directory_template(tokenizer.directory)
+    raise DataError(f"tokenizer {tokenizer.name!r} has no chat template (needed for chat datasets)")
+
+
+def _hf_directory_template(directory: Path) -> JinjaChatTemplate:
+    config_path = directory / "tokenizer_config.json"
+    config: dict[str, Any] = {}
+    if config_path.is_file():
+        try:
+            config = json.loads(config_path.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise DataError(f"cannot read {config_path}: {exc}") from None
+    source = config.get("chat_template")
+    if isinstance(source, list):  # several named templates: the ``default`` one is the chat template
+        named = {entry.get("name"): entry.get("template") for entry in source if isinstance(entry, dict)}
+        source = named.get("default")
+    jinja_file = directory / "chat_template.jinja"
+    if not isinstance(source, str) and jinja_file.is_file():
+        source = jinja_file.read_text(encoding="utf-8")
+    if not isinstance(source, str):
+        raise DataError(f"{directory} has no chat template (no chat_template in tokenizer_config.json and no "
+                        "chat_template.jinja)")
+    found = _special_tokens(directory)
+    special = {key: found.get(key, "") for key in ("bos_token", "eos_token", "pad_token")}
+    return JinjaChatTemplate(source, special, str(directory))

@@ -1,0 +1,129 @@
+"""``loongforge convert hf-to-mcore`` and ``mcore-to-hf``.
+
+Both directions go through a megatron model built at TP=PP=1 on CPU, so they use exactly the code paths a
+run uses: :func:`~loongforge.interop.sharding.load_full_state` to place HF weights into a model,
+``dist_checkpointing`` to save it (and to reshard any training checkpoint on load), and
+:func:`~loongforge.interop.sharding.gather_full_state` to read it back. Every input is validated before
+anything is written; outputs appear atomically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import loongforge
+from loongforge.config.schema import LoongForgeConfig
+from loongforge.interop.errors import InteropError
+from loongforge.interop.hf_checkpoint import (
+    check_hf_tensors,
+    index_hf_tensors,
+    load_hf_tensors,
+    parse_size,
+    write_hf_checkpoint,
+)
+from loongforge.interop.hf_config import flavor_differences, hf_config_dict, read_hf_config
+from loongforge.interop.mcore_checkpoint import (
+    HF_SOURCE,
+    checkpoint_config,
+    checkpoint_dtype,
+    find_checkpoint,
+    hf_side_files,
+    load_model_weights,
+    resolve_flavor,
+    write_model_checkpoint,
+)
+from loongforge.models.flavor import DecoderFlavor
+
+
+def _check_out_dir(out_dir: Path) -> None:
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise InteropError(f"{out_dir}: already exists and is not empty; choose a new output directory")
+
+
+def name_flavor(flavor: DecoderFlavor, requested: str | None, where: str) -> tuple[str, dict]:
+    """``(model.name, model.overrides)`` that rebuild ``flavor`` from the registry.
+
+    With ``requested`` the named flavor must match exactly; otherwise the built-in flavor of the same family
+    with the fewest differing fields is the base and the differences become overrides.
+    """
+    from loongforge.models.registration import all_flavors
+    from loongforge.plugins import get_host
+
+    if requested:
+        registry = get_host().registry("model")
+        name = registry.entry(requested, where="--model").name
+        diffs = flavor_differences(flavor, registry.load(name))
+        if diffs:
+            raise InteropError(f"{where} does not match model '{name}': {'; '.join(diffs)}")
+        return name, {}
+    candidates = [(n, f) for n, f in all_flavors().items() if f.family == flavor.family]
+    name, base = min(candidates, key=lambda item: len(flavor_differences(flavor, item[1])))
+    overrides = {
+        f.name: getattr(flavor, f.name)
+        for f in dataclasses.fields(DecoderFlavor)
+        if getattr(flavor, f.name) != getattr(base, f.name)
+    }
+    return name, overrides
+
+
+def hf_to_mcore(hf_dir: str | Path, out_dir: str | Path, *, model: str | None = None) -> str:
+    """Convert the HF checkpoint in ``hf_dir`` to a model-only LoongForge checkpoint; return a summary line."""
+    from loongforge.interop.sharding import load_full_state
+    from loongforge.interop.world import standalone_world
+    from loongforge.models.builder import build_model, padded_vocab_size
+    from loongforge.models.hf_adapter import hf_to_megatron
+
+    hf_dir, out_dir = Path(hf_dir).expanduser(), Path(out_dir).expanduser()
+    hf = read_hf_config(hf_dir)
+    infos = index_hf_tensors(hf_dir)
+    dtype = check_hf_tensors(infos, hf.flavor, hf_dir)
+    name, overrides = name_flavor(hf.flavor, model, str(hf.path))
+    _check_out_dir(out_dir)
+    config = LoongForgeConfig()
+    config.model.name, config.model.overrides = name, overrides
+    config.training.precision = "bf16" if dtype == "bf16" else "fp32"
+    if (hf_dir / "tokenizer.json").is_file():
+        config.data.tokenizer = f"hf:{out_dir.resolve() / HF_SOURCE}"
+    tensors = load_hf_tensors(infos)
+    with standalone_world() as backend:
+        megatron_model = build_model(hf.flavor, backend=backend, params_dtype=dtype)
+        load_full_state([megatron_model], hf_to_megatron(tensors, hf.flavor,
+                                                         padded_vocab_size=padded_vocab_size(hf.flavor.vocab_size)))
+        write_model_checkpoint(
+            out_dir, megatron_model, config=config, hf_source=hf_dir,
+            metadata={"source": str(hf_dir.resolve()), "model": name, "dtype": dtype,
+                      "loongforge_version": loongforge.__version__,
+                      "converted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
+        )
+    shown = f"{name} with overrides {overrides}" if overrides else name
+    return f"wrote {out_dir}: {len(tensors)} Hugging Face tensors as model '{shown}' ({dtype})"
+
+
+def mcore_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_size: str = "5GB") -> str:
+    """Convert a LoongForge checkpoint (any TP/PP layout) to a HF directory; return a summary line."""
+    from loongforge.interop.sharding import gather_full_state
+    from loongforge.interop.world import standalone_world
+    from loongforge.models.builder import build_model
+    from loongforge.models.hf_adapter import megatron_to_hf
+    from loongforge.models.lora import apply_lora, merge_lora
+
+    out_dir = Path(out_dir).expanduser()
+    path = find_checkpoint(checkpoint)
+    config = checkpoint_config(path)
+    flavor = resolve_flavor(config)
+    dtype = checkpoint_dtype(path, config)
+    max_bytes = parse_size(max_shard_size)
+    base, carry = hf_side_files(config, path)
+    hf_config = hf_config_dict(flavor, dtype, base)
+    _check_out_dir(out_dir)
+    with standalone_world() as backend:
+        megatron_model = build_model(flavor, backend=backend, params_dtype=dtype)
+        if config.model.lora is not None:  # a LoRA run's checkpoint: load the adapters, export them merged
+            apply_lora([megatron_model], config.model.lora, config.run.seed)
+        load_model_weights(path, [megatron_model])
+        full = gather_full_state([merge_lora(megatron_model)])
+    tensors = megatron_to_hf(full, flavor)
+    write_hf_checkpoint(out_dir, tensors, hf_config, max_shard_bytes=max_bytes, carry_from=carry)
+    return f"wrote {out_dir}: {len(tensors)} tensors ({flavor.hf_architecture}, {dtype}) from {path}"

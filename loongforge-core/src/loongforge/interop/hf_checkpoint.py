@@ -1,0 +1,247 @@
+"""Hugging Face checkpoint directories on disk: the tensor files in, the tensor files out.
+
+Reading uses safetensors (``model.safetensors`` or shards listed by ``model.safetensors.index.json``) and
+falls back to ``pytorch_model.bin`` files loaded with ``torch.load(weights_only=True)``, which refuses
+pickled code. Tensor names, shapes and dtypes are checked against what ``config.json`` implies *before* any
+weight is read, so a wrong checkpoint fails in a second with the tensor and file named.
+
+Writing produces what ``save_pretrained`` produces: one ``model.safetensors``, or numbered shards plus an
+index when the tensors exceed the shard size, then ``config.json`` and the tokenizer files carried over.
+Everything goes to a temporary sibling directory that is renamed into place, so a failed write leaves
+nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from loongforge.interop.errors import InteropError
+from loongforge.models.flavor import DecoderFlavor
+from loongforge.models.hf_adapter import hf_tensor_shapes
+
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+BIN = "pytorch_model.bin"
+BIN_INDEX = "pytorch_model.bin.index.json"
+#: Files besides weights and config.json that a converted directory should keep: tokenizer and generation.
+CARRIED_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json",
+    "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json", "generation_config.json",
+)
+#: Buffers some older checkpoints saved; recomputed from config.json, never weights.
+_IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+_SAFETENSORS_DTYPES = {"F32": "fp32", "BF16": "bf16", "F16": "fp16"}
+_TORCH_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor of a Hugging Face checkpoint lives, and its shape and dtype (fp32/bf16/fp16/other)."""
+
+    file: Path
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def _index_files(directory: Path, index_name: str) -> dict[str, Path]:
+    index = directory / index_name
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InteropError(f"{index}: cannot read its weight_map: {exc}") from None
+    files = {name: directory / file for name, file in weight_map.items()}
+    for file in sorted(set(files.values())):
+        if not file.is_file():
+            raise InteropError(f"{index}: lists {file.name}, which is missing")
+    return files
+
+
+def _safetensors_infos(files: list[Path]) -> dict[str, TensorInfo]:
+    infos = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                for name in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
+                    piece = handle.get_slice(name)
+                    infos[name] = TensorInfo(file, tuple(piece.get_shape()),
+                                             _SAFETENSORS_DTYPES.get(piece.get_dtype(), piece.get_dtype()))
+        except Exception as exc:  # noqa: BLE001 - safetensors' SafetensorError derives from Exception only
+            raise InteropError(f"{file}: not a readable safetensors file: {exc}") from None
+    return infos
+
+
+def _bin_load(file: Path) -> dict[str, torch.Tensor]:
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # noqa: BLE001 - unpickling errors have many types
+        raise InteropError(f"{file}: cannot load with torch.load(weights_only=True): {exc}") from None
+
+
+def index_hf_tensors(directory: str | Path) -> dict[str, TensorInfo]:
+    """Every tensor of the checkpoint in ``directory`` with its file, shape and dtype, reading no weights
+    (``.bin`` files are memory-mapped)."""
+    directory = Path(directory).expanduser()
+    if (directory / SAFETENSORS_INDEX).is_file():
+        files = _index_files(directory, SAFETENSORS_INDEX)
+        infos = _safetensors_infos(sorted(set(files.values())))
+    elif (directory / SAFETENSORS).is_file():
+        infos = _safetensors_infos([directory / SAFETENSORS])
+    elif (directory / BIN_INDEX).is_file() or (directory / BIN).is_file():
+        bins = sorted(set(_index_files(directory, BIN_INDEX).values())) if (directory / BIN_INDEX).is_file() \
+            else [directory / BIN]
+        infos = {
+            name: TensorInfo(file, tuple(t.shape), _TORCH_DTYPES.get(t.dtype, str(t.dtype)))
+            for file in bins for name, t in _bin_load(file).items()
+        }
+    else:
+        raise InteropError(f"{directory}: no {SAFETENSORS}, {SAFETENSORS_INDEX}, {BIN} or {BIN_INDEX}")
+    return {name: info for name, info in infos.items() if not name.endswith(_IGNORED_SUFFIXES)}
+
+
+def check_hf_tensors(infos: dict[str, TensorInfo], flavor: DecoderFlavor, directory: str | Path) -> str:
+    """Refuse missing, unexpected or misshapen tensors and mixed dtypes; return the one dtype (fp32/bf16/fp16).
+
+    A tied model's checkpoint may still carry ``lm_head.weight`` (older ``save_pretrained`` did); it is
+    ignored because the model reads the embedding.
+    """
+    expected = hf_tensor_shapes(flavor)
+    present = {n: i for n, i in infos.items() if not (flavor.tie_word_embeddings and n == "lm_head.weight")}
+    missing = sorted(set(expected) - set(present))
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise InteropError(f"{directory}: tensor {missing[0]} is missing{more}; config.json implies it")
+    extra = sorted(set(present) - set(expected))
+    if extra:
+        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        raise InteropError(
+            f"{present[extra[0]].file}: unexpected tensor {extra[0]}{more} for a {flavor.family} model as "
+            "config.json describes it"
+        )
+    for name, shape in expected.items():
+        if present[name].shape != shape:
+            raise InteropError(
+                f"{present[name].file}: tensor {name} has shape {list(present[name].shape)}, "
+                f"config.json implies {list(shape)}"
+            )
+    dtypes = {info.dtype for info in present.values()}
+    first = present["model.embed_tokens.weight"].dtype
+    if first not in _SAFETENSORS_DTYPES.values():
+        raise InteropError(f"{directory}: tensor dtype {first} is not supported (use float32, bfloat16 or float16)")
+    if len(dtypes) > 1:
+        odd = next(n for n, i in sorted(present.items()) if i.dtype != first)
+        raise InteropError(
+            f"{present[odd].file}: tensor {odd} is {present[odd].dtype} but model.embed_tokens.weight is {first}; "
+            "mixed dtypes are not supported"
+        )
+    return first
+
+
+def load_hf_tensors(infos: dict[str, TensorInfo], names: set[str] | None = None) -> dict[str, torch.Tensor]:
+    """The tensors ``infos`` lists (or only ``names``), read file by file."""
+    wanted = set(infos) if names is None else names
+    by_file: dict[Path, set[str]] = {}
+    for name in wanted:
+        by_file.setdefault(infos[name].file, set()).add(name)
+    tensors: dict[str, torch.Tensor] = {}
+    for file, file_names in sorted(by_file.items()):
+        loaded = load_file(str(file)) if file.suffix == ".safetensors" else _bin_load(file)
+        tensors.update({name: loaded[name] for name in file_names})
+    return tensors
+
+
+def parse_size(text: str) -> int:
+    """``"5GB"`` -> 5 * 10**9 and ``"2GiB"`` -> 2 * 2**30 (Hugging Face's ``max_shard_size`` convention)."""
+    units = {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9, "B": 1}
+    upper = text.strip().upper()
+    unit = next((u for u in units if upper.endswith(u)), None)
+    number, factor = (upper[: -len(unit)], units[unit]) if unit else (upper, 1)
+    try:
+        return int(float(number) * factor)
+    except ValueError:
+        raise InteropError(f"invalid size {text!r}; use e.g. 5GB, 500MB or 2GiB") from None
+
+
+def _shards(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, torch.Tensor]]:
+    """Tensors in name order, packed greedily into shards of at most ``max_bytes`` (a bigger tensor alone)."""
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name in sorted(tensors):
+        nbytes = tensors[name].numel() * tensors[name].element_size()
+        if shards[-1] and size + nbytes > max_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensors[name]
+        size += nbytes
+    return shards
+
+
+def prepare_out(out_dir: Path) -> Path:
+    """A fresh temporary sibling of ``out_dir``; ``out_dir`` itself must be absent or empty."""
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise InteropError(f"{out_dir}: already exists and is not empty; choose a new output directory")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".tmp-{out_dir.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    return tmp
+
+
+def publish(tmp: Path, out_dir: Path) -> None:
+    """Make a fully written ``tmp`` visible as ``out_dir`` in one rename."""
+    if out_dir.is_dir():
+        out_dir.rmdir()  # prepare_out checked it is empty
+    os.rename(tmp, out_dir)
+
+
+def copy_carried_files(source: Path | None, target: Path) -> list[str]:
+    """Copy the tokenizer/generation files :data:`CARRIED_FILES` names from ``source`` (if any) to ``target``."""
+    if source is None or not source.is_dir():
+        return []
+    copied = []
+    for name in CARRIED_FILES:
+        if (source / name).is_file():
+            shutil.copy2(source / name, target / name)
+            copied.append(name)
+    return copied
+
+
+def write_hf_checkpoint(
+    out_dir: str | Path,
+    tensors: dict[str, torch.Tensor],
+    config: dict[str, Any],
+    *,
+    max_shard_bytes: int = 5 * 10**9,
+    carry_from: Path | None = None,
+) -> Path:
+    """Write ``tensors`` and ``config`` (and the files carried from ``carry_from``) as a HF directory."""
+    out_dir = Path(out_dir).expanduser()
+    tmp = prepare_out(out_dir)
+    try:
+        shards = _shards(tensors, max_shard_bytes)
+        if len(shards) == 1:
+            save_file(shards[0], str(tmp / SAFETENSORS), metadata={"format": "pt"})
+        else:
+            weight_map = {}
+            for i, shard in enumerate(shards, start=1):
+                name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+                save_file(shard, str(tmp / name), metadata={"format": "pt"})
+                weight_map.update(dict.fromkeys(shard, name))
+            total = sum(t.numel() * t.element_size() for t in tensors.values())
+            index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+            (tmp / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+        copy_carried_files(carry_from, tmp)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        publish(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir

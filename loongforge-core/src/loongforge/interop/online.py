@@ -1,0 +1,99 @@
+"""Hugging Face weights inside a run: ``model.load`` before training, ``checkpoint.save_hf`` at each save.
+
+Core's built-in plugin (:mod:`loongforge.builtin`) calls these from its ``loongforge_modify_model`` and
+``loongforge_on_checkpoint_save`` hooks, so the trainer knows nothing about Hugging Face. Both work at any
+tensor/pipeline layout through :mod:`loongforge.interop.sharding`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from loongforge.config.schema import LoongForgeConfig
+from loongforge.interop.errors import InteropError
+from loongforge.interop.hf_config import flavor_differences, hf_config_dict
+from loongforge.interop.mcore_checkpoint import (
+    checkpoint_config,
+    find_checkpoint,
+    hf_side_files,
+    load_model_weights,
+    resolve_flavor,
+)
+
+#: Sub-directory of a checkpoint that ``checkpoint.save_hf`` fills.
+HF_SUBDIR = "hf"
+_DTYPE_NAMES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def load_initial_weights(model_chunks: list[Any], config: LoongForgeConfig) -> None:
+    """Load ``model.load`` (``hf:DIR`` or a LoongForge checkpoint) into this rank's freshly built chunks.
+
+    The source must describe the same model as ``model.name`` + ``model.overrides``; every field that differs
+    is named; rank 0 says what was loaded. A run that then resumes from its own checkpoint overwrites
+    these weights, which is what "ignored when resuming" means.
+    """
+    from megatron.core import parallel_state
+
+    from loongforge.interop.hf_checkpoint import check_hf_tensors, index_hf_tensors, load_hf_tensors
+    from loongforge.interop.hf_config import read_hf_config
+    from loongforge.interop.sharding import load_full_state
+    from loongforge.models.builder import padded_vocab_size
+    from loongforge.models.hf_adapter import hf_to_megatron
+
+    spec = config.model.load or ""
+    where = f"model.load in {config.source}"
+    flavor = resolve_flavor(config)
+    if spec.startswith("hf:"):
+        directory = Path(spec[3:]).expanduser()
+        hf = read_hf_config(directory)
+        source = hf.path
+        diffs = flavor_differences(hf.flavor, flavor)
+    else:
+        directory = find_checkpoint(spec)
+        source = directory / "config.yaml"
+        diffs = flavor_differences(resolve_flavor(checkpoint_config(directory)), flavor)
+    if diffs:
+        raise InteropError(f"{where}: {source} does not match model '{config.model.name}': {'; '.join(diffs)}")
+    if spec.startswith("hf:"):
+        infos = index_hf_tensors(directory)
+        check_hf_tensors(infos, flavor, directory)
+        tp = parallel_state.get_tensor_model_parallel_world_size()
+        vocab = padded_vocab_size(flavor.vocab_size, tp)
+        full = hf_to_megatron(load_hf_tensors(infos), flavor, padded_vocab_size=vocab)
+        load_full_state(model_chunks, full)
+        message = f"loaded {len(infos)} Hugging Face tensors from {directory}"
+    else:
+        load_model_weights(directory, model_chunks)
+        message = f"loaded model weights from checkpoint {directory}"
+    if _rank() == 0:
+        print(f"[loongforge] model.load: {message}", flush=True)
+
+
+def save_hf_copy(trainer: Any, path: str) -> Path | None:
+    """Write the trainer's model as a HF directory ``<path>/hf`` (collective; rank 0 writes, returns the dir)."""
+    from loongforge.interop.hf_checkpoint import write_hf_checkpoint
+    from loongforge.interop.sharding import gather_full_state
+    from loongforge.models.hf_adapter import megatron_to_hf
+
+    config = trainer.config
+    flavor = resolve_flavor(config)
+    full = gather_full_state(trainer.model)
+    if _rank() != 0:
+        return None
+    if full is None:
+        raise InteropError("gathering the model for checkpoint.save_hf returned nothing on rank 0")
+    if config.model.lora is not None:  # export a plain model: the adapters folded into their base weights
+        from loongforge.models.lora import merge_lora_state_dict
+
+        full = merge_lora_state_dict(full, config.model.lora)
+    dtype = _DTYPE_NAMES[str(full["embedding.word_embeddings.weight"].dtype)]
+    base, carry = hf_side_files(config)
+    out = Path(path) / HF_SUBDIR
+    return write_hf_checkpoint(out, megatron_to_hf(full, flavor), hf_config_dict(flavor, dtype, base), carry_from=carry)

@@ -1,0 +1,66 @@
+"""Self-attention (with 3D RoPE) and text/image cross-attention of a Wan block.
+
+Projections are fused where the inputs are shared -- ``qkv`` for self-attention, ``kv`` for the context -- so a
+step runs one GEMM instead of three; the converters split and join them bitwise. For tensor parallelism
+these become column-parallel layers (head-sharded) and ``out`` row-parallel; note that Wan's q/k RMSNorm
+normalises across *all* heads, so a TP version needs the sum of squares all-reduced across ranks.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from loongforge_diffusion.wan.rope import apply_rope
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``(B, S, H, D)`` inputs -> ``(B, S, H*D)``; full (bidirectional) attention."""
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    return out.transpose(1, 2).flatten(2)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, dim: int, num_heads: int, eps: float) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.norm_q = nn.RMSNorm(dim, eps=eps)
+        self.norm_k = nn.RMSNorm(dim, eps=eps)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        heads = (self.num_heads, -1)
+        q = apply_rope(self.norm_q(q).unflatten(-1, heads), *rope)
+        k = apply_rope(self.norm_k(k).unflatten(-1, heads), *rope)
+        return self.out(_attend(q, k, v.unflatten(-1, heads)))
+
+
+class CrossAttention(nn.Module):
+    """Video tokens attend to the text tokens; with ``with_image`` (Wan 2.1 I2V) they also attend, through
+    separate key/value projections, to the CLIP image tokens, and the two results are summed."""
+
+    def __init__(self, dim: int, num_heads: int, eps: float, *, with_image: bool) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.q = nn.Linear(dim, dim)
+        self.kv = nn.Linear(dim, 2 * dim)
+        self.norm_q = nn.RMSNorm(dim, eps=eps)
+        self.norm_k = nn.RMSNorm(dim, eps=eps)
+        self.out = nn.Linear(dim, dim)
+        self.kv_img = nn.Linear(dim, 2 * dim) if with_image else None
+        self.norm_k_img = nn.RMSNorm(dim, eps=eps) if with_image else None
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor, image_context: torch.Tensor | None) -> torch.Tensor:
+        heads = (self.num_heads, -1)
+        q = self.norm_q(self.q(x)).unflatten(-1, heads)
+        k, v = self.kv(context).chunk(2, dim=-1)
+        out = _attend(q, self.norm_k(k).unflatten(-1, heads), v.unflatten(-1, heads))
+        if self.kv_img is not None:
+            if image_context is None:
+                raise ValueError("this Wan model has an image branch (I2V): pass image_context")
+            k_img, v_img = self.kv_img(image_context).chunk(2, dim=-1)
+            out = out + _attend(q, self.norm_k_img(k_img).unflatten(-1, heads), v_img.unflatten(-1, heads))
+        return self.out(out)

@@ -1,0 +1,53 @@
+"""One Wan transformer block: AdaLN-modulated self-attention, cross-attention, AdaLN-modulated FFN.
+
+The six modulation vectors (shift, scale, gate for attention; the same for the FFN) are the block's own
+learned table plus the time embedding's projection, so every block shares one time MLP yet modulates
+differently. Normalisation and the modulated residual adds run in float32, as in the reference, so bf16
+training does not drift from it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from loongforge_diffusion.wan.attention import CrossAttention, SelfAttention
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, ffn_dim: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+def modulate(norm: nn.Module, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``norm(x) * (1 + scale) + shift`` in float32, returned in ``x``'s dtype."""
+    return (norm(x.float()) * (1 + scale) + shift).type_as(x)
+
+
+class WanBlock(nn.Module):
+    def __init__(self, dim: int, ffn_dim: int, num_heads: int, eps: float, *, cross_attn_norm: bool,
+                 with_image: bool) -> None:
+        super().__init__()
+        self.norm_attn = nn.LayerNorm(dim, eps=eps, elementwise_affine=False)
+        self.self_attn = SelfAttention(dim, num_heads, eps)
+        self.norm_cross = nn.LayerNorm(dim, eps=eps) if cross_attn_norm else nn.Identity()
+        self.cross_attn = CrossAttention(dim, num_heads, eps, with_image=with_image)
+        self.norm_ffn = nn.LayerNorm(dim, eps=eps, elementwise_affine=False)
+        self.ffn = FeedForward(dim, ffn_dim)
+        self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor, image_context: torch.Tensor | None,
+                time_mod: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """``time_mod (B, N, 6, dim)`` with N = 1 or one row per token (per-token timesteps)."""
+        shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = (self.modulation + time_mod.float()).unbind(2)
+        attn = self.self_attn(modulate(self.norm_attn, x, shift_a, scale_a), rope)
+        x = (x.float() + attn * gate_a).type_as(x)
+        x = x + self.cross_attn(self.norm_cross(x.float()).type_as(x), context, image_context)
+        ffn = self.ffn(modulate(self.norm_ffn, x, shift_f, scale_f))
+        return (x.float() + ffn.float() * gate_f).type_as(x)

@@ -1,0 +1,53 @@
+"""A LoRA run exports a plain Hugging Face checkpoint (adapters merged) whose logits equal the unmerged model's."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from loongforge import load_config  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+
+def test_save_hf_and_convert_of_a_lora_run_match_the_unmerged_model(tmp_path):
+    from loongforge.interop.convert import mcore_to_hf
+    from loongforge.interop.mcore_checkpoint import load_model_weights
+    from loongforge.interop.world import standalone_world
+    from loongforge.models.builder import build_model
+    from loongforge.models.llama import FLAVORS
+    from loongforge.models.lora import apply_lora
+    from loongforge.train.run import run_training
+
+    config = load_config(None, [
+        f"run.output_dir={tmp_path / 'run'}", "model.name=llama-debug", "data.dataset=shipped-chat",
+        "data.seq_length=128", "data.pack=true", "training.phase=sft", "training.micro_batch_size=2",
+        "training.steps=3", "training.threads=1", "optimizer.lr=0.05", "scheduler.warmup_steps=0",
+        "model.lora.rank=4", "model.lora.targets=[linear_qkv,linear_proj,linear_fc1,linear_fc2]",
+        "checkpoint.save_hf=true", "logging.progress=false", "logging.tensorboard=false",
+    ])
+    run_training(config)
+    ckpt = tmp_path / "run" / "checkpoints" / "step-0000003"
+
+    tokens = torch.randint(0, 259, (2, 24), generator=torch.Generator().manual_seed(0))
+    positions = torch.arange(24).unsqueeze(0).expand(2, -1)
+    with standalone_world() as backend:  # the trained model with its adapters, not merged
+        model = build_model(FLAVORS["llama-debug"], backend=backend)
+        apply_lora([model], config.model.lora, config.run.seed)
+        load_model_weights(ckpt, [model])
+        trained_b = max(p.abs().max().item() for n, p in model.named_parameters() if n.endswith("lora.weight_b"))
+        with torch.no_grad():
+            ours = model.eval()(tokens, positions, None)
+    assert trained_b > 1e-3  # the adapters moved, so an export that dropped them would differ
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(ckpt / "hf").float().eval()
+    assert not [n for n in hf.state_dict() if "lora" in n]
+    with torch.no_grad():
+        theirs = hf(tokens).logits
+    assert (theirs - ours).abs().max().item() <= 1e-4
+
+    converted = tmp_path / "converted"
+    mcore_to_hf(ckpt, converted)
+    online, offline = load_file(ckpt / "hf" / "model.safetensors"), load_file(converted / "model.safetensors")
+    assert online.keys() == offline.keys() and all(torch.equal(online[k], offline[k]) for k in online)
