@@ -9,7 +9,6 @@ import sys
 import numpy as np
 import pytest
 import torch
-
 from loongforge.config import load_config
 from loongforge.config.schema import DataConfig
 from loongforge.data.chat_dataset import ChatDataset, shipped_chat, shipped_chat_path
@@ -47,7 +46,7 @@ def test_byte_template_masks_match_an_independent_count_on_the_shipped_set():
     records = [json.loads(line) for line in shipped_chat_path().read_text(encoding="utf-8").splitlines()]
     assert len(dataset) == len(records) == 400
     expected_total = 0
-    for record, sample in zip(records, dataset.samples):
+    for record, sample in zip(records, dataset.samples, strict=True):
         replies = [m["content"] for m in record["messages"] if m["role"] == "assistant"]
         expected = sum(len((r + "\n").encode()) for r in replies) + 1
         expected_total += expected
@@ -158,7 +157,7 @@ def test_packed_rows_restart_positions_confine_attention_and_keep_every_target()
     lengths = [len(packed.samples[i].ids) - 1 for i in row]
     positions = full["position_ids"][1]
     starts = np.cumsum([0, *lengths])
-    for start, n in zip(starts, lengths):
+    for start, n in zip(starts[:-1], lengths, strict=True):
         assert positions[start : start + n].tolist() == list(range(n))
     mask = full["attention_mask"][1, 0]
     assert mask.shape == (256, 256) and mask.dtype == torch.bool

@@ -72,10 +72,9 @@ def test_packed_rows_give_the_unpacked_loss_and_grads(megatron_cpu_world):
 
 def test_sdpa_attention_applies_a_block_causal_mask_exactly(megatron_cpu_world):
     """SDPAttention takes an explicit [b,1,s,s] mask instead of its causal flag; the mask must carry causality."""
-    from megatron.core.transformer.enums import AttnMaskType
-
     from loongforge.devices.sdpa_attention import SDPAttention
     from loongforge.models.builder import transformer_config
+    from megatron.core.transformer.enums import AttnMaskType
 
     config = transformer_config(FLAVORS["llama-debug"])
     attention = SDPAttention(config, 1, AttnMaskType.causal, "self").eval()
@@ -89,7 +88,8 @@ def test_sdpa_attention_applies_a_block_causal_mask_exactly(megatron_cpu_world):
     out = attention(q, k, v, mask)
     # Reference: plain softmax attention with GQA repeat and the same mask.
     rep = heads // groups
-    qh, kh, vh = q.permute(1, 2, 0, 3), k.repeat_interleave(rep, 2).permute(1, 2, 0, 3), v.repeat_interleave(rep, 2).permute(1, 2, 0, 3)
+    qh = q.permute(1, 2, 0, 3)
+    kh, vh = (t.repeat_interleave(rep, 2).permute(1, 2, 0, 3) for t in (k, v))
     scores = (qh @ kh.transpose(-1, -2)) / dim**0.5
     reference = (scores.masked_fill(mask, float("-inf")).softmax(-1) @ vh).permute(2, 0, 1, 3).reshape(s, b, -1)
     assert torch.allclose(out, reference, atol=1e-6)

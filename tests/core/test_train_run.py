@@ -176,3 +176,21 @@ def test_configure_hook_and_config_enabled_optimization(tmp_path, register_plugi
     saved = (tmp_path / "out" / "checkpoints" / "step-0000002" / "config.yaml").read_text()
     assert "configured-by-plugin" in saved and "stop-after" in saved
     assert "optimization:stop-after" not in plugin_host.plugins  # registered for that run only
+
+
+def test_precision_the_device_cannot_do_is_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    config = tmp_path / "run.yaml"
+    config.write_text("model: llama-debug\ntraining: {precision: fp8}\n")
+    result = subprocess.run([sys.executable, "-m", "loongforge.cli", "train", str(config), "--device", "cpu"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "training.precision / device_options" in result.stderr and "fp8" in result.stderr
+    assert "Traceback" not in result.stderr
+
+    config.write_text("model: llama-debug\ndevice_options: {cuda_graphs: true}\n")
+    result = subprocess.run([sys.executable, "-m", "loongforge.cli", "train", str(config), "--device", "cpu"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "takes no megatron options; got cuda_graphs" in result.stderr

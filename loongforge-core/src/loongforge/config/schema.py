@@ -126,7 +126,7 @@ class TrainingConfig:
     #: Samples per optimizer step across all data-parallel ranks; a multiple of micro_batch_size * dp.
     #: Defaults to micro_batch_size * dp (no gradient accumulation).
     global_batch_size: int | None = None
-    #: ``fp32`` or ``bf16`` (bf16 keeps fp32 master weights in the optimizer).
+    #: ``fp32``, ``bf16`` (fp32 master weights in the optimizer), or what the device adds (``fp8`` on cuda).
     precision: str = "fp32"
     #: Intra-op threads for CPU runs; null leaves torch's default.
     threads: int | None = None
@@ -183,6 +183,9 @@ class LoongForgeConfig:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    #: The device backend's own switches (e.g. on cuda: ``fp8_recipe``, ``cuda_graphs``, ``tp_comm_overlap``),
+    #: passed to ``DeviceBackend.megatron_settings``; each plugin's README lists what it accepts.
+    device_options: dict[str, Any] = field(default_factory=dict)
     #: Optimizations to switch on by registered name, each with its own settings mapping.
     optimizations: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Where this config was read from (set by the loader, used in error messages).

@@ -65,9 +65,13 @@ def padded_vocab_size(vocab_size: int, tp: int = 1) -> int:
 
 def transformer_config(
     flavor: DecoderFlavor, *, params_dtype: str | torch.dtype = "fp32",
-    parallel: ParallelSettings | None = None,
+    parallel: ParallelSettings | None = None, extra_config: dict[str, Any] | None = None,
 ) -> TransformerConfig:
-    """The megatron ``TransformerConfig`` for ``flavor`` (SwiGLU, RMSNorm, RoPE, GQA, no dropout)."""
+    """The megatron ``TransformerConfig`` for ``flavor`` (SwiGLU, RMSNorm, RoPE, GQA, no dropout).
+
+    ``extra_config`` holds the device's additions (FP8 recipe, CUDA graphs; see
+    ``DeviceBackend.megatron_settings``); they are applied last.
+    """
     parallel = parallel or ParallelSettings()
     dtype = resolve_dtype(params_dtype)
     if flavor.num_layers % parallel.pp:
@@ -107,6 +111,7 @@ def transformer_config(
         pipeline_model_parallel_size=parallel.pp,
         virtual_pipeline_model_parallel_size=parallel.vpp,
         sequence_parallel=parallel.sequence_parallel,
+        **(extra_config or {}),
     )
 
 
@@ -119,6 +124,7 @@ def build_model(
     post_process: bool = True,
     parallel: ParallelSettings | None = None,
     vp_stage: int | None = None,
+    extra_config: dict[str, Any] | None = None,
 ) -> GPTModel:
     """A megatron ``GPTModel`` for ``flavor`` with layers from ``backend.spec_provider()``.
 
@@ -127,7 +133,7 @@ def build_model(
     pipeline chunk. The backend's patches must have been applied (``backend.apply_patches()``).
     """
     parallel = parallel or ParallelSettings()
-    config = transformer_config(flavor, params_dtype=params_dtype, parallel=parallel)
+    config = transformer_config(flavor, params_dtype=params_dtype, parallel=parallel, extra_config=extra_config)
     provider = backend.spec_provider()
     model = GPTModel(
         config=config,

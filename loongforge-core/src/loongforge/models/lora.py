@@ -137,7 +137,7 @@ def freeze_parameters(model_chunks: list[nn.Module], patterns: list[str], where:
                     param.requires_grad_(False)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(hits)
-    unmatched = [p for p, n in zip(patterns, hits.tolist()) if n == 0]
+    unmatched = [p for p, n in zip(patterns, hits.tolist(), strict=True) if n == 0]
     if unmatched:
         raise ConfigError(f"{where}: model.freeze pattern '{unmatched[0]}' matches no parameter "
                           "(names look like embedding.word_embeddings.weight, decoder.layers.0.mlp.linear_fc1.weight)")

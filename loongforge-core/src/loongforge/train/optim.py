@@ -19,12 +19,12 @@ from loongforge.errors import ConfigError
 _DECAY_STYLES = ("cosine", "linear", "constant")
 
 
-def build_optimizer(config: LoongForgeConfig, model_chunks: list[Any]) -> Any:
-    """AdamW over the model chunks (fp32 master weights and grads when training in bf16)."""
+def build_optimizer(config: LoongForgeConfig, model_chunks: list[Any], *, params_dtype: str = "fp32") -> Any:
+    """AdamW over the model chunks (fp32 master weights and grads when parameters are bf16)."""
     opt = config.optimizer
     if opt.name.lower() not in ("adamw", "adam"):
         raise ConfigError(f"{config.source}: optimizer.name '{opt.name}' is not supported (use adamw)")
-    bf16 = config.training.precision == "bf16"
+    bf16 = params_dtype == "bf16"
     return get_megatron_optimizer(
         OptimizerConfig(
             optimizer="adam",

@@ -62,7 +62,7 @@ def _load_flavor(host: Any, config: LoongForgeConfig) -> Any:
     return flavor.with_overrides(**config.model.overrides) if config.model.overrides else flavor
 
 
-def _build_model(flavor: Any, config: LoongForgeConfig, backend: Any, layout: Any) -> list[Any]:
+def _build_model(flavor: Any, config: LoongForgeConfig, backend: Any, layout: Any, settings: Any) -> list[Any]:
     """This rank's model chunks, one per (virtual) pipeline stage it holds, with layout-independent weights.
 
     megatron says which stage holds the embedding and the output layer; with virtual stages only the first
@@ -73,7 +73,7 @@ def _build_model(flavor: Any, config: LoongForgeConfig, backend: Any, layout: An
     from loongforge.models.builder import ParallelSettings, build_model
     from loongforge.parallel.init import initialize_layout_independent
 
-    settings = ParallelSettings(
+    parallel = ParallelSettings(
         tp=layout.tp, pp=layout.pp, sequence_parallel=layout.sequence_parallel, vpp=layout.vpp
     )
     chunks = []
@@ -83,10 +83,11 @@ def _build_model(flavor: Any, config: LoongForgeConfig, backend: Any, layout: An
             build_model(
                 flavor,
                 backend=backend,
-                params_dtype=config.training.precision,
+                params_dtype=settings.params_dtype,
+                extra_config=settings.transformer_config_kwargs(),
                 pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
                 post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
-                parallel=settings,
+                parallel=parallel,
                 vp_stage=vp_stage,
             )
         )
@@ -94,14 +95,17 @@ def _build_model(flavor: Any, config: LoongForgeConfig, backend: Any, layout: An
     return chunks
 
 
-def _wrap_ddp(model: list[Any], config: LoongForgeConfig) -> list[Any]:
+def _wrap_ddp(model: list[Any], config: LoongForgeConfig, settings: Any) -> list[Any]:
     """megatron DDP: contiguous gradient buffers reduced over the data-parallel group once per step."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
     ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=config.training.precision == "bf16",
-        overlap_grad_reduce=False,
-        use_distributed_optimizer=config.parallel.distributed_optimizer,
+        **{
+            "grad_reduce_in_fp32": settings.params_dtype != "fp32",
+            "overlap_grad_reduce": False,
+            "use_distributed_optimizer": config.parallel.distributed_optimizer,
+            **settings.ddp_config_kwargs(),
+        }
     )
     return [
         DistributedDataParallel(config=chunk.config, ddp_config=ddp_config, module=chunk, disable_bucketing=i > 0)
@@ -125,8 +129,6 @@ def _validate(config: LoongForgeConfig, flavor: Any, tokenizer: Any) -> None:
     t, where = config.training, config.source
     if t.steps < 1:
         raise ConfigError(f"{where}: training.steps must be >= 1, got {t.steps}")
-    if t.precision not in ("fp32", "bf16"):
-        raise ConfigError(f"{where}: training.precision must be fp32 or bf16, got '{t.precision}'")
     if config.data.seq_length > flavor.max_position_embeddings:
         raise ConfigError(
             f"{where}: data.seq_length ({config.data.seq_length}) exceeds the model's max_position_embeddings "
@@ -174,9 +176,22 @@ def _run(config: LoongForgeConfig, host: Any, backend: Any, reason: str, info: A
     plan = strategy.check_model(layout, flavor, config.training, config.source)
     tokenizer = load_tokenizer(host, config)
     _validate(config, flavor, tokenizer)
+    settings = _device_settings(config, backend)
     _init_parallel(strategy, layout, config, backend, info)
-    trainer = _build_trainer(config, host, backend, reason, layout, plan, flavor, tokenizer, info)
+    trainer = _build_trainer(config, host, backend, reason, layout, plan, flavor, tokenizer, info, settings)
     return _train(trainer, flavor, tokenizer, config, info.rank)
+
+
+def _device_settings(config: LoongForgeConfig, backend: Any) -> Any:
+    """What the device adds to megatron's configs for ``training.precision`` and ``device_options``.
+
+    The device plugin owns precision recipes (FP8 on CUDA) and switches (CUDA graphs, overlap); core only
+    forwards them, so an unsupported request fails here with the device's reason, before any model exists.
+    """
+    try:
+        return backend.megatron_settings(config.training.precision, **config.device_options)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{config.source}: training.precision / device_options: {exc}") from None
 
 
 def _init_parallel(strategy: Any, layout: Any, config: LoongForgeConfig, backend: Any, info: Any) -> None:
@@ -202,6 +217,7 @@ def _build_trainer(
     flavor: Any,
     tokenizer: Any,
     info: Any,
+    settings: Any,
 ) -> Any:
     """Model -> plugins' modify_model -> DDP -> optimizer -> scheduler -> data -> Trainer, resumed if asked."""
     from megatron.core import parallel_state
@@ -212,8 +228,9 @@ def _build_trainer(
     from loongforge.train.trainer import Trainer
 
     global_batch, num_microbatches = plan.global_batch_size, plan.num_microbatches
-    model = _wrap_ddp(host.modify_model(_build_model(flavor, config, backend, layout), config), config)
-    optimizer = build_optimizer(config, model)
+    model = host.modify_model(_build_model(flavor, config, backend, layout, settings), config)
+    model = _wrap_ddp(model, config, settings)
+    optimizer = build_optimizer(config, model, params_dtype=settings.params_dtype)
     ckpt = config.checkpoint
     scheduler = build_scheduler(config, optimizer, global_batch)
     _connect_schedule(model, optimizer)

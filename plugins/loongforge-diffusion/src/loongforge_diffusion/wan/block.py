@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from loongforge_diffusion.wan.attention import CrossAttention, SelfAttention
+from loongforge_diffusion.wan.norms import FloatLayerNorm
 
 
 class FeedForward(nn.Module):
@@ -25,7 +26,7 @@ class FeedForward(nn.Module):
         return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
 
 
-def modulate(norm: nn.Module, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def modulate(norm: FloatLayerNorm, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``norm(x) * (1 + scale) + shift`` in float32, returned in ``x``'s dtype."""
     return (norm(x.float()) * (1 + scale) + shift).type_as(x)
 
@@ -34,11 +35,11 @@ class WanBlock(nn.Module):
     def __init__(self, dim: int, ffn_dim: int, num_heads: int, eps: float, *, cross_attn_norm: bool,
                  with_image: bool) -> None:
         super().__init__()
-        self.norm_attn = nn.LayerNorm(dim, eps=eps, elementwise_affine=False)
+        self.norm_attn = FloatLayerNorm(dim, eps=eps, elementwise_affine=False)
         self.self_attn = SelfAttention(dim, num_heads, eps)
-        self.norm_cross = nn.LayerNorm(dim, eps=eps) if cross_attn_norm else nn.Identity()
+        self.norm_cross = FloatLayerNorm(dim, eps=eps) if cross_attn_norm else nn.Identity()
         self.cross_attn = CrossAttention(dim, num_heads, eps, with_image=with_image)
-        self.norm_ffn = nn.LayerNorm(dim, eps=eps, elementwise_affine=False)
+        self.norm_ffn = FloatLayerNorm(dim, eps=eps, elementwise_affine=False)
         self.ffn = FeedForward(dim, ffn_dim)
         self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
 
@@ -48,6 +49,6 @@ class WanBlock(nn.Module):
         shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = (self.modulation + time_mod.float()).unbind(2)
         attn = self.self_attn(modulate(self.norm_attn, x, shift_a, scale_a), rope)
         x = (x.float() + attn * gate_a).type_as(x)
-        x = x + self.cross_attn(self.norm_cross(x.float()).type_as(x), context, image_context)
+        x = x + self.cross_attn(self.norm_cross(x), context, image_context)
         ffn = self.ffn(modulate(self.norm_ffn, x, shift_f, scale_f))
         return (x.float() + ffn.float() * gate_f).type_as(x)

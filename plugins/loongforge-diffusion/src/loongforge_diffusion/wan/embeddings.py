@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from loongforge_diffusion.wan.norms import FloatLayerNorm
+
 
 class PatchEmbed3D(nn.Module):
     """Cuts the video latent into non-overlapping ``(pt, ph, pw)`` patches and projects each to ``dim``.
@@ -68,25 +70,15 @@ class TextProjection(nn.Module):
 
 
 class ImageProjection(nn.Module):
-    """Wan 2.1 I2V: projects CLIP image tokens to the model width (LayerNorm, GELU MLP, LayerNorm).
-
-    The norms run in float32 so that a bf16 model keeps the reference's numerics.
-    """
+    """Wan 2.1 I2V: projects CLIP image tokens to the model width (LayerNorm, GELU MLP, LayerNorm)."""
 
     def __init__(self, image_dim: int, dim: int) -> None:
         super().__init__()
-        self.norm_in = nn.LayerNorm(image_dim)
+        self.norm_in = FloatLayerNorm(image_dim)
         self.fc1 = nn.Linear(image_dim, image_dim)
         self.fc2 = nn.Linear(image_dim, dim)
-        self.norm_out = nn.LayerNorm(dim)
+        self.norm_out = FloatLayerNorm(dim)
 
     def forward(self, image_tokens: torch.Tensor) -> torch.Tensor:
-        x = _float_layer_norm(self.norm_in, image_tokens)
-        x = self.fc2(F.gelu(self.fc1(x)))
-        return _float_layer_norm(self.norm_out, x)
+        return self.norm_out(self.fc2(F.gelu(self.fc1(self.norm_in(image_tokens)))))
 
-
-def _float_layer_norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
-    weight = None if norm.weight is None else norm.weight.float()
-    bias = None if norm.bias is None else norm.bias.float()
-    return F.layer_norm(x.float(), norm.normalized_shape, weight, bias, norm.eps).type_as(x)

@@ -13,6 +13,7 @@ from torch import nn
 from loongforge_diffusion.wan.block import WanBlock, modulate
 from loongforge_diffusion.wan.embeddings import ImageProjection, PatchEmbed3D, TextProjection, TimeEmbedding
 from loongforge_diffusion.wan.flavors import WanFlavor
+from loongforge_diffusion.wan.norms import FloatLayerNorm
 from loongforge_diffusion.wan.rope import rope_tables
 
 
@@ -22,7 +23,7 @@ class Head(nn.Module):
 
     def __init__(self, dim: int, out_features: int, eps: float) -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(dim, eps=eps, elementwise_affine=False)
+        self.norm = FloatLayerNorm(dim, eps=eps, elementwise_affine=False)
         self.proj = nn.Linear(dim, out_features)
         self.modulation = nn.Parameter(torch.randn(1, 2, dim) / dim**0.5)
 
