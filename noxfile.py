@@ -14,6 +14,8 @@ nox.options.reuse_existing_virtualenvs = True
 PYTHON = "3.11"
 TORCH = "torch==2.13.0"
 PLUGINS = ("cuda", "xpu", "vlm", "diffusion", "embodied")
+#: Plugins whose tests need reference implementations (installed through the plugin's own ``test`` extra).
+TEST_EXTRAS = {"diffusion": "[test]"}
 
 
 def _install_core(session: nox.Session, *extras: str) -> None:
@@ -24,7 +26,7 @@ def _install_core(session: nox.Session, *extras: str) -> None:
 
 def _install_plugins(session: nox.Session, *names: str) -> None:
     for name in names:
-        session.install("-e", f"plugins/loongforge-{name}")
+        session.install("-e", f"plugins/loongforge-{name}{TEST_EXTRAS.get(name, '')}")
 
 
 @nox.session(python=PYTHON)
