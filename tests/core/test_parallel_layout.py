@@ -29,7 +29,7 @@ def test_world_size_must_be_a_multiple_of_tp_times_pp():
     with pytest.raises(ConfigError) as exc:
         plan(4, tp=3)
     assert str(exc.value) == (
-        "run.yaml: tp*pp*dp must equal the 4 processes started; got tp=3, pp=1 (tp*pp=3 does not divide 4)"
+        "run.yaml: tp*pp*cp*dp must equal the 4 processes started; got tp=3, pp=1, cp=1 (tp*pp*cp=3 does not divide 4)"
     )
 
 
@@ -101,5 +101,6 @@ def test_nproc_checks_the_layout_before_starting_processes(tmp_path):
     )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        f"error: {config}: tp*pp*dp must equal the 2 processes started; got tp=3, pp=1 (tp*pp=3 does not divide 2)"
+        f"error: {config}: tp*pp*cp*dp must equal the 2 processes started; got tp=3, pp=1, cp=1 "
+        "(tp*pp*cp=3 does not divide 2)"
     ]

@@ -33,11 +33,14 @@ STEPS = 10
 RTOL = 1e-5
 
 
-def train(root: Path, name: str, *overrides: str, nproc: int = 1, torchrun: bool = False) -> tuple[dict, str]:
-    """Run the CLI for one layout; return ``({step: metrics row}, stdout)``."""
+def train(
+    root: Path, name: str, *overrides: str, nproc: int = 1, torchrun: bool = False, config_text: str = CONFIG
+) -> tuple[dict, str]:
+    """Run the CLI for one layout (``config_text``: a YAML template with ``OUT`` for the output directory);
+    return ``({step: metrics row}, stdout)``."""
     out = root / name
     config = root / f"{name}.yaml"
-    config.write_text(CONFIG.replace("OUT", str(out)))
+    config.write_text(config_text.replace("OUT", str(out)))
     cli = ["train", str(config), *overrides]
     if torchrun:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),

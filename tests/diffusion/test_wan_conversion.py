@@ -8,14 +8,12 @@ import sys
 import pytest
 import torch
 from diffusers import WanTransformer3DModel
-
 from loongforge.errors import LoongForgeError
 from loongforge_diffusion.wan.diffusers_adapter import diffusers_config, from_diffusers, to_diffusers
 from loongforge_diffusion.wan.flavors import FLAVORS, num_params
 from loongforge_diffusion.wan.model import WanModel
 from loongforge_diffusion.wan.rope import axis_dims
 from wan_reference import tiny_flavor
-
 
 
 @pytest.mark.parametrize("task", ["t2v", "i2v", "ti2v"])
@@ -79,7 +77,8 @@ def test_registration_is_torch_free_and_resolves_aliases():
     code = (
         "import sys; from loongforge.registry import Registry; import loongforge_diffusion.plugin as p;"
         "r = Registry('model'); p.loongforge_register_models(r);"
-        "print(','.join(r.names())); print(r.load('Wan-AI/Wan2.1-T2V-1.3B-Diffusers').dim); print('torch' in sys.modules)"
+        "print(','.join(r.names())); print(r.load('Wan-AI/Wan2.1-T2V-1.3B-Diffusers').dim);"
+        "print('torch' in sys.modules)"
     )
     names, dim, torch_loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                               check=True).stdout.split()

@@ -9,11 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 from diffusers import WanTransformer3DModel
-
 from loongforge_diffusion.wan.diffusers_adapter import diffusers_config, from_diffusers, to_diffusers
 from loongforge_diffusion.wan.model import WanModel
 from wan_reference import DIFFUSERS_I2V_TEXT_LEN, max_abs, rel_l2, tiny_flavor
-
 
 REL, ABS = 1e-5, 1e-4
 VIDEO = (2, 5, 3, 4, 6)  # batch, channels, frames, height, width -> 3 * 2 * 3 = 18 tokens with patch (1, 2, 2)
@@ -26,7 +24,8 @@ def _inputs(task: str, generator: torch.Generator) -> dict:
     inputs = {
         "video": torch.randn(VIDEO, generator=generator),
         "context": torch.randn(batch, text_len, 16, generator=generator),
-        "timestep": torch.rand(batch, tokens, generator=generator) * 1000 if task == "ti2v" else torch.tensor([3.0, 700.0]),
+        "timestep": (torch.rand(batch, tokens, generator=generator) * 1000 if task == "ti2v"
+                     else torch.tensor([3.0, 700.0])),
     }
     if task == "i2v":
         inputs["image_context"] = torch.randn(batch, 5, 24, generator=generator)

@@ -7,7 +7,6 @@ Head dims 16 and 64 are used because there a ``head_dim // 3`` RoPE split would 
 from __future__ import annotations
 
 import torch
-
 from loongforge_diffusion.wan.flavors import FLAVORS, WanFlavor
 
 #: diffusers cuts the context at 512 text tokens to find the CLIP image tokens (I2V), so I2V tests use 512.

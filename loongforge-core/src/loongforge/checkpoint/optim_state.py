@@ -8,7 +8,8 @@ optimizer differ, so a checkpoint could not move between them. Here both optimiz
 * for every model parameter, ``exp_avg`` and ``exp_avg_sq`` (and the fp32 main copy ``param`` when the model
   is not fp32) as tensors of the parameter's local shape, described by the parameter's own ``ShardedTensor``
   (key prefixed with ``optimizer.state.<name>``), so ``dist_checkpointing`` reshards them across tp/pp/vpp
-  exactly as it reshards the weights, and data-parallel replicas are written once;
+  exactly as it reshards the weights, and data-parallel replicas are written once (MoE experts: megatron's
+  expert ``ShardedTensor`` keys carry the global expert index, so their state moves between ep sizes too);
 * the Adam step count, one integer (every parameter is stepped every step).
 
 The distributed optimizer holds one contiguous range of each parameter per data-parallel rank: on save the

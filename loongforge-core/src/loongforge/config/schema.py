@@ -37,6 +37,27 @@ class LoRAConfig:
 
 
 @dataclass
+class RecomputeConfig:
+    """Activation recompute (``model.recompute``): trade compute for memory by re-running parts of the forward.
+
+    ``full`` keeps only each layer's input and re-runs whole layers in backward; ``method`` picks which layers:
+    ``uniform`` checkpoints every group of ``num_layers`` consecutive layers as one unit, ``block`` recomputes
+    the first ``num_layers`` layers of each pipeline stage (the rest keep their activations). ``selective``
+    re-runs only ``modules`` of every layer (``core_attn``: the attention softmax, whose ``seq^2`` intermediates
+    dominate at long sequences; ``mlp``; ``moe``/``shared_experts`` for MoE models).
+    """
+
+    #: ``full`` or ``selective``.
+    granularity: str = "full"
+    #: ``uniform`` or ``block`` (full only; null = ``uniform``).
+    method: str | None = None
+    #: Layers per recompute unit (uniform) or recomputed layers per stage (block); full only, null = 1 / all.
+    num_layers: int | None = None
+    #: Submodules to recompute (selective only).
+    modules: list[str] = field(default_factory=lambda: ["core_attn"])
+
+
+@dataclass
 class ModelConfig:
     """Which model to build: a registered flavor name plus optional field overrides."""
 
@@ -53,6 +74,8 @@ class ModelConfig:
     #: Freeze parameters whose names (TP=1/PP=1 names, e.g. ``embedding.*``, ``decoder.layers.0.*``) match any of
     #: these glob patterns; each pattern must match something.
     freeze: list[str] = field(default_factory=list)
+    #: Activation recompute (see :class:`RecomputeConfig`); null keeps every activation.
+    recompute: RecomputeConfig | None = None
 
 
 @dataclass
@@ -66,10 +89,23 @@ class ParallelConfig:
     #: Virtual pipeline stages per pipeline rank (interleaved schedule); null is off. Needs pp > 1, layers
     #: divisible by pp*vpp and a number of micro-batches per step that is a multiple of pp.
     vpp: int | None = None
+    #: Context parallelism: split every sequence over ``cp`` ranks (megatron's load-balanced causal chunks);
+    #: attention gathers it per head group (all-to-all). Needs seq_length divisible by 2*cp and attention
+    #: heads and query groups divisible by tp*cp.
+    cp: int = 1
     #: Shard layer-norm/dropout activations over the tensor-parallel group (needs tp > 1).
     sequence_parallel: bool = False
     #: Shard optimizer state across data-parallel ranks (ZeRO-1).
     distributed_optimizer: bool = False
+    #: Expert parallel size (MoE models): experts are split over ``ep`` ranks carved out of the data-parallel
+    #: ranks; it must divide the number of experts and tp*dp/etp.
+    ep: int = 1
+    #: Expert tensor parallel size (MoE): how many ranks split each expert's matrices; null = tp. etp=1 with
+    #: tp=2 keeps experts whole, so tp=2 + ep=2 fits in two processes.
+    etp: int | None = None
+    #: MoE token dispatcher: ``alltoall`` (send each token to the ranks of its experts) or ``allgather``
+    #: (every rank gathers all tokens and keeps its experts' share).
+    moe_dispatcher: str = "alltoall"
 
 
 @dataclass

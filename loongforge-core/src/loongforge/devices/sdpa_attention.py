@@ -20,6 +20,8 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import divide
 
+from loongforge.devices import ulysses
+
 #: ``enable_gqa`` appeared in torch 2.5; older torch gets K/V repeated explicitly.
 _SDPA_HAS_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
 
@@ -32,8 +34,10 @@ class SDPAttention(MegatronModule):
     ``no_mask`` attention, explicit boolean masks (megatron convention: ``True`` = masked out), attention
     dropout (forked on the model-parallel RNG like megatron), GQA. An explicit mask replaces the causal flag (as
     in megatron's softmax), so it must carry causality itself: packed rows pass a block-diagonal causal mask
-    (:mod:`loongforge.data.packing`). Not supported (raise at construction or call): context parallelism,
-    sliding windows, non-vanilla softmax, THD packed sequences (``packed_seq_params``), attention bias.
+    (:mod:`loongforge.data.packing`). Context parallelism (``context_parallel_size > 1``) goes through an
+    all-to-all over heads (:mod:`loongforge.devices.ulysses`), causal masks only. Not supported (raise at
+    construction or call): sliding windows, non-vanilla softmax, THD packed sequences (``packed_seq_params``),
+    attention bias, explicit masks with context parallelism.
     """
 
     def __init__(
@@ -48,8 +52,6 @@ class SDPAttention(MegatronModule):
         pg_collection: Any = None,
     ) -> None:
         super().__init__(config=config)
-        if config.context_parallel_size != 1:
-            raise NotImplementedError("SDPAttention does not support context parallelism")
         if getattr(config, "window_size", None) is not None:
             raise NotImplementedError("SDPAttention does not support sliding-window attention")
         if getattr(config, "softmax_type", "vanilla") != "vanilla":
@@ -57,8 +59,12 @@ class SDPAttention(MegatronModule):
         if pg_collection is None:
             from megatron.core.process_groups_config import ProcessGroupCollection
 
-            pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp"])
+            pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp", "cp"])
         tp_size = pg_collection.tp.size()
+        #: The context-parallel group when the sequence is split over > 1 ranks, else None.
+        self.cp_group = pg_collection.cp if config.context_parallel_size > 1 else None
+        if self.cp_group is not None:
+            divide(config.num_query_groups, tp_size * self.cp_group.size())  # Ulysses splits K/V groups too
         self.layer_number = max(1, layer_number)
         self.attn_mask_type = attn_mask_type
         self.num_heads = divide(config.num_attention_heads, tp_size)
@@ -85,20 +91,34 @@ class SDPAttention(MegatronModule):
         if attention_bias is not None:
             raise NotImplementedError("SDPAttention does not support attention bias")
         mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
-        sq, b = query.shape[0], query.shape[1]
-        sk = key.shape[0]
+        if self.cp_group is None:
+            out = self._attend(query, key, value, attention_mask, mask_type)
+        else:
+            if attention_mask is not None:
+                raise NotImplementedError("SDPAttention with context parallelism supports causal masks only")
+            (query, key, value), restore = ulysses.gather_sequence((query, key, value), self.cp_group)
+            out = ulysses.scatter_sequence(self._attend(query, key, value, None, mask_type), restore, self.cp_group)
+        # [sq, b, n, d] -> [sq, b, n * d]
+        return out.reshape(out.shape[0], out.shape[1], self.num_heads * self.head_dim)
+
+    def _attend(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
+        mask_type: AttnMaskType,
+    ) -> torch.Tensor:
+        """SDPA over ``[sq, b, heads, head_dim]`` inputs (any number of heads); returns ``[sq, b, heads, head_dim]``."""
+        sq, sk = query.shape[0], key.shape[0]
         # [s, b, n, d] -> [b, n, s, d]
         q = query.permute(1, 2, 0, 3)
         k = key.permute(1, 2, 0, 3)
         v = value.permute(1, 2, 0, 3)
         mask, is_causal = self._sdpa_mask(attention_mask, mask_type, sq, sk, query.device)
         kwargs: dict[str, Any] = {}
-        if self.num_heads != self.num_groups:
+        if query.shape[2] != key.shape[2]:
             if _SDPA_HAS_GQA:
                 kwargs["enable_gqa"] = True
             else:
-                k = k.repeat_interleave(self.num_heads // self.num_groups, dim=1)
-                v = v.repeat_interleave(self.num_heads // self.num_groups, dim=1)
+                k = k.repeat_interleave(query.shape[2] // key.shape[2], dim=1)
+                v = v.repeat_interleave(query.shape[2] // key.shape[2], dim=1)
         dropout_p = self.dropout_p if self.training else 0.0
         if dropout_p > 0.0 and not self.config.sequence_parallel:
             with tensor_parallel.get_cuda_rng_tracker().fork():
@@ -111,8 +131,8 @@ class SDPAttention(MegatronModule):
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
                 scale=self.softmax_scale, **kwargs,
             )
-        # [b, n, sq, d] -> [sq, b, n * d]
-        return out.permute(2, 0, 1, 3).reshape(sq, b, self.num_heads * self.head_dim)
+        # [b, n, sq, d] -> [sq, b, n, d]
+        return out.permute(2, 0, 1, 3)
 
     @staticmethod
     def _sdpa_mask(

@@ -33,16 +33,24 @@ _DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat
 
 @dataclass(frozen=True)
 class ParallelSettings:
-    """How the model is split: tensor (tp), pipeline (pp, optional virtual stages vpp), sequence parallel."""
+    """How the model is split: tensor (tp), pipeline (pp, optional virtual stages vpp), sequence parallel, and
+    for MoE models expert parallel (ep), expert tensor parallel (etp; None: tp) and the token dispatcher."""
 
     tp: int = 1
     pp: int = 1
     sequence_parallel: bool = False
     vpp: int | None = None
+    ep: int = 1
+    etp: int | None = None
+    moe_dispatcher: str = "alltoall"
+    #: Context-parallel size: each rank holds 1/cp of every sequence.
+    cp: int = 1
 
     def __post_init__(self) -> None:
         if self.tp < 1 or self.pp < 1 or (self.vpp is not None and self.vpp < 1):
             raise ConfigError(f"parallel sizes must be >= 1, got tp={self.tp} pp={self.pp} vpp={self.vpp}")
+        if self.ep < 1 or self.cp < 1 or (self.etp is not None and self.etp < 1):
+            raise ConfigError(f"parallel sizes must be >= 1, got ep={self.ep} cp={self.cp} etp={self.etp}")
         if self.sequence_parallel and self.tp == 1:
             raise ConfigError("sequence_parallel needs tp > 1 (it splits the sequence across TP ranks)")
 
@@ -79,6 +87,7 @@ def transformer_config(
     if flavor.num_query_groups % parallel.tp:
         raise ConfigError(f"num_query_groups ({flavor.num_query_groups}) is not divisible by tp ({parallel.tp})")
     return TransformerConfig(
+        **_moe_kwargs(flavor, parallel),
         num_layers=flavor.num_layers,
         hidden_size=flavor.hidden_size,
         ffn_hidden_size=flavor.ffn_hidden_size,
@@ -109,10 +118,42 @@ def transformer_config(
         use_cpu_initialization=True,
         tensor_model_parallel_size=parallel.tp,
         pipeline_model_parallel_size=parallel.pp,
+        context_parallel_size=parallel.cp,
         virtual_pipeline_model_parallel_size=parallel.vpp,
         sequence_parallel=parallel.sequence_parallel,
         **(extra_config or {}),
     )
+
+
+def _moe_kwargs(flavor: DecoderFlavor, parallel: ParallelSettings) -> dict[str, Any]:
+    """Megatron's MoE settings for ``flavor`` (none for a dense flavor).
+
+    Dropless routing (no capacity factor) as in Mixtral and Qwen3-MoE; the per-micro-batch switch
+    load-balancing loss (``aux_loss``); the router in fp32. ``moe_router_pre_softmax`` is megatron's name for
+    "softmax over all experts, then top-k, no renormalisation" (``moe_norm_topk_prob=False``); the default
+    (top-k then softmax over the chosen logits) equals softmax-top-k-renormalise. Grouped GEMM is left to the
+    device's ``extra_config`` (it needs Transformer Engine); the local path runs experts one after another.
+    """
+    if flavor.num_experts is None:
+        if parallel.ep > 1:
+            raise ConfigError(f"ep={parallel.ep} needs a mixture-of-experts model (num_experts is not set)")
+        return {}
+    if flavor.num_experts % parallel.ep:
+        raise ConfigError(f"num_experts ({flavor.num_experts}) is not divisible by ep ({parallel.ep})")
+    return {
+        "num_moe_experts": flavor.num_experts,
+        "moe_router_topk": flavor.moe_router_topk,
+        "moe_ffn_hidden_size": flavor.moe_ffn_hidden_size,
+        "moe_shared_expert_intermediate_size": flavor.moe_shared_expert_intermediate_size,
+        "moe_aux_loss_coeff": flavor.moe_aux_loss_coeff,
+        "moe_router_load_balancing_type": "aux_loss" if flavor.moe_aux_loss_coeff else "none",
+        "moe_router_pre_softmax": not flavor.moe_norm_topk_prob,
+        "moe_router_dtype": "fp32",
+        "moe_token_dispatcher_type": parallel.moe_dispatcher,
+        "moe_grouped_gemm": False,
+        "expert_model_parallel_size": parallel.ep,
+        "expert_tensor_parallel_size": parallel.etp or parallel.tp,
+    }
 
 
 def build_model(
@@ -138,7 +179,7 @@ def build_model(
     model = GPTModel(
         config=config,
         transformer_layer_spec=decoder_block_spec(provider, config, qk_layernorm=flavor.qk_layernorm,
-                                                  vp_stage=vp_stage),
+                                                  vp_stage=vp_stage, num_experts=flavor.num_experts),
         vocab_size=padded_vocab_size(flavor.vocab_size, parallel.tp),
         max_sequence_length=flavor.max_position_embeddings,
         pre_process=pre_process,

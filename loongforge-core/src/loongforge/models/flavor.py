@@ -1,7 +1,8 @@
 """``DecoderFlavor``: the hyperparameters that define one Llama-style decoder size.
 
-Families (Llama, Qwen2, Qwen3) differ only in a few switches -- QKV bias, QK-norm, explicit head_dim, tied
-embeddings, RoPE scaling -- so one flat, torch-free description serves all of them. Names in the registry
+Families (Llama, Qwen2, Qwen3, and their mixture-of-experts siblings Mixtral and Qwen3-MoE) differ only in a
+few switches -- QKV bias, QK-norm, explicit head_dim, tied embeddings, RoPE scaling, experts in place of the
+MLP -- so one flat, torch-free description serves all of them. Names in the registry
 point at flavors; ``with_overrides`` lets a config shrink or tweak one (``num_layers=2`` for a smoke run)
 without a new table entry.
 """
@@ -25,6 +26,13 @@ class DecoderFlavor:
     ``rope_scaling`` is ``None`` or a Hugging Face style dict with ``rope_type`` ("llama3": ``factor``,
     ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``; "linear": ``factor``).
     ``head_dim`` is ``None`` when it is ``hidden_size // num_attention_heads``; Qwen3 sets it explicitly.
+
+    Mixture of experts: ``num_experts`` is ``None`` for a dense model; otherwise every layer's MLP is
+    ``num_experts`` SwiGLU experts of width ``moe_ffn_hidden_size``, of which a softmax router picks
+    ``moe_router_topk`` per token. ``moe_norm_topk_prob`` renormalises the chosen probabilities to sum to one
+    (Mixtral always; Qwen3-MoE's ``norm_topk_prob``); without it they stay the full-softmax values.
+    ``moe_shared_expert_intermediate_size`` adds an always-on shared expert of that width (``None``: none).
+    ``moe_aux_loss_coeff`` weights the load-balancing loss (HF ``router_aux_loss_coef``).
     """
 
     family: str
@@ -43,6 +51,12 @@ class DecoderFlavor:
     tie_word_embeddings: bool = False
     head_dim: int | None = None
     hf_architecture: str = "LlamaForCausalLM"
+    num_experts: int | None = None
+    moe_router_topk: int = 2
+    moe_ffn_hidden_size: int | None = None
+    moe_shared_expert_intermediate_size: int | None = None
+    moe_aux_loss_coeff: float = 0.0
+    moe_norm_topk_prob: bool = True
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
@@ -59,6 +73,14 @@ class DecoderFlavor:
                 f"{self.family} flavor: hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "
                 f"({self.num_attention_heads}); set head_dim explicitly"
             )
+        if self.num_experts is not None:
+            if self.num_experts < 2 or not 1 <= self.moe_router_topk <= self.num_experts:
+                raise ConfigError(
+                    f"{self.family} flavor: need num_experts >= 2 and 1 <= moe_router_topk <= num_experts, got "
+                    f"num_experts={self.num_experts}, moe_router_topk={self.moe_router_topk}"
+                )
+            if not self.moe_ffn_hidden_size or self.moe_ffn_hidden_size <= 0:
+                raise ConfigError(f"{self.family} flavor: an MoE flavor needs a positive moe_ffn_hidden_size")
         if self.rope_scaling is not None:
             rope_type = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
             if rope_type not in ROPE_SCALING_TYPES:
@@ -66,6 +88,11 @@ class DecoderFlavor:
                     f"{self.family} flavor: rope_scaling type {rope_type!r} is not supported; "
                     f"supported: {', '.join(ROPE_SCALING_TYPES)}"
                 )
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether the MLP of each layer is a mixture of experts."""
+        return self.num_experts is not None
 
     @property
     def kv_channels(self) -> int:
@@ -87,7 +114,12 @@ def flavor_num_params(flavor: DecoderFlavor, *, include_embeddings: bool = True)
     """Parameter count of ``flavor`` with the unpadded vocabulary, as published model sizes count it."""
     h, f, d = flavor.hidden_size, flavor.ffn_hidden_size, flavor.kv_channels
     q, kv = flavor.num_attention_heads * d, flavor.num_query_groups * d
-    layer = h * (q + 2 * kv) + q * h + 3 * h * f + 2 * h  # qkv, proj, gate/up/down, two norms
+    if flavor.num_experts is not None:  # experts (gate/up/down each), router, optional shared expert
+        mlp = flavor.num_experts * (3 * h * flavor.moe_ffn_hidden_size + h)
+        mlp += 3 * h * (flavor.moe_shared_expert_intermediate_size or 0)
+    else:
+        mlp = 3 * h * f  # gate/up/down
+    layer = h * (q + 2 * kv) + q * h + mlp + 2 * h  # qkv, proj, mlp, two norms
     if flavor.add_qkv_bias:
         layer += q + 2 * kv
     if flavor.qk_layernorm:

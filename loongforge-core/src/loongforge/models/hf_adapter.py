@@ -1,10 +1,17 @@
-"""Hugging Face Llama/Qwen2/Qwen3 weights <-> megatron ``GPTModel`` state dict (TP=1, PP=1 names and shapes).
+"""Hugging Face Llama/Qwen2/Qwen3/Mixtral/Qwen3-MoE weights <-> megatron ``GPTModel`` state dict (TP=1, PP=1).
 
 Megatron fuses projections that Hugging Face keeps separate:
 
 * ``linear_qkv`` holds Q, K and V interleaved *per query group*: for each of the ``g`` groups, that group's
   ``heads/g`` query heads, then its key head, then its value head (so a TP shard is a contiguous slice);
-* ``linear_fc1`` holds ``[gate; up]`` of the SwiGLU MLP (megatron applies ``silu(first half) * second half``).
+* ``linear_fc1`` holds ``[gate; up]`` of the SwiGLU MLP (megatron applies ``silu(first half) * second half``);
+* MoE layers: the router is ``mlp.router.weight`` (HF ``mlp.gate.weight``) and expert ``e`` is
+  ``mlp.experts.local_experts.<e>.linear_fc1/linear_fc2`` -- the *global* expert index, as megatron's
+  ``SequentialMLP`` names experts at ep=1 and in dist-checkpoints at any ep. Transformers 5 keeps all experts
+  of a layer in two 3-D tensors (``experts.gate_up_proj`` ``[E, 2I, H]``, already gate-then-up, and
+  ``experts.down_proj`` ``[E, H, I]``); older checkpoints have one module per expert (Mixtral
+  ``block_sparse_moe.experts.<e>.w1/w3/w2``, Qwen3-MoE ``mlp.experts.<e>.gate_proj/up_proj/down_proj``), which
+  are read too. Written state dicts use the transformers 5 layout.
 
 The mapping is what the parity tests use to prove the megatron model computes the same function as
 transformers; checkpoint conversion builds on it. The two directions are exact inverses (only reshapes,
@@ -18,6 +25,7 @@ from typing import Any
 
 import torch
 
+from loongforge.errors import ConfigError
 from loongforge.models.flavor import DecoderFlavor
 
 
@@ -50,6 +58,25 @@ def _pad_rows(weight: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([weight, weight.new_zeros(rows - weight.shape[0], *weight.shape[1:])])
 
 
+def _hf_experts(sd: dict[str, torch.Tensor], hf: str, flavor: DecoderFlavor) -> tuple[torch.Tensor, ...]:
+    """``(router [E, H], gate_up [E, 2I, H], down [E, H, I])`` of HF layer prefix ``hf`` in any known layout."""
+    if flavor.moe_shared_expert_intermediate_size:
+        raise ConfigError(f"{flavor.family}: no Hugging Face mapping for shared experts")
+    if hf + "mlp.experts.gate_up_proj" in sd:  # transformers >= 5, in memory
+        return sd[hf + "mlp.gate.weight"], sd[hf + "mlp.experts.gate_up_proj"], sd[hf + "mlp.experts.down_proj"]
+    experts = range(flavor.num_experts or 0)
+    if hf + "block_sparse_moe.gate.weight" in sd:  # Mixtral checkpoints: w1 gate, w3 up, w2 down
+        moe = hf + "block_sparse_moe."
+        gate_up = [torch.cat([sd[f"{moe}experts.{e}.w1.weight"], sd[f"{moe}experts.{e}.w3.weight"]]) for e in experts]
+        down = [sd[f"{moe}experts.{e}.w2.weight"] for e in experts]
+        return sd[moe + "gate.weight"], torch.stack(gate_up), torch.stack(down)
+    mlp = hf + "mlp."  # Qwen3-MoE checkpoints
+    gate_up = [torch.cat([sd[f"{mlp}experts.{e}.gate_proj.weight"], sd[f"{mlp}experts.{e}.up_proj.weight"]])
+               for e in experts]
+    down = [sd[f"{mlp}experts.{e}.down_proj.weight"] for e in experts]
+    return sd[mlp + "gate.weight"], torch.stack(gate_up), torch.stack(down)
+
+
 def hf_to_megatron(
     hf_state_dict: dict[str, torch.Tensor], flavor: DecoderFlavor, *, padded_vocab_size: int | None = None
 ) -> dict[str, torch.Tensor]:
@@ -73,10 +100,17 @@ def hf_to_megatron(
             out[mg + "self_attention.k_layernorm.weight"] = sd[attn + "k_norm.weight"]
         out[mg + "self_attention.linear_proj.weight"] = sd[attn + "o_proj.weight"]
         out[mg + "pre_mlp_layernorm.weight"] = sd[hf + "post_attention_layernorm.weight"]
-        out[mg + "mlp.linear_fc1.weight"] = torch.cat(
-            [sd[hf + "mlp.gate_proj.weight"], sd[hf + "mlp.up_proj.weight"]], dim=0
-        )
-        out[mg + "mlp.linear_fc2.weight"] = sd[hf + "mlp.down_proj.weight"]
+        if flavor.is_moe:
+            router, gate_up, down = _hf_experts(sd, hf, flavor)
+            out[mg + "mlp.router.weight"] = router
+            for e in range(flavor.num_experts or 0):
+                out[f"{mg}mlp.experts.local_experts.{e}.linear_fc1.weight"] = gate_up[e]
+                out[f"{mg}mlp.experts.local_experts.{e}.linear_fc2.weight"] = down[e]
+        else:
+            out[mg + "mlp.linear_fc1.weight"] = torch.cat(
+                [sd[hf + "mlp.gate_proj.weight"], sd[hf + "mlp.up_proj.weight"]], dim=0
+            )
+            out[mg + "mlp.linear_fc2.weight"] = sd[hf + "mlp.down_proj.weight"]
     out["decoder.final_layernorm.weight"] = sd["norm.weight"]
     if not flavor.tie_word_embeddings:
         out["output_layer.weight"] = _pad_rows(sd["lm_head.weight"], vocab_rows)
@@ -106,9 +140,17 @@ def megatron_to_hf(megatron_state_dict: dict[str, torch.Tensor], flavor: Decoder
             out[attn + "k_norm.weight"] = sd[mg + "self_attention.k_layernorm.weight"]
         out[attn + "o_proj.weight"] = sd[mg + "self_attention.linear_proj.weight"]
         out[hf + "post_attention_layernorm.weight"] = sd[mg + "pre_mlp_layernorm.weight"]
-        gate, up = sd[mg + "mlp.linear_fc1.weight"].chunk(2, dim=0)
-        out.update({hf + "mlp.gate_proj.weight": gate, hf + "mlp.up_proj.weight": up})
-        out[hf + "mlp.down_proj.weight"] = sd[mg + "mlp.linear_fc2.weight"]
+        if flavor.is_moe:
+            experts = range(flavor.num_experts or 0)
+            out[hf + "mlp.gate.weight"] = sd[mg + "mlp.router.weight"]
+            out[hf + "mlp.experts.gate_up_proj"] = torch.stack(
+                [sd[f"{mg}mlp.experts.local_experts.{e}.linear_fc1.weight"] for e in experts])
+            out[hf + "mlp.experts.down_proj"] = torch.stack(
+                [sd[f"{mg}mlp.experts.local_experts.{e}.linear_fc2.weight"] for e in experts])
+        else:
+            gate, up = sd[mg + "mlp.linear_fc1.weight"].chunk(2, dim=0)
+            out.update({hf + "mlp.gate_proj.weight": gate, hf + "mlp.up_proj.weight": up})
+            out[hf + "mlp.down_proj.weight"] = sd[mg + "mlp.linear_fc2.weight"]
     out["model.norm.weight"] = sd["decoder.final_layernorm.weight"]
     if not flavor.tie_word_embeddings:
         out["lm_head.weight"] = sd["output_layer.weight"][:vocab]
@@ -128,8 +170,14 @@ def hf_tensor_shapes(flavor: DecoderFlavor) -> dict[str, tuple[int, ...]]:
             hf + "input_layernorm.weight": (h,), hf + "post_attention_layernorm.weight": (h,),
             attn + "q_proj.weight": (q, h), attn + "k_proj.weight": (kv, h), attn + "v_proj.weight": (kv, h),
             attn + "o_proj.weight": (h, q),
-            hf + "mlp.gate_proj.weight": (f, h), hf + "mlp.up_proj.weight": (f, h), hf + "mlp.down_proj.weight": (h, f),
         })
+        if flavor.num_experts is not None:
+            e, m = flavor.num_experts, flavor.moe_ffn_hidden_size or 0
+            shapes.update({hf + "mlp.gate.weight": (e, h), hf + "mlp.experts.gate_up_proj": (e, 2 * m, h),
+                           hf + "mlp.experts.down_proj": (e, h, m)})
+        else:
+            shapes.update({hf + "mlp.gate_proj.weight": (f, h), hf + "mlp.up_proj.weight": (f, h),
+                           hf + "mlp.down_proj.weight": (h, f)})
         if flavor.add_qkv_bias:
             shapes.update({attn + "q_proj.bias": (q,), attn + "k_proj.bias": (kv,), attn + "v_proj.bias": (kv,)})
         if flavor.qk_layernorm:
@@ -140,7 +188,8 @@ def hf_tensor_shapes(flavor: DecoderFlavor) -> dict[str, tuple[int, ...]]:
 
 
 def flavor_from_hf_config(config: object, *, family: str) -> DecoderFlavor:
-    """A :class:`DecoderFlavor` from a transformers ``LlamaConfig``/``Qwen2Config``/``Qwen3Config``."""
+    """A :class:`DecoderFlavor` from a transformers ``LlamaConfig``/``Qwen2Config``/``Qwen3Config``/``MixtralConfig``/
+    ``Qwen3MoeConfig`` (``family`` ``qwen3-moe`` has Qwen3's QK-norm)."""
 
     def get(name: str) -> Any:
         return getattr(config, name, None)
@@ -155,6 +204,13 @@ def flavor_from_hf_config(config: object, *, family: str) -> DecoderFlavor:
         rope_scaling = get("rope_scaling") or None
     heads = get("num_attention_heads")
     head_dim = get("head_dim")
+    experts = get("num_local_experts") or get("num_experts")  # Mixtral / Qwen3-MoE names
+    moe: dict[str, Any] = {}
+    if experts:
+        moe = dict(num_experts=experts, moe_router_topk=get("num_experts_per_tok"),
+                   moe_ffn_hidden_size=get("moe_intermediate_size") or get("intermediate_size"),
+                   moe_aux_loss_coeff=float(get("router_aux_loss_coef") or 0.0),
+                   moe_norm_topk_prob=get("norm_topk_prob") is not False)
     return DecoderFlavor(
         family=family,
         num_layers=get("num_hidden_layers"),
@@ -167,9 +223,10 @@ def flavor_from_hf_config(config: object, *, family: str) -> DecoderFlavor:
         rope_theta=float(rope_theta),
         rope_scaling=rope_scaling,
         norm_eps=get("rms_norm_eps"),
-        qk_layernorm=family == "qwen3",
+        qk_layernorm=family in ("qwen3", "qwen3-moe"),
         add_qkv_bias=family == "qwen2",
         tie_word_embeddings=bool(get("tie_word_embeddings")),
         head_dim=head_dim if head_dim and head_dim != get("hidden_size") // heads else None,
         hf_architecture=(get("architectures") or [type(config).__name__.replace("Config", "ForCausalLM")])[0],
+        **moe,
     )

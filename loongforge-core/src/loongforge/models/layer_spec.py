@@ -21,8 +21,12 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
 
-def decoder_layer_spec(provider: Any, *, qk_layernorm: bool) -> ModuleSpec:
+def decoder_layer_spec(provider: Any, *, qk_layernorm: bool, num_experts: int | None = None) -> ModuleSpec:
     """One pre-norm decoder layer: norm -> self-attention -> residual, norm -> (Swi)GLU MLP -> residual.
+
+    With ``num_experts`` the MLP is megatron's ``MoELayer`` (router, token dispatcher, experts) with the
+    provider's expert modules (on CPU: ``SequentialMLP`` of local linears; the norm is never fused into an MoE
+    layer, so the pre-MLP norm stays a separate module and keeps its own checkpoint name).
 
     With a non-fused provider the checkpoint key map stores the norms under the fused (Transformer Engine)
     names, so dist-checkpoints move between the CPU and CUDA backends.
@@ -47,15 +51,15 @@ def decoder_layer_spec(provider: Any, *, qk_layernorm: bool) -> ModuleSpec:
                 ),
             ),
             self_attn_bda=get_bias_dropout_add,
-            pre_mlp_layernorm=IdentityOp if fused else norm,
-            mlp=get_mlp_module_spec_for_backend(backend=provider),
+            pre_mlp_layernorm=IdentityOp if fused and num_experts is None else norm,
+            mlp=get_mlp_module_spec_for_backend(backend=provider, num_experts=num_experts),
             mlp_bda=get_bias_dropout_add,
             sharded_state_dict_keys_map=(
                 {}
                 if fused
                 else {
                     "input_layernorm.": "self_attention.linear_qkv.layer_norm_",
-                    "pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_",
+                    **({} if num_experts else {"pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_"}),
                 }
             ),
         ),
@@ -63,10 +67,11 @@ def decoder_layer_spec(provider: Any, *, qk_layernorm: bool) -> ModuleSpec:
 
 
 def decoder_block_spec(
-    provider: Any, config: TransformerConfig, *, qk_layernorm: bool, vp_stage: int | None = None
+    provider: Any, config: TransformerConfig, *, qk_layernorm: bool, vp_stage: int | None = None,
+    num_experts: int | None = None,
 ) -> TransformerBlockSubmodules:
     """The layers this pipeline stage (and virtual stage ``vp_stage``) builds plus the final norm."""
-    layer = decoder_layer_spec(provider, qk_layernorm=qk_layernorm)
+    layer = decoder_layer_spec(provider, qk_layernorm=qk_layernorm, num_experts=num_experts)
     num_layers = get_num_layers_to_build(config, vp_stage=vp_stage)
     return TransformerBlockSubmodules(
         layer_specs=[layer] * num_layers, layer_norm=provider.layer_norm(rms_norm=True, for_qk=False)

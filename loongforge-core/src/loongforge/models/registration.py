@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from loongforge.models import llama, qwen
+from loongforge.models import llama, moe, qwen
 from loongforge.models.flavor import DecoderFlavor, flavor_num_params
 
-_TABLES = (llama, qwen)
+_TABLES = (llama, qwen, moe)
 
 
 def all_flavors() -> dict[str, DecoderFlavor]:
@@ -24,6 +24,8 @@ def describe(flavor: DecoderFlavor) -> str:
     heads = f"{flavor.num_attention_heads}/{flavor.num_query_groups} heads"
     parts = [f"{flavor.family} decoder", f"{size} params", f"{flavor.num_layers} layers", f"d{flavor.hidden_size}"]
     parts.append(heads)
+    if flavor.num_experts is not None:
+        parts.append(f"{flavor.num_experts} experts (top-{flavor.moe_router_topk})")
     return ", ".join(parts + extras)
 
 

@@ -14,6 +14,9 @@ from typing import Any
 from loongforge.config.schema import ParallelConfig
 from loongforge.errors import ConfigError
 
+#: Megatron token dispatchers that run without Transformer Engine / DeepEP.
+MOE_DISPATCHERS = ("alltoall", "allgather")
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -26,10 +29,16 @@ class Layout:
     distributed_optimizer: bool
     #: Virtual pipeline stages per pipeline rank (None: one model chunk per rank).
     vpp: int | None = None
+    #: Expert parallel size and expert tensor parallel size (MoE); etp defaults to tp.
+    ep: int = 1
+    etp: int | None = None
+    moe_dispatcher: str = "alltoall"
+    #: Context-parallel ranks that share each sequence.
+    cp: int = 1
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.pp * self.cp * self.dp
 
     @property
     def num_chunks(self) -> int:
@@ -53,17 +62,18 @@ class MegatronStrategy:
     @staticmethod
     def validate(parallel: ParallelConfig, world_size: int, source: str = "config") -> Layout:
         """Derive ``dp`` from the world size; raise :class:`ConfigError` for impossible layouts."""
-        for key in ("tp", "pp"):
+        for key in ("tp", "pp", "cp"):
             if getattr(parallel, key) < 1:
                 raise ConfigError(f"{source}: parallel.{key} must be >= 1, got {getattr(parallel, key)}")
-        model_parallel = parallel.tp * parallel.pp
+        model_parallel = parallel.tp * parallel.pp * parallel.cp
         if world_size % model_parallel:
             raise ConfigError(
-                f"{source}: tp*pp*dp must equal the {world_size} processes started; got tp={parallel.tp}, "
-                f"pp={parallel.pp} (tp*pp={model_parallel} does not divide {world_size})"
+                f"{source}: tp*pp*cp*dp must equal the {world_size} processes started; got tp={parallel.tp}, "
+                f"pp={parallel.pp}, cp={parallel.cp} (tp*pp*cp={model_parallel} does not divide {world_size})"
             )
         if parallel.sequence_parallel and parallel.tp == 1:
             raise ConfigError(f"{source}: parallel.sequence_parallel needs parallel.tp > 1")
+        MegatronStrategy._validate_experts(parallel, world_size, source)
         if parallel.vpp is not None:
             if parallel.vpp < 1:
                 raise ConfigError(f"{source}: parallel.vpp must be >= 1 or null, got {parallel.vpp}")
@@ -76,14 +86,40 @@ class MegatronStrategy:
             sequence_parallel=parallel.sequence_parallel,
             distributed_optimizer=parallel.distributed_optimizer,
             vpp=parallel.vpp if parallel.vpp and parallel.vpp > 1 else None,
+            ep=parallel.ep,
+            etp=parallel.etp,
+            moe_dispatcher=parallel.moe_dispatcher,
+            cp=parallel.cp,
         )
 
     @staticmethod
-    def check_model(layout: Layout, flavor: Any, training: Any, source: str = "config") -> BatchPlan:
+    def _validate_experts(parallel: ParallelConfig, world_size: int, source: str) -> None:
+        """Expert layout: megatron lays ep*etp over the same ranks as dp*tp (per pipeline stage), so
+        etp*ep*pp must divide the world size."""
+        if parallel.moe_dispatcher not in MOE_DISPATCHERS:
+            raise ConfigError(
+                f"{source}: parallel.moe_dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, "
+                f"got {parallel.moe_dispatcher!r}"
+            )
+        etp = parallel.etp if parallel.etp is not None else parallel.tp
+        if parallel.ep < 1 or etp < 1:
+            raise ConfigError(f"{source}: parallel.ep and parallel.etp must be >= 1, got ep={parallel.ep} etp={etp}")
+        expert_ranks = etp * parallel.ep * parallel.pp
+        if world_size % expert_ranks:
+            raise ConfigError(
+                f"{source}: etp*ep*pp must divide the {world_size} processes started; got etp={etp}, "
+                f"ep={parallel.ep}, pp={parallel.pp} (etp*ep*pp={expert_ranks})"
+            )
+
+    @staticmethod
+    def check_model(
+        layout: Layout, flavor: Any, training: Any, source: str = "config", seq_length: int | None = None
+    ) -> BatchPlan:
         """Check that ``flavor`` splits over ``layout`` and the batch over ``dp``; return the batch plan.
 
         ``flavor`` needs ``num_attention_heads``, ``num_query_groups`` and ``num_layers``; ``training`` needs
         ``micro_batch_size`` and ``global_batch_size`` (None: one micro-batch per data-parallel rank).
+        ``seq_length`` (the training sequence length) is checked against ``cp`` when given.
         """
         heads, groups, layers = flavor.num_attention_heads, flavor.num_query_groups, flavor.num_layers
         if heads % layout.tp or groups % layout.tp:
@@ -91,12 +127,15 @@ class MegatronStrategy:
                 f"{source}: tp={layout.tp} must divide the model's attention heads ({heads}) and query groups "
                 f"({groups})"
             )
+        if layout.cp > 1:
+            _check_context_parallel(layout, heads, groups, seq_length, source)
         stages = layout.pp * layout.num_chunks
         if layers % stages:
             raise ConfigError(
                 f"{source}: the model's {layers} layers do not split into pp*vpp={layout.pp}*{layout.num_chunks}"
                 f" = {stages} equal stages"
             )
+        MegatronStrategy._check_experts(layout, flavor, source)
         micro = training.micro_batch_size
         if micro < 1:
             raise ConfigError(f"{source}: training.micro_batch_size must be >= 1, got {micro}")
@@ -116,6 +155,25 @@ class MegatronStrategy:
         return BatchPlan(global_batch_size=global_batch, num_microbatches=num_micro)
 
     @staticmethod
+    def _check_experts(layout: Layout, flavor: Any, source: str) -> None:
+        """Experts must split over ep (and their width over etp); megatron refuses MoE training with tp > 1
+        but no sequence parallelism, so that fails here rather than in the first forward."""
+        experts = getattr(flavor, "num_experts", None)
+        if experts is None:
+            if layout.ep > 1:
+                raise ConfigError(f"{source}: parallel.ep={layout.ep} needs a mixture-of-experts model")
+            return
+        if experts % layout.ep:
+            raise ConfigError(f"{source}: parallel.ep={layout.ep} must divide the model's {experts} experts")
+        etp = layout.etp if layout.etp is not None else layout.tp
+        if flavor.moe_ffn_hidden_size % etp:
+            raise ConfigError(
+                f"{source}: etp={etp} must divide the expert width moe_ffn_hidden_size ({flavor.moe_ffn_hidden_size})"
+            )
+        if layout.tp > 1 and not layout.sequence_parallel:
+            raise ConfigError(f"{source}: an MoE model at tp={layout.tp} needs parallel.sequence_parallel")
+
+    @staticmethod
     def initialize(layout: Layout) -> None:
         """Create megatron-core's tensor/pipeline/data process groups (torch.distributed must be up)."""
         from megatron.core import parallel_state
@@ -124,4 +182,27 @@ class MegatronStrategy:
             tensor_model_parallel_size=layout.tp,
             pipeline_model_parallel_size=layout.pp,
             virtual_pipeline_model_parallel_size=layout.vpp,
+            expert_model_parallel_size=layout.ep,
+            expert_tensor_parallel_size=layout.etp,
+            context_parallel_size=layout.cp,
+        )
+
+
+def _check_context_parallel(layout: Layout, heads: int, groups: int, seq_length: int | None, source: str) -> None:
+    """cp splits each sequence into 2*cp chunks (rank i holds chunks i and 2*cp-1-i, which balances causal
+    attention work), and attention re-splits by heads: every tp rank's heads and query groups over cp."""
+    split = layout.tp * layout.cp
+    if heads % split or groups % split:
+        raise ConfigError(
+            f"{source}: tp*cp={layout.tp}*{layout.cp} must divide the model's attention heads ({heads}) and query "
+            f"groups ({groups}) (context-parallel attention splits the heads over cp)"
+        )
+    if seq_length is None:
+        return
+    multiple = 2 * layout.cp * (layout.tp if layout.sequence_parallel else 1)
+    if seq_length % multiple:
+        detail = "2*cp*tp with sequence_parallel" if layout.sequence_parallel else "2*cp"
+        raise ConfigError(
+            f"{source}: data.seq_length ({seq_length}) must be a multiple of {detail} = {multiple} (each "
+            "context-parallel rank holds 2 of 2*cp equal chunks of every sequence)"
         )

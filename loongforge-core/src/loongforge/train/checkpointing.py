@@ -41,6 +41,7 @@ def run_metadata(backend: Any, reason: str, layout: Any, world_size: int, model_
             "tp": layout.tp,
             "pp": layout.pp,
             "vpp": layout.vpp,
+            "cp": layout.cp,
             "dp": layout.dp,
             "world_size": world_size,
             "sequence_parallel": layout.sequence_parallel,

@@ -71,11 +71,18 @@ def _build_model(flavor: Any, config: LoongForgeConfig, backend: Any, layout: An
     from megatron.core import parallel_state
 
     from loongforge.models.builder import ParallelSettings, build_model
+    from loongforge.models.recompute import recompute_kwargs
     from loongforge.parallel.init import initialize_layout_independent
 
     parallel = ParallelSettings(
-        tp=layout.tp, pp=layout.pp, sequence_parallel=layout.sequence_parallel, vpp=layout.vpp
+        tp=layout.tp, pp=layout.pp, sequence_parallel=layout.sequence_parallel, vpp=layout.vpp,
+        ep=layout.ep, etp=layout.etp, moe_dispatcher=layout.moe_dispatcher, cp=layout.cp,
     )
+    layers_per_stage = flavor.num_layers // (layout.pp * layout.num_chunks)
+    extra_config = {
+        **settings.transformer_config_kwargs(),
+        **recompute_kwargs(config.model.recompute, layers_per_stage, config.source),
+    }
     chunks = []
     for index in range(layout.num_chunks):
         vp_stage = index if layout.vpp else None
@@ -84,7 +91,7 @@ def _build_model(flavor: Any, config: LoongForgeConfig, backend: Any, layout: An
                 flavor,
                 backend=backend,
                 params_dtype=settings.params_dtype,
-                extra_config=settings.transformer_config_kwargs(),
+                extra_config=extra_config,
                 pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
                 post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
                 parallel=parallel,
@@ -173,7 +180,10 @@ def _run(config: LoongForgeConfig, host: Any, backend: Any, reason: str, info: A
     strategy = host.registry("strategy").load(config.parallel.strategy, where=f"parallel.strategy in {config.source}")
     layout = strategy.validate(config.parallel, info.world_size, config.source)
     flavor = _load_flavor(host, config)
-    plan = strategy.check_model(layout, flavor, config.training, config.source)
+    plan = strategy.check_model(layout, flavor, config.training, config.source, seq_length=config.data.seq_length)
+    if layout.cp > 1 and config.data.pack:
+        raise ConfigError(f"{config.source}: data.pack (block-diagonal attention masks) does not support "
+                          "parallel.cp > 1 yet")
     tokenizer = load_tokenizer(host, config)
     _validate(config, flavor, tokenizer)
     settings = _device_settings(config, backend)
@@ -198,9 +208,12 @@ def _init_parallel(strategy: Any, layout: Any, config: LoongForgeConfig, backend
     """Create the parallel layout's process groups; set threads and seeds (which depend on the layout)."""
     strategy.initialize(layout)
     vpp = f" vpp={layout.vpp}" if layout.vpp else ""
+    vpp += f" cp={layout.cp}" if layout.cp > 1 else ""
+    ep = f" ep={layout.ep}" if layout.ep > 1 else ""
     _say(
         info.rank,
-        f"parallel: tp={layout.tp} pp={layout.pp}{vpp} dp={layout.dp} ({info.launcher}, world size {info.world_size})",
+        f"parallel: tp={layout.tp} pp={layout.pp}{vpp}{ep} dp={layout.dp} "
+        f"({info.launcher}, world size {info.world_size})",
     )
     if config.training.threads:
         torch.set_num_threads(config.training.threads)
@@ -242,6 +255,8 @@ def _build_trainer(
         f"model: {config.model.name} ({n_params / 1e6:.2f}M parameters on this rank), "
         f"global batch {global_batch} x {config.data.seq_length} tokens, {num_microbatches} micro-batches/step",
     )
+    if config.model.recompute is not None:
+        _say(info.rank, f"activation recompute: {config.model.recompute}")
     checkpoints = RunCheckpoints(
         config, host, backend, run_metadata(backend, reason, layout, info.world_size, config.model.name)
     )
@@ -295,6 +310,9 @@ def _sample(trainer: Any, flavor: Any, tokenizer: Any, config: LoongForgeConfig,
         return None
     if parallel_state.get_pipeline_model_parallel_world_size() > 1:
         _say(rank, "sample skipped: text generation does not support pipeline parallelism yet")
+        return None
+    if parallel_state.get_context_parallel_world_size() > 1:
+        _say(rank, "sample skipped: text generation does not support context parallelism yet")
         return None
     from loongforge.checkpoint.saver import unwrap_model
     from loongforge.train.generate import generate_text

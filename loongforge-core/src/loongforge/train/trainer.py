@@ -20,8 +20,10 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from loongforge.config.schema import LoongForgeConfig
+from loongforge.parallel import context
 from loongforge.parallel.chunk_feeds import chunk_feeds
 from loongforge.train.metrics import MetricsWriter
+from loongforge.train.moe_stats import MoEStats
 from loongforge.train.progress import ProgressDisplay
 
 
@@ -40,7 +42,9 @@ class Trainer:
 
     Attributes plugins may read in lifecycle hooks: ``config``, ``model`` (list of chunks), ``optimizer``,
     ``scheduler``, ``data`` (the batch iterator), ``backend``, ``step`` (completed steps), ``output_dir``,
-    ``last_checkpoint``. Plugins may set ``should_stop`` to end training after the current step.
+    ``last_checkpoint``. Plugins may set ``should_stop`` to end training after the current step. For MoE models,
+    ``expert_tokens`` holds the last step's tokens routed to each expert, ``[layer][expert]`` over all ranks (see
+    :mod:`loongforge.train.moe_stats`), and step metrics carry ``moe_aux_loss``.
     """
 
     def __init__(
@@ -80,6 +84,13 @@ class Trainer:
         self._pp_group = parallel_state.get_pipeline_model_parallel_group()
         self._pp_size = parallel_state.get_pipeline_model_parallel_world_size()
         self._last_stage = parallel_state.is_pipeline_last_stage()
+        self._cp_group = parallel_state.get_context_parallel_group()
+        self._cp_size = parallel_state.get_context_parallel_world_size()
+        self._cp_rank = parallel_state.get_context_parallel_rank()
+        model_config = model[0].config
+        self._moe = MoEStats(model, model_config) if getattr(model_config, "num_moe_experts", None) else None
+        #: MoE: tokens per expert in the last step, ``[layer][expert]`` (None for dense models).
+        self.expert_tokens: list[list[int]] | None = None
         # The interleaved schedule wants one iterator per model chunk, all yielding the same micro-batches.
         self._data_iterator = chunk_feeds(data, len(model)) if len(model) > 1 else data
 
@@ -87,10 +98,15 @@ class Trainer:
 
     def _forward_step(self, data_iterator: Any, model: Any) -> tuple[torch.Tensor, Callable]:
         batch = next(data_iterator)
+        if self._cp_size > 1:  # this rank's chunks of every sequence; the loss is the mean over all ranks' tokens
+            batch = context.split_for_rank(batch, self._cp_rank, self._cp_size)
+            loss_func = partial(context.global_mean_loss, self._cp_group, batch["loss_mask"])
+        else:
+            loss_func = partial(_masked_mean_loss, batch["loss_mask"])
         per_token_loss = model(
             batch["tokens"], batch["position_ids"], batch.get("attention_mask"), labels=batch["labels"]
         )
-        return per_token_loss, partial(_masked_mean_loss, batch["loss_mask"])
+        return per_token_loss, loss_func
 
     def _reduce_loss(self, reduced: list[dict]) -> float:
         """This step's loss averaged over microbatches and data-parallel ranks, known on every rank."""
@@ -125,8 +141,14 @@ class Trainer:
         if update_successful:
             self.scheduler.step(increment=self.global_batch_size)
         loss = self._reduce_loss(reduced)
+        extra: dict[str, Any] = {}
+        if self._moe is not None:
+            aux, self.expert_tokens = self._moe.collect(self.num_microbatches)
+            if aux is not None:
+                extra["moe_aux_loss"] = aux
         step_time = time.perf_counter() - start
         return {
+            **extra,
             "loss": loss,
             "lr": lr,
             "grad_norm": grad_norm,

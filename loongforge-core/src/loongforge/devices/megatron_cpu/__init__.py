@@ -13,13 +13,18 @@ assumption where megatron looks the name up, so the rest of megatron runs unmodi
 * :func:`~loongforge.devices.megatron_cpu.optimizer.patch_clip_grads` -- gradient clipping without the CUDA
   type assertion.
 * :func:`~loongforge.devices.megatron_cpu.moe.patch_router_gemm` -- the MoE router without Transformer Engine.
+* :func:`~loongforge.devices.megatron_cpu.moe.patch_alltoall_splits` -- the MoE alltoall dispatcher's split
+  sizes as host sequences for gloo.
+* :func:`~loongforge.devices.megatron_cpu.rope_cp.patch_rope_cp_slice` -- RoPE's per-rank slice under context
+  parallelism (megatron moves its index with ``.cuda()``).
 * :func:`~loongforge.devices.megatron_cpu.embedding.patch_tied_embedding_setup` -- tied embeddings at PP > 1
   (the construction-time all-reduce of the two copies).
 
 Checked against megatron-core 0.16.1 (what Python 3.11 resolves ``megatron-core>=0.15`` to): GPTModel with
 the local spec at TP=1, TP=2, TP=2 + sequence parallel and PP=2 (gloo, torchrun), DistributedDataParallel,
 ``get_megatron_optimizer`` (Adam, fp32 and bf16, with and without the distributed optimizer), gradient
-clipping, ``OptimizerParamScheduler``, and ``dist_checkpointing`` save/load of the model and the
+clipping, ``OptimizerParamScheduler``, MoE (ep=1/2, both dispatchers, tp=2 + etp=1 + ep=2), and
+``dist_checkpointing`` save/load of the model and the
 (non-distributed) optimizer state.
 
 Importing this package is cheap; the patches import torch and megatron when applied.
@@ -37,14 +42,17 @@ def apply_megatron_cpu_patches() -> None:
         return
     from loongforge.devices.megatron_cpu.embedding import patch_tied_embedding_setup
     from loongforge.devices.megatron_cpu.modules import install_torch_views
-    from loongforge.devices.megatron_cpu.moe import patch_router_gemm
+    from loongforge.devices.megatron_cpu.moe import patch_alltoall_splits, patch_router_gemm
     from loongforge.devices.megatron_cpu.optimizer import patch_clip_grads, patch_optimizer_type_checks
     from loongforge.devices.megatron_cpu.rng import patch_rng_tracker
+    from loongforge.devices.megatron_cpu.rope_cp import patch_rope_cp_slice
 
     install_torch_views()
     patch_rng_tracker()
     patch_optimizer_type_checks()
     patch_clip_grads()
     patch_router_gemm()
+    patch_alltoall_splits()
     patch_tied_embedding_setup()
+    patch_rope_cp_slice()
     _applied = True

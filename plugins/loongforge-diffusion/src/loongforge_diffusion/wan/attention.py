@@ -30,11 +30,11 @@ class SelfAttention(nn.Module):
         self.norm_k = nn.RMSNorm(dim, eps=eps)
         self.out = nn.Linear(dim, dim)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(x).chunk(3, dim=-1)
         heads = (self.num_heads, -1)
-        q = apply_rope(self.norm_q(q).unflatten(-1, heads), *rope)
-        k = apply_rope(self.norm_k(k).unflatten(-1, heads), *rope)
+        q = apply_rope(self.norm_q(q).unflatten(-1, heads), rope)
+        k = apply_rope(self.norm_k(k).unflatten(-1, heads), rope)
         return self.out(_attend(q, k, v.unflatten(-1, heads)))
 
 

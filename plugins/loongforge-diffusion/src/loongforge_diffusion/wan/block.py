@@ -44,7 +44,7 @@ class WanBlock(nn.Module):
         self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
 
     def forward(self, x: torch.Tensor, context: torch.Tensor, image_context: torch.Tensor | None,
-                time_mod: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+                time_mod: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         """``time_mod (B, N, 6, dim)`` with N = 1 or one row per token (per-token timesteps)."""
         shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = (self.modulation + time_mod.float()).unbind(2)
         attn = self.self_attn(modulate(self.norm_attn, x, shift_a, scale_a), rope)

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-
 from loongforge.errors import LoongForgeError
+
 from loongforge_diffusion.wan.flavors import WanFlavor
 
 _LINEAR = ("weight", "bias")
@@ -86,7 +86,7 @@ def to_diffusers(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
         theirs = _ours_to_theirs(name)
-        for target, part in zip(theirs, tensor.chunk(len(theirs), dim=0)):
+        for target, part in zip(theirs, tensor.chunk(len(theirs), dim=0), strict=True):
             out[target] = part.clone() if len(theirs) > 1 else tensor
     return out
 

@@ -14,7 +14,7 @@ from loongforge_diffusion.wan.block import WanBlock, modulate
 from loongforge_diffusion.wan.embeddings import ImageProjection, PatchEmbed3D, TextProjection, TimeEmbedding
 from loongforge_diffusion.wan.flavors import WanFlavor
 from loongforge_diffusion.wan.norms import FloatLayerNorm
-from loongforge_diffusion.wan.rope import rope_tables
+from loongforge_diffusion.wan.rope import rope_table
 
 
 class Head(nn.Module):
@@ -84,8 +84,8 @@ class WanModel(nn.Module):
         :return: ``(B, out_channels, T, H, W)``.
         """
         patch = self.flavor.patch_size
-        grid = tuple(n // p for n, p in zip(video.shape[2:], patch))
-        rope = rope_tables(self.flavor.head_dim, grid, self.flavor.rope_theta, video.device)
+        grid = tuple(n // p for n, p in zip(video.shape[2:], patch, strict=True))
+        rope = rope_table(self.flavor.head_dim, grid, self.flavor.rope_theta, video.device)
         x = self.patch_embed(video)
         temb, time_mod = self.time_embed(timestep if timestep.ndim == 2 else timestep[:, None])
         context = self.text_embed(context)

@@ -1,0 +1,89 @@
+"""Context-parallel attention without Transformer Engine: Ulysses all-to-all over heads.
+
+Why Ulysses and not ring attention: megatron's CP attention lives in Transformer Engine, so the local backend
+needs its own. An all-to-all that trades "my slice of the sequence, all heads" for "the whole sequence, my
+slice of the heads" lets each rank run ordinary (fused, causal) SDPA on complete sequences, so the result is
+exact, the attention kernel is unchanged, and the code is two collectives. Ring attention keeps the heads
+whole but needs an online-softmax merge of partial results and its own backward. The cost of Ulysses:
+attention heads and K/V groups must divide by cp (per tensor-parallel rank).
+
+Sequence layout: like megatron (``get_batch_on_this_cp_rank``, ``get_pos_emb_on_this_cp_rank``) each rank
+``i`` holds chunks ``i`` and ``2*cp-1-i`` of ``2*cp`` equal chunks (which balances causal work for ring
+attention; here it only has to be undone). After the gather the chunks are reordered into the natural
+sequence order so that plain causal masking applies, and restored before the inverse all-to-all.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def _all_to_all(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """Equal-split all-to-all along dim 0 (block ``r`` goes to rank ``r``; block ``r`` of the result came from it)."""
+    x = x.contiguous()  # before empty_like, which would copy a permuted layout that the collective ignores
+    out = torch.empty_like(x)
+    dist.all_to_all_single(out, x, group=group)
+    return out
+
+
+def _seq_to_heads(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """``[s, b, h, d]`` (local sequence, all heads) -> ``[cp*s, b, h/cp, d]`` (rank-ordered sequence, my heads)."""
+    cp = dist.get_world_size(group)
+    s, b, h, d = x.shape
+    blocks = x.reshape(s, b, cp, h // cp, d).permute(2, 0, 1, 3, 4)
+    return _all_to_all(blocks, group).reshape(cp * s, b, h // cp, d)
+
+
+def _heads_to_seq(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """The inverse of :func:`_seq_to_heads`: ``[cp*s, b, h/cp, d]`` -> ``[s, b, h, d]``."""
+    cp = dist.get_world_size(group)
+    total, b, h, d = x.shape
+    s = total // cp
+    out = _all_to_all(x.reshape(cp, s, b, h, d), group)
+    return out.permute(1, 2, 0, 3, 4).reshape(s, b, cp * h, d)
+
+
+class _SeqToHeads(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        return _seq_to_heads(x, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _heads_to_seq(grad, ctx.group), None
+
+
+class _HeadsToSeq(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        return _heads_to_seq(x, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _seq_to_heads(grad, ctx.group), None
+
+
+def natural_order(total: int, cp: int, device: torch.device | None = None) -> torch.Tensor:
+    """Indices that put a rank-ordered gathered sequence (rank ``r``: chunks ``r``, ``2cp-1-r``) in natural order."""
+    chunk = total // (2 * cp)
+    slot = [2 * k if k < cp else 2 * (2 * cp - 1 - k) + 1 for k in range(2 * cp)]
+    within = torch.arange(chunk, device=device)
+    return torch.cat([slot[k] * chunk + within for k in range(2 * cp)])
+
+
+def gather_sequence(tensors: tuple[torch.Tensor, ...], group: Any) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Whole sequences in natural order for this rank's heads, and the index that undoes the reordering."""
+    cp = dist.get_world_size(group)
+    gathered = [_SeqToHeads.apply(t, group) for t in tensors]
+    order = natural_order(gathered[0].shape[0], cp, gathered[0].device)
+    return [t.index_select(0, order) for t in gathered], torch.argsort(order)
+
+
+def scatter_sequence(x: torch.Tensor, restore: torch.Tensor, group: Any) -> torch.Tensor:
+    """``[S, b, h/cp, d]`` in natural order -> this rank's ``[S/cp, b, h, d]`` chunks (inverse of the gather)."""
+    return _HeadsToSeq.apply(x.index_select(0, restore), group)

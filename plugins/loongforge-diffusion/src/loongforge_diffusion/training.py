@@ -1,0 +1,64 @@
+"""One flow-matching training step for a Wan-style video DiT: noise a clean batch, predict, regress.
+
+Returns the loss and leaves backward/optimizer to the caller, so the same step serves a plain loop, the core
+trainer's task adapter, and parity checks. ``clean_first_frame`` is Wan 2.2 TI2V's image conditioning: the first
+latent frame is kept clean, its tokens get timestep 0 (per-token timesteps) and it is left out of the loss.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from loongforge_diffusion.flow_matching import (
+    NUM_TRAIN_TIMESTEPS,
+    FlowMatchingConfig,
+    interpolate,
+    loss_weight,
+    sample_sigmas,
+    velocity_target,
+)
+
+
+def token_timesteps(sigma: torch.Tensor, grid: tuple[int, int, int], clean_frames: int) -> torch.Tensor:
+    """``(B, tokens)`` timesteps: ``1000 sigma`` everywhere but 0 on the first ``clean_frames`` latent frames."""
+    frames, rows, cols = grid
+    per_frame = (sigma[:, None] * NUM_TRAIN_TIMESTEPS).expand(-1, frames).clone()
+    per_frame[:, :clean_frames] = 0
+    return per_frame.repeat_interleave(rows * cols, dim=1)
+
+
+def flow_matching_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], generator: torch.Generator,
+                       config: FlowMatchingConfig = FlowMatchingConfig(), *, context_dropout: float = 0.0,
+                       clean_first_frame: bool = False) -> torch.Tensor:
+    """The mean flow-matching loss of ``model`` on ``batch``.
+
+    :param batch: ``video`` (B, C, T, H, W) clean latents, ``context`` (B, L, text_dim); optionally
+        ``condition`` (I2V channels concatenated to the noisy input) and ``image_context`` (CLIP tokens).
+    :param generator: a CPU generator for noise levels, noise and caption dropout (reproducible steps).
+    :param context_dropout: probability of zeroing a sample's caption, which teaches the unconditional
+        velocity classifier-free guidance needs.
+    """
+    x0 = batch["video"]
+    batch_size, device = x0.shape[0], x0.device
+    sigma = sample_sigmas(batch_size, config, generator).to(device)
+    noise = torch.randn(x0.shape, generator=generator, dtype=x0.dtype).to(device)
+    noisy = interpolate(x0, noise, sigma)
+    target = velocity_target(x0, noise)
+    mask = torch.ones_like(x0[:, :1])
+    if clean_first_frame:
+        patch = model.flavor.patch_size
+        grid = tuple(n // p for n, p in zip(x0.shape[2:], patch, strict=True))
+        noisy = torch.cat([x0[:, :, :patch[0]], noisy[:, :, patch[0]:]], dim=2)
+        mask[:, :, :patch[0]] = 0
+        timestep = token_timesteps(sigma, grid, clean_frames=1)
+    else:
+        timestep = sigma * NUM_TRAIN_TIMESTEPS
+    context = batch["context"]
+    if context_dropout > 0:
+        keep = torch.rand(batch_size, generator=generator) >= context_dropout
+        context = context * keep.to(device=device, dtype=context.dtype)[:, None, None]
+    model_input = noisy if "condition" not in batch else torch.cat([noisy, batch["condition"]], dim=1)
+    prediction = model(model_input, timestep, context, batch.get("image_context"))
+    squared = ((prediction.float() - target.float()) ** 2 * mask).flatten(1).sum(dim=1)
+    per_sample = squared / (mask.flatten(1).sum(dim=1) * x0.shape[1])
+    return (per_sample * loss_weight(sigma, config.weighting)).mean()
