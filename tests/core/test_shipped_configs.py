@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from loongforge.config import load_config
 from loongforge.config.resolve import resolve_names
 

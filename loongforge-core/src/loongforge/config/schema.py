@@ -26,7 +26,7 @@ class RunConfig:
 
 @dataclass
 class LoRAConfig:
-    """LoRA (``model.lora``): ``W x + (alpha / rank) * B A x`` with ``B`` starting at zero; every other weight is frozen."""
+    """LoRA (``model.lora``): ``W x + (alpha / rank) * B A x``, ``B`` starting at zero; other weights frozen."""
 
     rank: int = 8
     alpha: float = 16.0
