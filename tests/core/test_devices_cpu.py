@@ -7,9 +7,7 @@ import sys
 import warnings
 
 import pytest
-
-torch = pytest.importorskip("torch")
-
+import torch
 from loongforge.devices.base import FEATURES  # noqa: E402
 from loongforge.devices.cpu import CPUBackend  # noqa: E402
 

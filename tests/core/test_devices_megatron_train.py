@@ -9,9 +9,7 @@ from __future__ import annotations
 import math
 
 import pytest
-
-torch = pytest.importorskip("torch")
-
+import torch
 from loongforge.models.builder import build_model  # noqa: E402
 from loongforge.models.llama import FLAVORS  # noqa: E402
 

@@ -11,10 +11,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
+import torch
+import transformers
 from conftest import HF_TINY_CASES, checkpoint_logits  # noqa: E402
 from loongforge.cli import main  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
@@ -155,7 +153,7 @@ def test_generate_prints_transformers_greedy_continuation(hf_tiny, tmp_path, cap
 
 
 def test_tokenizer_files_travel_both_ways_and_generate_uses_them(hf_tiny, tmp_path, capsys):
-    tokenizers = pytest.importorskip("tokenizers")
+    import tokenizers
     hf_dir, _ = hf_tiny("qwen3-qknorm-tied")
     words = ["<eos>", "<unk>", "the", "cat", "sat"]
     tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))

@@ -22,10 +22,7 @@ import sys
 import textwrap
 
 import pytest
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
+import torch
 from conftest import HF_TINY_CASES, HF_TINY_COMMON, make_hf_model  # noqa: E402
 from loongforge.cli import main  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402

@@ -9,10 +9,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
+import torch
+import transformers
 from conftest import checkpoint_logits  # noqa: E402
 from loongforge import load_config  # noqa: E402
 from loongforge.cli import main  # noqa: E402

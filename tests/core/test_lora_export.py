@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
+import torch
+import transformers
 from loongforge import load_config  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 

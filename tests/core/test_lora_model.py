@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-torch = pytest.importorskip("torch")
-
+import torch
 from loongforge.config import load_config  # noqa: E402
 from loongforge.config.schema import LoRAConfig  # noqa: E402
 from loongforge.errors import ConfigError  # noqa: E402

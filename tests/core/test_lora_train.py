@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from loongforge import hookimpl, load_config
-
-pytest.importorskip("megatron.core")
 
 LORA = ["model.lora.rank=8", "model.lora.alpha=16", "model.lora.targets=[linear_qkv,linear_proj,linear_fc1,linear_fc2]"]
 

@@ -76,7 +76,6 @@ def test_decoder_flavor_is_plain_data():
 
 
 def test_transformer_config_and_vocab_padding():
-    pytest.importorskip("megatron.core")
     import torch
     from loongforge.models.builder import ParallelSettings, padded_vocab_size, transformer_config
 

@@ -8,10 +8,8 @@ with a large spread so that a mis-mapped head, bias or norm would move the logit
 from __future__ import annotations
 
 import pytest
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
+import torch
+import transformers
 from loongforge.models.builder import build_model  # noqa: E402
 from loongforge.models.hf_adapter import flavor_from_hf_config, fuse_qkv, hf_to_megatron  # noqa: E402
 

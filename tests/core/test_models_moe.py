@@ -8,10 +8,8 @@ megatron's ``MoELayer`` through ``hf_adapter`` and fp32 logits must agree to 1e-
 from __future__ import annotations
 
 import pytest
-
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
+import torch
+import transformers  # noqa: F401 - the test needs it installed
 from conftest import HF_TINY_COMMON, make_hf_model  # noqa: E402
 from loongforge.models.builder import build_model  # noqa: E402
 from loongforge.models.hf_adapter import (  # noqa: E402

@@ -9,16 +9,14 @@ measured deterministically as the bytes of distinct tensor storages autograd sav
 from __future__ import annotations
 
 import pytest
-from test_parallel_parity import STEPS, assert_parity, reference, root, train  # noqa: F401 (fixtures)
-
-torch = pytest.importorskip("torch")
-
+import torch
 from loongforge.config.schema import RecomputeConfig  # noqa: E402
 from loongforge.errors import ConfigError  # noqa: E402
 from loongforge.models.builder import build_model  # noqa: E402
 from loongforge.models.llama import FLAVORS  # noqa: E402
 from loongforge.models.recompute import recompute_kwargs  # noqa: E402
 from loongforge.parallel.init import initialize_layout_independent  # noqa: E402
+from test_parallel_parity import STEPS, assert_parity, reference, root, train  # noqa: F401 (fixtures)
 
 FLAVOR = FLAVORS["llama-debug"].with_overrides(num_layers=4)
 SEQ, BATCH = 128, 4

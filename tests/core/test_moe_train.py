@@ -10,8 +10,6 @@ from loongforge.errors import ConfigError
 from loongforge.models.moe import FLAVORS
 from loongforge.parallel.megatron import MegatronStrategy
 
-pytest.importorskip("megatron.core")
-
 SEQ, MICRO, TOPK = 32, 2, 2
 
 

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
-
-torch = pytest.importorskip("torch")
-
+import torch
 from loongforge.config.schema import DataConfig  # noqa: E402
 from loongforge.data.chat_dataset import shipped_chat  # noqa: E402
 from loongforge.data.packing import block_causal_mask  # noqa: E402

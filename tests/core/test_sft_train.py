@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from loongforge import load_config
-
-pytest.importorskip("megatron.core")
 
 RECIPE = Path(__file__).resolve().parents[2] / "configs" / "sft-tiny.yaml"
 

@@ -11,8 +11,6 @@ import json
 import pytest
 from loongforge import hookimpl, load_config
 
-pytest.importorskip("megatron.core")
-
 
 def _config(tmp_path, *overrides):
     base = [
