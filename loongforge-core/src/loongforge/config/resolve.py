@@ -6,8 +6,19 @@ message (known names, did-you-mean, install hint) rather than after torch and me
 
 from __future__ import annotations
 
+from typing import Any
+
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.plugins import get_host
+
+
+def resolve_model_flavor(config: LoongForgeConfig, host: Any = None) -> Any:
+    """The flavor ``config.model`` names (registry name or ``pkg.module:factory``), with its overrides applied."""
+    host = host or get_host()
+    flavor = host.registry("model").load(config.model.name, where=f"model.name in {config.source}")
+    if callable(flavor) and not hasattr(flavor, "with_overrides"):  # a ``pkg.module:factory`` escape hatch
+        flavor = flavor()
+    return flavor.with_overrides(**config.model.overrides) if config.model.overrides else flavor
 
 
 def resolve_names(config: LoongForgeConfig) -> list[str]:

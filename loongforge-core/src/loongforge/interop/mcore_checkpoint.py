@@ -54,12 +54,9 @@ def find_checkpoint(path: str | Path) -> Path:
 
 def resolve_flavor(config: LoongForgeConfig) -> DecoderFlavor:
     """The flavor ``config.model`` names (registry name or ``pkg.module:factory``, then overrides)."""
-    from loongforge.plugins import get_host
+    from loongforge.config.resolve import resolve_model_flavor
 
-    flavor = get_host().registry("model").load(config.model.name, where=f"model.name in {config.source}")
-    if callable(flavor) and not hasattr(flavor, "with_overrides"):
-        flavor = flavor()
-    return flavor.with_overrides(**config.model.overrides) if config.model.overrides else flavor
+    return resolve_model_flavor(config)
 
 
 def checkpoint_config(path: Path) -> LoongForgeConfig:

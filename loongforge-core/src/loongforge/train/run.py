@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from loongforge.config.resolve import resolve_model_flavor
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import ConfigError
 from loongforge.plugins import get_host
@@ -53,13 +54,6 @@ def _seed_everything(seed: int, backend: Any) -> None:
     torch.manual_seed(seed)
     backend.manual_seed(seed)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
-
-
-def _load_flavor(host: Any, config: LoongForgeConfig) -> Any:
-    flavor = host.registry("model").load(config.model.name, where=f"model.name in {config.source}")
-    if callable(flavor) and not hasattr(flavor, "with_overrides"):  # a ``pkg.module:factory`` escape hatch
-        flavor = flavor()
-    return flavor.with_overrides(**config.model.overrides) if config.model.overrides else flavor
 
 
 def _build_model(flavor: Any, config: LoongForgeConfig, backend: Any, layout: Any, settings: Any) -> list[Any]:
@@ -179,7 +173,7 @@ def _run(config: LoongForgeConfig, host: Any, backend: Any, reason: str, info: A
     # Everything that can be wrong with the layout, model sizes and batch fails here, before any group or model.
     strategy = host.registry("strategy").load(config.parallel.strategy, where=f"parallel.strategy in {config.source}")
     layout = strategy.validate(config.parallel, info.world_size, config.source)
-    flavor = _load_flavor(host, config)
+    flavor = resolve_model_flavor(config, host)
     plan = strategy.check_model(layout, flavor, config.training, config.source, seq_length=config.data.seq_length)
     if layout.cp > 1 and config.data.pack:
         raise ConfigError(f"{config.source}: data.pack (block-diagonal attention masks) does not support "
