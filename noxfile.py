@@ -13,7 +13,7 @@ nox.options.reuse_existing_virtualenvs = True
 
 PYTHON = "3.11"
 TORCH = "torch==2.13.0"
-PLUGINS = ("cuda", "xpu", "vlm", "diffusion", "embodied")
+PLUGINS = ("cuda", "xpu", "vlm", "diffusion", "embodied", "balance")
 #: Plugins whose tests need reference implementations (installed through the plugin's own ``test`` extra).
 TEST_EXTRAS = {"diffusion": "[test]"}
 

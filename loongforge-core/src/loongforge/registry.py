@@ -29,7 +29,8 @@ FIRST_PARTY_PROVIDERS: tuple[tuple[str, str, str], ...] = (
     ("model", r"(^wan|qwen-image|dit|flux|diffusion)", "loongforge-diffusion"),
     ("model", r"(pi0|gr00t|groot|vla|act-)", "loongforge-embodied"),
     ("strategy", r"^(ddp|zero1|fsdp2?|hsdp)$", "loongforge-embodied"),
-    ("optimization", r"(fp8|taot)", "loongforge-cuda"),
+    ("optimization", r"fp8", "loongforge-cuda"),
+    ("optimization", r"(taot|balance|eplb)", "loongforge-balance"),
 )
 
 
