@@ -38,7 +38,7 @@ def megatron_cpu_world():
         dist.destroy_process_group()
 
 
-#: Tiny Hugging Face configs, one per dense family switch we convert (fp32, no downloads). Llama 3.1-style
+#: Tiny Hugging Face configs, one per family switch we convert (fp32, no downloads). Llama 3.1-style
 #: RoPE scaling uses a short original context so the scaling changes most frequencies; Qwen3's head_dim 32
 #: with 4 heads (128) != hidden 64, as in the real sizes.
 HF_TINY_CASES = {
@@ -50,6 +50,11 @@ HF_TINY_CASES = {
         tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
     "qwen3-qknorm-untied": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, tie_word_embeddings=False)),
     "qwen3-qknorm-tied": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, tie_word_embeddings=True)),
+    "mixtral-top2": ("MixtralConfig", "MixtralForCausalLM", dict(
+        num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.02,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    "qwen3-moe-top4": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        head_dim=32, num_experts=4, num_experts_per_tok=3, moe_intermediate_size=48, norm_topk_prob=False)),
 }
 HF_TINY_COMMON = dict(
     hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -1,7 +1,7 @@
 """``loongforge convert`` at TP=PP=1: lossless in both directions, and the converted model is transformers' model.
 
-For each dense family switch (Llama 3.1 RoPE scaling, Qwen2 QKV bias, Qwen3 QK-norm; tied and untied
-embeddings) a tiny random transformers model is saved, converted to a LoongForge checkpoint through the CLI,
+For each family switch (Llama 3.1 RoPE scaling, Qwen2 QKV bias, Qwen3 QK-norm; tied and untied
+embeddings; Mixtral and Qwen3-MoE experts) a tiny random transformers model is saved, converted to a LoongForge checkpoint through the CLI,
 run by megatron (fp32 logits within 1e-4 of transformers'), and converted back (every tensor bitwise equal,
 same names). Bad inputs fail with one line naming the file or tensor, and write nothing.
 """
@@ -89,8 +89,12 @@ def _edit_config(hf_dir, **values):
 
 BAD_INPUTS = {
     "missing-config": (lambda d: (d / "config.json").unlink(), "config.json: not found"),
-    "other-architecture": (lambda d: _edit_config(d, architectures=["MixtralForCausalLM"]),
-                           "architecture 'MixtralForCausalLM' is not supported"),
+    "unsupported-architecture": (lambda d: _edit_config(d, architectures=["GemmaForCausalLM"]),
+                                 "architecture 'GemmaForCausalLM' is not supported"),
+    "config-of-another-family": (lambda d: _edit_config(d, architectures=["MixtralForCausalLM"]),
+                                 "tensor model.layers.0.block_sparse_moe.experts.0.w1.weight is missing"),
+    "router-noise": (lambda d: _edit_config(d, architectures=["MixtralForCausalLM"], router_jitter_noise=0.1),
+                     "router_jitter_noise=0.1 is not supported for mixtral"),
     "shape-mismatch": (lambda d: _edit_config(d, intermediate_size=100),
                        "model.safetensors: tensor model.layers.0.mlp.gate_proj.weight has shape [96, 64], "
                        "config.json implies [100, 64]"),

@@ -1,12 +1,13 @@
-"""HF interop at tp=2 and pp=2 (torchrun, two gloo processes).
+"""HF interop at tp=2, pp=2 and (MoE) ep=2 (torchrun, two gloo processes).
 
 One torchrun launch per layout does two things on every rank:
 
-1. for each family, builds the model at the layout, loads a HF checkpoint through the ``model.load`` hook
+1. for each family (dense and MoE; MoE at tp=2 with sequence parallelism, as megatron requires), builds the
+   model at the layout, loads a HF checkpoint through the ``model.load`` hook
    (each rank cuts its slices), runs a forward pass (pp=2: the first stage sends its hidden states to the
    second) and gathers the shards back to full HF tensors on rank 0;
-2. trains one step from ``model.load: hf:`` with lr=0 and ``checkpoint.save_hf`` -- a real trainer checkpoint
-   written at this layout.
+2. (tp=2 and pp=2) trains one step from ``model.load: hf:`` with lr=0 and ``checkpoint.save_hf`` -- a real
+   trainer checkpoint written at this layout.
 
 This process then checks: logits within 1e-4 of transformers, gathered tensors and the checkpoint's ``hf/``
 bitwise equal to the source, and ``loongforge convert mcore-to-hf`` of the tp=2/pp=2 checkpoint (resharded
@@ -29,7 +30,8 @@ from safetensors.torch import load_file  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
-CASES = ("llama3-rope-untied", "qwen2-bias-tied", "qwen3-qknorm-tied")
+DENSE = ("llama3-rope-untied", "qwen2-bias-tied", "qwen3-qknorm-tied")
+MOE = ("mixtral-top2", "qwen3-moe-top4")
 LLAMA_DEBUG = dict(intermediate_size=176, max_position_embeddings=1024, rms_norm_eps=1e-5,
                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
 
@@ -55,7 +57,7 @@ SCRIPT = textwrap.dedent(
             return model(tokens, positions, None)
 
     def main():
-        tp, pp, root = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+        tp, pp, ep, root = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
         dist.init_process_group("gloo")
         rank = dist.get_rank()
         from loongforge.devices.cpu import CPUBackend
@@ -70,16 +72,18 @@ SCRIPT = textwrap.dedent(
         from loongforge.models.builder import ParallelSettings, build_model
         from loongforge.models.hf_adapter import megatron_to_hf
 
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                     expert_model_parallel_size=ep)
         tensor_parallel.model_parallel_cuda_manual_seed(0)
         tokens = torch.load(os.path.join(root, "tokens.pt"), weights_only=True)
-        for case in sys.argv[4:]:
+        for case in sys.argv[5:]:
             hf_dir = os.path.join(root, case)
             flavor = read_hf_config(hf_dir).flavor
             name, overrides = name_flavor(flavor, None, hf_dir)
             config = load_config(None, [f"model.name={name}", f"model.load=hf:{hf_dir}"])
             config.model.overrides = overrides
-            model = build_model(flavor, backend=backend, parallel=ParallelSettings(tp=tp, pp=pp),
+            layout = ParallelSettings(tp=tp, pp=pp, ep=ep, sequence_parallel=tp > 1 and flavor.is_moe)
+            model = build_model(flavor, backend=backend, parallel=layout,
                                 pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage())
             load_initial_weights([model], config)
             logits = forward(model.eval(), tokens, pp)
@@ -87,8 +91,11 @@ SCRIPT = textwrap.dedent(
                 torch.save(logits, os.path.join(root, f"logits-{case}.pt"))
             full = gather_full_state([model])
             if rank == 0:
-                save_file(megatron_to_hf(full, flavor), os.path.join(root, f"gathered-{case}.safetensors"))
+                tensors = megatron_to_hf(full, flavor, per_expert=True)
+                save_file(tensors, os.path.join(root, f"gathered-{case}.safetensors"))
         ps.destroy_model_parallel()
+        if ep > 1:
+            return
 
         from loongforge.train.run import run_training
         run_training(load_config(None, [
@@ -111,12 +118,13 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)], ids=["tp2", "pp2"])
-def test_hf_interop_at_two_process_layout(tmp_path, capsys, tp, pp):
+@pytest.mark.parametrize("tp,pp,ep,cases", [(2, 1, 1, DENSE + MOE), (1, 2, 1, DENSE + MOE), (1, 1, 2, MOE)],
+                         ids=["tp2", "pp2", "ep2"])
+def test_hf_interop_at_two_process_layout(tmp_path, capsys, tp, pp, ep, cases):
     tokens = torch.randint(0, 384, (2, 24), generator=torch.Generator().manual_seed(5))
     torch.save(tokens, tmp_path / "tokens.pt")
     expected = {}
-    for case in CASES:
+    for case in cases:
         config_cls, model_cls, extra = HF_TINY_CASES[case]
         hf = make_hf_model(config_cls, model_cls, {**HF_TINY_COMMON, **extra})
         hf.save_pretrained(tmp_path / case)
@@ -128,19 +136,21 @@ def test_hf_interop_at_two_process_layout(tmp_path, capsys, tp, pp):
     script = tmp_path / "interop.py"
     script.write_text(SCRIPT)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), str(script), str(tp), str(pp), str(tmp_path), *CASES]
+           "--master-port", str(_free_port()), str(script), str(tp), str(pp), str(ep), str(tmp_path), *cases]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert result.returncode == 0, result.stderr[-8000:]
+    assert result.returncode == 0, result.stderr[-20000:]
 
-    for case in CASES:
+    for case in cases:
         logits = torch.load(tmp_path / f"logits-{case}.pt", weights_only=True)
         diff = (logits[..., :384] - expected[case]).abs().max().item()
-        print(f"\ntp={tp} pp={pp} {case}: max |logits - transformers| = {diff:.2e}")
+        print(f"\ntp={tp} pp={pp} ep={ep} {case}: max |logits - transformers| = {diff:.2e}")
         assert diff <= 1e-4
         source = load_file(tmp_path / case / "model.safetensors")
         gathered = load_file(tmp_path / f"gathered-{case}.safetensors")
         assert sorted(gathered) == sorted(source) and all(torch.equal(gathered[k], source[k]) for k in source)
+    if ep > 1:
+        return
 
     source = load_file(tmp_path / "llama-debug-twin" / "model.safetensors")
     ckpt = tmp_path / "run" / "checkpoints" / "step-0000001"

@@ -29,12 +29,25 @@ def _config(tmp_path, *overrides):
     ])
 
 
-def test_train_from_hf_and_save_hf_loads_in_transformers(hf_tiny, tmp_path):
+#: (HF case, its twin's settings, the model lines of the run): a dense model and an MoE one (Mixtral, 4 experts).
+ONLINE_CASES = {
+    "dense": ("llama3-rope-untied", LLAMA_DEBUG, ["model.name=llama-debug"]),
+    "moe": ("mixtral-top2", {"max_position_embeddings": 2048}, [
+        "model.name=mixtral-tiny",
+        "model.overrides={num_layers: 2, hidden_size: 64, ffn_hidden_size: 96, moe_ffn_hidden_size: 96, "
+        "norm_eps: 1.0e-6}",
+    ]),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(ONLINE_CASES))
+def test_train_from_hf_and_save_hf_loads_in_transformers(hf_tiny, tmp_path, kind):
     from loongforge.train.run import run_training
 
-    hf_dir, _ = hf_tiny("llama3-rope-untied", **LLAMA_DEBUG)
-    summary = run_training(_config(tmp_path, f"model.load=hf:{hf_dir}", "training.steps=3", "optimizer.lr=1e-3",
-                                   "scheduler.warmup_steps=0"))
+    case, twin, model_lines = ONLINE_CASES[kind]
+    hf_dir, _ = hf_tiny(case, **twin)
+    summary = run_training(_config(tmp_path, *model_lines, f"model.load=hf:{hf_dir}", "training.steps=3",
+                                   "optimizer.lr=1e-3", "scheduler.warmup_steps=0"))
     ckpt = tmp_path / "run" / "checkpoints" / "step-0000003"
     assert summary["checkpoint_dir"] == str(ckpt)
     manifest = json.loads((ckpt / "manifest.json").read_text())
@@ -51,7 +64,7 @@ def test_train_from_hf_and_save_hf_loads_in_transformers(hf_tiny, tmp_path):
     with torch.no_grad():
         expected = hf(tokens).logits
     diff = (checkpoint_logits(ckpt, tokens)[..., :384] - expected).abs().max().item()
-    print(f"\nsave_hf after 3 steps: max |logits - transformers| = {diff:.2e}")
+    print(f"\n{kind}: save_hf after 3 steps: max |logits - transformers| = {diff:.2e}")
     assert diff <= 1e-4
 
 

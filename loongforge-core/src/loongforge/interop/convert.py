@@ -124,6 +124,6 @@ def mcore_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_size: 
             apply_lora([megatron_model], config.model.lora, config.run.seed)
         load_model_weights(path, [megatron_model])
         full = gather_full_state([merge_lora(megatron_model)])
-    tensors = megatron_to_hf(full, flavor)
+    tensors = megatron_to_hf(full, flavor, per_expert=True)
     write_hf_checkpoint(out_dir, tensors, hf_config, max_shard_bytes=max_bytes, carry_from=carry)
     return f"wrote {out_dir}: {len(tensors)} tensors ({flavor.hf_architecture}, {dtype}) from {path}"

@@ -111,9 +111,10 @@ def check_hf_tensors(infos: dict[str, TensorInfo], flavor: DecoderFlavor, direct
     """Refuse missing, unexpected or misshapen tensors and mixed dtypes; return the one dtype (fp32/bf16/fp16).
 
     A tied model's checkpoint may still carry ``lm_head.weight`` (older ``save_pretrained`` did); it is
-    ignored because the model reads the embedding.
+    ignored because the model reads the embedding. MoE experts may be stored fused or one module per expert.
     """
-    expected = hf_tensor_shapes(flavor)
+    fused = any(name.endswith(".mlp.experts.gate_up_proj") for name in infos)
+    expected = hf_tensor_shapes(flavor, per_expert=flavor.is_moe and not fused)
     present = {n: i for n, i in infos.items() if not (flavor.tie_word_embeddings and n == "lm_head.weight")}
     missing = sorted(set(expected) - set(present))
     if missing:

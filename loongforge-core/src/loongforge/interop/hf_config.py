@@ -1,7 +1,8 @@
-"""Hugging Face ``config.json`` <-> :class:`DecoderFlavor`, for the dense families we ship.
+"""Hugging Face ``config.json`` <-> :class:`DecoderFlavor`, for the dense and MoE families we ship.
 
 Reading refuses, with the file and key named, every switch our megatron models do not implement (another
-family, a non-SiLU activation, attention or MLP biases Llama-style, sliding-window attention) instead of
+family, a non-SiLU activation, attention or MLP biases Llama-style, sliding-window attention, router noise,
+dense layers inside an MoE stack) instead of
 converting weights into a model that would compute something else. Keys a config may omit get the
 defaults of the transformers config class of that family, so a hand-trimmed ``config.json`` reads as
 transformers would read it.
@@ -31,10 +32,20 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "llama": ("LlamaForCausalLM", "llama", {"max_position_embeddings": 2048, "rms_norm_eps": 1e-6}),
     "qwen2": ("Qwen2ForCausalLM", "qwen2", {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6}),
     "qwen3": ("Qwen3ForCausalLM", "qwen3", {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6}),
+    "mixtral": ("MixtralForCausalLM", "mixtral", {"max_position_embeddings": 4096 * 32, "rms_norm_eps": 1e-5,
+                                                  "num_local_experts": 8, "num_experts_per_tok": 2,
+                                                  "router_aux_loss_coef": 0.001}),
+    "qwen3-moe": ("Qwen3MoeForCausalLM", "qwen3_moe", {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+                                                       "num_experts": 128, "num_experts_per_tok": 8,
+                                                       "moe_intermediate_size": 768, "norm_topk_prob": False,
+                                                       "router_aux_loss_coef": 0.001}),
 }
 _REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 #: (key, value our models need) for switches the families' configs may carry.
-_UNSUPPORTED = (("attention_bias", False), ("mlp_bias", False), ("use_sliding_window", False))
+_UNSUPPORTED = (("attention_bias", False), ("mlp_bias", False), ("use_sliding_window", False),
+                ("router_jitter_noise", 0.0), ("decoder_sparse_step", 1), ("mlp_only_layers", []))
+#: Families whose sliding window is a size (``None`` = off) rather than a ``use_sliding_window`` switch.
+_WINDOW_BY_SIZE = ("mixtral",)
 #: Our precision names <-> the ``torch_dtype`` strings of ``config.json``.
 DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -85,6 +96,9 @@ def read_hf_config(directory: str | Path) -> HFConfig:
     for key, needed in _UNSUPPORTED:
         if raw.get(key, needed) != needed:
             raise InteropError(f"{path}: {key}={raw[key]!r} is not supported for {family} (needs {needed!r})")
+    if family in _WINDOW_BY_SIZE and raw.get("sliding_window") is not None:
+        raise InteropError(f"{path}: sliding_window={raw['sliding_window']!r} is not supported for {family} "
+                           "(needs null: full attention)")
     values = {**FAMILIES[family][2], "tie_word_embeddings": False, **{k: v for k, v in raw.items() if v is not None}}
     values["architectures"] = [FAMILIES[family][0]]  # also when the config names only its model_type
     try:
@@ -127,7 +141,8 @@ def hf_config_dict(flavor: DecoderFlavor, dtype: str, base: dict[str, Any] | Non
         num_hidden_layers=flavor.num_layers,
         num_attention_heads=flavor.num_attention_heads,
         num_key_value_heads=flavor.num_query_groups,
-        head_dim=flavor.kv_channels,
+        # Mixtral's config writes ``head_dim: null`` for hidden // heads; keep that spelling when the source did.
+        head_dim=None if flavor.head_dim is None and (base or {}).get("head_dim", 0) is None else flavor.kv_channels,
         vocab_size=flavor.vocab_size,
         max_position_embeddings=flavor.max_position_embeddings,
         rms_norm_eps=flavor.norm_eps,
@@ -137,6 +152,8 @@ def hf_config_dict(flavor: DecoderFlavor, dtype: str, base: dict[str, Any] | Non
     out["dtype" if base is not None and "dtype" in base else "torch_dtype"] = DTYPE_NAMES[dtype]
     if flavor.family != "qwen2":
         out["attention_bias"] = False
+    if flavor.is_moe:
+        out.update(_moe_config_keys(flavor, out))
     scaling = dict(flavor.rope_scaling) if flavor.rope_scaling else None
     if base is not None and "rope_parameters" in base:  # transformers >= 5 style
         out["rope_parameters"] = {**(scaling or {"rope_type": "default"}), "rope_theta": flavor.rope_theta}
@@ -144,3 +161,17 @@ def hf_config_dict(flavor: DecoderFlavor, dtype: str, base: dict[str, Any] | Non
         out["rope_theta"] = flavor.rope_theta
         out["rope_scaling"] = scaling
     return out
+
+
+def _moe_config_keys(flavor: DecoderFlavor, base: dict[str, Any]) -> dict[str, Any]:
+    """The MoE part of ``config.json``: Mixtral names its expert width ``intermediate_size`` and its expert count
+    ``num_local_experts``; Qwen3-MoE has ``moe_intermediate_size`` and ``num_experts`` (transformers 5 writes
+    ``num_local_experts``: the key the source used is kept)."""
+    keys: dict[str, Any] = dict(num_experts_per_tok=flavor.moe_router_topk,
+                                router_aux_loss_coef=flavor.moe_aux_loss_coeff)
+    if flavor.family == "mixtral":
+        return keys | dict(num_local_experts=flavor.num_experts, intermediate_size=flavor.moe_ffn_hidden_size,
+                           sliding_window=None, router_jitter_noise=0.0)
+    count_key = "num_local_experts" if "num_local_experts" in base else "num_experts"
+    return keys | {count_key: flavor.num_experts, "moe_intermediate_size": flavor.moe_ffn_hidden_size,
+                   "norm_topk_prob": flavor.moe_norm_topk_prob, "decoder_sparse_step": 1, "mlp_only_layers": []}

@@ -96,4 +96,5 @@ def save_hf_copy(trainer: Any, path: str) -> Path | None:
     dtype = _DTYPE_NAMES[str(full["embedding.word_embeddings.weight"].dtype)]
     base, carry = hf_side_files(config)
     out = Path(path) / HF_SUBDIR
-    return write_hf_checkpoint(out, megatron_to_hf(full, flavor), hf_config_dict(flavor, dtype, base), carry_from=carry)
+    tensors = megatron_to_hf(full, flavor, per_expert=True)
+    return write_hf_checkpoint(out, tensors, hf_config_dict(flavor, dtype, base), carry_from=carry)

@@ -12,8 +12,9 @@ stage is a replica of the embedding. So:
   layout is this then ``megatron_to_hf``).
 
 Full tensors are keyed by the TP=1/PP=1 state-dict names (``decoder.layers.<global index>...``), the names
-:mod:`loongforge.models.hf_adapter` speaks; a local name differs only in its layer index on later pipeline
-stages, which the layer's ``layer_number`` gives.
+:mod:`loongforge.models.hf_adapter` speaks; a local name differs in its layer index on later pipeline stages,
+which the layer's ``layer_number`` gives, and at expert parallelism in its expert index (``local_experts.0``
+on the second EP rank is a later global expert), which the sharded tensor's expert offset gives.
 """
 
 from __future__ import annotations
@@ -31,10 +32,18 @@ from loongforge.interop.errors import InteropError
 _LAYERS = "decoder.layers."
 
 
-def _full_name(local_name: str, layer_numbers: dict[str, int]) -> str:
+_LOCAL_EXPERTS = "mlp.experts.local_experts."
+
+
+def _full_name(local_name: str, layer_numbers: dict[str, int], piece: ShardedTensor) -> str:
+    """The TP=1/PP=1/EP=1 name of a local parameter: global layer index, and for an MoE expert its global
+    expert index, which megatron states as the piece's offset on the second prepended axis (layer, expert)."""
     if not local_name.startswith(_LAYERS):
         return local_name
     index, rest = local_name[len(_LAYERS) :].split(".", 1)
+    if rest.startswith(_LOCAL_EXPERTS):
+        _, after = rest[len(_LOCAL_EXPERTS) :].split(".", 1)
+        rest = f"{_LOCAL_EXPERTS}{piece.global_offset[1]}.{after}"
     return f"{_LAYERS}{layer_numbers[index]}.{rest}"
 
 
@@ -50,7 +59,7 @@ def _pieces(chunk: Any) -> Iterator[tuple[str, str, ShardedTensor | ShardedTenso
             pieces = [entry]
         else:  # ShardedObject: module extra state, not weights
             continue
-        yield local_name, _full_name(local_name, layer_numbers), entry, pieces
+        yield local_name, _full_name(local_name, layer_numbers, pieces[0]), entry, pieces
 
 
 def _region(piece: ShardedTensor) -> tuple[tuple[int, ...], tuple[slice, ...]]:

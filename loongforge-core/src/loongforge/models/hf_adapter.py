@@ -10,8 +10,9 @@ Megatron fuses projections that Hugging Face keeps separate:
   ``SequentialMLP`` names experts at ep=1 and in dist-checkpoints at any ep. Transformers 5 keeps all experts
   of a layer in two 3-D tensors (``experts.gate_up_proj`` ``[E, 2I, H]``, already gate-then-up, and
   ``experts.down_proj`` ``[E, H, I]``); older checkpoints have one module per expert (Mixtral
-  ``block_sparse_moe.experts.<e>.w1/w3/w2``, Qwen3-MoE ``mlp.experts.<e>.gate_proj/up_proj/down_proj``), which
-  are read too. Written state dicts use the transformers 5 layout.
+  ``block_sparse_moe.experts.<e>.w1/w3/w2``, Qwen3-MoE ``mlp.experts.<e>.gate_proj/up_proj/down_proj``) --
+  and that per-expert layout is still what transformers 5 writes to disk. Both are read; checkpoint writers
+  ask for the per-expert layout (``per_expert=True``), in-memory comparisons for the fused one.
 
 The mapping is what the parity tests use to prove the megatron model computes the same function as
 transformers; checkpoint conversion builds on it. The two directions are exact inverses (only reshapes,
@@ -64,17 +65,12 @@ def _hf_experts(sd: dict[str, torch.Tensor], hf: str, flavor: DecoderFlavor) -> 
         raise ConfigError(f"{flavor.family}: no Hugging Face mapping for shared experts")
     if hf + "mlp.experts.gate_up_proj" in sd:  # transformers >= 5, in memory
         return sd[hf + "mlp.gate.weight"], sd[hf + "mlp.experts.gate_up_proj"], sd[hf + "mlp.experts.down_proj"]
-    experts = range(flavor.num_experts or 0)
-    if hf + "block_sparse_moe.gate.weight" in sd:  # Mixtral checkpoints: w1 gate, w3 up, w2 down
-        moe = hf + "block_sparse_moe."
-        gate_up = [torch.cat([sd[f"{moe}experts.{e}.w1.weight"], sd[f"{moe}experts.{e}.w3.weight"]]) for e in experts]
-        down = [sd[f"{moe}experts.{e}.w2.weight"] for e in experts]
-        return sd[moe + "gate.weight"], torch.stack(gate_up), torch.stack(down)
-    mlp = hf + "mlp."  # Qwen3-MoE checkpoints
-    gate_up = [torch.cat([sd[f"{mlp}experts.{e}.gate_proj.weight"], sd[f"{mlp}experts.{e}.up_proj.weight"]])
-               for e in experts]
-    down = [sd[f"{mlp}experts.{e}.down_proj.weight"] for e in experts]
-    return sd[mlp + "gate.weight"], torch.stack(gate_up), torch.stack(down)
+    gate_up, down = [], []
+    for e in range(flavor.num_experts or 0):  # one module per expert, as checkpoints store them
+        gate, up, down_name = _expert_names(flavor, hf, e)
+        gate_up.append(torch.cat([sd[gate], sd[up]]))
+        down.append(sd[down_name])
+    return sd[_router_name(flavor, hf, per_expert=True)], torch.stack(gate_up), torch.stack(down)
 
 
 def hf_to_megatron(
@@ -117,8 +113,41 @@ def hf_to_megatron(
     return out
 
 
-def megatron_to_hf(megatron_state_dict: dict[str, torch.Tensor], flavor: DecoderFlavor) -> dict[str, torch.Tensor]:
-    """A ``*ForCausalLM`` state dict (as ``save_pretrained`` writes it) from a full megatron state dict.
+def _expert_names(flavor: DecoderFlavor, layer: str, expert: int) -> tuple[str, str, str]:
+    """(gate, up, down) names of one expert in the per-expert checkpoint layout of ``flavor``'s family."""
+    if flavor.family == "mixtral":
+        moe = f"{layer}block_sparse_moe.experts.{expert}."
+        return moe + "w1.weight", moe + "w3.weight", moe + "w2.weight"
+    mlp = f"{layer}mlp.experts.{expert}."
+    return mlp + "gate_proj.weight", mlp + "up_proj.weight", mlp + "down_proj.weight"
+
+
+def _router_name(flavor: DecoderFlavor, layer: str, per_expert: bool) -> str:
+    """The router: Mixtral checkpoints keep it under ``block_sparse_moe``, transformers 5 modules under ``mlp``."""
+    mixtral_on_disk = per_expert and flavor.family == "mixtral"
+    return f"{layer}block_sparse_moe.gate.weight" if mixtral_on_disk else f"{layer}mlp.gate.weight"
+
+
+def _experts_out(layer: str, router: torch.Tensor, gate_up: list[torch.Tensor], down: list[torch.Tensor],
+                 flavor: DecoderFlavor, per_expert: bool) -> dict[str, torch.Tensor]:
+    """One MoE layer's HF tensors, fused (``experts.gate_up_proj``/``down_proj``) or one module per expert."""
+    out = {_router_name(flavor, layer, per_expert): router}
+    if not per_expert:
+        out[layer + "mlp.experts.gate_up_proj"] = torch.stack(gate_up)
+        out[layer + "mlp.experts.down_proj"] = torch.stack(down)
+        return out
+    for e, (fc1, fc2) in enumerate(zip(gate_up, down, strict=True)):
+        gate_name, up_name, down_name = _expert_names(flavor, layer, e)
+        gate, up = fc1.chunk(2, dim=0)
+        out.update({gate_name: gate, up_name: up, down_name: fc2})
+    return out
+
+
+def megatron_to_hf(
+    megatron_state_dict: dict[str, torch.Tensor], flavor: DecoderFlavor, *, per_expert: bool = False
+) -> dict[str, torch.Tensor]:
+    """A ``*ForCausalLM`` state dict from a full megatron state dict: as the module holds it (MoE experts fused,
+    ``per_expert=False``) or as ``save_pretrained`` writes it to disk (``per_expert=True``).
 
     Padded vocabulary rows are dropped; a tied model has no ``lm_head.weight`` (Hugging Face re-ties it on
     load). Every tensor is a fresh contiguous copy, so the result can be written with safetensors.
@@ -142,11 +171,9 @@ def megatron_to_hf(megatron_state_dict: dict[str, torch.Tensor], flavor: Decoder
         out[hf + "post_attention_layernorm.weight"] = sd[mg + "pre_mlp_layernorm.weight"]
         if flavor.is_moe:
             experts = range(flavor.num_experts or 0)
-            out[hf + "mlp.gate.weight"] = sd[mg + "mlp.router.weight"]
-            out[hf + "mlp.experts.gate_up_proj"] = torch.stack(
-                [sd[f"{mg}mlp.experts.local_experts.{e}.linear_fc1.weight"] for e in experts])
-            out[hf + "mlp.experts.down_proj"] = torch.stack(
-                [sd[f"{mg}mlp.experts.local_experts.{e}.linear_fc2.weight"] for e in experts])
+            gate_up = [sd[f"{mg}mlp.experts.local_experts.{e}.linear_fc1.weight"] for e in experts]
+            down = [sd[f"{mg}mlp.experts.local_experts.{e}.linear_fc2.weight"] for e in experts]
+            out.update(_experts_out(hf, sd[mg + "mlp.router.weight"], gate_up, down, flavor, per_expert))
         else:
             gate, up = sd[mg + "mlp.linear_fc1.weight"].chunk(2, dim=0)
             out.update({hf + "mlp.gate_proj.weight": gate, hf + "mlp.up_proj.weight": up})
@@ -157,9 +184,10 @@ def megatron_to_hf(megatron_state_dict: dict[str, torch.Tensor], flavor: Decoder
     return {name: tensor.detach().clone(memory_format=torch.contiguous_format) for name, tensor in out.items()}
 
 
-def hf_tensor_shapes(flavor: DecoderFlavor) -> dict[str, tuple[int, ...]]:
+def hf_tensor_shapes(flavor: DecoderFlavor, *, per_expert: bool = False) -> dict[str, tuple[int, ...]]:
     """Every tensor a ``*ForCausalLM`` checkpoint of ``flavor`` holds, with its shape (as saved: tied models
-    have no ``lm_head.weight``). Used to refuse a checkpoint before any weight is read."""
+    have no ``lm_head.weight``; MoE experts fused or, with ``per_expert``, one module each). Used to refuse a
+    checkpoint before any weight is read."""
     h, f, d, vocab = flavor.hidden_size, flavor.ffn_hidden_size, flavor.kv_channels, flavor.vocab_size
     q, kv = flavor.num_attention_heads * d, flavor.num_query_groups * d
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, h), "model.norm.weight": (h,)}
@@ -173,8 +201,13 @@ def hf_tensor_shapes(flavor: DecoderFlavor) -> dict[str, tuple[int, ...]]:
         })
         if flavor.num_experts is not None:
             e, m = flavor.num_experts, flavor.moe_ffn_hidden_size or 0
-            shapes.update({hf + "mlp.gate.weight": (e, h), hf + "mlp.experts.gate_up_proj": (e, 2 * m, h),
-                           hf + "mlp.experts.down_proj": (e, h, m)})
+            shapes[_router_name(flavor, hf, per_expert)] = (e, h)
+            if per_expert:
+                for expert in range(e):
+                    gate, up, down = _expert_names(flavor, hf, expert)
+                    shapes.update({gate: (m, h), up: (m, h), down: (h, m)})
+            else:
+                shapes.update({hf + "mlp.experts.gate_up_proj": (e, 2 * m, h), hf + "mlp.experts.down_proj": (e, h, m)})
         else:
             shapes.update({hf + "mlp.gate_proj.weight": (f, h), hf + "mlp.up_proj.weight": (f, h),
                            hf + "mlp.down_proj.weight": (h, f)})
