@@ -101,10 +101,23 @@ def test_cuda_graph_and_overlap_switches():
     assert _resolve(tp_comm_overlap=True).transformer_config_kwargs()["tp_comm_overlap"] is True
     with pytest.raises(ValueError, match="cuda_graphs 'transformer_engine' needs Transformer Engine"):
         _resolve(te=False, cuda_graphs="transformer_engine")
-    with pytest.raises(ValueError, match="tp_comm_overlap uses Transformer Engine"):
+    with pytest.raises(ValueError, match="tp_comm_overlap uses userbuffers, which need Transformer Engine"):
         _resolve(te=False, tp_comm_overlap=True)
     with pytest.raises(ValueError, match="cuda_graphs must be"):
         _resolve(cuda_graphs="always")
+
+
+def test_layers_choice():
+    assert _resolve().layers == "te" and _resolve(te=False).layers == "local"
+    assert _resolve(layers="local").layers == "local" and _resolve(layers="te").layers == "te"
+    with pytest.raises(ValueError, match="precision fp8 needs Transformer Engine layers \\(layers: local"):
+        _resolve("fp8", layers="local")
+    with pytest.raises(ValueError, match="attention 'flash' runs through Transformer Engine layers"):
+        _resolve(layers="local", attention="flash")
+    with pytest.raises(ValueError, match="layers 'te' needs Transformer Engine: pip install"):
+        _resolve(te=False, layers="te")
+    with pytest.raises(ValueError, match="layers must be one of auto, te, local"):
+        _resolve(layers="apex")
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -147,6 +160,19 @@ def test_backend_resolves_settings_from_its_device_and_libraries(fake_transforme
     settings = Hopper().megatron_settings("fp8", fp8_recipe="auto")
     assert (settings.fp8, settings.fp8_recipe, settings.params_dtype) == ("hybrid", "tensorwise", "bf16")
     assert Hopper().supports("fp8") and Hopper().supports("te")
+
+
+def test_layers_local_builds_local_layers_even_with_transformer_engine(fake_transformer_engine, capsys):
+    from megatron.core.models.backends import LocalSpecProvider
+
+    class Hopper(CUDABackend):
+        def device_module(self):
+            return FakeCudaModule(capability=HOPPER)
+
+    backend = Hopper()
+    assert backend.megatron_settings("bf16", layers="local").layers == "local"
+    assert isinstance(backend.spec_provider(), LocalSpecProvider)
+    assert "loongforge-cuda:" not in capsys.readouterr().err  # asked for, so no notice
 
 
 def test_without_transformer_engine_layers_are_local_with_one_notice(capsys):

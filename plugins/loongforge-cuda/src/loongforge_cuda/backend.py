@@ -67,8 +67,16 @@ class CUDABackend(DeviceModuleBackend):
         """An NVTX range, which Nsight Systems shows on the timeline."""
         return self.device_module().nvtx.range(name)
 
+    #: Layers the run's settings chose (``device_options.layers``); ``None`` until ``megatron_settings`` ran.
+    _layers: str | None = None
+
     def spec_provider(self) -> Any:
-        """Transformer Engine's spec provider when TE is installed, else megatron's local layers (with a notice)."""
+        """Transformer Engine's spec provider when TE is installed (and the run did not ask for
+        ``layers: local``), else megatron's local layers (with a notice when TE is simply missing)."""
+        if self._layers == "local":
+            from megatron.core.models.backends import LocalSpecProvider
+
+            return LocalSpecProvider()
         if installed("transformer_engine"):
             from megatron.core.extensions.transformer_engine_spec_provider import TESpecProvider
 
@@ -83,10 +91,12 @@ class CUDABackend(DeviceModuleBackend):
 
         See :data:`loongforge_cuda.settings.OPTIONS` for the options and their defaults.
         """
-        return resolve_settings(
+        settings = resolve_settings(
             precision, options, capability=self.capability(), te_recipes=te_recipe_classes(),
             te=installed("transformer_engine"), flash_attn=installed("flash_attn"),
         )
+        self._layers = settings.layers  # the trainer resolves settings before it builds the model
+        return settings
 
     def doctor_rows(self) -> list[tuple[str, str]]:
         """CUDA build, visible devices and the optional GPU libraries (no context is created)."""

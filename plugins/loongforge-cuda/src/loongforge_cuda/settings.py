@@ -17,6 +17,7 @@ from loongforge_cuda.capability import MIN_CAPABILITY, choose_fp8_recipe
 
 #: Options ``megatron_settings`` accepts, with their defaults.
 OPTIONS: dict[str, Any] = {
+    "layers": "auto",  # auto (Transformer Engine when installed), te, local (megatron-core's own torch layers)
     "fp8_format": "hybrid",  # megatron TransformerConfig.fp8: "hybrid" (e4m3 fwd, e5m2 grads) or "e4m3"
     "fp8_recipe": "auto",  # auto, delayed, tensorwise, blockwise, mxfp8
     "fp8_param": False,  # keep GEMM weights in FP8 (saves memory; TE decides which)
@@ -28,6 +29,7 @@ OPTIONS: dict[str, Any] = {
 }
 
 _ATTENTION = ("auto", "flash", "fused", "unfused", "local")
+_LAYERS = ("auto", "te", "local")
 _GRAPH_IMPL = {
     False: "none", "none": "none", True: "local", "local": "local", "transformer_engine": "transformer_engine",
 }
@@ -37,6 +39,8 @@ _GRAPH_IMPL = {
 class CUDAMegatronSettings(MegatronSettings):
     """Resolved CUDA settings; every field maps onto a megatron-core config field of the same meaning."""
 
+    #: ``te`` (Transformer Engine layers) or ``local``; the backend's spec provider builds these.
+    layers: str = "local"
     fp8: str | None = None
     fp8_recipe: str | None = None
     fp8_param: bool = False
@@ -83,14 +87,21 @@ def resolve_settings(
         raise ValueError(f"unknown cuda option(s) {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
     opts = {**OPTIONS, **options}
     sm = f"{capability[0]}.{capability[1]}"
+    if opts["layers"] not in _LAYERS:
+        raise ValueError(f"layers must be one of {', '.join(_LAYERS)}, got '{opts['layers']}'")
+    if opts["layers"] == "te" and not te:
+        raise ValueError("layers 'te' needs Transformer Engine: pip install 'loongforge-cuda[te]'")
+    te_layers = te and opts["layers"] != "local"
+    needs_te = ("Transformer Engine layers (layers: local was asked for)" if te
+                else "Transformer Engine: pip install 'loongforge-cuda[te]'")
     if precision not in ("fp32", "bf16", "fp16", "fp8"):
         raise ValueError(f"unknown precision '{precision}' for cuda; use fp32, bf16, fp16 or fp8")
     if precision in ("bf16", "fp8") and capability < MIN_CAPABILITY["bf16"]:
         raise ValueError(f"precision {precision} needs bf16 tensor cores (compute capability 8.0+); this GPU is {sm}")
     fp8_fields: dict[str, Any] = {}
     if precision == "fp8":
-        if not te:
-            raise ValueError("precision fp8 needs Transformer Engine: pip install 'loongforge-cuda[te]'")
+        if not te_layers:
+            raise ValueError(f"precision fp8 needs {needs_te}")
         if opts["fp8_format"] not in ("hybrid", "e4m3"):
             raise ValueError(f"fp8_format must be hybrid or e4m3, got '{opts['fp8_format']}'")
         recipe = choose_fp8_recipe(str(opts["fp8_recipe"]), capability, te_recipes)
@@ -103,20 +114,21 @@ def resolve_settings(
     if attention not in _ATTENTION:
         raise ValueError(f"attention must be one of {', '.join(_ATTENTION)}, got '{attention}'")
     # megatron runs flash-attn and cuDNN fused attention through TE's DotProductAttention.
-    if attention in ("flash", "fused") and not te:
-        raise ValueError(f"attention '{attention}' runs through Transformer Engine: pip install 'loongforge-cuda[te]'")
+    if attention in ("flash", "fused") and not te_layers:
+        raise ValueError(f"attention '{attention}' runs through {needs_te}")
     if attention == "flash" and not (flash_attn and capability >= MIN_CAPABILITY["flash_attn"]):
         raise ValueError(f"attention 'flash' needs flash-attn installed (pip install 'loongforge-cuda[flash]') "
                          f"and compute capability 8.0+ (this GPU is {sm})")
     graphs = opts["cuda_graphs"]
     if graphs not in _GRAPH_IMPL:
         raise ValueError(f"cuda_graphs must be true, false, 'local' or 'transformer_engine', got {graphs!r}")
-    if _GRAPH_IMPL[graphs] == "transformer_engine" and not te:
-        raise ValueError("cuda_graphs 'transformer_engine' needs Transformer Engine: pip install 'loongforge-cuda[te]'")
-    if opts["tp_comm_overlap"] and not te:
-        raise ValueError("tp_comm_overlap uses Transformer Engine's userbuffers: pip install 'loongforge-cuda[te]'")
+    if _GRAPH_IMPL[graphs] == "transformer_engine" and not te_layers:
+        raise ValueError(f"cuda_graphs 'transformer_engine' needs {needs_te}")
+    if opts["tp_comm_overlap"] and not te_layers:
+        raise ValueError(f"tp_comm_overlap uses userbuffers, which need {needs_te}")
     return CUDAMegatronSettings(
         params_dtype="bf16" if precision == "fp8" else precision,
+        layers="te" if te_layers else "local",
         attention_backend=attention,
         cuda_graph_impl=_GRAPH_IMPL[graphs],
         tp_comm_overlap=bool(opts["tp_comm_overlap"]),
