@@ -99,6 +99,27 @@ def loongforge_modify_model(model: Any, config: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------------
+# Data: called by data paths whose samples vary in length.
+# ---------------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def loongforge_balance_samples(samples: Any, dp_group: Any) -> Any:
+    """Redistribute this step's samples across the data-parallel ranks, e.g. to even out their compute.
+
+    Called on every data-parallel rank, with its own samples, before they are batched for the step (so before
+    packing). The caller must normalise the loss by a global count (all ranks' tokens), so that which rank trains
+    a sample does not change the gradient. A data path that calls this hook sets ``dp_balanced = True`` on the
+    batch iterator it gives the trainer, so that an optimization can tell at train start whether it applies.
+
+    :param samples: this rank's samples, a list of dicts of tensors whose first dimension varies per sample
+        (``tokens`` [n] counts the sample's text and vision tokens).
+    :param dp_group: the data-parallel process group.
+    :return: the samples this rank trains on; stops at the first non-None result (None everywhere: unchanged).
+    """
+
+
+# ---------------------------------------------------------------------------------------------------
 # Training lifecycle: called by the trainer on every rank.
 # ---------------------------------------------------------------------------------------------------
 

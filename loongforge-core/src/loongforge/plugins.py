@@ -176,6 +176,11 @@ class PluginHost:
                 model = result
         return model
 
+    def balance_samples(self, samples: list, dp_group: Any) -> list:
+        """The samples this data-parallel rank trains on: a ``loongforge_balance_samples`` result, else ``samples``."""
+        result = self.pm.hook.loongforge_balance_samples(samples=samples, dp_group=dp_group)
+        return samples if result is None else result
+
     def on_train_start(self, trainer: Any) -> None:
         self.pm.hook.loongforge_on_train_start(trainer=trainer)
 

@@ -1,6 +1,6 @@
-"""Entry point of the ``cuda`` plugin: registers the NVIDIA GPU device backend.
+"""Entry point of the ``cuda`` plugin: registers the NVIDIA GPU device backend and the ``adaptive-fp8`` optimization.
 
-Torch-free at import: the backend class is registered by import path and loaded only when selected.
+Torch-free at import: both are registered by import path and loaded only when selected.
 """
 
 from __future__ import annotations
@@ -15,4 +15,13 @@ def loongforge_register_devices(registry):
         "loongforge_cuda.backend:CUDABackend",
         aliases=("gpu", "nvidia"),
         description="NVIDIA GPUs: NCCL, Transformer Engine layers when installed, bf16/fp8 by capability",
+    )
+
+
+@hookimpl
+def loongforge_register_optimizations(registry):
+    registry.register(
+        "adaptive-fp8",
+        "loongforge_cuda.fp8.optimization:AdaptiveFP8Optimization",
+        description="FP8 per GEMM module only where a measured policy says it beats BF16 at the run's token count",
     )

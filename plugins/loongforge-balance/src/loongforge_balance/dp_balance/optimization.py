@@ -1,0 +1,144 @@
+"""``optimizations: {dp-balance: {...}}``: balance variable-length samples across data-parallel ranks every step.
+
+Options:
+
+* ``warmup_steps`` (default 16, at least 8): steps measured, unbalanced, before the cost model is fitted from
+  their step times (the first step of a process is not measured: it includes one-off work);
+* ``cost`` (``{a, b, c}``): pin the cost model instead of fitting it (no warm-up);
+* ``token_cap``: the most tokens a rank may receive (activation memory); none by default;
+* ``length_key`` (default ``tokens``): the sample field whose first dimension is the sample's length.
+
+The data path must call the ``loongforge_balance_samples`` hook (see ``docs/plugin-authors.md``); a run whose data
+does not (core's fixed-length pretraining and SFT rows, where every rank already does the same compute) is refused
+at train start rather than run unbalanced. The fitted coefficients are saved in checkpoints, so a resumed run does
+not warm up again.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from loongforge import hookimpl
+from loongforge.errors import ConfigError
+
+from loongforge_balance.dp_balance.balance import rebalance
+from loongforge_balance.dp_balance.cost import CostModel
+from loongforge_balance.dp_balance.fit import fit_from_steps
+from loongforge_balance.dp_balance.solver import CapacityError
+
+NAME = "dp-balance"
+OPTIONS = ("warmup_steps", "cost", "token_cap", "length_key")
+#: Fewer measured steps than about twice the 4 unknowns let a wrong guess of the slowest ranks fit as well.
+MIN_WARMUP = 8
+
+
+def _options(options: dict[str, Any]) -> tuple[int, CostModel | None, int | None, str]:
+    where = f"optimizations.{NAME}"
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown option(s) {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
+    warmup = options.get("warmup_steps", 16)
+    if not isinstance(warmup, int) or warmup < MIN_WARMUP:
+        raise ConfigError(f"{where}.warmup_steps must be an integer >= {MIN_WARMUP} (3 coefficients and a step "
+                          f"overhead are fitted from the slowest rank's times), got {warmup!r}")
+    cost = options.get("cost")
+    if cost is not None:
+        if not isinstance(cost, dict) or set(cost) != {"a", "b", "c"}:
+            raise ConfigError(f"{where}.cost must be a mapping with keys a, b, c, got {cost!r}")
+        try:
+            cost = CostModel(float(cost["a"]), float(cost["b"]), float(cost["c"]))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}.cost: {exc}") from None
+    cap = options.get("token_cap")
+    if cap is not None and (not isinstance(cap, int) or cap < 1):
+        raise ConfigError(f"{where}.token_cap must be a positive integer, got {cap!r}")
+    key = options.get("length_key", "tokens")
+    if not isinstance(key, str) or not key:
+        raise ConfigError(f"{where}.length_key must be a field name, got {key!r}")
+    return warmup, cost, cap, key
+
+
+class DPBalanceOptimization:
+    """The plugin object registered for a run: answers ``loongforge_balance_samples``, fits during warm-up."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.warmup_steps, self.cost, self.token_cap, self.length_key = _options(options)
+        #: (every rank's sample lengths, step time) of the measured warm-up steps.
+        self.observations: list[tuple[list[np.ndarray], float]] = []
+        #: Predicted ``max / mean`` rank load of the last balanced call, before and after.
+        self.last_imbalance: tuple[float, float] | None = None
+        self._group: Any = None
+        self._step_lengths: list[list[int]] | None = None
+        self._first_step_done = False
+
+    @hookimpl
+    def loongforge_on_train_start(self, trainer: Any) -> None:
+        if not getattr(trainer.data, "dp_balanced", False):
+            raise ConfigError(
+                f"optimizations.{NAME}: the run's data ({type(trainer.data).__name__}, data.dataset "
+                f"'{trainer.config.data.dataset}') does not call loongforge_balance_samples: its micro-batches are "
+                "fixed-length rows on which every data-parallel rank does the same compute; dp-balance needs a "
+                "variable-length data path (e.g. loongforge-vlm's)"
+            )
+
+    @hookimpl
+    def loongforge_balance_samples(self, samples: list, dp_group: Any) -> list:
+        self._group = dp_group
+        if self.cost is None:  # warm-up: train the sampler's placement and remember it for the fit
+            from loongforge_balance.dp_balance.exchange import gather_layout
+
+            self._record(gather_layout(samples, dp_group, self.length_key).rank_lengths())
+            return samples
+        try:
+            result = rebalance(samples, self.cost, dp_group, token_cap=self.token_cap, length_key=self.length_key)
+        except CapacityError as exc:  # same on every rank: the plan is computed from the same gathered sizes
+            warnings.warn(f"{NAME}: kept the sampler's placement for this batch: {exc}", stacklevel=2)
+            return samples
+        self.last_imbalance = (result.before.imbalance, result.after.imbalance)
+        return result.samples
+
+    def _record(self, rank_lengths: list[np.ndarray]) -> None:
+        if self._step_lengths is None:
+            self._step_lengths = [[] for _ in rank_lengths]
+        for held, lengths in zip(self._step_lengths, rank_lengths, strict=True):
+            held.extend(lengths.tolist())
+
+    @hookimpl
+    def loongforge_on_step_end(self, trainer: Any, step: int, metrics: dict) -> None:
+        if self.last_imbalance is not None:
+            metrics["dp_balance_imbalance_before"], metrics["dp_balance_imbalance"] = self.last_imbalance
+        lengths, self._step_lengths = self._step_lengths, None
+        if self.cost is not None or lengths is None:
+            return
+        if not self._first_step_done:
+            self._first_step_done = True
+            return
+        # Ranks time their step slightly differently; the slowest rank's time is the step's, the same everywhere.
+        seconds = torch.tensor([float(metrics["step_time"])], dtype=torch.float64)
+        dist.all_reduce(seconds, op=dist.ReduceOp.MAX, group=self._group)
+        self.observations.append(([np.asarray(x) for x in lengths], float(seconds.item())))
+        if len(self.observations) >= self.warmup_steps:
+            self.cost = self._fit()
+
+    def _fit(self) -> CostModel:
+        """Fit on the group's first rank and broadcast, so that every rank plans with bit-identical coefficients."""
+        model, _ = fit_from_steps([o[0] for o in self.observations], [o[1] for o in self.observations])
+        coefficients = torch.tensor([model.a, model.b, model.c], dtype=torch.float64)
+        first = 0 if self._group is None else dist.get_global_rank(self._group, 0)
+        dist.broadcast(coefficients, src=first, group=self._group)
+        return CostModel(*coefficients.tolist())
+
+    @hookimpl
+    def loongforge_on_checkpoint_save(self, trainer: Any, path: str, extra_state: dict) -> None:
+        if self.cost is not None:
+            extra_state[NAME] = {"cost": self.cost.as_dict()}
+
+    @hookimpl
+    def loongforge_on_checkpoint_load(self, trainer: Any, path: str, extra_state: dict) -> None:
+        saved = extra_state.get(NAME)
+        if saved is not None and self.cost is None:
+            self.cost = CostModel(**saved["cost"])
