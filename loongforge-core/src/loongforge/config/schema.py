@@ -224,5 +224,7 @@ class LoongForgeConfig:
     device_options: dict[str, Any] = field(default_factory=dict)
     #: Optimizations to switch on by registered name, each with its own settings mapping.
     optimizations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Options of a task model (diffusion DiT, VLA policy; see ``loongforge.tasks``), checked by its task.
+    task: dict[str, Any] = field(default_factory=dict)
     #: Where this config was read from (set by the loader, used in error messages).
     source: str = "<defaults>"

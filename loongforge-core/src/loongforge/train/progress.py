@@ -18,9 +18,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 def _fmt(metrics: dict[str, Any]) -> str:
     grad_norm = metrics.get("grad_norm")
     norm = f"{grad_norm:.3f}" if grad_norm is not None else "n/a"  # None when clipping is off
-    return (
-        f"loss {metrics['loss']:.4f} | lr {metrics['lr']:.3e} | grad_norm {norm} | {metrics['tokens_per_s']:,.0f} tok/s"
-    )
+    speed = (f"{metrics['tokens_per_s']:,.0f} tok/s" if "tokens_per_s" in metrics
+             else f"{metrics['samples_per_s']:,.1f} samples/s")  # task models (diffusion, VLA) count samples
+    return f"loss {metrics['loss']:.4f} | lr {metrics['lr']:.3e} | grad_norm {norm} | {speed}"
 
 
 class ProgressDisplay:

@@ -165,10 +165,27 @@ def run_training(config: LoongForgeConfig, *, device: str | None = None, device_
             host.unregister(f"optimization:{name}")
 
 
+def _task_of(config: LoongForgeConfig, host: Any) -> Any:
+    """The task of a model kind that brings one (``loongforge.tasks``); ``None`` for megatron decoders."""
+    from loongforge.tasks import task_for
+
+    model = host.registry("model").load(config.model.name, where=f"model.name in {config.source}")
+    task = task_for(model, config)
+    if task is None and config.task:
+        raise ConfigError(f"{config.source}: task options {sorted(config.task)} are set but model "
+                          f"'{config.model.name}' has no task (only diffusion and VLA models take task:)")
+    return task
+
+
 def _run(config: LoongForgeConfig, host: Any, backend: Any, reason: str, info: Any) -> dict:
     from loongforge.train.batches import load_tokenizer
 
     _say(info.rank, f"device: {backend.name} ({reason})")
+    task = _task_of(config, host)
+    if task is not None:  # a model kind with a task of its own (diffusion, VLA): the plain torch loop
+        from loongforge.train.task_loop import run_task
+
+        return run_task(config, task, backend, host, world_size=info.world_size, say=lambda m: _say(info.rank, m))
     backend.apply_patches()
     # Everything that can be wrong with the layout, model sizes and batch fails here, before any group or model.
     strategy = host.registry("strategy").load(config.parallel.strategy, where=f"parallel.strategy in {config.source}")

@@ -1,3 +1,3 @@
 """LoongForge diffusion models (import name ``loongforge_diffusion``)."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

@@ -72,6 +72,12 @@ class WanFlavor:
     def patch_volume(self) -> int:
         return math.prod(self.patch_size)
 
+    def make_task(self, config: Any) -> Any:
+        """What ``loongforge train`` runs for this flavor (the core trainer's task; see ``run_task``)."""
+        from loongforge_diffusion.run_task import WanRunTask
+
+        return WanRunTask(self, config)
+
     def with_overrides(self, **overrides: Any) -> WanFlavor:
         """A copy with some fields changed (``num_layers=2`` for a smoke run); unknown names are errors."""
         known = {f.name for f in dataclasses.fields(self)}

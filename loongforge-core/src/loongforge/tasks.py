@@ -1,0 +1,43 @@
+"""Tasks: how model kinds other than megatron decoders (diffusion DiTs, later VLA policies) plug into ``train``.
+
+A registered model object that has a ``make_task(config)`` method is trained by
+:func:`loongforge.train.task_loop.run_task` instead of the megatron GPT path. The task owns everything that is
+specific to its model kind -- building the model and the dataset, the loss of one batch, the random streams
+it draws from, and what to do after training (write samples, score them) -- while core owns the loop,
+optimizer, schedule, checkpoints, resume, metrics and progress, exactly as for LLMs. The task's options live
+under ``task:`` in the run config; the task validates them and names an unknown key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What :func:`~loongforge.train.task_loop.run_task` needs from a model kind."""
+
+    def build_model(self) -> Any:
+        """A freshly initialised ``torch.nn.Module`` (seeded by the caller)."""
+
+    def build_dataset(self) -> Any:
+        """A map-style dataset whose items are dicts of tensors of equal shapes (stacked into batches)."""
+
+    def training_step(self, model: Any, batch: dict[str, Any]) -> Any:
+        """The scalar loss of one batch; the loop runs backward and the optimizer."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The task's own random streams (tensors/ints only), saved in checkpoints for bit-exact resume."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+    def finish(self, model: Any, output_dir: Path) -> dict[str, Any]:
+        """After the last step: write samples or evaluate; the returned entries join the run summary."""
+
+
+def task_for(model_object: Any, config: Any) -> Task | None:
+    """The task of a registered model object, or ``None`` for a megatron decoder flavor."""
+    make_task = getattr(model_object, "make_task", None)
+    return make_task(config) if callable(make_task) else None
