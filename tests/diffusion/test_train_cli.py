@@ -41,6 +41,26 @@ def test_train_samples_gifs_and_resumes_bit_exactly(tmp_path):
     assert _losses(tmp_path / "resumed") == _losses(tmp_path / "straight")  # bit-exact after the resume at 5
 
 
+def test_sample_command_writes_gif_mp4_and_png(tmp_path, capsys):
+    import av
+
+    run_training(_config(tmp_path, "run", "training.steps=2", "task.sample={videos: 0}"))
+    checkpoints = tmp_path / "run" / "checkpoints"
+    prompts = ["a red square of size 4 moving right", "blue 3 up"]
+    for fmt in ("gif", "mp4", "png"):
+        args = ["sample", str(checkpoints), "--steps", "2", "--out", str(tmp_path / fmt), "--format", fmt]
+        assert main(args + [arg for p in prompts for arg in ("--prompt", p)]) == 0
+    out = capsys.readouterr().out
+    assert "sample-000.gif  <- 'a red square of size 4 moving right'" in out
+    assert Image.open(tmp_path / "gif" / "sample-001.gif").size == (128, 128)
+    with av.open(str(tmp_path / "mp4" / "sample-000.mp4")) as video:
+        assert video.streams.video[0].codec_context.name == "h264" and len(list(video.decode(video=0))) == 4
+    assert len(list((tmp_path / "png" / "sample-001").glob("frame-*.png"))) == 4
+
+    assert main(["sample", str(checkpoints), "--prompt", "a purple square"]) == 2
+    assert "must name exactly one colour" in capsys.readouterr().err
+
+
 def test_bad_task_options_are_one_line_errors(tmp_path, capsys):
     config = str(ROOT / CONFIG)
     assert main(["train", config, f"run.output_dir={tmp_path}", "task.smaples=3"]) == 2

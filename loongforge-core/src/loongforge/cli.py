@@ -13,6 +13,7 @@ import sys
 import time
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 
 from loongforge.errors import ConfigError, LoongForgeError
 from loongforge.registry import REGISTRY_KINDS, UnknownComponentError, plural
@@ -70,6 +71,16 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0 = off)")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--tokenizer", help="override the checkpoint's tokenizer: byte or hf:/dir")
+
+    sample = sub.add_parser("sample", help="sample videos/images from a diffusion (task) checkpoint")
+    sample.add_argument("checkpoint", help="task checkpoint (or its checkpoints root)")
+    sample.add_argument("--prompt", action="append", required=True, help="a caption; repeat for several")
+    sample.add_argument("--out", default="samples", help="output directory (default ./samples)")
+    sample.add_argument("--steps", type=int, default=20, help="sampler steps (default 20)")
+    sample.add_argument("--guidance", type=float, default=3.0, help="classifier-free guidance scale (1 = off)")
+    sample.add_argument("--seed", type=int, default=0)
+    sample.add_argument("--format", choices=("gif", "mp4", "png"), default="gif",
+                        help="gif (default), mp4 (needs PyAV) or png frames")
     return parser
 
 
@@ -194,6 +205,18 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_sample(args: argparse.Namespace) -> int:
+    _quiet_optional_dependency_warnings()
+    from loongforge.train.task_loop import load_task_model
+
+    task, model, path = load_task_model(args.checkpoint)
+    written = task.sample_files(model, args.prompt, Path(args.out), steps=args.steps, guidance=args.guidance,
+                                seed=args.seed, fmt=args.format)
+    for prompt, file in zip(args.prompt, written, strict=True):
+        print(f"{file}  <- {prompt!r}")
+    return 0
+
+
 _COMMANDS = {
     "train": _cmd_train,
     "check": _cmd_check,
@@ -203,6 +226,7 @@ _COMMANDS = {
     "preprocess": _cmd_preprocess,
     "convert": _cmd_convert,
     "generate": _cmd_generate,
+    "sample": _cmd_sample,
 }
 
 if __name__ == "__main__":

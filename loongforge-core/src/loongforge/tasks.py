@@ -36,6 +36,10 @@ class Task(Protocol):
     def finish(self, model: Any, output_dir: Path) -> dict[str, Any]:
         """After the last step: write samples or evaluate; the returned entries join the run summary."""
 
+    def sample_files(self, model: Any, prompts: list[str], out_dir: Path, *, steps: int, guidance: float, seed: int,
+                     fmt: str) -> list[Path]:
+        """``loongforge sample``: one file per prompt (``fmt`` gif, mp4 or png) written under ``out_dir``."""
+
 
 def task_for(model_object: Any, config: Any) -> Task | None:
     """The task of a registered model object, or ``None`` for a megatron decoder flavor."""

@@ -4,7 +4,8 @@ Same contract as the megatron path: AdamW with the config's warmup + decay sched
 a seeded data order, progress and metrics (JSONL + TensorBoard), the lifecycle hooks, atomic checkpoints with a
 verified manifest, and resume that continues bit-exactly (model, optimizer, schedule, every RNG stream including
 the task's own, data position). A checkpoint holds ``model.safetensors``, ``optimizer.pt`` and ``state.pt``
-(loaded with ``weights_only=True``) and ``trainer.json``.
+(loaded with ``weights_only=True``), ``trainer.json`` and the resolved ``config.yaml`` (which
+:func:`load_task_model` rebuilds the model from, e.g. for ``loongforge sample``).
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from safetensors.torch import load_file, save_file
 
 from loongforge.checkpoint.layout import CheckpointDir
 from loongforge.checkpoint.manifest import write_manifest
 from loongforge.checkpoint.rng import capture_rng_state, restore_rng_state
+from loongforge.checkpoint.saver import CONFIG_YAML
+from loongforge.config.loader import config_to_dict
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import ConfigError
 
@@ -113,6 +117,7 @@ class TaskTrainer:
         self.host.on_checkpoint_save(self, str(tmp), extra_state)
         meta = {"step": self.step, "model": self.config.model.name, "extra_state": extra_state}
         (tmp / "trainer.json").write_text(json.dumps(meta, indent=1))
+        (tmp / CONFIG_YAML).write_text(yaml.safe_dump(config_to_dict(self.config), sort_keys=False), encoding="utf-8")
         write_manifest(tmp, step=self.step)
         return directory.commit(tmp, self.step)
 
@@ -207,3 +212,22 @@ def run_task(config: LoongForgeConfig, task: Any, backend: Any, host: Any, *, wo
     summary.update(finished)
     host.on_train_end(trainer, summary)
     return summary
+
+
+def load_task_model(checkpoint: str | Path) -> tuple[Any, Any, Path]:
+    """``(task, model, checkpoint dir)`` from a task checkpoint (or a checkpoint root's ``latest``), verified."""
+    from loongforge.config.loader import load_config
+    from loongforge.interop.mcore_checkpoint import find_checkpoint
+    from loongforge.plugins import get_host
+    from loongforge.tasks import task_for
+
+    path = find_checkpoint(checkpoint)
+    config = load_config(path / CONFIG_YAML)
+    model_object = get_host().registry("model").load(config.model.name, where=f"model.name in {path / CONFIG_YAML}")
+    task = task_for(model_object, config)
+    if task is None:
+        raise ConfigError(f"{path}: model '{config.model.name}' is not a task model (use `loongforge generate`)")
+    torch.manual_seed(config.run.seed)
+    model = task.build_model()
+    model.load_state_dict(load_file(str(path / "model.safetensors")))
+    return task, model.eval(), path

@@ -15,6 +15,7 @@ A run config names a Wan flavor (``model: wan-tiny``) and puts the diffusion opt
 
 After training the task samples videos for held-out captions, writes them as GIFs to ``<output_dir>/samples``
 and, for moving squares, scores them with :mod:`loongforge_diffusion.scoring` (colour, direction, square-ness).
+``loongforge sample CHECKPOINT --prompt "a red square of size 4 moving right"`` samples new captions later.
 """
 
 from __future__ import annotations
@@ -26,8 +27,15 @@ from typing import Any
 import torch
 from loongforge.errors import ConfigError
 
-from loongforge_diffusion.data.moving_squares import Geometry, MovingSquares
+from loongforge_diffusion.data.moving_squares import (
+    Geometry,
+    MovingSquares,
+    caption_tokens,
+    embedding_table,
+    parse_caption,
+)
 from loongforge_diffusion.flow_matching import FlowMatchingConfig
+from loongforge_diffusion.media import write_video
 from loongforge_diffusion.scoring import score_videos
 from loongforge_diffusion.task import DiffusionTask
 from loongforge_diffusion.wan.flavors import WanFlavor
@@ -93,20 +101,24 @@ class WanRunTask:
         shape = (len(items), *items[0]["video"].shape)
         videos = self.task.sample(model, {"context": context}, opts["steps"], shape=shape,
                                   guidance=float(opts["guidance"]), seed=int(opts["seed"]))
-        directory = write_gifs(videos, Path(output_dir) / "samples")
+        directory = Path(output_dir) / "samples"
+        for index, video in enumerate(videos):
+            write_video(video, directory / f"sample-{index:03d}")
         scores = score_videos(videos, labels) if self.options["data"] is None else {}
         return {"samples_dir": str(directory), "sample_scores": scores}
 
-
-def write_gifs(videos: torch.Tensor, directory: Path, *, scale: int = 8, frame_ms: int = 250) -> Path:
-    """Write ``(B, 3, T, H, W)`` videos in [-1, 1] as looping GIFs ``sample-<i>.gif``, enlarged ``scale`` times."""
-    from PIL import Image
-
-    directory.mkdir(parents=True, exist_ok=True)
-    pixels = ((videos.detach().float().cpu().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-    for index, video in enumerate(pixels):
-        frames = [Image.fromarray(frame.permute(1, 2, 0).numpy()).resize(
-            (frame.shape[2] * scale, frame.shape[1] * scale), Image.NEAREST) for frame in video.unbind(1)]
-        frames[0].save(directory / f"sample-{index:03d}.gif", save_all=True, append_images=frames[1:],
-                       duration=frame_ms, loop=0)
-    return directory
+    def sample_files(self, model: torch.nn.Module, prompts: list[str], out_dir: Path, *, steps: int, guidance: float,
+                     seed: int, fmt: str) -> list[Path]:
+        """``loongforge sample``: one video per moving-squares caption (``"a red square of size 4 moving right"``)."""
+        if self.options["data"] is not None:
+            raise ConfigError("sampling from prompts needs the captions' text encoder; this run trained on a "
+                              "written dataset of precomputed caption states")
+        try:
+            labels = torch.stack([parse_caption(prompt) for prompt in prompts])
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        context = embedding_table(self.flavor.text_dim)[caption_tokens(labels)]
+        geometry = self.geometry
+        shape = (len(prompts), 3, geometry.frames, geometry.side, geometry.side)
+        videos = self.task.sample(model, {"context": context}, steps, shape=shape, guidance=guidance, seed=seed)
+        return [write_video(video, Path(out_dir) / f"sample-{index:03d}", fmt) for index, video in enumerate(videos)]

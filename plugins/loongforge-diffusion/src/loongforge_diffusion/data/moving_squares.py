@@ -64,6 +64,20 @@ def caption(labels: torch.Tensor) -> str:
     return f"a {list(PALETTE)[colour]} square of size {SIZES[size]} moving {list(DIRECTIONS)[direction]}"
 
 
+def parse_caption(text: str) -> torch.Tensor:
+    """Labels ``(colour, direction, size)`` of a caption naming one colour, one direction and one size, in any
+    wording (``"a red square of size 4 moving right"``, ``"red right 4"``); ``ValueError`` names what is missing."""
+    words = text.lower().replace(",", " ").split()
+    found = []
+    for what, names in (("colour", list(PALETTE)), ("direction", list(DIRECTIONS)),
+                        ("size", [str(size) for size in SIZES])):
+        hits = [names.index(w) for w in words if w in names]
+        if len(hits) != 1:
+            raise ValueError(f"caption {text!r} must name exactly one {what} (one of {', '.join(names)})")
+        found.append(hits[0])
+    return torch.tensor(found)
+
+
 def render(labels: torch.Tensor, origin: tuple[int, int], geometry: Geometry) -> torch.Tensor:
     """The video ``(3, frames, side, side)`` in [-1, 1] for one label triple and top-left start ``origin``."""
     colour, direction, size = (int(v) for v in labels)
