@@ -82,5 +82,5 @@ def test_registration_is_torch_free_and_resolves_aliases():
     )
     names, dim, torch_loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                               check=True).stdout.split()
-    assert names.split(",") == sorted(FLAVORS)
+    assert set(FLAVORS) <= set(names.split(","))  # the plugin registers other families too (Qwen-Image)
     assert dim == "1536" and torch_loaded == "False"

@@ -1,4 +1,4 @@
-"""Entry point of the ``diffusion`` plugin: registers the Wan video DiT flavors.
+"""Entry point of the ``diffusion`` plugin: registers the Wan video DiT and Qwen-Image MMDiT flavors.
 
 Torch-free at import and while registering: flavors are plain dataclasses; the torch model is built only when a
 run asks for one (:func:`loongforge_diffusion.task.DiffusionTask.build_model`).
@@ -11,7 +11,9 @@ from loongforge import hookimpl
 
 @hookimpl
 def loongforge_register_models(registry):
-    from loongforge_diffusion.wan.flavors import FLAVORS, HF_IDS, describe
+    from loongforge_diffusion.qwen_image import flavors as qwen_image
+    from loongforge_diffusion.wan import flavors as wan
 
-    for name, flavor in FLAVORS.items():
-        registry.register(name, flavor, aliases=HF_IDS.get(name, ()), description=describe(flavor))
+    for family in (wan, qwen_image):
+        for name, flavor in family.FLAVORS.items():
+            registry.register(name, flavor, aliases=family.HF_IDS.get(name, ()), description=family.describe(flavor))

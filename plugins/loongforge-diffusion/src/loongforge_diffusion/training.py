@@ -7,6 +7,8 @@ latent frame is kept clean, its tokens get timestep 0 (per-token timesteps) and 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from loongforge_diffusion.flow_matching import (
@@ -27,23 +29,33 @@ def token_timesteps(sigma: torch.Tensor, grid: tuple[int, int, int], clean_frame
     return per_frame.repeat_interleave(rows * cols, dim=1)
 
 
-def flow_matching_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], generator: torch.Generator,
-                       config: FlowMatchingConfig = FlowMatchingConfig(), *, context_dropout: float = 0.0,
-                       clean_first_frame: bool = False) -> torch.Tensor:
-    """The mean flow-matching loss of ``model`` on ``batch``.
+@dataclass(frozen=True)
+class StepInputs:
+    """One step's model inputs and regression target, drawn before the model runs.
 
-    :param batch: ``video`` (B, C, T, H, W) clean latents, ``context`` (B, L, text_dim); optionally
-        ``condition`` (I2V channels concatenated to the noisy input) and ``image_context`` (CLIP tokens).
-    :param generator: a CPU generator for noise levels, noise and caption dropout (reproducible steps).
-    :param context_dropout: probability of zeroing a sample's caption, which teaches the unconditional
-        velocity classifier-free guidance needs.
+    Split from the loss so that a context-parallel step (``loongforge_diffusion.parallel``) draws exactly the
+    same noise levels, noise and caption dropout from the same generator, then keeps only its tokens.
+    ``mask (B, 1, T, H, W)`` is 0 where the loss ignores the video (the clean first frame of TI2V).
     """
+
+    model_input: torch.Tensor
+    timestep: torch.Tensor
+    context: torch.Tensor
+    image_context: torch.Tensor | None
+    target: torch.Tensor
+    mask: torch.Tensor
+    weight: torch.Tensor
+
+
+def step_inputs(model: torch.nn.Module, batch: dict[str, torch.Tensor], generator: torch.Generator,
+                config: FlowMatchingConfig = FlowMatchingConfig(), *, context_dropout: float = 0.0,
+                clean_first_frame: bool = False) -> StepInputs:
+    """Noise ``batch`` for one step; the arguments are those of :func:`flow_matching_step`."""
     x0 = batch["video"]
     batch_size, device = x0.shape[0], x0.device
     sigma = sample_sigmas(batch_size, config, generator).to(device)
     noise = torch.randn(x0.shape, generator=generator, dtype=x0.dtype).to(device)
     noisy = interpolate(x0, noise, sigma)
-    target = velocity_target(x0, noise)
     mask = torch.ones_like(x0[:, :1])
     if clean_first_frame:
         patch = model.flavor.patch_size
@@ -58,7 +70,25 @@ def flow_matching_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], g
         keep = torch.rand(batch_size, generator=generator) >= context_dropout
         context = context * keep.to(device=device, dtype=context.dtype)[:, None, None]
     model_input = noisy if "condition" not in batch else torch.cat([noisy, batch["condition"]], dim=1)
-    prediction = model(model_input, timestep, context, batch.get("image_context"))
-    squared = ((prediction.float() - target.float()) ** 2 * mask).flatten(1).sum(dim=1)
-    per_sample = squared / (mask.flatten(1).sum(dim=1) * x0.shape[1])
-    return (per_sample * loss_weight(sigma, config.weighting)).mean()
+    return StepInputs(model_input, timestep, context, batch.get("image_context"), velocity_target(x0, noise), mask,
+                      loss_weight(sigma, config.weighting))
+
+
+def flow_matching_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], generator: torch.Generator,
+                       config: FlowMatchingConfig = FlowMatchingConfig(), *, context_dropout: float = 0.0,
+                       clean_first_frame: bool = False) -> torch.Tensor:
+    """The mean flow-matching loss of ``model`` on ``batch``.
+
+    :param batch: ``video`` (B, C, T, H, W) clean latents, ``context`` (B, L, text_dim); optionally
+        ``condition`` (I2V channels concatenated to the noisy input) and ``image_context`` (CLIP tokens).
+    :param generator: a CPU generator for noise levels, noise and caption dropout (reproducible steps).
+    :param context_dropout: probability of zeroing a sample's caption, which teaches the unconditional
+        velocity classifier-free guidance needs.
+    """
+    inputs = step_inputs(model, batch, generator, config, context_dropout=context_dropout,
+                         clean_first_frame=clean_first_frame)
+    prediction = model(inputs.model_input, inputs.timestep, inputs.context, inputs.image_context)
+    mask = inputs.mask
+    squared = ((prediction.float() - inputs.target.float()) ** 2 * mask).flatten(1).sum(dim=1)
+    per_sample = squared / (mask.flatten(1).sum(dim=1) * inputs.target.shape[1])
+    return (per_sample * inputs.weight).mean()

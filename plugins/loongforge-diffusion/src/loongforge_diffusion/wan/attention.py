@@ -8,6 +8,8 @@ normalises across *all* heads, so a TP version needs the sum of squares all-redu
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -15,8 +17,12 @@ from torch import nn
 from loongforge_diffusion.wan.rope import apply_rope
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """``(B, S, H, D)`` inputs -> ``(B, S, H*D)``; full (bidirectional) attention."""
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``(B, S, H, D)`` inputs -> ``(B, S, H*D)``; full (bidirectional) attention.
+
+    Every attention call below takes its kernel from an optional ``layout`` (duck-typed, see
+    ``loongforge_diffusion.parallel.layout.TokenLayout``): packed videos attend per video and context-parallel
+    ranks exchange heads for sequence there, so this module stays single-device and free of masks."""
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
     return out.transpose(1, 2).flatten(2)
 
@@ -30,12 +36,13 @@ class SelfAttention(nn.Module):
         self.norm_k = nn.RMSNorm(dim, eps=eps)
         self.out = nn.Linear(dim, dim)
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, layout: Any = None) -> torch.Tensor:
         q, k, v = self.qkv(x).chunk(3, dim=-1)
         heads = (self.num_heads, -1)
         q = apply_rope(self.norm_q(q).unflatten(-1, heads), rope)
         k = apply_rope(self.norm_k(k).unflatten(-1, heads), rope)
-        return self.out(_attend(q, k, v.unflatten(-1, heads)))
+        kernel = attend if layout is None else layout.self_attention
+        return self.out(kernel(q, k, v.unflatten(-1, heads)))
 
 
 class CrossAttention(nn.Module):
@@ -53,14 +60,17 @@ class CrossAttention(nn.Module):
         self.kv_img = nn.Linear(dim, 2 * dim) if with_image else None
         self.norm_k_img = nn.RMSNorm(dim, eps=eps) if with_image else None
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor, image_context: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, context: torch.Tensor, image_context: torch.Tensor | None,
+                layout: Any = None) -> torch.Tensor:
         heads = (self.num_heads, -1)
         q = self.norm_q(self.q(x)).unflatten(-1, heads)
         k, v = self.kv(context).chunk(2, dim=-1)
-        out = _attend(q, self.norm_k(k).unflatten(-1, heads), v.unflatten(-1, heads))
+        text_kernel = attend if layout is None else layout.text_attention
+        out = text_kernel(q, self.norm_k(k).unflatten(-1, heads), v.unflatten(-1, heads))
         if self.kv_img is not None:
             if image_context is None:
                 raise ValueError("this Wan model has an image branch (I2V): pass image_context")
             k_img, v_img = self.kv_img(image_context).chunk(2, dim=-1)
-            out = out + _attend(q, self.norm_k_img(k_img).unflatten(-1, heads), v_img.unflatten(-1, heads))
+            image_kernel = attend if layout is None else layout.image_attention
+            out = out + image_kernel(q, self.norm_k_img(k_img).unflatten(-1, heads), v_img.unflatten(-1, heads))
         return self.out(out)

@@ -8,6 +8,8 @@ training does not drift from it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -44,11 +46,12 @@ class WanBlock(nn.Module):
         self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
 
     def forward(self, x: torch.Tensor, context: torch.Tensor, image_context: torch.Tensor | None,
-                time_mod: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-        """``time_mod (B, N, 6, dim)`` with N = 1 or one row per token (per-token timesteps)."""
+                time_mod: torch.Tensor, rope: torch.Tensor, layout: Any = None) -> torch.Tensor:
+        """``time_mod (B, N, 6, dim)`` with N = 1 or one row per token (per-token timesteps); ``layout`` (packed
+        videos, context parallelism) chooses the attention kernels, see ``attention.attend``."""
         shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = (self.modulation + time_mod.float()).unbind(2)
-        attn = self.self_attn(modulate(self.norm_attn, x, shift_a, scale_a), rope)
+        attn = self.self_attn(modulate(self.norm_attn, x, shift_a, scale_a), rope, layout)
         x = (x.float() + attn * gate_a).type_as(x)
-        x = x + self.cross_attn(self.norm_cross(x), context, image_context)
+        x = x + self.cross_attn(self.norm_cross(x), context, image_context, layout)
         ffn = self.ffn(modulate(self.norm_ffn, x, shift_f, scale_f))
         return (x.float() + ffn.float() * gate_f).type_as(x)

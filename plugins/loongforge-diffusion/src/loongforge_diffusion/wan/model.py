@@ -7,8 +7,11 @@ Weights convert one-to-one with diffusers' ``WanTransformer3DModel`` (see ``diff
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from loongforge_diffusion.wan.block import WanBlock, modulate
 from loongforge_diffusion.wan.embeddings import ImageProjection, PatchEmbed3D, TextProjection, TimeEmbedding
@@ -42,9 +45,14 @@ def unpatchify(tokens: torch.Tensor, grid: tuple[int, int, int], patch: tuple[in
 
 
 class WanModel(nn.Module):
-    def __init__(self, flavor: WanFlavor) -> None:
+    """``recompute=True`` keeps only each block's input during the forward and recomputes the block in the
+    backward (activation checkpointing): activation memory drops from all blocks' intermediates to one block's,
+    at the price of a second forward; gradients are bitwise the same."""
+
+    def __init__(self, flavor: WanFlavor, *, recompute: bool = False) -> None:
         super().__init__()
         self.flavor = flavor
+        self.recompute = recompute
         d = flavor.dim
         with_image = flavor.image_dim is not None
         self.patch_embed = PatchEmbed3D(flavor.in_channels, d, flavor.patch_size)
@@ -86,11 +94,28 @@ class WanModel(nn.Module):
         patch = self.flavor.patch_size
         grid = tuple(n // p for n, p in zip(video.shape[2:], patch, strict=True))
         rope = rope_table(self.flavor.head_dim, grid, self.flavor.rope_theta, video.device)
-        x = self.patch_embed(video)
-        temb, time_mod = self.time_embed(timestep if timestep.ndim == 2 else timestep[:, None])
+        timestep = timestep if timestep.ndim == 2 else timestep[:, None]
+        tokens = self.forward_tokens(self.patch_embed(video), timestep, context, image_context, rope)
+        return unpatchify(tokens, grid, patch)
+
+    def forward_tokens(self, x: torch.Tensor, timestep: torch.Tensor, context: torch.Tensor,
+                       image_context: torch.Tensor | None, rope: torch.Tensor, layout: Any = None) -> torch.Tensor:
+        """Embedded video tokens ``x (B, S, dim)`` -> head outputs ``(B, S, out_channels * patch_volume)``.
+
+        The part shared by the plain forward and the packed / context-parallel ones
+        (``loongforge_diffusion.parallel``), which embed and place the tokens themselves.
+
+        :param timestep: ``(B, 1)`` or ``(B, S)``, one per token of ``x``.
+        :param rope: ``(S, head_dim // 2)`` rotations of exactly the tokens in ``x``.
+        :param layout: which tokens attend to which, see ``attention.attend``; ``None`` for one whole video.
+        """
+        temb, time_mod = self.time_embed(timestep)
         context = self.text_embed(context)
         if self.image_embed is not None and image_context is not None:
             image_context = self.image_embed(image_context)
         for block in self.blocks:
-            x = block(x, context, image_context, time_mod, rope)
-        return unpatchify(self.head(x, temb), grid, patch)
+            if self.recompute and torch.is_grad_enabled():
+                x = checkpoint(block, x, context, image_context, time_mod, rope, layout, use_reentrant=False)
+            else:
+                x = block(x, context, image_context, time_mod, rope, layout)
+        return self.head(x, temb)
