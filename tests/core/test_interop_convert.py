@@ -1,9 +1,10 @@
 """``loongforge convert`` at TP=PP=1: lossless in both directions, and the converted model is transformers' model.
 
 For each family switch (Llama 3.1 RoPE scaling, Qwen2 QKV bias, Qwen3 QK-norm; tied and untied
-embeddings; Mixtral and Qwen3-MoE experts) a tiny random transformers model is saved, converted to a LoongForge checkpoint through the CLI,
-run by megatron (fp32 logits within 1e-4 of transformers'), and converted back (every tensor bitwise equal,
-same names). Bad inputs fail with one line naming the file or tensor, and write nothing.
+embeddings; Mixtral and Qwen3-MoE experts) a tiny random transformers model is saved, converted to a
+LoongForge checkpoint through the CLI, run by megatron (fp32 logits within 1e-4 of transformers'), and
+converted back (every tensor bitwise equal, same names). Bad inputs fail with one line naming the file or
+tensor, and write nothing.
 """
 
 from __future__ import annotations

@@ -36,6 +36,11 @@ def loongforge_register_parallel_strategies(registry):
         aliases=("mcore",),
         description="megatron-core tensor/pipeline/data parallelism with sequence parallel and distributed optimizer",
     )
+    for name, what in (("ddp", "DistributedDataParallel"), ("zero1", "DDP + ZeRO-1 sharded AdamW state"),
+                       ("fsdp2", "fully_shard: parameters, grads and optimizer state sharded"),
+                       ("hsdp", "fully_shard on a replicate x shard mesh")):
+        registry.register(name, f"loongforge.parallel.torch_native:{name.upper()}",
+                          description=f"torch-native {what} (task models: diffusion, VLA)")
 
 
 @hookimpl

@@ -41,6 +41,21 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("doctor", help="report versions, devices, plugins")
 
+    planner = sub.add_parser("plan", help="choose a parallel layout: top layouts with predicted memory and step time")
+    planner.add_argument("config")
+    planner.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    planner.add_argument("--devices", type=int, required=True, help="number of devices (ranks)")
+    planner.add_argument("--device-memory", help="memory per device, e.g. 80GiB (default: parallel.planner)")
+    planner.add_argument("--ranks-per-node", type=int, help="devices per node (default 8)")
+    planner.add_argument("--device-tflops", type=float, help="achieved TFLOP/s per device (default 400)")
+    planner.add_argument("--intra-node-gbps", type=float, help="per-device bandwidth inside a node, GB/s (450)")
+    planner.add_argument("--inter-node-gbps", type=float, help="per-device bandwidth across nodes, GB/s (50)")
+    planner.add_argument("--kernels", choices=("te", "local"), default="te",
+                         help="activation profile: te (CUDA with Transformer Engine) or local (CPU build)")
+    planner.add_argument("--margin", type=float, help="share of memory kept free (default 0.1)")
+    planner.add_argument("--calibration", help="calibration file (benchmarks/planner_calibration.py --write)")
+    planner.add_argument("--top", type=int, default=5, help="layouts to show (default 5)")
+
     check = sub.add_parser("check", help="validate a config and resolve its names without training")
     check.add_argument("config")
     check.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
@@ -169,6 +184,12 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from loongforge.planner.cli import plan_command
+
+    return plan_command(args)
+
+
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from loongforge.report import doctor
 
@@ -226,6 +247,7 @@ _COMMANDS = {
     "preprocess": _cmd_preprocess,
     "convert": _cmd_convert,
     "generate": _cmd_generate,
+    "plan": _cmd_plan,
     "sample": _cmd_sample,
 }
 

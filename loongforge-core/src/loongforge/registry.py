@@ -28,7 +28,6 @@ FIRST_PARTY_PROVIDERS: tuple[tuple[str, str, str], ...] = (
     ("model", r"(qwen[\d.]*-vl|siglip|llava|internvl|vlm)", "loongforge-vlm"),
     ("model", r"(^wan|qwen-image|dit|flux|diffusion)", "loongforge-diffusion"),
     ("model", r"(pi0|gr00t|groot|vla|act-)", "loongforge-embodied"),
-    ("strategy", r"^(ddp|zero1|fsdp2?|hsdp)$", "loongforge-embodied"),
     ("optimization", r"fp8", "loongforge-cuda"),
     ("optimization", r"(taot|balance|eplb)", "loongforge-balance"),
 )

@@ -14,11 +14,13 @@ from typing import Any
 
 import yaml
 
-from loongforge.config.schema import LoongForgeConfig, ModelConfig
+from loongforge.config.schema import LoongForgeConfig, ModelConfig, ParallelConfig
 from loongforge.errors import ConfigError
 
 #: Sections that may be written as a bare name instead of a mapping (``model: qwen3-0.6b``).
 _NAME_SHORTHAND = {"model": ModelConfig}
+#: Sections that may be written as one word meaning a mapping (``parallel: auto`` = ``{auto: true}``).
+_WORD_SHORTHAND = {"parallel": (ParallelConfig, "auto", {"auto": True})}
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> LoongForgeConfig:
@@ -74,6 +76,8 @@ def _apply_override(raw: dict[str, Any], item: str) -> None:
         child = node.get(part)
         if isinstance(child, str) and part in _NAME_SHORTHAND and depth == 0:
             child = {"name": child}
+        elif depth == 0 and part in _WORD_SHORTHAND and child == _WORD_SHORTHAND[part][1]:
+            child = dict(_WORD_SHORTHAND[part][2])
         if child is None:
             child = {}
         if not isinstance(child, dict):
@@ -86,6 +90,9 @@ def _apply_override(raw: dict[str, Any], item: str) -> None:
 def _build(cls: type, data: Any, source: str, prefix: str) -> Any:
     if isinstance(data, str) and cls in _NAME_SHORTHAND.values():
         data = {"name": data}
+    for shorthand_cls, word, mapping in _WORD_SHORTHAND.values():
+        if cls is shorthand_cls and data == word:
+            data = dict(mapping)
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: '{prefix.rstrip('.') or '<top>'}' must be a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)

@@ -79,11 +79,34 @@ class ModelConfig:
 
 
 @dataclass
+class PlannerConfig:
+    """Device facts and limits for ``parallel: auto`` (null: ask the device backend or use the defaults)."""
+
+    #: Memory per device, e.g. ``80GiB`` (CPU: host memory / local processes).
+    device_memory: str | None = None
+    ranks_per_node: int | None = None
+    #: Achieved dense throughput per device in TFLOP/s for the training precision.
+    device_tflops: float | None = None
+    #: Per-device collective bandwidth in GB/s inside a node and across nodes.
+    intra_node_gbps: float | None = None
+    inter_node_gbps: float | None = None
+    #: Share of device memory left free for fragmentation and the runtime.
+    margin: float = 0.1
+    #: A calibration file written by ``benchmarks/planner_calibration.py``.
+    calibration: str | None = None
+
+
+@dataclass
 class ParallelConfig:
     """How the model is split across processes; ``dp`` is derived from the world size."""
 
     #: Parallel strategy name (``loongforge list strategies``).
     strategy: str = "megatron"
+    #: Let the planner choose tp/pp/vpp/cp/ep/etp, sequence parallelism, the distributed optimizer, the
+    #: micro-batch size and ``model.recompute`` for the run's world size (``parallel: auto`` is short for
+    #: ``{auto: true}``); the sizes below are then ignored. See docs/planner.md.
+    auto: bool = False
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
     tp: int = 1
     pp: int = 1
     #: Virtual pipeline stages per pipeline rank (interleaved schedule); null is off. Needs pp > 1, layers
@@ -106,6 +129,13 @@ class ParallelConfig:
     #: MoE token dispatcher: ``alltoall`` (send each token to the ranks of its experts) or ``allgather``
     #: (every rank gathers all tokens and keeps its experts' share).
     moe_dispatcher: str = "alltoall"
+    #: Torch-native strategies (``ddp``, ``zero1``, ``fsdp2``, ``hsdp``; task models such as diffusion DiTs):
+    #: DDP gradient bucket size in MiB, static graph, and gradient compression on the wire (``bf16``/``fp16``).
+    ddp_bucket_mb: float = 25.0
+    ddp_static_graph: bool = False
+    ddp_comm_hook: str | None = None
+    #: ``hsdp``: ranks in each sharding group; the groups replicate each other.
+    fsdp_shard_size: int | None = None
 
 
 @dataclass

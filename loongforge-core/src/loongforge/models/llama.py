@@ -30,6 +30,10 @@ FLAVORS: dict[str, DecoderFlavor] = {
         num_query_groups=8, vocab_size=128256, max_position_embeddings=131072, rope_theta=500000.0,
         rope_scaling=_LLAMA3_ROPE_8, norm_eps=1e-5,
     ),
+    "llama3-70b": DecoderFlavor(
+        family="llama", num_layers=80, hidden_size=8192, ffn_hidden_size=28672, num_attention_heads=64,
+        num_query_groups=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0, norm_eps=1e-5,
+    ),
     "llama3.2-1b": DecoderFlavor(
         family="llama", num_layers=16, hidden_size=2048, ffn_hidden_size=8192, num_attention_heads=32,
         num_query_groups=8, vocab_size=128256, max_position_embeddings=131072, rope_theta=500000.0,
@@ -55,6 +59,7 @@ HF_IDS: dict[str, tuple[str, ...]] = {
     "llama2-7b": ("meta-llama/Llama-2-7b-hf",),
     "llama2-13b": ("meta-llama/Llama-2-13b-hf",),
     "llama3-8b": ("meta-llama/Meta-Llama-3-8B",),
+    "llama3-70b": ("meta-llama/Meta-Llama-3-70B",),
     "llama3.1-8b": ("meta-llama/Llama-3.1-8B", "meta-llama/Meta-Llama-3.1-8B"),
     "llama3.2-1b": ("meta-llama/Llama-3.2-1B",),
     "llama3.2-3b": ("meta-llama/Llama-3.2-3B",),

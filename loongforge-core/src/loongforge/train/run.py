@@ -185,10 +185,12 @@ def _run(config: LoongForgeConfig, host: Any, backend: Any, reason: str, info: A
     if task is not None:  # a model kind with a task of its own (diffusion, VLA): the plain torch loop
         from loongforge.train.task_loop import run_task
 
-        return run_task(config, task, backend, host, world_size=info.world_size, say=lambda m: _say(info.rank, m))
+        return run_task(config, task, backend, host, rank=info.rank, world_size=info.world_size,
+                        say=lambda m: _say(info.rank, m))
     backend.apply_patches()
     # Everything that can be wrong with the layout, model sizes and batch fails here, before any group or model.
     strategy = host.registry("strategy").load(config.parallel.strategy, where=f"parallel.strategy in {config.source}")
+    config, auto_decision = _resolve_auto_layout(config, host, backend, info)
     layout = strategy.validate(config.parallel, info.world_size, config.source)
     flavor = resolve_model_flavor(config, host)
     plan = strategy.check_model(layout, flavor, config.training, config.source, seq_length=config.data.seq_length)
@@ -199,8 +201,25 @@ def _run(config: LoongForgeConfig, host: Any, backend: Any, reason: str, info: A
     _validate(config, flavor, tokenizer)
     settings = _device_settings(config, backend)
     _init_parallel(strategy, layout, config, backend, info)
-    trainer = _build_trainer(config, host, backend, reason, layout, plan, flavor, tokenizer, info, settings)
+    trainer = _build_trainer(config, host, backend, reason, layout, plan, flavor, tokenizer, info, settings,
+                             auto_decision=auto_decision)
     return _train(trainer, flavor, tokenizer, config, info.rank)
+
+
+def _resolve_auto_layout(config: LoongForgeConfig, host: Any, backend: Any, info: Any) -> tuple[Any, dict | None]:
+    """``parallel: auto``: the planner's best layout for this world size written into a copy of the config,
+    and the decision for the checkpoint metadata (see :mod:`loongforge.planner.auto`)."""
+    if not config.parallel.auto:
+        return config, None
+    from loongforge.planner.auto import apply_plan, plan_for_run
+    from loongforge.planner.report import explain
+
+    result = plan_for_run(config, resolve_model_flavor(config, host), backend, info.world_size)
+    if not result.ranked:
+        raise ConfigError(f"{config.source}: parallel: auto: {result.infeasible_message()}")
+    for line in explain(result):
+        _say(info.rank, f"parallel: auto {line}")
+    return apply_plan(config, result), result.decision()
 
 
 def _device_settings(config: LoongForgeConfig, backend: Any) -> Any:
@@ -242,6 +261,7 @@ def _build_trainer(
     tokenizer: Any,
     info: Any,
     settings: Any,
+    auto_decision: dict | None = None,
 ) -> Any:
     """Model -> plugins' modify_model -> DDP -> optimizer -> scheduler -> data -> Trainer, resumed if asked."""
     from megatron.core import parallel_state
@@ -268,9 +288,10 @@ def _build_trainer(
     )
     if config.model.recompute is not None:
         _say(info.rank, f"activation recompute: {config.model.recompute}")
-    checkpoints = RunCheckpoints(
-        config, host, backend, run_metadata(backend, reason, layout, info.world_size, config.model.name)
-    )
+    metadata = run_metadata(backend, reason, layout, info.world_size, config.model.name)
+    if auto_decision is not None:  # what parallel: auto chose and why, next to the device choice
+        metadata["parallel_auto"] = auto_decision
+    checkpoints = RunCheckpoints(config, host, backend, metadata)
     trainer = Trainer(
         config=config,
         host=host,

@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import yaml
 from safetensors.torch import load_file, save_file
+from torch import nn
 
-from loongforge.checkpoint.layout import CheckpointDir
+from loongforge.checkpoint.layout import CheckpointDir, step_dir_name
 from loongforge.checkpoint.manifest import write_manifest
 from loongforge.checkpoint.rng import capture_rng_state, restore_rng_state
 from loongforge.checkpoint.saver import CONFIG_YAML
@@ -63,28 +65,61 @@ class BatchOrder:
         return order[index * self.batch_size : (index + 1) * self.batch_size].tolist()
 
 
-def _collate(samples: list[dict[str, torch.Tensor]], device: torch.device) -> dict[str, torch.Tensor]:
-    return {key: torch.stack([s[key] for s in samples]).to(device) for key in samples[0]}
+def _collate(samples: list[dict[str, torch.Tensor]], indices: list[int], device: torch.device) -> dict[str, Any]:
+    batch = {key: torch.stack([s[key] for s in samples]).to(device) for key in samples[0]}
+    batch["index"] = torch.tensor(indices, device=device)  # global dataset indices: per-sample seeds for tasks
+    return batch
+
+
+def _named_optimizer_state(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """torch's index-keyed optimizer state -> keyed by parameter name (the format checkpoints store)."""
+    return {"state": {names[i]: v for i, v in state["state"].items()},
+            "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]}
+
+
+def _indexed_optimizer_state(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    index = {name: i for i, name in enumerate(names)}
+    return {"state": {index[n]: v for n, v in state["state"].items()},
+            "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]]}
 
 
 class TaskTrainer:
-    """Model, optimizer, data order and the step; ``host`` hooks see this object as ``trainer``."""
+    """Model, optimizer, data order and the step; ``host`` hooks see this object as ``trainer``.
 
-    def __init__(self, config: LoongForgeConfig, task: Any, backend: Any, host: Any) -> None:
+    With several processes each rank trains ``micro_batch_size`` samples of a global batch of
+    ``micro_batch_size x world_size`` under a torch-native strategy (:mod:`loongforge.parallel.torch_native`);
+    the task's loss is its local mean, so the averaged gradient is the global batch's.
+    """
+
+    def __init__(self, config: LoongForgeConfig, task: Any, backend: Any, host: Any, *, rank: int = 0,
+                 world_size: int = 1, strategy: Any = None, layout: Any = None) -> None:
         self.config, self.task, self.backend, self.host = config, task, backend, host
+        self.rank, self.world_size, self.strategy = rank, world_size, strategy
         self.device = backend.device()
-        torch.manual_seed(config.run.seed)
-        self.model = task.build_model().to(self.device)
-        self.model = host.modify_model(self.model, config)
+        torch.manual_seed(config.run.seed)  # the same initial weights on every rank
+        model = host.modify_model(task.build_model().to(self.device), config)
+        self.param_names = [name for name, p in model.named_parameters() if p.requires_grad]
         self.dataset = task.build_dataset()
-        self.order = BatchOrder(len(self.dataset), config.training.micro_batch_size, config.run.seed)
+        self.order = BatchOrder(len(self.dataset), config.training.micro_batch_size * world_size, config.run.seed)
+        if strategy is not None:
+            model = strategy.wrap(model, layout, config.parallel, bf16=config.training.precision == "bf16",
+                                  run_forward=self._probe_forward)
+        self.model = model
         opt = config.optimizer
         if opt.name.lower() not in ("adamw", "adam"):
             raise ConfigError(f"{config.source}: optimizer.name '{opt.name}' is not supported (use adamw)")
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps,
-                                           weight_decay=opt.weight_decay)
+        adamw = dict(lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, weight_decay=opt.weight_decay)
+        self.optimizer = strategy.optimizer(params, **adamw) if strategy else torch.optim.AdamW(params, **adamw)
         self.step = 0
+
+    def _probe_forward(self, model: nn.Module) -> None:
+        """One forward on one sample (the FSDP planner records which modules run), leaving the task's and torch's
+        random state as they were, so the run is the same as without it."""
+        task_state = self.task.state_dict()
+        with torch.random.fork_rng(devices=[]):
+            self.task.training_step(model, _collate([self.dataset[0]], [0], self.device))
+        self.task.load_state_dict(task_state)
 
     def train_step(self) -> dict[str, Any]:
         start = time.perf_counter()
@@ -92,48 +127,97 @@ class TaskTrainer:
         lr = lr_at(self.step, self.config)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        batch = _collate([self.dataset[i] for i in self.order.next()], self.device)
+        mbs = self.config.training.micro_batch_size
+        indices = self.order.next()[self.rank * mbs : (self.rank + 1) * mbs]
+        batch = _collate([self.dataset[i] for i in indices], indices, self.device)
         self.model.train()
         loss = self.task.training_step(self.model, batch)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         clip = self.config.optimizer.grad_clip
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)) if clip > 0 else None
+        grad_norm = None
+        if clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor
         self.optimizer.step()
+        loss = loss.detach().clone()
+        if self.world_size > 1:
+            dist.all_reduce(loss)
+            loss /= self.world_size
         step_time = time.perf_counter() - start
-        samples = self.config.training.micro_batch_size
-        return {"loss": float(loss.detach()), "lr": lr, "grad_norm": grad_norm, "step_time": step_time,
-                "samples_per_s": samples / step_time}
+        return {"loss": float(loss), "lr": lr, "grad_norm": grad_norm, "step_time": step_time,
+                "samples_per_s": mbs * self.world_size / step_time}
 
     # -- checkpoints -------------------------------------------------------------------------------------------
-    def save(self, directory: CheckpointDir) -> Path:
-        tmp = directory.begin(self.step)
-        state = {name: t.detach().contiguous() for name, t in self.model.state_dict().items()}
-        save_file(state, str(tmp / "model.safetensors"))
-        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save({"rng": capture_rng_state(self.backend), "task": self.task.state_dict(),
-                    "data_position": self.order.position}, tmp / "state.pt")
-        extra_state: dict[str, Any] = {}
-        self.host.on_checkpoint_save(self, str(tmp), extra_state)
-        meta = {"step": self.step, "model": self.config.model.name, "extra_state": extra_state}
-        (tmp / "trainer.json").write_text(json.dumps(meta, indent=1))
-        (tmp / CONFIG_YAML).write_text(yaml.safe_dump(config_to_dict(self.config), sort_keys=False), encoding="utf-8")
-        write_manifest(tmp, step=self.step)
-        return directory.commit(tmp, self.step)
+    def _full_state(self) -> tuple[dict, dict] | None:
+        """Model and optimizer state with full tensors and parameter names, on rank 0. Collective."""
+        if self.strategy is None:
+            return self.model.state_dict(), _named_optimizer_state(self.optimizer.state_dict(), self.param_names)
+        full = self.strategy.full_state(self.model, self.optimizer)
+        if full is None or self.strategy.kind in ("fsdp2", "hsdp"):
+            return full
+        return full[0], _named_optimizer_state(full[1], self.param_names)
 
-    def load(self, path: Path) -> None:
+    def save(self, directory: CheckpointDir) -> Path:
+        """Rank 0 writes model, optimizer, trainer state and config; every rank its own RNG streams."""
+        full = self._full_state()
+        tmp = directory.tmp_path(self.step)
+        if self.rank == 0:
+            directory.begin(self.step)
+        self._barrier()
+        torch.save(capture_rng_state(self.backend), tmp / f"rng-{self.rank}.pt")
+        self._barrier()
+        final = directory.root / step_dir_name(self.step)
+        if self.rank == 0:
+            model_state, optim_state = full
+            save_file({k: t.detach().contiguous() for k, t in model_state.items()}, str(tmp / "model.safetensors"))
+            torch.save(optim_state, tmp / "optimizer.pt")
+            torch.save({"task": self.task.state_dict(), "data_position": self.order.position}, tmp / "state.pt")
+            extra_state: dict[str, Any] = {}
+            self.host.on_checkpoint_save(self, str(tmp), extra_state)
+            meta = {"step": self.step, "model": self.config.model.name, "world_size": self.world_size,
+                    "extra_state": extra_state}
+            (tmp / "trainer.json").write_text(json.dumps(meta, indent=1))
+            config_text = yaml.safe_dump(config_to_dict(self.config), sort_keys=False)
+            (tmp / CONFIG_YAML).write_text(config_text, encoding="utf-8")
+            write_manifest(tmp, step=self.step)
+            final = directory.commit(tmp, self.step)
+        self._barrier()
+        return final
+
+    def load(self, path: Path) -> list[str]:
+        """Restore a checkpoint written at any world size; return warnings (RNG streams of missing ranks)."""
         meta = json.loads((path / "trainer.json").read_text(encoding="utf-8"))
         if meta.get("model") != self.config.model.name:
             raise ConfigError(f"checkpoint {path} is of model '{meta.get('model')}', the run is "
                               f"'{self.config.model.name}' (set checkpoint.resume: never to start fresh)")
-        self.model.load_state_dict(load_file(str(path / "model.safetensors"), device=str(self.device)))
-        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+        model_state = load_file(str(path / "model.safetensors"), device=str(self.device))
+        optim_state = torch.load(path / "optimizer.pt", weights_only=True)
+        if self.strategy is not None and self.strategy.kind in ("fsdp2", "hsdp"):
+            self.strategy.load_full_state(self.model, self.optimizer, model_state, optim_state)
+        elif self.strategy is not None:
+            self.strategy.load_full_state(self.model, self.optimizer, model_state,
+                                          _indexed_optimizer_state(optim_state, self.param_names))
+        else:
+            self.model.load_state_dict(model_state)
+            self.optimizer.load_state_dict(_indexed_optimizer_state(optim_state, self.param_names))
         state = torch.load(path / "state.pt", weights_only=True)
-        restore_rng_state(state["rng"], self.backend)
         self.task.load_state_dict(state["task"])
         self.order.position = state["data_position"]
         self.step = meta["step"]
+        warnings = []
+        rng = path / f"rng-{self.rank}.pt"
+        if rng.is_file():
+            restore_rng_state(torch.load(rng, weights_only=True), self.backend)
+        else:
+            warnings.append(f"{path} was written by {meta.get('world_size')} rank(s): rank {self.rank} starts "
+                            "fresh random streams (the continuation is not bit-exact)")
         self.host.on_checkpoint_load(self, str(path), meta.get("extra_state", {}))
+        return warnings
+
+    def _barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
 
 
 def _resume_from(config: LoongForgeConfig, directory: CheckpointDir, say: Any) -> Path | None:
@@ -148,31 +232,52 @@ def _resume_from(config: LoongForgeConfig, directory: CheckpointDir, say: Any) -
     return path
 
 
-def run_task(config: LoongForgeConfig, task: Any, backend: Any, host: Any, *, world_size: int, say: Any) -> dict:
-    """Train ``task`` as ``config`` says (one process); return the summary."""
+def _strategy(config: LoongForgeConfig, world_size: int, host: Any) -> tuple[Any, Any]:
+    """The torch-native strategy and layout of a multi-process task run (``(None, None)`` for one process).
+
+    ``parallel.strategy`` left at its default (``megatron``, which splits decoder layers) means ``ddp`` here.
+    """
+    name = "ddp" if config.parallel.strategy == "megatron" else config.parallel.strategy
+    strategy = host.registry("strategy").load(name, where=f"parallel.strategy in {config.source}")
+    if not hasattr(strategy, "kind"):
+        raise ConfigError(f"{config.source}: parallel.strategy '{name}' cannot train model '{config.model.name}'; "
+                          "task models use ddp, zero1, fsdp2 or hsdp")
+    layout = strategy.validate(config.parallel, world_size, config.source)
+    return (strategy, layout) if world_size > 1 else (None, None)
+
+
+def run_task(config: LoongForgeConfig, task: Any, backend: Any, host: Any, *, rank: int, world_size: int,
+             say: Any) -> dict:
+    """Train ``task`` as ``config`` says, on every rank of the process group; return the summary."""
     from loongforge.train.metrics import MetricsWriter
     from loongforge.train.progress import ProgressDisplay
 
-    if world_size != 1:
-        raise ConfigError(f"{config.source}: model '{config.model.name}' trains in one process for now "
-                          f"(got a world of {world_size}); launch it without torchrun")
     if config.training.steps < 1:
         raise ConfigError(f"{config.source}: training.steps must be >= 1, got {config.training.steps}")
+    if config.training.precision not in ("fp32", "bf16"):
+        raise ConfigError(f"{config.source}: training.precision '{config.training.precision}' is not supported for "
+                          f"model '{config.model.name}' (fp32, bf16)")
     if config.training.threads:
         torch.set_num_threads(config.training.threads)
-    trainer = TaskTrainer(config, task, backend, host)
+    strategy, layout = _strategy(config, world_size, host)
+    trainer = TaskTrainer(config, task, backend, host, rank=rank, world_size=world_size, strategy=strategy,
+                          layout=layout)
     output_dir = Path(config.run.output_dir)
     directory = CheckpointDir(config.checkpoint.dir or output_dir / "checkpoints", config.checkpoint.keep_last)
     resume = _resume_from(config, directory, say)
     if resume is not None:
-        trainer.load(resume)
+        for warning in trainer.load(resume):
+            print(f"[loongforge] warning: {warning}", flush=True)
         say(f"resumed from {resume} (step {trainer.step})")
-    n_params = sum(p.numel() for p in trainer.model.parameters())
+    n_params = sum(p.numel() for p in task.build_model().parameters()) if strategy else \
+        sum(p.numel() for p in trainer.model.parameters())
     say(f"model: {config.model.name} ({n_params / 1e6:.2f}M parameters), {len(trainer.dataset)} samples, "
-        f"batch {config.training.micro_batch_size}")
+        f"global batch {config.training.micro_batch_size * world_size}"
+        + (f", {layout.describe()}" if layout else ""))
     log = config.logging
-    metrics = MetricsWriter(output_dir, rank=0, jsonl=log.jsonl, tensorboard=log.tensorboard, start_step=trainer.step)
-    progress = ProgressDisplay(config.training.steps, start_step=trainer.step, rank=0, enabled=log.progress)
+    metrics = MetricsWriter(output_dir, rank=rank, jsonl=log.jsonl, tensorboard=log.tensorboard,
+                            start_step=trainer.step)
+    progress = ProgressDisplay(config.training.steps, start_step=trainer.step, rank=rank, enabled=log.progress)
     host.on_train_start(trainer)
     history: list[dict[str, Any]] = []
     last_saved, saved_step = None, None
@@ -196,8 +301,8 @@ def run_task(config: LoongForgeConfig, task: Any, backend: Any, host: Any, *, wo
     summary = {
         "steps": trainer.step, "first_loss": history[0]["loss"] if history else None,
         "final_loss": history[-1]["loss"] if history else None,
-        "samples_per_s": len(timed) * config.training.micro_batch_size / sum(r["step_time"] for r in timed)
-        if timed else 0.0,
+        "samples_per_s": len(timed) * config.training.micro_batch_size * world_size
+        / sum(r["step_time"] for r in timed) if timed else 0.0,
         "checkpoint_dir": str(last_saved) if last_saved else None,
     }
     if summary["final_loss"] is not None:
@@ -205,13 +310,25 @@ def run_task(config: LoongForgeConfig, task: Any, backend: Any, host: Any, *, wo
             f"{summary['samples_per_s']:,.1f} samples/s")
     if last_saved is not None:
         say(f"checkpoint: {last_saved}")
-    finished = task.finish(trainer.model, output_dir) or {}
+    finished = _finish(trainer, task, output_dir)
     for key, value in finished.items():
         shown = ", ".join(f"{k} {v:.3f}" for k, v in value.items()) if isinstance(value, dict) else value
         say(f"{key.replace('_', ' ')}: {shown}")
     summary.update(finished)
     host.on_train_end(trainer, summary)
     return summary
+
+
+def _finish(trainer: TaskTrainer, task: Any, output_dir: Path) -> dict[str, Any]:
+    """The task's after-training work on rank 0, on an unsharded copy of the model when several ranks trained."""
+    if trainer.strategy is None:
+        return task.finish(trainer.model, output_dir) or {}
+    full = trainer._full_state()
+    if trainer.rank != 0:
+        return {}
+    model = task.build_model().to(trainer.device)
+    model.load_state_dict(full[0])
+    return task.finish(model, output_dir) or {}
 
 
 def load_task_model(checkpoint: str | Path) -> tuple[Any, Any, Path]:

@@ -20,6 +20,7 @@ and, for moving squares, scores them with :mod:`loongforge_diffusion.scoring` (c
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,8 @@ class WanRunTask:
         self.geometry = Geometry(self.options["frames"], self.options["side"], self.options["speed"])
         self.task = DiffusionTask(objective=objective, context_dropout=float(self.options["context_dropout"]),
                                   seed=config.run.seed)
+        #: Training steps taken (with the sample index, it seeds each sample's noise).
+        self.steps = 0
 
     def build_model(self) -> torch.nn.Module:
         return self.task.build_model(self.flavor)
@@ -80,13 +83,18 @@ class WanRunTask:
                                        speed=self.geometry.speed)
 
     def training_step(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.task.training_step(model, batch)
+        """The flow-matching loss with noise drawn per sample from (seed, step, dataset index): the same draws on
+        one process or spread over data-parallel ranks, so every layout trains the same run."""
+        self.steps += 1
+        generators = [torch.Generator().manual_seed(_sample_seed(self.task.seed, self.steps, int(i)))
+                      for i in batch["index"].tolist()]
+        return self.task.training_step(model, batch, generators)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"generator": self.task.generator.get_state()}
+        return {"steps": self.steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.task.generator.set_state(state["generator"])
+        self.steps = int(state["steps"])
 
     def finish(self, model: torch.nn.Module, output_dir: Path) -> dict[str, Any]:
         """Sample held-out captions (a data seed never trained on), write GIFs, score them."""
@@ -122,3 +130,9 @@ class WanRunTask:
         shape = (len(prompts), 3, geometry.frames, geometry.side, geometry.side)
         videos = self.task.sample(model, {"context": context}, steps, shape=shape, guidance=guidance, seed=seed)
         return [write_video(video, Path(out_dir) / f"sample-{index:03d}", fmt) for index, video in enumerate(videos)]
+
+
+def _sample_seed(seed: int, step: int, index: int) -> int:
+    """A 63-bit seed for one sample's draws at one step, well mixed so neighbouring seeds share nothing."""
+    digest = hashlib.blake2b(f"{seed}:{step}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1

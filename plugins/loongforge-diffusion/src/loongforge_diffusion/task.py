@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 from loongforge_diffusion.data.moving_squares import Geometry, MovingSquares, TensorVideoDataset
 from loongforge_diffusion.flow_matching import NUM_TRAIN_TIMESTEPS, FlowMatchingConfig
 from loongforge_diffusion.sampling import euler_sample, guided, sigma_schedule
-from loongforge_diffusion.training import flow_matching_step
+from loongforge_diffusion.training import flavor_of, flow_matching_step
 from loongforge_diffusion.wan.flavors import WanFlavor
 from loongforge_diffusion.wan.model import WanModel
 
@@ -62,10 +62,13 @@ class DiffusionTask:
             return TensorVideoDataset(path)
         return MovingSquares(length, text_dim=text_dim, seed=seed, geometry=Geometry(frames, side, speed))
 
-    def training_step(self, model: WanModel, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The loss of one batch (the caller runs backward and the optimizer)."""
-        return flow_matching_step(model, batch, self.generator, self.objective, context_dropout=self.context_dropout,
-                                  clean_first_frame=model.flavor.per_token_timesteps)
+    def training_step(self, model: WanModel, batch: dict[str, torch.Tensor],
+                      generator: torch.Generator | list[torch.Generator] | None = None) -> torch.Tensor:
+        """The loss of one batch (the caller runs backward and the optimizer); ``generator`` (one, or one per
+        sample) replaces the task's own."""
+        return flow_matching_step(model, batch, self.generator if generator is None else generator, self.objective,
+                                  context_dropout=self.context_dropout,
+                                  clean_first_frame=flavor_of(model).per_token_timesteps)
 
     @torch.no_grad()
     def sample(self, model: WanModel, cond: dict[str, torch.Tensor], steps: int, *, shape: tuple[int, ...],

@@ -7,7 +7,9 @@ latent frame is kept clean, its tokens get timestep 0 (per-token timesteps) and 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -19,6 +21,11 @@ from loongforge_diffusion.flow_matching import (
     sample_sigmas,
     velocity_target,
 )
+
+
+def flavor_of(model: torch.nn.Module) -> Any:
+    """The flavor of a model, also when a data-parallel wrapper (DDP's ``.module``) holds it."""
+    return getattr(model, "module", model).flavor
 
 
 def token_timesteps(sigma: torch.Tensor, grid: tuple[int, int, int], clean_frames: int) -> torch.Tensor:
@@ -47,18 +54,32 @@ class StepInputs:
     weight: torch.Tensor
 
 
-def step_inputs(model: torch.nn.Module, batch: dict[str, torch.Tensor], generator: torch.Generator,
+Generators = torch.Generator | Sequence[torch.Generator]
+
+
+def _draw(generator: Generators, batch_size: int, draw: Callable[[int, torch.Generator], torch.Tensor]) -> torch.Tensor:
+    """``draw(n, generator)`` for the whole batch from one generator, or sample by sample from one generator each
+    (what makes a step's randomness independent of how samples are spread over data-parallel ranks)."""
+    if isinstance(generator, torch.Generator):
+        return draw(batch_size, generator)
+    if len(generator) != batch_size:
+        raise ValueError(f"{len(generator)} generators for a batch of {batch_size}")
+    return torch.cat([draw(1, g) for g in generator])
+
+
+def step_inputs(model: torch.nn.Module, batch: dict[str, torch.Tensor], generator: Generators,
                 config: FlowMatchingConfig = FlowMatchingConfig(), *, context_dropout: float = 0.0,
                 clean_first_frame: bool = False) -> StepInputs:
     """Noise ``batch`` for one step; the arguments are those of :func:`flow_matching_step`."""
     x0 = batch["video"]
     batch_size, device = x0.shape[0], x0.device
-    sigma = sample_sigmas(batch_size, config, generator).to(device)
-    noise = torch.randn(x0.shape, generator=generator, dtype=x0.dtype).to(device)
+    sigma = _draw(generator, batch_size, lambda n, g: sample_sigmas(n, config, g)).to(device)
+    noise = _draw(generator, batch_size,
+                  lambda n, g: torch.randn((n, *x0.shape[1:]), generator=g, dtype=x0.dtype)).to(device)
     noisy = interpolate(x0, noise, sigma)
     mask = torch.ones_like(x0[:, :1])
     if clean_first_frame:
-        patch = model.flavor.patch_size
+        patch = flavor_of(model).patch_size
         grid = tuple(n // p for n, p in zip(x0.shape[2:], patch, strict=True))
         noisy = torch.cat([x0[:, :, :patch[0]], noisy[:, :, patch[0]:]], dim=2)
         mask[:, :, :patch[0]] = 0
@@ -67,21 +88,22 @@ def step_inputs(model: torch.nn.Module, batch: dict[str, torch.Tensor], generato
         timestep = sigma * NUM_TRAIN_TIMESTEPS
     context = batch["context"]
     if context_dropout > 0:
-        keep = torch.rand(batch_size, generator=generator) >= context_dropout
+        keep = _draw(generator, batch_size, lambda n, g: torch.rand(n, generator=g)) >= context_dropout
         context = context * keep.to(device=device, dtype=context.dtype)[:, None, None]
     model_input = noisy if "condition" not in batch else torch.cat([noisy, batch["condition"]], dim=1)
     return StepInputs(model_input, timestep, context, batch.get("image_context"), velocity_target(x0, noise), mask,
                       loss_weight(sigma, config.weighting))
 
 
-def flow_matching_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], generator: torch.Generator,
+def flow_matching_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], generator: Generators,
                        config: FlowMatchingConfig = FlowMatchingConfig(), *, context_dropout: float = 0.0,
                        clean_first_frame: bool = False) -> torch.Tensor:
     """The mean flow-matching loss of ``model`` on ``batch``.
 
     :param batch: ``video`` (B, C, T, H, W) clean latents, ``context`` (B, L, text_dim); optionally
         ``condition`` (I2V channels concatenated to the noisy input) and ``image_context`` (CLIP tokens).
-    :param generator: a CPU generator for noise levels, noise and caption dropout (reproducible steps).
+    :param generator: a CPU generator for noise levels, noise and caption dropout (reproducible steps), or one
+        generator per sample (the same draws wherever the sample is trained).
     :param context_dropout: probability of zeroing a sample's caption, which teaches the unconditional
         velocity classifier-free guidance needs.
     """

@@ -1,0 +1,78 @@
+"""``parallel: auto``: choose the run's layout with the planner for its actual world size and devices.
+
+The run's config names the model, sequence length, batch and precision; the world size comes from the
+launcher, the device facts from ``parallel.planner`` or the device backend
+(:func:`~loongforge.planner.hardware.device_facts`). The chosen layout replaces ``parallel``,
+``training.micro_batch_size`` (and the global batch's cut) and ``model.recompute`` in a copy of the config;
+the decision (layout, predictions, inputs, rejection counts) goes into the run's checkpoint metadata.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+from loongforge.config.schema import LoongForgeConfig, RecomputeConfig
+from loongforge.planner.calibrate import load_calibration
+from loongforge.planner.hardware import ClusterSpec, device_facts, parse_bytes
+from loongforge.planner.layouts import SearchSpace
+from loongforge.planner.memory import Workload
+from loongforge.planner.planner import Plan, plan
+
+
+def cluster_from_options(options: Any, num_devices: int, facts: dict[str, Any]) -> ClusterSpec:
+    """A :class:`ClusterSpec` from ``parallel.planner`` options (or CLI flags) over the backend's facts."""
+    values = dict(facts)
+    if options.device_memory is not None:
+        values["device_memory"] = parse_bytes(options.device_memory, "parallel.planner.device_memory")
+    if options.ranks_per_node is not None:
+        values["ranks_per_node"] = options.ranks_per_node
+    if options.device_tflops is not None:
+        values["device_flops"] = options.device_tflops * 1e12
+    if options.intra_node_gbps is not None:
+        values["intra_node_bandwidth"] = options.intra_node_gbps * 1e9
+    if options.inter_node_gbps is not None:
+        values["inter_node_bandwidth"] = options.inter_node_gbps * 1e9
+    known = set(ClusterSpec.__dataclass_fields__)
+    values = {k: v for k, v in values.items() if k in known and k != "num_devices"}
+    return ClusterSpec(num_devices=num_devices, **values)
+
+
+def workload_for(config: LoongForgeConfig, flavor: Any, kernels: str) -> Workload:
+    return Workload(flavor, config.data.seq_length, config.training.precision, kernels=kernels)
+
+
+def search_space(config: LoongForgeConfig) -> SearchSpace:
+    """Keep the config's global batch (then the micro-batch size is the planner's to pick); without one, keep
+    its micro-batch size (the global batch follows dp, as for a fixed layout)."""
+    gbs = config.training.global_batch_size
+    return SearchSpace(global_batch_size=gbs, micro_batch_size=None if gbs else config.training.micro_batch_size,
+                       max_cp=1 if config.data.pack else 8)
+
+
+def kernels_of(backend: Any) -> str:
+    """Which activation profile the backend's layers follow (see :class:`~loongforge.planner.memory.Workload`)."""
+    if backend.device_type == "cpu":
+        return "local"
+    return "te" if backend.supports("te") else "local"
+
+
+def plan_for_run(config: LoongForgeConfig, flavor: Any, backend: Any, world_size: int) -> Plan:
+    options = config.parallel.planner
+    cluster = cluster_from_options(options, world_size, device_facts(backend))
+    calibration = load_calibration(options.calibration)
+    return plan(workload_for(config, flavor, kernels_of(backend)), cluster, search_space(config),
+                memory_coefficients=calibration.memory, time_coefficients=calibration.time, margin=options.margin)
+
+
+def apply_plan(config: LoongForgeConfig, result: Plan) -> LoongForgeConfig:
+    """A copy of ``config`` with the best layout of ``result`` written into it (``auto`` switched off)."""
+    best = result.best.candidate
+    resolved = copy.deepcopy(config)
+    resolved.parallel = dataclasses.replace(resolved.parallel, auto=False, **best.parallel_config())
+    resolved.training.micro_batch_size = best.micro_batch_size
+    resolved.training.global_batch_size = best.micro_batch_size * best.num_microbatches * best.dp
+    recompute = best.recompute.as_config()
+    resolved.model.recompute = RecomputeConfig(**recompute) if recompute else None
+    return resolved

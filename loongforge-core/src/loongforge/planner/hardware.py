@@ -1,0 +1,103 @@
+"""What the planner needs to know about the machines: memory per device, devices per node, speeds.
+
+These facts come from three places, most specific first: explicit flags / config keys, the device backend
+(:func:`device_facts` asks it without initialising anything it has not initialised already), and defaults
+for a current datacenter GPU (NVLink within a node, InfiniBand between nodes). Speeds are effective
+figures (what a well-tuned run achieves), which calibration (:mod:`loongforge.planner.calibrate`) replaces
+with measured ones.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+from loongforge.errors import ConfigError
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+GIB = 2**30
+
+
+def parse_bytes(text: str | int | float, what: str = "size") -> int:
+    """``"80GiB"``, ``"80 GB"``, ``"512MiB"`` or a number of bytes -> bytes (GB is 10^9, GiB 2^30)."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return int(text)
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not match or match.group(2).lower() not in _UNITS:
+        raise ConfigError(f"{what}: cannot read {text!r} as a size (e.g. 80GiB, 96GB, 512MiB)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def format_bytes(n: float) -> str:
+    """Bytes in GiB/MiB with three significant digits (negative sizes keep their sign)."""
+    sign, n = ("-" if n < 0 else ""), abs(n)
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            value = n / size
+            return f"{sign}{value:.0f} {unit}" if value >= 100 else f"{sign}{value:.3g} {unit}"
+    return f"{sign}{n:.0f} B"
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """The devices a run is planned for.
+
+    ``device_flops`` is the *achieved* dense matmul throughput of one device in the training precision
+    (FLOP/s); ``intra_node_bandwidth``/``inter_node_bandwidth`` are per-device bus bandwidths (bytes/s) of
+    collectives inside a node and across nodes; ``latency`` is a per-collective fixed cost (s).
+    """
+
+    num_devices: int
+    device_memory: int
+    ranks_per_node: int = 8
+    device_flops: float = 400e12
+    intra_node_bandwidth: float = 450e9
+    inter_node_bandwidth: float = 50e9
+    latency: float = 20e-6
+    name: str = "gpu"
+
+    def __post_init__(self) -> None:
+        if self.num_devices < 1 or self.ranks_per_node < 1:
+            raise ConfigError(f"need >= 1 device and >= 1 rank per node, got {self.num_devices} and "
+                              f"{self.ranks_per_node}")
+        if self.device_memory <= 0:
+            raise ConfigError(f"device memory must be positive, got {self.device_memory}")
+
+    @property
+    def node_size(self) -> int:
+        """Ranks that share the fast intra-node link (no more than there are devices)."""
+        return min(self.ranks_per_node, self.num_devices)
+
+    def with_(self, **changes: Any) -> ClusterSpec:
+        return replace(self, **changes)
+
+
+#: A CPU "device": a process on a shared host; memory bandwidth stands in for the link (gloo over shared
+#: memory/TCP loopback), and the throughput figure is what fp32 matmuls achieve per process.
+CPU_DEFAULTS = {"device_flops": 30e9, "intra_node_bandwidth": 2e9, "inter_node_bandwidth": 1e9, "latency": 2e-4}
+
+
+def device_facts(backend: Any) -> dict[str, Any]:
+    """Memory per device, devices per node and a throughput figure as the device backend reports them.
+
+    A backend may answer itself through an optional ``planner_facts() -> dict`` method (keys of
+    :class:`ClusterSpec`); otherwise a ``torch.cuda``-style device module is asked for device 0's total
+    memory and the device count, and the CPU backend gets the host memory divided by the local processes.
+    Nothing here initialises a device that the run has not initialised already.
+    """
+    own = getattr(backend, "planner_facts", None)
+    if callable(own):
+        return dict(own())
+    if getattr(backend, "device_type", "cpu") == "cpu":
+        import psutil
+
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        return {"device_memory": psutil.virtual_memory().total // max(1, local), "ranks_per_node": local,
+                "name": "cpu", **CPU_DEFAULTS}
+    module = backend.device_module()
+    return {"device_memory": int(module.get_device_properties(0).total_memory),
+            "ranks_per_node": int(module.device_count()), "name": backend.name}

@@ -1,0 +1,194 @@
+"""The planner: enumerate layouts, keep those that fit memory, rank them by predicted step time.
+
+For each buildable layout (:func:`~loongforge.planner.layouts.enumerate_layouts`) the cheapest recompute
+that fits is chosen: none, then the selective module sets, then full recompute of as few layers per stage
+as memory requires (found by bisection: memory falls and time rises with every recomputed layer). Layouts
+that do not fit even with every layer recomputed are rejected and counted; when nothing fits, the plan
+says how many devices (at this memory) or how much memory per device (at this count) would.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from loongforge.errors import ConfigError
+from loongforge.planner.hardware import ClusterSpec, format_bytes
+from loongforge.planner.layouts import Candidate, RecomputePlan, SearchSpace, enumerate_layouts, recompute_choices
+from loongforge.planner.memory import Coefficients, MemoryEstimate, Workload, estimate_memory
+from loongforge.planner.timing import TimeCoefficients, TimeEstimate, estimate_time
+
+#: Share of device memory the planner leaves free (allocator fragmentation, runtime, communication buffers).
+DEFAULT_MARGIN = 0.10
+#: How far the smallest-device-count search looks.
+MAX_DEVICES = 1 << 16
+
+
+@dataclass
+class Evaluated:
+    """A layout with its predicted peak memory and step time."""
+
+    candidate: Candidate
+    memory: MemoryEstimate
+    time: TimeEstimate
+
+    def describe(self, workload: Workload) -> str:
+        return self.candidate.describe(workload.flavor.num_layers)
+
+
+@dataclass
+class Plan:
+    """The planner's answer: ranked layouts that fit, what was rejected and why."""
+
+    workload: Workload
+    cluster: ClusterSpec
+    ranked: list[Evaluated]
+    rejected: Counter
+    margin: float
+    #: Layouts that missed the memory budget by the least (for the report).
+    near_misses: list[Evaluated] = field(default_factory=list)
+    #: When nothing fits: the smallest device count at this memory / memory at this count that would.
+    min_devices: int | None = None
+    min_memory: float | None = None
+
+    @property
+    def budget(self) -> float:
+        return self.cluster.device_memory * (1 - self.margin)
+
+    @property
+    def best(self) -> Evaluated:
+        if not self.ranked:
+            raise ConfigError(self.infeasible_message())
+        return self.ranked[0]
+
+    def infeasible_message(self) -> str:
+        f = self.workload.flavor
+        lines = [f"no layout of this {f.num_layers}-layer model fits {self.cluster.num_devices} device(s) of "
+                 f"{format_bytes(self.cluster.device_memory)} (keeping {self.margin:.0%} free)"]
+        if self.min_devices is not None:
+            lines.append(f"smallest device count that works at {format_bytes(self.cluster.device_memory)}: "
+                         f"{self.min_devices}")
+        if self.min_memory is not None:
+            lines.append(f"smallest memory per device that works with {self.cluster.num_devices} device(s): "
+                         f"{format_bytes(self.min_memory)}")
+        return "; ".join(lines)
+
+    def decision(self) -> dict[str, Any]:
+        """What ``parallel: auto`` records in the run's metadata: the layout, its predictions and the inputs."""
+        best = self.best
+        cand = best.candidate
+        return {
+            "layout": best.describe(self.workload),
+            "parallel": cand.parallel_config(),
+            "dp": cand.dp,
+            "micro_batch_size": cand.micro_batch_size,
+            "num_microbatches": cand.num_microbatches,
+            "recompute": cand.recompute.as_config(),
+            "predicted_peak_bytes": int(best.memory.total),
+            "predicted_memory_terms": {k: int(v) for k, v in best.memory.terms.items()},
+            "predicted_step_seconds": best.time.total,
+            "predicted_time_terms": best.time.terms,
+            "devices": self.cluster.num_devices,
+            "device_memory": self.cluster.device_memory,
+            "ranks_per_node": self.cluster.ranks_per_node,
+            "margin": self.margin,
+            "considered": len(self.ranked) + sum(self.rejected.values()),
+            "fitting": len(self.ranked),
+            "rejected": dict(self.rejected),
+        }
+
+
+def _evaluate(workload: Workload, cand: Candidate, cluster: ClusterSpec, mem: Coefficients,
+              tcoef: TimeCoefficients) -> Evaluated:
+    return Evaluated(cand, estimate_memory(workload, cand, mem), estimate_time(workload, cand, cluster, tcoef))
+
+
+def _cheapest_fitting(
+    workload: Workload, cand: Candidate, cluster: ClusterSpec, budget: float, mem: Coefficients,
+    tcoef: TimeCoefficients,
+) -> tuple[Evaluated | None, Evaluated]:
+    """(fastest recompute choice that fits or None, the smallest-memory variant) for one layout."""
+    layers_per_chunk = workload.flavor.num_layers // (cand.pp * cand.vpp)
+    choices = recompute_choices(workload.flavor, layers_per_chunk)
+    partial = [c for c in choices if c.granularity != "full"]
+    fitting = [ev for c in partial
+               if (ev := _evaluate(workload, replace(cand, recompute=c), cluster, mem, tcoef)).memory.total <= budget]
+    lo, hi = 1, layers_per_chunk  # full recompute of the first k layers of a chunk: bisect the smallest k that fits
+    smallest = _evaluate(workload, replace(cand, recompute=RecomputePlan("full", num_layers=hi)), cluster, mem, tcoef)
+    if smallest.memory.total <= budget:
+        while lo < hi:
+            mid = (lo + hi) // 2
+            ev = _evaluate(workload, replace(cand, recompute=RecomputePlan("full", num_layers=mid)), cluster, mem,
+                           tcoef)
+            if ev.memory.total <= budget:
+                hi = mid
+            else:
+                lo = mid + 1
+        fitting.append(_evaluate(workload, replace(cand, recompute=RecomputePlan("full", num_layers=lo)), cluster,
+                                 mem, tcoef))
+    if not fitting:
+        return None, smallest
+    return min(fitting, key=lambda ev: (ev.time.total, ev.memory.total)), smallest
+
+
+def plan(
+    workload: Workload,
+    cluster: ClusterSpec,
+    space: SearchSpace | None = None,
+    *,
+    memory_coefficients: Coefficients | None = None,
+    time_coefficients: TimeCoefficients | None = None,
+    margin: float = DEFAULT_MARGIN,
+    search_minimum: bool = True,
+) -> Plan:
+    """Rank every layout of ``workload`` on ``cluster`` that fits in memory; see the module docstring."""
+    space = space or SearchSpace()
+    mem, tcoef = memory_coefficients or Coefficients(), time_coefficients or TimeCoefficients()
+    budget = cluster.device_memory * (1 - margin)
+    rejected: Counter = Counter()
+    ranked, misses = [], []
+    for cand in enumerate_layouts(workload.flavor, cluster.num_devices, workload.seq_length, cluster.node_size,
+                                  space, rejected):
+        best, smallest = _cheapest_fitting(workload, cand, cluster, budget, mem, tcoef)
+        if best is None:
+            rejected["exceeds memory even with full recompute"] += 1
+            misses.append(smallest)
+        else:
+            ranked.append(best)
+    ranked.sort(key=lambda ev: (ev.time.total, ev.memory.total))
+    misses.sort(key=lambda ev: ev.memory.total)
+    result = Plan(workload, cluster, ranked, rejected, margin, near_misses=misses[:3])
+    if not ranked and search_minimum:
+        if misses:
+            result.min_memory = misses[0].memory.total / (1 - margin)
+        result.min_devices = smallest_device_count(workload, cluster, space, mem, margin)
+    return result
+
+
+def _fits_somewhere(workload: Workload, cluster: ClusterSpec, space: SearchSpace, mem: Coefficients,
+                    budget: float) -> bool:
+    """Whether any layout fits with every layer recomputed (the least memory a layout can take)."""
+    for cand in enumerate_layouts(workload.flavor, cluster.num_devices, workload.seq_length, cluster.node_size,
+                                  space, Counter()):
+        layers_per_chunk = workload.flavor.num_layers // (cand.pp * cand.vpp)
+        full = replace(cand, recompute=RecomputePlan("full", num_layers=layers_per_chunk))
+        if estimate_memory(workload, full, mem).total <= budget:
+            return True
+    return False
+
+
+def smallest_device_count(
+    workload: Workload, cluster: ClusterSpec, space: SearchSpace, mem: Coefficients, margin: float
+) -> int | None:
+    """The fewest devices (of this memory) on which some layout fits, or None below :data:`MAX_DEVICES`.
+
+    Every count up to 1024 is tried (divisibility makes feasibility jump around), then powers of two.
+    """
+    budget = cluster.device_memory * (1 - margin)
+    counts = [n for n in range(cluster.num_devices + 1, 1025)]
+    counts += [1 << k for k in range(11, MAX_DEVICES.bit_length()) if 1 << k > cluster.num_devices]
+    for n in counts:
+        if _fits_somewhere(workload, cluster.with_(num_devices=n), space, mem, budget):
+            return n
+    return None

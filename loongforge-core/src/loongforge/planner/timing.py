@@ -1,0 +1,149 @@
+"""Predicted time of one optimizer step, by named term.
+
+* ``compute`` -- model FLOPs (``6 N`` per token for the parameters a token passes through, plus causal
+  attention ``6 s q`` per token and layer, plus the forward again for recomputed parts) divided over the
+  ranks and by the device's achieved throughput;
+* ``bubble`` -- the 1F1B pipeline's idle share, ``(pp - 1) / (m * vpp)`` of the compute;
+* ``tp_comm`` -- four all-reduces (or all-gather + reduce-scatter with sequence parallelism) of the layer
+  activations per layer and micro-batch; ``cp_comm`` -- the all-to-alls of context-parallel attention;
+  ``ep_comm`` -- the MoE dispatch/combine all-to-alls; ``pp_comm`` -- stage-boundary sends;
+  ``dp_comm`` -- the gradient reduce-scatter and parameter all-gather (all-reduce without the distributed
+  optimizer), not overlapped (our trainer reduces after backward);
+* ``overhead`` -- a fixed cost per layer and micro-batch (kernel launches, Python), calibrated.
+
+Each collective moves ring bytes ``2 (n - 1) / n x size`` (all-reduce) or ``(n - 1) / n x size`` over the
+intra-node link when its group fits in a node (ranks are laid out tp, cp, ep innermost), else inter-node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from loongforge.planner.hardware import ClusterSpec
+from loongforge.planner.layouts import Candidate
+from loongforge.planner.memory import Workload, layer_params, padded_vocab
+
+
+@dataclass(frozen=True)
+class TimeCoefficients:
+    """Calibratable factors of the time model."""
+
+    #: Multiplies the cluster's ``device_flops`` (calibration replaces it with a measured figure).
+    flops_scale: float = 1.0
+    #: Seconds per layer per micro-batch on top of the FLOPs (dispatch overhead; ~0 on large GPUs).
+    overhead_per_layer: float = 0.0
+    #: Multiplies all communication times.
+    comm_scale: float = 1.0
+    #: Output width (per rank) at which a matmul reaches half its peak rate (see :func:`flops_per_token`).
+    narrow_width: float = 128.0
+
+
+def flops_per_token(
+    workload: Workload, cand: Candidate | None = None, narrow_width: float = 0.0
+) -> tuple[float, float]:
+    """(training FLOPs per token without recompute, extra forward FLOPs per token that recompute re-runs).
+
+    With ``narrow_width`` > 0 each matmul's FLOPs are divided by its efficiency ``w / (w + narrow_width)``
+    for its per-rank output width ``w`` (narrow matmuls, e.g. MoE experts split by etp, run far below peak);
+    the result is then "peak-equivalent" FLOPs.
+    """
+    f = workload.flavor
+    h, seq = f.hidden_size, workload.seq_length
+    q, kv = f.num_attention_heads * f.kv_channels, f.num_query_groups * f.kv_channels
+    tp, etp = (cand.tp, cand.etp) if cand is not None else (1, 1)
+
+    def cost(flops: float, width: float) -> float:
+        return flops * (width + narrow_width) / width if narrow_width else flops
+
+    linear = cost(2 * (h * (q + 2 * kv) + q * h), q / tp)
+    if f.num_experts:  # a token passes through k experts, the router and the shared expert
+        mlp = cost(2 * f.moe_router_topk * 3 * h * f.moe_ffn_hidden_size, f.moe_ffn_hidden_size / etp)
+        mlp += 2 * f.num_experts * h
+        shared = f.moe_shared_expert_intermediate_size or 0
+        mlp += cost(2 * 3 * h * shared, shared / tp) if shared else 0.0
+    else:
+        mlp = cost(2 * 3 * h * f.ffn_hidden_size, f.ffn_hidden_size / tp)
+    attention = 2 * seq * q  # causal QK^T and AV: 2 x (s/2) x q multiply-adds per token, forward
+    per_layer_forward = linear + mlp + attention
+    forward = f.num_layers * per_layer_forward + cost(2 * f.vocab_size * h, f.vocab_size / tp)
+    total = 3 * forward + sum(c.flops_per_sample(workload) for c in workload.components) / max(1, seq)
+    extra = 0.0
+    if cand is not None and cand.recompute.granularity != "none":
+        rc = cand.recompute
+        layers_per_chunk = f.num_layers // (cand.pp * cand.vpp)
+        if rc.granularity == "full":
+            extra = f.num_layers * min(rc.num_layers, layers_per_chunk) / layers_per_chunk * per_layer_forward
+        else:
+            modules = set(rc.modules)
+            extra = f.num_layers * (attention * ("core_attn" in modules) + mlp * bool(modules & {"mlp", "moe"}))
+    return total, extra
+
+
+@dataclass
+class TimeEstimate:
+    terms: dict[str, float]
+
+    @property
+    def total(self) -> float:
+        return sum(self.terms.values())
+
+
+def _ring(
+    size: float, ranks: int, cluster: ClusterSpec, span: int, all_reduce: bool, coeffs: TimeCoefficients
+) -> float:
+    """Seconds for one collective of ``size`` bytes over ``ranks`` ranks whose group spans ``span`` ranks."""
+    if ranks <= 1:
+        return 0.0
+    bandwidth = cluster.intra_node_bandwidth if span <= cluster.node_size else cluster.inter_node_bandwidth
+    factor = 2 if all_reduce else 1
+    return coeffs.comm_scale * (factor * (ranks - 1) / ranks * size / bandwidth + cluster.latency)
+
+
+def estimate_time(
+    workload: Workload, cand: Candidate, cluster: ClusterSpec, coeffs: TimeCoefficients | None = None
+) -> TimeEstimate:
+    """Predicted seconds of one step of ``cand`` on ``cluster``."""
+    coeffs = coeffs or TimeCoefficients()
+    f, e = workload.flavor, workload.param_bytes
+    m = cand.num_microbatches
+    tokens_step = cand.micro_batch_size * m * cand.dp * workload.seq_length
+    base, extra = flops_per_token(workload, cand, coeffs.narrow_width)
+    # The slowest stage sets the pace: the last one also runs the output layer (its 6 V h FLOPs per token).
+    logits = 6 * f.vocab_size * f.hidden_size * (1 + coeffs.narrow_width * cand.tp / f.vocab_size)
+    layer_share = (base - logits + extra) / cand.pp
+    slowest = max(layer_share + logits, layer_share) if cand.pp > 1 else base + extra
+    tokens_rank = tokens_step / (cand.dp * cand.tp * cand.cp)
+    compute = slowest * tokens_rank / (cluster.device_flops * coeffs.flops_scale)
+    layers = f.num_layers / cand.pp  # per rank
+    tokens_mb = workload.seq_length * cand.micro_batch_size / cand.cp
+    act = tokens_mb * f.hidden_size * e
+    full_rc = cand.recompute.granularity == "full"
+    rc_fraction = min(cand.recompute.num_layers, f.num_layers // (cand.pp * cand.vpp)) / (
+        f.num_layers // (cand.pp * cand.vpp)) if full_rc else 0.0
+    terms = {"compute": compute, "bubble": compute * (cand.pp - 1) / (m * cand.vpp)}
+    if cand.pp > 1:  # time beyond the average stage's share is the imbalance of the slowest stage
+        balanced = (base + extra) / cand.pp * tokens_rank / (cluster.device_flops * coeffs.flops_scale)
+        terms["compute"], terms["stage_imbalance"] = balanced, compute - balanced
+    tp_span = cand.tp
+    per_layer_tp = 4 * _ring(act, cand.tp, cluster, tp_span, True, coeffs)
+    terms["tp_comm"] = per_layer_tp * layers * m * (1 + rc_fraction / 2)
+    q, kv = f.num_attention_heads * f.kv_channels, f.num_query_groups * f.kv_channels
+    cp_bytes = tokens_mb * (2 * q + 2 * kv) * e / cand.tp
+    terms["cp_comm"] = 2 * _ring(cp_bytes, cand.cp, cluster, cand.tp * cand.cp, False, coeffs) * layers * m
+    if f.num_experts:
+        a2a = tokens_mb * f.moe_router_topk * f.hidden_size * e / (cand.tp if cand.sequence_parallel else 1)
+        terms["ep_comm"] = 4 * _ring(a2a, cand.ep, cluster, cand.ep * cand.etp, False, coeffs) * layers * m
+    stage_bytes = act / (cand.tp if cand.sequence_parallel else 1)
+    pp_span = cand.tp * cand.cp * cand.dp * cand.pp
+    terms["pp_comm"] = 2 * m * cand.vpp * _ring(stage_bytes, 2, cluster, pp_span, False, coeffs) if cand.pp > 1 else 0
+    dense, expert = layer_params(f, cand.tp, cand.ep, cand.etp)
+    params = (dense + expert) * layers + padded_vocab(f.vocab_size, cand.tp) * f.hidden_size / cand.tp
+    dp_ranks, dp_span = cand.dp * cand.cp, cand.world_size
+    if cand.distributed_optimizer:
+        terms["dp_comm"] = (_ring(params * 4, dp_ranks, cluster, dp_span, False, coeffs)
+                            + _ring(params * e, dp_ranks, cluster, dp_span, False, coeffs))
+    else:
+        terms["dp_comm"] = _ring(params * 4, dp_ranks, cluster, dp_span, True, coeffs)
+    passes = layers * m * (1 + rc_fraction / 3) * (1 + (cand.pp - 1) / (m * cand.vpp))
+    terms["overhead"] = coeffs.overhead_per_layer * passes
+    return TimeEstimate(terms=terms)
