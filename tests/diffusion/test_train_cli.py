@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from loongforge import load_config
 from loongforge.cli import main
 from loongforge.errors import ConfigError
@@ -68,3 +69,27 @@ def test_bad_task_options_are_one_line_errors(tmp_path, capsys):
     assert err.count("\n") == 1 and "task in" in err and "unknown key(s) smaples; known: data, samples" in err
     with pytest.raises(ConfigError, match="task options \\['samples'\\] are set but model 'llama-debug' has no task"):
         run_training(load_config(None, ["model.name=llama-debug", "task.samples=3", f"run.output_dir={tmp_path}"]))
+
+
+def test_lora_fine_tune_with_ema_from_a_checkpoint_resumes_bit_exactly(tmp_path):
+    from safetensors.torch import load_file
+
+    run_training(_config(tmp_path, "base", "training.steps=3", "task.sample={videos: 0}"))
+    base = tmp_path / "base" / "checkpoints" / "step-0000003"
+    tune = [f"task.init={base}", "task.lora={rank: 4, alpha: 8}", "task.ema={decay: 0.9, warmup: false}",
+            "task.recompute=true", "task.sample={videos: 1, steps: 2}"]
+    straight = run_training(_config(tmp_path, "tune", "training.steps=4", *tune))
+    assert "sample_scores" in straight  # sampled with the EMA weights
+    weights, start = load_file(tmp_path / "tune" / "checkpoints" / "step-0000004" / "model.safetensors"), \
+        load_file(base / "model.safetensors")
+    adapters = [name for name in weights if ".lora_" in name]
+    assert adapters and all(torch.equal(weights[k], start[k]) for k in start)  # the base stayed frozen
+    optim = torch.load(tmp_path / "tune" / "checkpoints" / "step-0000004" / "optimizer.pt", weights_only=True)
+    assert sorted(optim["state"]) == sorted(adapters)  # only adapters were trained
+    state = torch.load(tmp_path / "tune" / "checkpoints" / "step-0000004" / "state.pt", weights_only=True)
+    assert sorted(state["task"]["ema"]["shadow"]) == sorted(adapters)
+
+    run_training(_config(tmp_path, "tune2", "training.steps=2", "checkpoint.interval=2", *tune))
+    resumed = run_training(_config(tmp_path, "tune2", "training.steps=4", *tune))
+    assert _losses(tmp_path / "tune2") == _losses(tmp_path / "tune")
+    assert resumed["sample_scores"] == straight["sample_scores"]

@@ -27,6 +27,8 @@ class Task(Protocol):
     def training_step(self, model: Any, batch: dict[str, Any]) -> Any:
         """The scalar loss of one batch; the loop runs backward and the optimizer."""
 
+    # Optional: ``after_step(model)``, called after each optimizer step (EMA updates and the like).
+
     def state_dict(self) -> dict[str, Any]:
         """The task's own random streams (tensors/ints only), saved in checkpoints for bit-exact resume."""
 

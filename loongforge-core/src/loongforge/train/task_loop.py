@@ -140,6 +140,9 @@ class TaskTrainer:
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
             grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor
         self.optimizer.step()
+        after_step = getattr(self.task, "after_step", None)  # optional: EMA updates and the like
+        if after_step is not None:
+            after_step(self.model)
         loss = loss.detach().clone()
         if self.world_size > 1:
             dist.all_reduce(loss)

@@ -12,6 +12,11 @@ A run config names a Wan flavor (``model: wan-tiny``) and puts the diffusion opt
       context_dropout: 0.1    # caption dropout, which classifier-free guidance needs
       flow_matching: {shift: 1.0, sampling: uniform, weighting: none}
       sample: {videos: 16, steps: 20, guidance: 3.0, seed: 0}   # after training; videos: 0 skips it
+      init: null              # weights to start from: a LoongForge checkpoint of this task, or a released Wan
+                              #   DiT directory (diffusers or original names)
+      lora: null              # {rank: 16, alpha: 16, dropout: 0.0, targets: [self_attn, cross_attn, ffn]}
+      ema: null               # {decay: 0.999, warmup: true}: samples use the averaged weights
+      recompute: false        # activation checkpointing per block
 
 After training the task samples videos for held-out captions, writes them as GIFs to ``<output_dir>/samples``
 and, for moving squares, scores them with :mod:`loongforge_diffusion.scoring` (colour, direction, square-ness).
@@ -20,6 +25,7 @@ and, for moving squares, scores them with :mod:`loongforge_diffusion.scoring` (c
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from dataclasses import fields
 from pathlib import Path
@@ -35,17 +41,24 @@ from loongforge_diffusion.data.moving_squares import (
     embedding_table,
     parse_caption,
 )
+from loongforge_diffusion.ema import EMA
 from loongforge_diffusion.flow_matching import FlowMatchingConfig
 from loongforge_diffusion.media import write_video
 from loongforge_diffusion.scoring import score_videos
 from loongforge_diffusion.task import DiffusionTask
+from loongforge_diffusion.wan.checkpoint import load_wan_checkpoint
 from loongforge_diffusion.wan.flavors import WanFlavor
+from loongforge_diffusion.wan.lora import apply_lora
+from loongforge_diffusion.wan.model import WanModel
 
 #: ``task:`` keys and their defaults.
 OPTIONS: dict[str, Any] = {
     "data": None, "samples": 2048, "frames": 4, "side": 16, "speed": 2, "data_seed": 0, "context_dropout": 0.1,
-    "flow_matching": {}, "sample": {},
+    "flow_matching": {}, "sample": {}, "init": None, "lora": None, "ema": None, "recompute": False,
 }
+LORA_OPTIONS: dict[str, Any] = {"rank": 16, "alpha": None, "dropout": 0.0,
+                                "targets": ["self_attn", "cross_attn", "ffn"]}
+EMA_OPTIONS: dict[str, Any] = {"decay": 0.999, "warmup": True}
 SAMPLE_OPTIONS: dict[str, Any] = {"videos": 16, "steps": 20, "guidance": 3.0, "seed": 0}
 
 
@@ -67,14 +80,44 @@ class WanRunTask:
         fm = _checked(dict(self.options["flow_matching"]), fm_keys, f"task.flow_matching in {config.source}")
         objective = FlowMatchingConfig(**{k: v for k, v in fm.items() if v is not None})
         self.flavor = flavor.with_overrides(**config.model.overrides) if config.model.overrides else flavor
+        self.flavor_name = config.model.name
         self.geometry = Geometry(self.options["frames"], self.options["side"], self.options["speed"])
+        self.lora = None if self.options["lora"] is None else _checked(
+            dict(self.options["lora"]), LORA_OPTIONS, f"task.lora in {config.source}")
+        self.ema_options = None if self.options["ema"] is None else _checked(
+            dict(self.options["ema"]), EMA_OPTIONS, f"task.ema in {config.source}")
+        self.ema: EMA | None = None
+        self._ema_state: dict[str, Any] | None = None
         self.task = DiffusionTask(objective=objective, context_dropout=float(self.options["context_dropout"]),
                                   seed=config.run.seed)
         #: Training steps taken (with the sample index, it seeds each sample's noise).
         self.steps = 0
 
     def build_model(self) -> torch.nn.Module:
-        return self.task.build_model(self.flavor)
+        """The DiT: fresh, or from ``task.init``'s weights; with LoRA adapters (base frozen) when ``task.lora``."""
+        model = WanModel(self.flavor, recompute=bool(self.options["recompute"]))
+        if self.options["init"]:
+            missing, unexpected = model.load_state_dict(_init_weights(self.options["init"]), strict=False)
+            if missing or unexpected:
+                raise ConfigError(f"task.init {self.options['init']}: weights do not fit the flavor "
+                                  f"'{self.flavor_name}': missing {missing[:3]}, unexpected {unexpected[:3]}")
+        if self.lora is not None:
+            apply_lora(model, **self.lora)
+        return model
+
+    def after_step(self, model: torch.nn.Module) -> None:
+        """After each optimizer step: update the EMA of the trained weights (``task.ema``)."""
+        if self.ema_options is None:
+            return
+        module = getattr(model, "module", model)
+        if any(hasattr(p, "full_tensor") for p in module.parameters()):
+            raise ConfigError("task.ema with parallel.strategy fsdp2/hsdp (sharded parameters) is not supported yet; "
+                              "use ddp or zero1")
+        if self.ema is None:
+            self.ema = EMA(module, decay=float(self.ema_options["decay"]), warmup=bool(self.ema_options["warmup"]))
+            if self._ema_state is not None:
+                self.ema.load_state_dict(self._ema_state)
+        self.ema.update(module)
 
     def build_dataset(self) -> Any:
         opts = self.options
@@ -91,10 +134,16 @@ class WanRunTask:
         return self.task.training_step(model, batch, generators)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps}
+        state: dict[str, Any] = {"steps": self.steps}
+        if self.ema is not None:
+            state["ema"] = self.ema.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.steps = int(state["steps"])
+        self._ema_state = state.get("ema")
+        if self.ema is not None and self._ema_state is not None:
+            self.ema.load_state_dict(self._ema_state)
 
     def finish(self, model: torch.nn.Module, output_dir: Path) -> dict[str, Any]:
         """Sample held-out captions (a data seed never trained on), write GIFs, score them."""
@@ -107,13 +156,18 @@ class WanRunTask:
         context = torch.stack([item["context"] for item in items])
         labels = torch.stack([item["labels"] for item in items])
         shape = (len(items), *items[0]["video"].shape)
-        videos = self.task.sample(model, {"context": context}, opts["steps"], shape=shape,
-                                  guidance=float(opts["guidance"]), seed=int(opts["seed"]))
+        with self._sampling_weights(model):
+            videos = self.task.sample(model, {"context": context}, opts["steps"], shape=shape,
+                                      guidance=float(opts["guidance"]), seed=int(opts["seed"]))
         directory = Path(output_dir) / "samples"
         for index, video in enumerate(videos):
             write_video(video, directory / f"sample-{index:03d}")
         scores = score_videos(videos, labels) if self.options["data"] is None else {}
         return {"samples_dir": str(directory), "sample_scores": scores}
+
+    def _sampling_weights(self, model: torch.nn.Module) -> Any:
+        """The EMA weights swapped in while sampling after training, when ``task.ema`` kept them."""
+        return self.ema.swap(model) if self.ema is not None else contextlib.nullcontext()
 
     def sample_files(self, model: torch.nn.Module, prompts: list[str], out_dir: Path, *, steps: int, guidance: float,
                      seed: int, fmt: str) -> list[Path]:
@@ -136,3 +190,15 @@ def _sample_seed(seed: int, step: int, index: int) -> int:
     """A 63-bit seed for one sample's draws at one step, well mixed so neighbouring seeds share nothing."""
     digest = hashlib.blake2b(f"{seed}:{step}:{index}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
+
+
+def _init_weights(path: str) -> dict[str, torch.Tensor]:
+    """Our state dict from ``task.init``: a verified LoongForge task checkpoint, else a released Wan directory."""
+    from loongforge.checkpoint.manifest import MANIFEST, verify_manifest
+    from safetensors.torch import load_file
+
+    directory = Path(path).expanduser()
+    if (directory / MANIFEST).is_file():
+        verify_manifest(directory)
+        return load_file(str(directory / "model.safetensors"))
+    return load_wan_checkpoint(directory).state_dict
