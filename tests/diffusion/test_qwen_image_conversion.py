@@ -112,7 +112,7 @@ def test_flavor_validation_and_training_refusal():
         QwenImageFlavor(num_layers=1, num_heads=1, head_dim=32, axes_dims=(10, 10, 10))
     with pytest.raises(ConfigError, match="guidance_embeds"):
         TINY.with_overrides(guidance_embeds=True)
-    with pytest.raises(ConfigError, match="no field"):
+    with pytest.raises(ConfigError, match="unknown qwen-image flavor field"):
         TINY.with_overrides(rope_theta=1.0)
 
     class Config:

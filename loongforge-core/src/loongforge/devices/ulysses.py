@@ -21,8 +21,10 @@ import torch
 import torch.distributed as dist
 
 
-def _all_to_all(x: torch.Tensor, group: Any) -> torch.Tensor:
-    """Equal-split all-to-all along dim 0 (block ``r`` goes to rank ``r``; block ``r`` of the result came from it)."""
+def all_to_all_blocks(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """Equal-split all-to-all along dim 0 (block ``r`` goes to rank ``r``; block ``r`` of the result came from it).
+
+    Not differentiable by itself; the Ulysses exchanges here and in plugins wrap it in autograd Functions."""
     x = x.contiguous()  # before empty_like, which would copy a permuted layout that the collective ignores
     out = torch.empty_like(x)
     dist.all_to_all_single(out, x, group=group)
@@ -34,7 +36,7 @@ def _seq_to_heads(x: torch.Tensor, group: Any) -> torch.Tensor:
     cp = dist.get_world_size(group)
     s, b, h, d = x.shape
     blocks = x.reshape(s, b, cp, h // cp, d).permute(2, 0, 1, 3, 4)
-    return _all_to_all(blocks, group).reshape(cp * s, b, h // cp, d)
+    return all_to_all_blocks(blocks, group).reshape(cp * s, b, h // cp, d)
 
 
 def _heads_to_seq(x: torch.Tensor, group: Any) -> torch.Tensor:
@@ -42,7 +44,7 @@ def _heads_to_seq(x: torch.Tensor, group: Any) -> torch.Tensor:
     cp = dist.get_world_size(group)
     total, b, h, d = x.shape
     s = total // cp
-    out = _all_to_all(x.reshape(cp, s, b, h, d), group)
+    out = all_to_all_blocks(x.reshape(cp, s, b, h, d), group)
     return out.permute(1, 2, 0, 3, 4).reshape(s, b, cp * h, d)
 
 

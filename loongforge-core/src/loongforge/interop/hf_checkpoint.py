@@ -52,8 +52,9 @@ class TensorInfo:
     dtype: str
 
 
-def _index_files(directory: Path, index_name: str) -> dict[str, Path]:
-    index = directory / index_name
+def index_weight_files(index: Path) -> dict[str, Path]:
+    """Tensor name -> file, from a sharded checkpoint's index (``*.index.json``), every listed file present."""
+    directory = index.parent
     try:
         weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -91,12 +92,12 @@ def index_hf_tensors(directory: str | Path) -> dict[str, TensorInfo]:
     (``.bin`` files are memory-mapped)."""
     directory = Path(directory).expanduser()
     if (directory / SAFETENSORS_INDEX).is_file():
-        files = _index_files(directory, SAFETENSORS_INDEX)
+        files = index_weight_files(directory / SAFETENSORS_INDEX)
         infos = _safetensors_infos(sorted(set(files.values())))
     elif (directory / SAFETENSORS).is_file():
         infos = _safetensors_infos([directory / SAFETENSORS])
     elif (directory / BIN_INDEX).is_file() or (directory / BIN).is_file():
-        bins = sorted(set(_index_files(directory, BIN_INDEX).values())) if (directory / BIN_INDEX).is_file() \
+        bins = sorted(set(index_weight_files(directory / BIN_INDEX).values())) if (directory / BIN_INDEX).is_file() \
             else [directory / BIN]
         infos = {
             name: TensorInfo(file, tuple(t.shape), _TORCH_DTYPES.get(t.dtype, str(t.dtype)))

@@ -101,13 +101,22 @@ class DecoderFlavor:
 
     def with_overrides(self, **overrides: Any) -> DecoderFlavor:
         """A copy with some fields replaced; an unknown field name is a :class:`ConfigError`."""
-        known = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise ConfigError(
-                f"unknown flavor field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-            )
-        return dataclasses.replace(self, **overrides)
+        return replace_fields(self, overrides)
+
+
+def replace_fields(flavor: Any, overrides: dict[str, Any], *, what: str = "flavor") -> Any:
+    """A copy of the dataclass ``flavor`` with ``overrides`` (what every family's ``with_overrides`` does).
+
+    An unknown field name is a :class:`ConfigError` listing the known ones; a list given for a tuple field (YAML
+    has no tuples) becomes a tuple, so ``patch_size: [1, 2, 2]`` in a config means ``(1, 2, 2)``.
+    """
+    known = {f.name for f in dataclasses.fields(flavor)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ConfigError(f"unknown {what} field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    values = {name: tuple(value) if isinstance(getattr(flavor, name), tuple) and isinstance(value, list) else value
+              for name, value in overrides.items()}
+    return dataclasses.replace(flavor, **values)
 
 
 def flavor_num_params(flavor: DecoderFlavor, *, include_embeddings: bool = True) -> int:

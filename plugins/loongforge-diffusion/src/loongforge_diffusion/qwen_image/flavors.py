@@ -12,12 +12,12 @@ listings is computed rather than typed in, and so the diffusers converter can ch
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from loongforge.errors import ConfigError
+from loongforge.models.flavor import replace_fields
 
 #: Width of the sinusoidal timestep encoding, epsilon of every norm and RoPE base: fixed by the reference model
 #: (diffusers hard-codes them), so they are constants rather than flavor fields that could not be converted.
@@ -81,13 +81,7 @@ class QwenImageFlavor:
 
     def with_overrides(self, **overrides: Any) -> QwenImageFlavor:
         """A copy with some fields changed (``num_layers=2``); unknown names are errors."""
-        known = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise ConfigError(f"qwen-image flavor has no field(s) {unknown}; known: {sorted(known)}")
-        if "axes_dims" in overrides:
-            overrides["axes_dims"] = tuple(overrides["axes_dims"])
-        return dataclasses.replace(self, **overrides)
+        return replace_fields(self, overrides, what="qwen-image flavor")
 
 
 def _linear(prefix: str, fan_in: int, fan_out: int) -> dict[str, tuple[int, ...]]:

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from loongforge.errors import LoongForgeError
+from loongforge.interop.hf_checkpoint import index_weight_files
 from safetensors import safe_open
 from safetensors.torch import load_file
 
@@ -64,15 +65,7 @@ def _weight_files(directory: Path) -> dict[str, Path]:
     if len(indexes) > 1:
         raise LoongForgeError(f"{directory}: several index files ({', '.join(p.name for p in indexes)}); keep one")
     if indexes:
-        try:
-            weight_map = json.loads(indexes[0].read_text(encoding="utf-8"))["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise LoongForgeError(f"{indexes[0]}: cannot read its weight_map: {exc}") from None
-        located = {name: directory / file for name, file in weight_map.items()}
-        for file in sorted(set(located.values())):
-            if not file.is_file():
-                raise LoongForgeError(f"{indexes[0]}: lists {file.name}, which is missing")
-        return located
+        return index_weight_files(indexes[0])
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         nested = sorted(p.parent.name for p in directory.glob("*/*.safetensors"))

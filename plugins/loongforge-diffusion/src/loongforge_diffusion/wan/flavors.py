@@ -8,12 +8,12 @@ Wan-AI ``*-Diffusers`` repositories); ``wan-tiny`` is a CPU flavor whose head di
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from loongforge.errors import ConfigError
+from loongforge.models.flavor import replace_fields
 
 #: Tasks a flavor is trained for. ``t2v`` text only; ``i2v`` adds an encoded image (extra input channels and,
 #: in Wan 2.1, CLIP image tokens with their own key/value projections); ``ti2v`` (Wan 2.2 5B) conditions on
@@ -80,13 +80,7 @@ class WanFlavor:
 
     def with_overrides(self, **overrides: Any) -> WanFlavor:
         """A copy with some fields changed (``num_layers=2`` for a smoke run); unknown names are errors."""
-        known = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise ConfigError(f"wan flavor has no field(s) {unknown}; known: {sorted(known)}")
-        if "patch_size" in overrides:
-            overrides["patch_size"] = tuple(overrides["patch_size"])
-        return dataclasses.replace(self, **overrides)
+        return replace_fields(self, overrides, what="wan flavor")
 
 
 def num_params(flavor: WanFlavor) -> int:
