@@ -3,7 +3,8 @@
 A run config names a Wan flavor (``model: wan-tiny``) and puts the diffusion options under ``task:``::
 
     task:
-      data: null              # a dataset written by `python -m loongforge_diffusion.data.moving_squares`, or
+      data: null              # a .pt from `python -m loongforge_diffusion.data.moving_squares`, a latent cache
+                              #   directory (`python -m loongforge_diffusion.data.latents`), or
       samples: 2048           #   moving squares generated on the fly: how many, and their geometry
       frames: 4
       side: 16
@@ -34,6 +35,8 @@ from typing import Any
 import torch
 from loongforge.errors import ConfigError
 
+from loongforge_diffusion.data.latents import INDEX as LATENT_INDEX
+from loongforge_diffusion.data.latents import CachedLatentDataset
 from loongforge_diffusion.data.moving_squares import (
     Geometry,
     MovingSquares,
@@ -121,6 +124,9 @@ class WanRunTask:
 
     def build_dataset(self) -> Any:
         opts = self.options
+        if opts["data"] is not None and (Path(opts["data"]).expanduser() / LATENT_INDEX).is_file():
+            return CachedLatentDataset(opts["data"], latent_channels=self.flavor.out_channels,
+                                       text_dim=self.flavor.text_dim)
         return self.task.build_dataset(opts["data"], length=opts["samples"], text_dim=self.flavor.text_dim,
                                        seed=opts["data_seed"], frames=self.geometry.frames, side=self.geometry.side,
                                        speed=self.geometry.speed)
@@ -148,8 +154,8 @@ class WanRunTask:
     def finish(self, model: torch.nn.Module, output_dir: Path) -> dict[str, Any]:
         """Sample held-out captions (a data seed never trained on), write GIFs, score them."""
         opts = self.sample_options
-        if opts["videos"] <= 0:
-            return {}
+        if opts["videos"] <= 0 or self.options["data"] is not None:
+            return {}  # written data or latent caches have no caption encoder here (and latents need the VAE)
         held_out = MovingSquares(opts["videos"], text_dim=self.flavor.text_dim, seed=self.options["data_seed"] + 7919,
                                  geometry=self.geometry)
         items = [held_out[i] for i in range(len(held_out))]
