@@ -7,7 +7,8 @@ import socket
 import pytest
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on this host now (for one torchrun or process-group rendezvous)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -27,7 +28,7 @@ def megatron_cpu_world():
 
     backend = CPUBackend()
     backend.apply_patches()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
     tensor_parallel.model_parallel_cuda_manual_seed(1234)
     torch.manual_seed(1234)

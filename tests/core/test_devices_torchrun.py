@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from conftest import free_port  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -82,19 +82,13 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.parametrize("tp,pp,sp", [(2, 1, True), (1, 2, False)], ids=["tp2-sp", "pp2"])
 def test_two_process_layout_trains_and_checkpoints(tmp_path, tp, pp, sp):
     script = tmp_path / "smoke.py"
     script.write_text(SCRIPT)
     (tmp_path / "ckpt").mkdir()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), str(script), str(tp), str(pp), "1" if sp else "0", str(tmp_path)]
+           "--master-port", str(free_port()), str(script), str(tp), str(pp), "1" if sp else "0", str(tmp_path)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-4000:]

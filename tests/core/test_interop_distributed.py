@@ -17,14 +17,13 @@ to one process by dist_checkpointing) bitwise equal too.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
 import torch
-from conftest import HF_TINY_CASES, HF_TINY_COMMON, make_hf_model  # noqa: E402
+from conftest import HF_TINY_CASES, HF_TINY_COMMON, free_port, make_hf_model  # noqa: E402
 from loongforge.cli import main  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
@@ -112,12 +111,6 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.parametrize("tp,pp,ep,cases", [(2, 1, 1, DENSE + MOE), (1, 2, 1, DENSE + MOE), (1, 1, 2, MOE)],
                          ids=["tp2", "pp2", "ep2"])
 def test_hf_interop_at_two_process_layout(tmp_path, capsys, tp, pp, ep, cases):
@@ -136,7 +129,7 @@ def test_hf_interop_at_two_process_layout(tmp_path, capsys, tp, pp, ep, cases):
     script = tmp_path / "interop.py"
     script.write_text(SCRIPT)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), str(script), str(tp), str(pp), str(ep), str(tmp_path), *cases]
+           "--master-port", str(free_port()), str(script), str(tp), str(pp), str(ep), str(tmp_path), *cases]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-20000:]

@@ -98,6 +98,8 @@ class TaskTrainer:
         self.device = backend.device()
         torch.manual_seed(config.run.seed)  # the same initial weights on every rank
         model = host.modify_model(task.build_model().to(self.device), config)
+        #: Parameter count of the whole model, taken before a strategy shards it.
+        self.num_params = sum(p.numel() for p in model.parameters())
         self.param_names = [name for name, p in model.named_parameters() if p.requires_grad]
         self.dataset = task.build_dataset()
         self.order = BatchOrder(len(self.dataset), config.training.micro_batch_size * world_size, config.run.seed)
@@ -272,9 +274,7 @@ def run_task(config: LoongForgeConfig, task: Any, backend: Any, host: Any, *, ra
         for warning in trainer.load(resume):
             print(f"[loongforge] warning: {warning}", flush=True)
         say(f"resumed from {resume} (step {trainer.step})")
-    n_params = sum(p.numel() for p in task.build_model().parameters()) if strategy else \
-        sum(p.numel() for p in trainer.model.parameters())
-    say(f"model: {config.model.name} ({n_params / 1e6:.2f}M parameters), {len(trainer.dataset)} samples, "
+    say(f"model: {config.model.name} ({trainer.num_params / 1e6:.2f}M parameters), {len(trainer.dataset)} samples, "
         f"global batch {config.training.micro_batch_size * world_size}"
         + (f", {layout.describe()}" if layout else ""))
     log = config.logging
