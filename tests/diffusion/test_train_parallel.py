@@ -1,7 +1,9 @@
 """Task models train under torch-native data parallelism exactly like one process (fp32, gloo, CPU).
 
 ``loongforge train --nproc N`` runs the moving-squares Wan DiT under ``ddp``, ``zero1`` and ``fsdp2`` on 2 ranks
-and ``hsdp`` (2 replicas x 2 shards) on 4, each rank training its share of the same global batch of 8. Every
+and ``hsdp`` (2 replicas x 2 shards) on 4, each rank training its share of the same global batch of 8, and with
+Ulysses context parallelism (``parallel.cp=2``: both ranks train the whole batch, each half of every video's tokens)
+under ``ddp`` and ``fsdp2``. Every
 sample's noise is drawn from (seed, step, sample index), so per-step loss and gradient norm must match the
 single-process run within 1e-5 relative. An ``fsdp2`` checkpoint (full tensors gathered on rank 0) resumes in
 one process and continues the same curve.
@@ -26,9 +28,10 @@ COMMON = ["logging.progress=false", "logging.tensorboard=false", "training.threa
           "scheduler.warmup_steps=2", f"scheduler.decay_steps={STEPS}"]  # one schedule, also for a run cut short
 
 
-def train(out: Path, *overrides: str, nproc: int = 1) -> dict:
+def train(out: Path, *overrides: str, nproc: int = 1, cp: int = 1) -> dict:
     cmd = [sys.executable, "-m", "loongforge.cli", "train", str(ROOT / "configs/diffusion-moving-squares.yaml"),
-           f"run.output_dir={out}", *COMMON, f"training.micro_batch_size={GLOBAL_BATCH // nproc}", *overrides,
+           f"run.output_dir={out}", *COMMON, f"training.micro_batch_size={GLOBAL_BATCH * cp // nproc}",
+           f"parallel.cp={cp}", *overrides,
            *(["--nproc", str(nproc)] if nproc > 1 else [])]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
@@ -50,11 +53,12 @@ def reference(tmp_path_factory):
     return rows
 
 
-@pytest.mark.parametrize("strategy,nproc,extra", [
-    ("ddp", 2, []), ("zero1", 2, []), ("fsdp2", 2, []), ("hsdp", 4, ["parallel.fsdp_shard_size=2"]),
+@pytest.mark.parametrize("strategy,nproc,cp,extra", [
+    ("ddp", 2, 1, []), ("zero1", 2, 1, []), ("fsdp2", 2, 1, []), ("hsdp", 4, 1, ["parallel.fsdp_shard_size=2"]),
+    ("ddp", 2, 2, []), ("fsdp2", 2, 2, []),
 ])
-def test_layout_matches_one_process(tmp_path, reference, strategy, nproc, extra):
-    rows = train(tmp_path / "run", f"parallel.strategy={strategy}", *extra, nproc=nproc)
+def test_layout_matches_one_process(tmp_path, reference, strategy, nproc, cp, extra):
+    rows = train(tmp_path / "run", f"parallel.strategy={strategy}", *extra, nproc=nproc, cp=cp)
     assert_same_run(rows, reference, range(1, STEPS + 1))
 
 

@@ -28,6 +28,9 @@ class Task(Protocol):
         """The scalar loss of one batch; the loop runs backward and the optimizer."""
 
     # Optional: ``after_step(model)``, called after each optimizer step (EMA updates and the like).
+    # Optional: ``use_context_parallel(group)``, called before ``build_model`` when ``parallel.cp > 1``: the ranks
+    # of ``group`` get the same batches and must together return the loss of the whole batch, each back-propagating
+    # its share of the gradient (the loop scales by cp before the strategy averages over all ranks).
 
     def state_dict(self) -> dict[str, Any]:
         """The task's own random streams (tensors/ints only), saved in checkpoints for bit-exact resume."""

@@ -11,6 +11,10 @@ chosen with ``parallel.strategy``:
   optimizer state sharded over all ranks;
 * ``hsdp`` -- ``fully_shard`` on a 2-D mesh: shards within groups of ``fsdp_shard_size`` ranks, replicas across.
 
+Any of them combines with ``parallel.cp`` (context parallelism) for tasks that split one sample's sequence
+over ranks (``use_context_parallel`` in :mod:`loongforge.tasks`): groups of ``cp`` consecutive ranks see the same
+samples, so the data-parallel size is ``world / cp``.
+
 The FSDP planner shards every element of the model's ``nn.ModuleList`` s (transformer blocks) that holds
 parameters, splitting a block further when its parameters mix dtypes (one ``fully_shard`` unit must be one
 dtype), and leaves modules the forward never runs out of the units (found by one dry forward). Everything
@@ -34,20 +38,27 @@ _COMM_HOOKS = ("bf16", "fp16")
 
 @dataclass(frozen=True)
 class TorchLayout:
-    """A validated torch-native layout: the kind, the world size and (HSDP) ranks per sharding group."""
+    """A validated torch-native layout: the kind, the world size, (HSDP) ranks per sharding group and the
+    context-parallel size (ranks that split each sample's sequence)."""
 
     kind: str
     world_size: int
     shard_size: int
+    cp: int = 1
 
     @property
     def replicas(self) -> int:
         return self.world_size // self.shard_size
 
+    @property
+    def dp(self) -> int:
+        """Data-parallel size: how many different sample shards one step trains."""
+        return self.world_size // self.cp
+
     def describe(self) -> str:
-        if self.kind == "hsdp":
-            return f"hsdp: {self.replicas} replicas x {self.shard_size}-way sharding"
-        return f"{self.kind} over {self.world_size} rank(s)"
+        kind = (f"hsdp: {self.replicas} replicas x {self.shard_size}-way sharding" if self.kind == "hsdp"
+                else f"{self.kind} over {self.world_size} rank(s)")
+        return kind + (f", context parallel {self.cp} (data parallel {self.dp})" if self.cp > 1 else "")
 
 
 class TorchNativeStrategy:
@@ -59,11 +70,13 @@ class TorchNativeStrategy:
         self.kind = kind
 
     def validate(self, parallel: Any, world_size: int, source: str) -> TorchLayout:
-        """Refuse megatron-only sizes and impossible HSDP groups (one line naming the key)."""
-        for key in ("tp", "pp", "cp", "ep"):
+        """Refuse megatron-only sizes and impossible HSDP or context-parallel groups (one line naming the key)."""
+        for key in ("tp", "pp", "ep"):
             if getattr(parallel, key) != 1:
                 raise ConfigError(f"{source}: parallel.{key}={getattr(parallel, key)} needs parallel.strategy "
-                                  f"megatron; '{self.kind}' splits data only")
+                                  f"megatron; '{self.kind}' splits data (and, with cp, sequences) only")
+        if parallel.cp < 1 or world_size % parallel.cp:
+            raise ConfigError(f"{source}: parallel.cp={parallel.cp} must divide the number of processes ({world_size})")
         if parallel.ddp_comm_hook is not None and parallel.ddp_comm_hook not in _COMM_HOOKS:
             raise ConfigError(f"{source}: parallel.ddp_comm_hook must be one of {', '.join(_COMM_HOOKS)} or null, "
                               f"got {parallel.ddp_comm_hook!r}")
@@ -76,9 +89,20 @@ class TorchNativeStrategy:
         elif parallel.fsdp_shard_size not in (None, world_size) and self.kind == "fsdp2":
             raise ConfigError(f"{source}: parallel.fsdp_shard_size is for hsdp; fsdp2 shards over all "
                               f"{world_size} ranks")
-        return TorchLayout(self.kind, world_size, shard)
+        return TorchLayout(self.kind, world_size, shard, parallel.cp)
 
-    # -- wrapping ---------------------------------------------------------------------------------------------
+    # -- groups and wrapping -------------------------------------------------------------------------------------
+    @staticmethod
+    def context_parallel_group(layout: TorchLayout) -> Any:
+        """This rank's context-parallel group: ranks ``[k*cp, (k+1)*cp)`` form group ``k``, which is also their
+        data-parallel index. Collective (every rank creates every group, as ``new_group`` requires)."""
+        mine = None
+        for start in range(0, layout.world_size, layout.cp):
+            group = dist.new_group(list(range(start, start + layout.cp)))
+            if start <= dist.get_rank() < start + layout.cp:
+                mine = group
+        return mine
+
     def wrap(self, model: nn.Module, layout: TorchLayout, parallel: Any, *, sample_batch: Any = None,
              run_forward: Any = None, bf16: bool = False) -> nn.Module:
         """The model ready for data-parallel training (parameters must already be on the device)."""

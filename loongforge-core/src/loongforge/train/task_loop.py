@@ -86,15 +86,25 @@ def _indexed_optimizer_state(state: dict[str, Any], names: list[str]) -> dict[st
 class TaskTrainer:
     """Model, optimizer, data order and the step; ``host`` hooks see this object as ``trainer``.
 
-    With several processes each rank trains ``micro_batch_size`` samples of a global batch of
-    ``micro_batch_size x world_size`` under a torch-native strategy (:mod:`loongforge.parallel.torch_native`);
-    the task's loss is its local mean, so the averaged gradient is the global batch's.
+    With several processes each data-parallel rank trains ``micro_batch_size`` samples of a global batch of
+    ``micro_batch_size x dp`` under a torch-native strategy (:mod:`loongforge.parallel.torch_native`); the
+    task's loss is its local mean, so the averaged gradient is the global batch's. With ``parallel.cp > 1`` the
+    ``cp`` ranks of a context-parallel group train the same samples, each a share of every sequence, and
+    ``dp = world / cp``.
     """
 
     def __init__(self, config: LoongForgeConfig, task: Any, backend: Any, host: Any, *, rank: int = 0,
                  world_size: int = 1, strategy: Any = None, layout: Any = None) -> None:
         self.config, self.task, self.backend, self.host = config, task, backend, host
         self.rank, self.world_size, self.strategy = rank, world_size, strategy
+        self.cp = layout.cp if layout is not None else 1
+        self.dp_rank, self.dp_size = rank // self.cp, world_size // self.cp
+        if self.cp > 1:
+            use_context_parallel = getattr(task, "use_context_parallel", None)
+            if use_context_parallel is None:
+                raise ConfigError(f"{config.source}: parallel.cp={self.cp}: model '{config.model.name}' does not "
+                                  "support context parallelism")
+            use_context_parallel(strategy.context_parallel_group(layout))
         self.device = backend.device()
         torch.manual_seed(config.run.seed)  # the same initial weights on every rank
         model = host.modify_model(task.build_model().to(self.device), config)
@@ -102,7 +112,7 @@ class TaskTrainer:
         self.num_params = sum(p.numel() for p in model.parameters())
         self.param_names = [name for name, p in model.named_parameters() if p.requires_grad]
         self.dataset = task.build_dataset()
-        self.order = BatchOrder(len(self.dataset), config.training.micro_batch_size * world_size, config.run.seed)
+        self.order = BatchOrder(len(self.dataset), config.training.micro_batch_size * self.dp_size, config.run.seed)
         if strategy is not None:
             model = strategy.wrap(model, layout, config.parallel, bf16=config.training.precision == "bf16",
                                   run_forward=self._probe_forward)
@@ -130,12 +140,15 @@ class TaskTrainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         mbs = self.config.training.micro_batch_size
-        indices = self.order.next()[self.rank * mbs : (self.rank + 1) * mbs]
+        indices = self.order.next()[self.dp_rank * mbs : (self.dp_rank + 1) * mbs]
         batch = _collate([self.dataset[i] for i in indices], indices, self.device)
         self.model.train()
         loss = self.task.training_step(self.model, batch)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        # The strategies average gradients over all ranks, but a context-parallel rank holds only its share
+        # (1/cp of the tokens) of its group's gradient: scaling by cp turns that average into the mean over
+        # data-parallel groups, i.e. the gradient of the global batch.
+        (loss * self.cp if self.cp > 1 else loss).backward()
         clip = self.config.optimizer.grad_clip
         grad_norm = None
         if clip > 0:
@@ -151,7 +164,7 @@ class TaskTrainer:
             loss /= self.world_size
         step_time = time.perf_counter() - start
         return {"loss": float(loss), "lr": lr, "grad_norm": grad_norm, "step_time": step_time,
-                "samples_per_s": mbs * self.world_size / step_time}
+                "samples_per_s": mbs * self.dp_size / step_time}
 
     # -- checkpoints -------------------------------------------------------------------------------------------
     def _full_state(self) -> tuple[dict, dict] | None:
@@ -275,7 +288,7 @@ def run_task(config: LoongForgeConfig, task: Any, backend: Any, host: Any, *, ra
             print(f"[loongforge] warning: {warning}", flush=True)
         say(f"resumed from {resume} (step {trainer.step})")
     say(f"model: {config.model.name} ({trainer.num_params / 1e6:.2f}M parameters), {len(trainer.dataset)} samples, "
-        f"global batch {config.training.micro_batch_size * world_size}"
+        f"global batch {config.training.micro_batch_size * trainer.dp_size}"
         + (f", {layout.describe()}" if layout else ""))
     log = config.logging
     metrics = MetricsWriter(output_dir, rank=rank, jsonl=log.jsonl, tensorboard=log.tensorboard,
@@ -304,7 +317,7 @@ def run_task(config: LoongForgeConfig, task: Any, backend: Any, host: Any, *, ra
     summary = {
         "steps": trainer.step, "first_loss": history[0]["loss"] if history else None,
         "final_loss": history[-1]["loss"] if history else None,
-        "samples_per_s": len(timed) * config.training.micro_batch_size * world_size
+        "samples_per_s": len(timed) * config.training.micro_batch_size * trainer.dp_size
         / sum(r["step_time"] for r in timed) if timed else 0.0,
         "checkpoint_dir": str(last_saved) if last_saved else None,
     }

@@ -47,6 +47,7 @@ from loongforge_diffusion.data.moving_squares import (
 from loongforge_diffusion.ema import EMA
 from loongforge_diffusion.flow_matching import FlowMatchingConfig
 from loongforge_diffusion.media import write_video
+from loongforge_diffusion.parallel import ContextParallel, context_parallel_step
 from loongforge_diffusion.scoring import score_videos
 from loongforge_diffusion.task import DiffusionTask
 from loongforge_diffusion.wan.checkpoint import load_wan_checkpoint
@@ -95,6 +96,13 @@ class WanRunTask:
                                   seed=config.run.seed)
         #: Training steps taken (with the sample index, it seeds each sample's noise).
         self.steps = 0
+        #: Set by ``use_context_parallel`` (``parallel.cp > 1``): the ranks that split each video's tokens.
+        self.cp: ContextParallel | None = None
+
+    def use_context_parallel(self, group: Any) -> None:
+        """``parallel.cp > 1``: Ulysses context parallelism over ``group`` (core's task loop gives every rank of
+        it the same samples); the token count and head count must divide by its size."""
+        self.cp = ContextParallel(group)
 
     def build_model(self) -> torch.nn.Module:
         """The DiT: fresh, or from ``task.init``'s weights; with LoRA adapters (base frozen) when ``task.lora``."""
@@ -137,7 +145,11 @@ class WanRunTask:
         self.steps += 1
         generators = [torch.Generator().manual_seed(_sample_seed(self.task.seed, self.steps, int(i)))
                       for i in batch["index"].tolist()]
-        return self.task.training_step(model, batch, generators)
+        if self.cp is None:
+            return self.task.training_step(model, batch, generators)
+        return context_parallel_step(model, batch, generators, self.cp, self.task.objective,
+                                     context_dropout=self.task.context_dropout,
+                                     clean_first_frame=self.flavor.per_token_timesteps)
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"steps": self.steps}

@@ -38,7 +38,15 @@ def _rope(model: WanModel, grid: tuple[int, int, int], device: torch.device) -> 
 
 def local_prediction(model: WanModel, video: torch.Tensor, timestep: torch.Tensor, context: torch.Tensor,
                      image_context: torch.Tensor | None, cp: ContextParallel) -> torch.Tensor:
-    """This rank's rows ``(B, S/cp, out_channels * patch_volume)`` of ``model(video, ...)``'s tokens."""
+    """This rank's rows ``(B, S/cp, out_channels * patch_volume)`` of ``model(video, ...)``'s tokens.
+
+    Goes through ``model``'s own call, so a data-parallel wrapper around it (DDP, FSDP2) sees the forward."""
+    return model(video, timestep, context, image_context, cp=cp)
+
+
+def local_rows(model: WanModel, video: torch.Tensor, timestep: torch.Tensor, context: torch.Tensor,
+               image_context: torch.Tensor | None, cp: ContextParallel) -> torch.Tensor:
+    """What ``WanModel.forward(..., cp=cp)`` computes: see :func:`local_prediction`."""
     patch = model.flavor.patch_size
     grid = grid_of(video.shape[2:], patch)
     patches = patchify(video, patch)

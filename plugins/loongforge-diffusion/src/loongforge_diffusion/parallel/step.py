@@ -17,18 +17,20 @@ from loongforge_diffusion.parallel.collectives import sum_partials
 from loongforge_diffusion.parallel.forward import local_prediction
 from loongforge_diffusion.parallel.group import ContextParallel
 from loongforge_diffusion.parallel.tokens import patchify
-from loongforge_diffusion.training import step_inputs
+from loongforge_diffusion.training import Generators, flavor_of, step_inputs
 from loongforge_diffusion.wan.model import WanModel
 
 
-def context_parallel_step(model: WanModel, batch: dict[str, torch.Tensor], generator: torch.Generator,
+def context_parallel_step(model: WanModel, batch: dict[str, torch.Tensor], generator: Generators,
                           cp: ContextParallel, config: FlowMatchingConfig = FlowMatchingConfig(), *,
                           context_dropout: float = 0.0, clean_first_frame: bool = False) -> torch.Tensor:
     """``training.flow_matching_step`` computed by the ranks of ``cp`` together (same arguments, same batch on
-    every rank). Call ``all_reduce_gradients(model, cp.group)`` after the backward."""
+    every rank; ``model`` may be wrapped by DDP or FSDP2). Call ``all_reduce_gradients(model, cp.group)`` after
+    the backward, unless a data-parallel wrapper over the same ranks averages the gradients already (as in
+    ``loongforge train``, which scales the loss by cp for that)."""
     inputs = step_inputs(model, batch, generator, config, context_dropout=context_dropout,
                          clean_first_frame=clean_first_frame)
-    patch = model.flavor.patch_size
+    patch = flavor_of(model).patch_size
     prediction = local_prediction(model, inputs.model_input, inputs.timestep, inputs.context, inputs.image_context,
                                   cp)
     target = cp.local(patchify(inputs.target, patch), 1)

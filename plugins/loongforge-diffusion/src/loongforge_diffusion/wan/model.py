@@ -83,14 +83,21 @@ class WanModel(nn.Module):
         nn.init.zeros_(self.head.proj.weight)
 
     def forward(self, video: torch.Tensor, timestep: torch.Tensor, context: torch.Tensor,
-                image_context: torch.Tensor | None = None) -> torch.Tensor:
+                image_context: torch.Tensor | None = None, *, cp: Any = None) -> torch.Tensor:
         """Velocity for ``video (B, in_channels, T, H, W)``.
 
         :param timestep: ``(B,)`` or ``(B, tokens)`` in ``[0, 1000]``; tokens = ``(T/pt) * (H/ph) * (W/pw)``.
         :param context: ``(B, L, text_dim)`` text-encoder states.
         :param image_context: ``(B, M, image_dim)`` CLIP image tokens (I2V flavors with an image branch).
+        :param cp: a ``loongforge_diffusion.parallel.ContextParallel`` group: the ranks split the tokens and each
+            gets only its rows ``(B, tokens/cp, out_channels * patch_volume)`` back (for a loss on local tokens).
         :return: ``(B, out_channels, T, H, W)``.
         """
+        if cp is not None:
+            # Imported here: the parallel package builds on this module.
+            from loongforge_diffusion.parallel.forward import local_rows
+
+            return local_rows(self, video, timestep, context, image_context, cp)
         patch = self.flavor.patch_size
         grid = tuple(n // p for n, p in zip(video.shape[2:], patch, strict=True))
         rope = rope_table(self.flavor.head_dim, grid, self.flavor.rope_theta, video.device)
