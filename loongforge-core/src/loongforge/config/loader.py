@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from loongforge.config.schema import LoongForgeConfig, ModelConfig, ParallelConfig
+from loongforge.config.schema import COMPOSED_MODEL, PART_ROLES, LoongForgeConfig, ModelConfig, ParallelConfig
 from loongforge.errors import ConfigError
 
 #: Sections that may be written as a bare name instead of a mapping (``model: qwen3-0.6b``).
@@ -32,6 +32,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         raw = read_yaml_mapping(Path(path))
     for item in overrides:
         _apply_override(raw, item)
+    model = raw.get("model")
+    if isinstance(model, dict) and "name" not in model and any(role in model for role in PART_ROLES):
+        raw["model"] = {"name": COMPOSED_MODEL, **model}  # parts alone compose a vision-language model
     config = _build(LoongForgeConfig, raw, source, prefix="")
     config.source = source
     return config

@@ -9,16 +9,32 @@ from __future__ import annotations
 from typing import Any
 
 from loongforge.config.schema import LoongForgeConfig
+from loongforge.errors import ConfigError
 from loongforge.plugins import get_host
 
 
 def resolve_model_flavor(config: LoongForgeConfig, host: Any = None) -> Any:
-    """The flavor ``config.model`` names (registry name or ``pkg.module:factory``), with its overrides applied."""
+    """The flavor ``config.model`` names (registry name or ``pkg.module:factory``), with its parts (composed
+    models: ``model.encoder/projector/foundation``) and then its overrides applied."""
     host = host or get_host()
-    flavor = host.registry("model").load(config.model.name, where=f"model.name in {config.source}")
+    registry = host.registry("model")
+    flavor = registry.load(config.model.name, where=f"model.name in {config.source}")
     if callable(flavor) and not hasattr(flavor, "with_overrides"):  # a ``pkg.module:factory`` escape hatch
         flavor = flavor()
+    parts = config.model.parts
+    if parts:
+        with_parts = getattr(flavor, "with_parts", None)
+        if with_parts is None:
+            raise ConfigError(f"{config.source}: model.{'/'.join(parts)} set, but model '{config.model.name}' is not "
+                              "composed of parts (vision-language models are; `loongforge list models`)")
+        flavor = with_parts(parts, registry=registry, where=config.source)
     return flavor.with_overrides(**config.model.overrides) if config.model.overrides else flavor
+
+
+def decoder_flavor(flavor: Any) -> Any:
+    """The megatron decoder inside a model flavor: the flavor itself for LLMs, the ``foundation`` (LLM backbone)
+    of a composed model that wraps one (``compose``)."""
+    return flavor.foundation if hasattr(flavor, "compose") else flavor
 
 
 def resolve_names(config: LoongForgeConfig) -> list[str]:

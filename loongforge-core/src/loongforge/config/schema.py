@@ -76,6 +76,24 @@ class ModelConfig:
     freeze: list[str] = field(default_factory=list)
     #: Activation recompute (see :class:`RecomputeConfig`); null keeps every activation.
     recompute: RecomputeConfig | None = None
+    #: Parts of a composed model (a vision-language model: ``encoder``, ``projector``, ``foundation`` = the LLM
+    #: backbone), each a registered name or an inline mapping of fields. Given without ``name``, the parts
+    #: compose :data:`COMPOSED_MODEL` (from loongforge-vlm); given with a ``name`` that is itself a composed
+    #: model (``qwen2-vl-tiny``), they replace its parts (``foundation: llama3-tiny``).
+    encoder: Any = None
+    projector: Any = None
+    foundation: Any = None
+
+    @property
+    def parts(self) -> dict[str, Any]:
+        """The composition parts the config sets, by role."""
+        return {role: value for role in PART_ROLES if (value := getattr(self, role)) is not None}
+
+
+#: Roles of a composed model's parts (:attr:`ModelConfig.parts`).
+PART_ROLES = ("encoder", "projector", "foundation")
+#: The model that ``model: {encoder: ..., projector: ..., foundation: ...}`` composes when no name is given.
+COMPOSED_MODEL = "vlm"
 
 
 @dataclass

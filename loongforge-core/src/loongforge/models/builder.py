@@ -121,6 +121,7 @@ def transformer_config(
         context_parallel_size=parallel.cp,
         virtual_pipeline_model_parallel_size=parallel.vpp,
         sequence_parallel=parallel.sequence_parallel,
+        mrope_section=None if flavor.mrope_section is None else list(flavor.mrope_section),
         **(extra_config or {}),
     )
 
@@ -166,12 +167,15 @@ def build_model(
     parallel: ParallelSettings | None = None,
     vp_stage: int | None = None,
     extra_config: dict[str, Any] | None = None,
+    scatter_embedding_sequence_parallel: bool = True,
 ) -> GPTModel:
     """A megatron ``GPTModel`` for ``flavor`` with layers from ``backend.spec_provider()``.
 
     ``pre_process``/``post_process`` say whether this pipeline stage holds the embedding / the output layer
     (megatron's ``is_pipeline_first_stage``/``is_pipeline_last_stage``); ``vp_stage`` selects the virtual
     pipeline chunk. The backend's patches must have been applied (``backend.apply_patches()``).
+    ``scatter_embedding_sequence_parallel=False`` makes the embedding return the whole sequence even with
+    sequence parallelism, for callers (vision-language models) that edit it before scattering it themselves.
     """
     parallel = parallel or ParallelSettings()
     config = transformer_config(flavor, params_dtype=params_dtype, parallel=parallel, extra_config=extra_config)
@@ -185,9 +189,10 @@ def build_model(
         pre_process=pre_process,
         post_process=post_process,
         share_embeddings_and_output_weights=flavor.tie_word_embeddings,
-        position_embedding_type="rope",
+        position_embedding_type="rope" if flavor.mrope_section is None else "mrope",
         rotary_base=int(flavor.rope_theta),
         vp_stage=vp_stage,
+        scatter_embedding_sequence_parallel=scatter_embedding_sequence_parallel,
     )
     model.rotary_pos_emb.inv_freq = rope_inv_freq(flavor.kv_channels, flavor.rope_theta, flavor.rope_scaling)
     return model

@@ -33,6 +33,10 @@ class DecoderFlavor:
     (Mixtral always; Qwen3-MoE's ``norm_topk_prob``); without it they stay the full-softmax values.
     ``moe_shared_expert_intermediate_size`` adds an always-on shared expert of that width (``None``: none).
     ``moe_aux_loss_coeff`` weights the load-balancing loss (HF ``router_aux_loss_coef``).
+
+    ``mrope_section`` switches plain RoPE to multimodal RoPE (Qwen2-VL's M-RoPE): the ``head_dim / 2`` rotary
+    frequencies are split into (temporal, height, width) sections of these sizes, each rotated by its own row
+    of the ``(3, batch, seq)`` position ids. ``None`` is plain 1D RoPE.
     """
 
     family: str
@@ -57,6 +61,7 @@ class DecoderFlavor:
     moe_shared_expert_intermediate_size: int | None = None
     moe_aux_loss_coeff: float = 0.0
     moe_norm_topk_prob: bool = True
+    mrope_section: tuple[int, int, int] | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
@@ -81,6 +86,16 @@ class DecoderFlavor:
                 )
             if not self.moe_ffn_hidden_size or self.moe_ffn_hidden_size <= 0:
                 raise ConfigError(f"{self.family} flavor: an MoE flavor needs a positive moe_ffn_hidden_size")
+        if self.mrope_section is not None:  # YAML gives a list; keep the flavor hashable
+            object.__setattr__(self, "mrope_section", tuple(self.mrope_section))
+        if self.mrope_section is not None and (
+            len(self.mrope_section) != 3 or min(self.mrope_section) < 0
+            or sum(self.mrope_section) != self.kv_channels // 2
+        ):
+            raise ConfigError(
+                f"{self.family} flavor: mrope_section {self.mrope_section} must be three non-negative sizes summing "
+                f"to head_dim / 2 = {self.kv_channels // 2}"
+            )
         if self.rope_scaling is not None:
             rope_type = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
             if rope_type not in ROPE_SCALING_TYPES:

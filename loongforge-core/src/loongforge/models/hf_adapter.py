@@ -222,7 +222,8 @@ def hf_tensor_shapes(flavor: DecoderFlavor, *, per_expert: bool = False) -> dict
 
 def flavor_from_hf_config(config: object, *, family: str) -> DecoderFlavor:
     """A :class:`DecoderFlavor` from a transformers ``LlamaConfig``/``Qwen2Config``/``Qwen3Config``/``MixtralConfig``/
-    ``Qwen3MoeConfig`` (``family`` ``qwen3-moe`` has Qwen3's QK-norm)."""
+    ``Qwen3MoeConfig`` (``family`` ``qwen3-moe`` has Qwen3's QK-norm), or the ``text_config`` of a Qwen2-VL /
+    Qwen2.5-VL model (``family`` ``qwen2``: its ``mrope_section`` becomes the flavor's)."""
 
     def get(name: str) -> Any:
         return getattr(config, name, None)
@@ -230,11 +231,14 @@ def flavor_from_hf_config(config: object, *, family: str) -> DecoderFlavor:
     rope_parameters = get("rope_parameters")
     if isinstance(rope_parameters, dict):  # transformers >= 5 keeps theta and scaling together
         rope_theta = rope_parameters.get("rope_theta", 10000.0)
-        default = rope_parameters.get("rope_type", "default") == "default"
-        rope_scaling = None if default else {k: v for k, v in rope_parameters.items() if k != "rope_theta"}
+        rope_scaling = {k: v for k, v in rope_parameters.items() if k != "rope_theta"}
     else:
         rope_theta = get("rope_theta") or 10000.0
-        rope_scaling = get("rope_scaling") or None
+        rope_scaling = dict(get("rope_scaling") or {})
+    # Qwen2-VL's text config: M-RoPE sections, with rope type "default" (transformers 5) or "mrope" (older files).
+    mrope_section = rope_scaling.pop("mrope_section", None)
+    if rope_scaling.get("rope_type", rope_scaling.get("type", "default")) in ("default", "mrope"):
+        rope_scaling = None
     heads = get("num_attention_heads")
     head_dim = get("head_dim")
     experts = get("num_local_experts") or get("num_experts")  # Mixtral / Qwen3-MoE names
@@ -261,5 +265,6 @@ def flavor_from_hf_config(config: object, *, family: str) -> DecoderFlavor:
         tie_word_embeddings=bool(get("tie_word_embeddings")),
         head_dim=head_dim if head_dim and head_dim != get("hidden_size") // heads else None,
         hf_architecture=(get("architectures") or [type(config).__name__.replace("Config", "ForCausalLM")])[0],
+        mrope_section=None if mrope_section is None else tuple(mrope_section),
         **moe,
     )

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from loongforge.config.resolve import resolve_model_flavor
+from loongforge.config.resolve import decoder_flavor, resolve_model_flavor
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import ConfigError
 from loongforge.plugins import get_host
@@ -72,6 +72,7 @@ def _build_model(flavor: Any, config: LoongForgeConfig, backend: Any, layout: An
         tp=layout.tp, pp=layout.pp, sequence_parallel=layout.sequence_parallel, vpp=layout.vpp,
         ep=layout.ep, etp=layout.etp, moe_dispatcher=layout.moe_dispatcher, cp=layout.cp,
     )
+    model_flavor, flavor = flavor, decoder_flavor(flavor)
     layers_per_stage = flavor.num_layers // (layout.pp * layout.num_chunks)
     extra_config = {
         **settings.transformer_config_kwargs(),
@@ -93,7 +94,8 @@ def _build_model(flavor: Any, config: LoongForgeConfig, backend: Any, layout: An
             )
         )
     initialize_layout_independent(chunks, config.run.seed)
-    return chunks
+    compose = getattr(model_flavor, "compose", None)  # a composed model (VLM) wraps each decoder chunk
+    return [compose(chunk, seed=config.run.seed) for chunk in chunks] if compose else chunks
 
 
 def _wrap_ddp(model: list[Any], config: LoongForgeConfig, settings: Any) -> list[Any]:
@@ -192,7 +194,8 @@ def _run(config: LoongForgeConfig, host: Any, backend: Any, reason: str, info: A
     strategy = host.registry("strategy").load(config.parallel.strategy, where=f"parallel.strategy in {config.source}")
     config, auto_decision = _resolve_auto_layout(config, host, backend, info)
     layout = strategy.validate(config.parallel, info.world_size, config.source)
-    flavor = resolve_model_flavor(config, host)
+    model_flavor = resolve_model_flavor(config, host)
+    flavor = decoder_flavor(model_flavor)  # what megatron builds and the layout must fit
     plan = strategy.check_model(layout, flavor, config.training, config.source, seq_length=config.data.seq_length)
     if layout.cp > 1 and config.data.pack:
         raise ConfigError(f"{config.source}: data.pack (block-diagonal attention masks) does not support "
@@ -201,7 +204,7 @@ def _run(config: LoongForgeConfig, host: Any, backend: Any, reason: str, info: A
     _validate(config, flavor, tokenizer)
     settings = _device_settings(config, backend)
     _init_parallel(strategy, layout, config, backend, info)
-    trainer = _build_trainer(config, host, backend, reason, layout, plan, flavor, tokenizer, info, settings,
+    trainer = _build_trainer(config, host, backend, reason, layout, plan, model_flavor, tokenizer, info, settings,
                              auto_decision=auto_decision)
     return _train(trainer, flavor, tokenizer, config, info.rank)
 
@@ -214,7 +217,7 @@ def _resolve_auto_layout(config: LoongForgeConfig, host: Any, backend: Any, info
     from loongforge.planner.auto import apply_plan, plan_for_run
     from loongforge.planner.report import explain
 
-    result = plan_for_run(config, resolve_model_flavor(config, host), backend, info.world_size)
+    result = plan_for_run(config, decoder_flavor(resolve_model_flavor(config, host)), backend, info.world_size)
     if not result.ranked:
         raise ConfigError(f"{config.source}: parallel: auto: {result.infeasible_message()}")
     for line in explain(result):

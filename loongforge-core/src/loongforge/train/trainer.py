@@ -103,8 +103,9 @@ class Trainer:
             loss_func = partial(context.global_mean_loss, self._cp_group, batch["loss_mask"])
         else:
             loss_func = partial(_masked_mean_loss, batch["loss_mask"])
-        per_token_loss = model(
-            batch["tokens"], batch["position_ids"], batch.get("attention_mask"), labels=batch["labels"]
+        per_token_loss = model(  # model_inputs: what a composed model takes beside the text (images, grids)
+            batch["tokens"], batch["position_ids"], batch.get("attention_mask"), labels=batch["labels"],
+            **batch.get("model_inputs", {}),
         )
         return per_token_loss, loss_func
 

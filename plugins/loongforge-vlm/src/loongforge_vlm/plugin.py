@@ -1,8 +1,8 @@
-"""Entry point of the ``vlm`` plugin: registers the vision encoders (Qwen2-VL / Qwen2.5-VL ViTs, SigLIP).
+"""Entry point of the ``vlm`` plugin: registers the vision encoders (Qwen2-VL / Qwen2.5-VL ViTs, SigLIP) and
+the composed vision-language models (encoder + projector + any core LLM backbone).
 
 Torch-free at import and while registering: flavors are plain dataclasses; the torch modules are built only
-when a run asks for one. Still to come (see CHANGELOG.md): composition with any registered LLM backbone
-(M-RoPE for the Qwen VLMs), the MLP projector, image-text datasets.
+when a run asks for one.
 """
 
 from __future__ import annotations
@@ -10,15 +10,33 @@ from __future__ import annotations
 from loongforge import hookimpl
 
 #: Shown by ``loongforge plugins``.
-SUMMARY = "vision-language models: Qwen2/2.5-VL ViT and SigLIP encoders, patch-merger projector"
+SUMMARY = "vision-language models: Qwen2/2.5-VL and SigLIP encoders, projectors, composed VLMs on any LLM"
 
 
 @hookimpl
 def loongforge_register_models(registry):
     from loongforge_vlm.encoders import qwen_vit_flavors, siglip_flavors
+    from loongforge_vlm.model import flavors as vlm_flavors
 
     families = ((qwen_vit_flavors.FLAVORS, qwen_vit_flavors.describe),
                 (siglip_flavors.SIGLIP_FLAVORS, siglip_flavors.describe))
     for flavors, describe in families:
         for name, flavor in flavors.items():
             registry.register(name, flavor, description=describe(flavor))
+    for name, flavor in vlm_flavors.FLAVORS.items():
+        aliases = vlm_flavors.HF_IDS.get(name, ())
+        registry.register(name, flavor, aliases=aliases, description=vlm_flavors.describe(flavor))
+
+
+@hookimpl
+def loongforge_register_datasets(registry):
+    registry.register("image-text", "loongforge_vlm.data.kind:image_text_dataset", aliases=("vlm-chat",),
+                      description="image-text conversations: jsonl + image files, or WebDataset .tar shards")
+    registry.register("vlm-shapes", "loongforge_vlm.data.kind:shapes_dataset",
+                      description="synthetic shapes VQA (colour/shape/count), generated on first use, no downloads")
+
+
+@hookimpl
+def loongforge_register_tokenizers(registry):
+    registry.register("byte-vision", "loongforge_vlm.data.tokens:VisionByteTokenizer",
+                      description="byte tokenizer + vision tokens (image pad 259, start 260, end 261, video pad 262)")

@@ -1,1 +1,54 @@
-"""Image-text data for VLM training; ``shapes`` renders a synthetic, learnable set that needs no downloads."""
+"""Image-text data for VLM training: sources, the Qwen vision processor, vision tokens, checks and packed batches.
+
+Importing this package is free (no numpy, PIL or torch): the names below load from their submodules on first
+use, so ``python -m loongforge_vlm.data.shapes`` and plugin registration stay light. Modules:
+
+- :mod:`~loongforge_vlm.data.processor`: images/videos -> Qwen ViT patch rows + ``grid_thw``, or fixed-size
+  (SigLIP) pixels
+- :mod:`~loongforge_vlm.data.tokens`: vision tokens, ``VisionByteTokenizer``, conversation -> ids + reply mask
+- :mod:`~loongforge_vlm.data.records` / :mod:`~loongforge_vlm.data.sources`: record formats; jsonl and tar shards
+- :mod:`~loongforge_vlm.data.dataset` / :mod:`~loongforge_vlm.data.skips`: checked samples, counted skips
+- :mod:`~loongforge_vlm.data.batching`: rows (packed or not) and the batch dict
+- :mod:`~loongforge_vlm.data.kind`: the dataset kinds a config names; tokenizer/processor for a VLM flavor
+- :mod:`~loongforge_vlm.data.shapes`: the synthetic shapes set (a command)
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ImageProcessor": "processor",
+    "VisionProcessor": "processor",
+    "FixedSizeProcessor": "processor",
+    "processor_for": "processor",
+    "smart_resize": "processor",
+    "VisionByteTokenizer": "tokens",
+    "VisionTokenIds": "tokens",
+    "vision_token_ids": "tokens",
+    "tokenize_multimodal": "tokens",
+    "parse_record": "records",
+    "JsonlSource": "sources",
+    "WebDatasetSource": "sources",
+    "expand_pattern": "sources",
+    "SkipReport": "skips",
+    "VisionChatDataset": "dataset",
+    "VisionSample": "dataset",
+    "VisionRowDataset": "batching",
+    "collate": "batching",
+    "split_rows": "batching",
+    "image_text_dataset": "kind",
+    "shapes_dataset": "kind",
+    "sources_for": "kind",
+    "byte_tokenizer_for": "kind",
+    "processor_for_vlm": "kind",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'loongforge_vlm.data' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"loongforge_vlm.data.{_EXPORTS[name]}"), name)

@@ -13,17 +13,24 @@ Sample ``i`` is drawn from its own generator seeded with ``(seed, i)``, so it is
 is, and whether it lands in the held-out split is decided by that generator too. Usage::
 
     python -m loongforge_vlm.data.shapes OUT_DIR --count 2000 --seed 0           # write
+    python -m loongforge_vlm.data.shapes OUT_DIR --format wds --shard-size 500   # write WebDataset shards
     python -m loongforge_vlm.data.shapes OUT_DIR --validate                      # check an existing set
 
-``OUT_DIR`` then holds ``img-000001.png ...``, ``train.jsonl``, ``heldout.jsonl`` (one conversation per line,
-image paths relative to the file) and ``meta.json`` (the generation arguments and the vocabulary).
+With ``--format jsonl`` (the default) ``OUT_DIR`` then holds ``img-000001.png ...``, ``train.jsonl``,
+``heldout.jsonl`` (one conversation per line, image paths relative to the file) and ``meta.json`` (the
+generation arguments and the vocabulary). With ``--format wds`` the same samples go into uncompressed tar
+shards ``train-000000.tar ...`` / ``heldout-000000.tar ...`` (``img-000001.json`` holding the record, whose
+``image`` names the member extension ``png``, and ``img-000001.png``), listed in ``meta.json``; the shards'
+bytes depend only on the arguments (fixed member times and owners).
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +47,7 @@ KINDS: tuple[str, ...] = ("colour", "shape", "count")
 BACKGROUND: tuple[int, int, int] = (245, 245, 245)
 MAX_SHAPES = 4
 SPLITS: tuple[str, ...] = ("train", "heldout")
+LAYOUTS: tuple[str, ...] = ("jsonl", "wds")
 IMAGE_TOKEN = "<image>"
 _FORMAT_VERSION = 1
 
@@ -125,9 +133,13 @@ def render(sample: Sample, size: int = 32) -> Image.Image:
     return image
 
 
-def generate(out_dir: str | Path, count: int, seed: int, *, size: int = 32,
-             heldout_fraction: float = 0.1) -> dict[str, int]:
-    """Write ``count`` samples (images, ``train.jsonl``, ``heldout.jsonl``, ``meta.json``); returns split sizes."""
+def generate(out_dir: str | Path, count: int, seed: int, *, size: int = 32, heldout_fraction: float = 0.1,
+             layout: str = "jsonl", shard_size: int = 1000) -> dict[str, int]:
+    """Write ``count`` samples (images + split jsonl files, or tar shards; ``meta.json``); returns split sizes."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"shapes: --format must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if shard_size <= 0:
+        raise ValueError(f"shapes: --shard-size must be positive, got {shard_size}")
     if count <= 0:
         raise ValueError(f"shapes: --count must be positive, got {count}")
     if size < 16 or size % 2:
@@ -136,19 +148,48 @@ def generate(out_dir: str | Path, count: int, seed: int, *, size: int = 32,
         raise ValueError(f"shapes: --heldout-fraction must lie in [0, 1), got {heldout_fraction}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    lines: dict[str, list[str]] = {split: [] for split in SPLITS}
+    samples: dict[str, list[Sample]] = {split: [] for split in SPLITS}
     for index in range(1, count + 1):
         sample = make_sample(seed, index, size=size, heldout_fraction=heldout_fraction)
-        render(sample, size).save(out / sample.image_name)
-        lines[sample.split].append(json.dumps(sample.record()))
-    for split, split_lines in lines.items():
-        (out / f"{split}.jsonl").write_text("".join(line + "\n" for line in split_lines))
-    sizes = {split: len(split_lines) for split, split_lines in lines.items()}
+        samples[sample.split].append(sample)
+    sizes = {split: len(split_samples) for split, split_samples in samples.items()}
     meta = {"format": "loongforge-vlm shapes", "version": _FORMAT_VERSION, "seed": seed, "count": count,
             "size": size, "heldout_fraction": heldout_fraction, "splits": sizes, "colours": COLOURS,
-            "shapes": list(SHAPES), "kinds": list(KINDS)}
+            "shapes": list(SHAPES), "kinds": list(KINDS), "layout": layout}
+    if layout == "jsonl":
+        for split, split_samples in samples.items():
+            for sample in split_samples:
+                render(sample, size).save(out / sample.image_name)
+            (out / f"{split}.jsonl").write_text("".join(json.dumps(s.record()) + "\n" for s in split_samples))
+    else:
+        meta["shards"] = {split: _write_shards(out, split, split_samples, size, shard_size)
+                          for split, split_samples in samples.items()}
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     return sizes
+
+
+def _write_shards(out: Path, split: str, samples: list[Sample], size: int, shard_size: int) -> list[str]:
+    """WebDataset shards of one split (``key.json`` + ``key.png`` per sample); returns the shard file names."""
+    names = []
+    for first in range(0, len(samples), shard_size):
+        name = f"{split}-{first // shard_size:06d}.tar"
+        with tarfile.open(out / name, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+            for sample in samples[first: first + shard_size]:
+                key = Path(sample.image_name).stem
+                image = io.BytesIO()
+                render(sample, size).save(image, format="PNG")
+                record = {**sample.record(), "image": "png"}
+                _add_member(tar, f"{key}.json", json.dumps(record).encode())
+                _add_member(tar, f"{key}.png", image.getvalue())
+        names.append(name)
+    return names
+
+
+def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    """A member with fixed metadata, so the shard's bytes depend on its contents only."""
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = len(data), 0, 0o644
+    tar.addfile(info, io.BytesIO(data))
 
 
 def _check_record(record: Any) -> str | None:
@@ -168,14 +209,14 @@ def _check_record(record: Any) -> str | None:
     return None
 
 
-def _check_image(path: Path, size: int | None) -> str | None:
-    """What is wrong with one image file, or None (it must decode fully, as RGB of the set's size)."""
-    if not path.is_file():
+def _check_image(data: bytes | None, size: int | None) -> str | None:
+    """What is wrong with one image file's bytes, or None (it must decode fully, as RGB of the set's size)."""
+    if data is None:
         return "is missing"
     try:
-        with Image.open(path) as image:
+        with Image.open(io.BytesIO(data)) as image:
             image.verify()
-        with Image.open(path) as image:
+        with Image.open(io.BytesIO(data)) as image:
             image.load()
             mode, dims = image.mode, image.size
     except Exception as exc:  # Pillow raises many types for a damaged file; all mean the same here
@@ -190,16 +231,21 @@ def _check_image(path: Path, size: int | None) -> str | None:
 def validate(out_dir: str | Path) -> list[str]:
     """Every problem of a generated set, one line each naming the file (and the jsonl line); empty when sound.
 
-    Checks that ``meta.json`` and both split files exist, each line is a well-formed conversation, and each
-    image it names exists and decodes fully as an RGB image of the recorded size (truncated or corrupt PNGs).
+    Checks that ``meta.json`` and both split files (or the shards it lists) exist, each record is a well-formed
+    conversation, and each image it names exists and decodes fully as an RGB image of the recorded size
+    (truncated or corrupt PNGs).
     """
     out = Path(out_dir)
     problems: list[str] = []
-    size = None
+    meta: dict[str, Any] = {}
     try:
-        size = json.loads((out / "meta.json").read_text())["size"]
+        meta = json.loads((out / "meta.json").read_text())
+        size = meta["size"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         problems.append(f"{out / 'meta.json'}: unreadable ({type(exc).__name__}: {exc})")
+        size = None
+    if meta.get("layout") == "wds":
+        return problems + _validate_shards(out, meta.get("shards", {}), size)
     for split in SPLITS:
         jsonl = out / f"{split}.jsonl"
         if not jsonl.is_file():
@@ -216,9 +262,45 @@ def validate(out_dir: str | Path) -> list[str]:
             if wrong:
                 problems.append(f"{where}: record {wrong}")
                 continue
-            wrong = _check_image(out / record["image"], size)
+            image = out / record["image"]
+            wrong = _check_image(image.read_bytes() if image.is_file() else None, size)
             if wrong:
                 problems.append(f"{out / record['image']} (from {where}): {wrong}")
+    return problems
+
+
+def _validate_shards(out: Path, shards: dict[str, list[str]], size: int | None) -> list[str]:
+    """The checks of :func:`validate` for a WebDataset layout, read with the plugin's shard reader."""
+    from loongforge_vlm.data.records import RecordError
+    from loongforge_vlm.data.sources import MediaError, WebDatasetSource
+
+    problems: list[str] = []
+    for split in SPLITS:
+        names = shards.get(split, [])
+        missing = [name for name in names if not (out / name).is_file()]
+        problems += [f"{out / name}: missing" for name in missing]
+        present = [str(out / name) for name in names if name not in missing]
+        if not present:
+            continue
+        source = WebDatasetSource(present)
+        for index in range(len(source)):
+            where = source.where(index)
+            try:
+                record = source.raw(index)
+            except RecordError as exc:
+                problems.append(f"{where}: {exc}")
+                continue
+            wrong = _check_record(record)
+            if wrong:
+                problems.append(f"{where}: record {wrong}")
+                continue
+            try:
+                image_where, data = source.media(index, record["image"])
+            except MediaError as exc:
+                image_where, data = exc.where, None
+            wrong = _check_image(data, size)
+            if wrong:
+                problems.append(f"{image_where}: {wrong}")
     return problems
 
 
@@ -229,12 +311,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--size", type=int, default=32, help="image side in pixels, even, >= 16 (default 32)")
     parser.add_argument("--heldout-fraction", type=float, default=0.1, help="share of held-out samples (0.1)")
+    parser.add_argument("--format", choices=LAYOUTS, default="jsonl",
+                        help="jsonl + PNG files (default) or WebDataset tar shards")
+    parser.add_argument("--shard-size", type=int, default=1000, help="samples per shard with --format wds (1000)")
     parser.add_argument("--validate", action="store_true", help="only check an existing set; exit 1 on problems")
     args = parser.parse_args(argv)
     if not args.validate:
         try:
             sizes = generate(args.out_dir, args.count, args.seed, size=args.size,
-                             heldout_fraction=args.heldout_fraction)
+                             heldout_fraction=args.heldout_fraction, layout=args.format, shard_size=args.shard_size)
         except ValueError as exc:
             parser.error(str(exc))
         print(f"wrote {sizes['train']} train + {sizes['heldout']} held-out samples to {args.out_dir}")

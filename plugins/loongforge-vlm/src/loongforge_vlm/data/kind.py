@@ -1,0 +1,101 @@
+"""What a run needs to build image-text data: the dataset kinds a config names (core's factory signature), and
+the tokenizer and processor that match a VLM flavor.
+
+``image_text_dataset``: ``paths`` may mix jsonl files and WebDataset shards: each ``.jsonl`` is one source;
+anything else (``.tar`` files, brace or glob patterns) is read as shards. Sources keep the order given, so the
+sample order is fixed. ``shapes_dataset``: the synthetic shapes set, generated on first use under the cache
+directory (no downloads), so a quickstart config needs no data path.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from loongforge.data.cache import default_cache_dir
+from loongforge.data.errors import DataError
+from loongforge.data.tokenizers import Tokenizer
+
+from loongforge_vlm.data import shapes
+from loongforge_vlm.data.dataset import VisionChatDataset
+from loongforge_vlm.data.processor import ImageProcessor, processor_for
+from loongforge_vlm.data.sources import JsonlSource, WebDatasetSource
+from loongforge_vlm.data.tokens import VisionByteTokenizer, VisionTokenIds
+
+
+def sources_for(paths: Sequence[str | Path]) -> list[JsonlSource | WebDatasetSource]:
+    """One source per jsonl file or shard pattern."""
+    if not paths:
+        raise DataError("image-text data needs data.paths: .jsonl files or WebDataset shards (a.tar, s-{000..009}.tar)")
+    return [JsonlSource(p) if str(p).endswith(".jsonl") else WebDatasetSource(str(p)) for p in paths]
+
+
+def image_text_dataset(
+    paths: Sequence[str | Path],
+    tokenizer: Tokenizer,
+    *,
+    text_key: str = "text",
+    cache_dir: str | Path | None = None,
+    progress: bool = False,
+    processor: ImageProcessor | None = None,
+    strict: bool = False,
+) -> VisionChatDataset:
+    """Image-text conversations from jsonl files and/or WebDataset shards (``text_key``/``cache_dir`` unused:
+    records are conversations and only token ids are kept)."""
+    return VisionChatDataset(sources_for(paths), tokenizer, processor, strict=strict)
+
+
+def shapes_dataset(
+    paths: Sequence[str | Path],
+    tokenizer: Tokenizer,
+    *,
+    text_key: str = "text",
+    cache_dir: str | Path | None = None,
+    progress: bool = False,
+    processor: ImageProcessor | None = None,
+    strict: bool = False,
+    count: int = 2000,
+    seed: int = 0,
+    split: str = "train",
+) -> VisionChatDataset:
+    """The shapes set (``count`` samples of ``seed``; its ``split``), written under ``cache_dir/datasets`` once."""
+    if paths:
+        raise DataError("dataset 'vlm-shapes' takes no paths (use 'image-text' for your own files)")
+    out = Path(cache_dir or default_cache_dir()) / "datasets" / f"vlm-shapes-{count}-{seed}"
+    if shapes.validate(out):  # missing, partial or damaged: (re)write it
+        _generate_into(out, count, seed)
+    return VisionChatDataset([JsonlSource(out / f"{split}.jsonl")], tokenizer, processor, strict=strict)
+
+
+def _generate_into(out: Path, count: int, seed: int) -> None:
+    """Write the set to a private folder and rename it into place, so concurrent ranks never see half a set (the
+    set is a function of its arguments: whichever copy lands is the same)."""
+    scratch = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    shutil.rmtree(scratch, ignore_errors=True)
+    shapes.generate(scratch, count, seed)
+    if out.exists() and shapes.validate(out):
+        shutil.rmtree(out, ignore_errors=True)
+    try:
+        os.rename(scratch, out)
+    except OSError:  # another process renamed its copy first
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def byte_tokenizer_for(flavor: Any) -> VisionByteTokenizer:
+    """The byte tokenizer with a VLM flavor's vision token ids (for tiny flavors trained from bytes); a flavor
+    without a video token gets the id after its other vision tokens."""
+    ids = (flavor.image_token_id, flavor.vision_start_token_id, flavor.vision_end_token_id)
+    if None in ids:
+        raise DataError(f"{type(flavor).__name__} has no vision start/end token ids; the byte tokenizer needs them")
+    video = flavor.video_token_id if flavor.video_token_id is not None else max(ids) + 1
+    return VisionByteTokenizer(VisionTokenIds(vision_start=ids[1], vision_end=ids[2], image_pad=ids[0],
+                                              video_pad=video))
+
+
+def processor_for_vlm(flavor: Any, **overrides: Any) -> ImageProcessor:
+    """The image processor of a VLM flavor's encoder (a fixed-size tower merges as its projector does)."""
+    projector = getattr(flavor, "projector", None)
+    return processor_for(flavor.encoder, merge_size=getattr(projector, "merge", None), **overrides)

@@ -1,0 +1,195 @@
+"""``VLMFlavor``: a vision-language model named by its parts -- encoder, projector, language backbone, token ids.
+
+Torch-free, because the plugin registers these objects and ``loongforge list`` must stay instant. The
+backbone is a core :class:`~loongforge.models.flavor.DecoderFlavor`, so any family core builds (Llama, Qwen2,
+Qwen3, MoE) can sit behind any encoder; swapping it is ``dataclasses.replace(flavor, foundation=...)``.
+Qwen2-VL / Qwen2.5-VL are a Qwen ViT whose patch merger *is* the projector (``projector=None``: the encoder's
+output already has the backbone's width) in front of a Qwen2 decoder with multimodal RoPE. The real sizes carry
+the published ``config.json`` values of Qwen/Qwen2-VL-2B/7B-Instruct and Qwen/Qwen2.5-VL-3B/7B-Instruct.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from loongforge.errors import ConfigError
+from loongforge.models.flavor import DecoderFlavor, flavor_num_params, replace_fields
+from loongforge.models.llama import FLAVORS as LLAMA_FLAVORS
+
+from loongforge_vlm.encoders.qwen_vit_flavors import FLAVORS as QWEN_VIT_FLAVORS
+from loongforge_vlm.encoders.qwen_vit_flavors import QwenViTFlavor
+from loongforge_vlm.encoders.qwen_vit_flavors import num_params as qwen_vit_num_params
+from loongforge_vlm.encoders.siglip_flavors import SIGLIP_FLAVORS, SiglipFlavor
+from loongforge_vlm.encoders.siglip_flavors import num_params as siglip_num_params
+
+
+@dataclass(frozen=True)
+class MlpProjectorFlavor:
+    """The LLaVA-style projector (:class:`~loongforge_vlm.projectors.MlpProjector`) after an encoder without one:
+    ``merge x merge`` patches concatenated, then ``Linear -> GELU -> Linear`` (hidden width ``hidden_dim``, by
+    default the backbone's width)."""
+
+    merge: int = 1
+    hidden_dim: int | None = None
+
+
+@dataclass(frozen=True)
+class VLMFlavor:
+    """Encoder + projector + language backbone, and the token ids that place vision features in the text.
+
+    ``image_token_id`` (and ``video_token_id``) mark the placeholder positions that receive one vision feature
+    each. ``vision_start_token_id``/``vision_end_token_id`` are the markers around them (the model does not
+    need them; chat templates and data pipelines do). ``tokens_per_second`` scales the temporal M-RoPE
+    position of video frames (Qwen2.5-VL; ``None``: frame index). ``hf_architecture`` names the transformers
+    class a checkpoint of this flavor converts to (``None``: no Hugging Face layout).
+    """
+
+    encoder: QwenViTFlavor | SiglipFlavor
+    foundation: DecoderFlavor
+    image_token_id: int
+    projector: MlpProjectorFlavor | None = None
+    video_token_id: int | None = None
+    vision_start_token_id: int | None = None
+    vision_end_token_id: int | None = None
+    tokens_per_second: float | None = None
+    hf_architecture: str | None = None
+
+    def __post_init__(self) -> None:
+        width = self.foundation.hidden_size
+        qwen = isinstance(self.encoder, QwenViTFlavor)
+        if qwen and self.projector is not None:
+            raise ConfigError("vlm flavor: a Qwen ViT ends in its own patch merger; set projector to None")
+        if not qwen and self.projector is None:
+            raise ConfigError("vlm flavor: a SigLIP encoder needs a projector (MlpProjectorFlavor)")
+        if qwen and self.encoder.out_dim != width:
+            raise ConfigError(f"vlm flavor: the encoder's patch merger outputs {self.encoder.out_dim} features, the "
+                              f"backbone's hidden_size is {width}; set the encoder's out_dim to {width}")
+        if self.foundation.mrope_section is not None and not qwen:
+            raise ConfigError("vlm flavor: M-RoPE (foundation.mrope_section) needs an encoder with a (t, h, w) grid "
+                              "(a Qwen ViT)")
+        ids = [i for i in (self.image_token_id, self.video_token_id, self.vision_start_token_id,
+                           self.vision_end_token_id) if i is not None]
+        outside = [i for i in ids if not 0 <= i < self.foundation.vocab_size]
+        if outside:
+            raise ConfigError(f"vlm flavor: token id(s) {outside} outside the vocabulary "
+                              f"0..{self.foundation.vocab_size - 1}")
+        if len(set(ids)) != len(ids):
+            raise ConfigError(f"vlm flavor: image/video/vision-start/vision-end token ids must differ, got {ids}")
+        if self.video_token_id is not None and not qwen:
+            raise ConfigError("vlm flavor: videos need a Qwen ViT encoder (it embeds frames with grid_thw)")
+
+    @property
+    def uses_mrope(self) -> bool:
+        """Whether the backbone takes ``(3, batch, seq)`` multimodal position ids."""
+        return self.foundation.mrope_section is not None
+
+    @property
+    def spatial_merge_size(self) -> int:
+        """Side of the patch block that becomes one LLM token."""
+        if isinstance(self.encoder, QwenViTFlavor):
+            return self.encoder.spatial_merge_size
+        return self.projector.merge  # type: ignore[union-attr]
+
+    def with_overrides(self, **overrides: Any) -> VLMFlavor:
+        """A copy with some fields replaced (``foundation=...`` swaps the backbone); unknown names are errors."""
+        return replace_fields(self, overrides, what="vlm flavor")
+
+
+def projector_shapes(flavor: VLMFlavor) -> dict[str, tuple[int, ...]]:
+    """Parameter shapes of the separate projector (empty when the encoder ends in its own)."""
+    if flavor.projector is None:
+        return {}
+    merged = flavor.encoder.dim * flavor.projector.merge ** 2
+    hidden = flavor.projector.hidden_dim or flavor.foundation.hidden_size
+    return {"fc1.weight": (hidden, merged), "fc1.bias": (hidden,),
+            "fc2.weight": (flavor.foundation.hidden_size, hidden), "fc2.bias": (flavor.foundation.hidden_size,)}
+
+
+def num_params(flavor: VLMFlavor) -> int:
+    """Parameter count with the unpadded vocabulary (as published sizes and transformers count it)."""
+    encoder = flavor.encoder
+    vision = qwen_vit_num_params(encoder) if isinstance(encoder, QwenViTFlavor) else siglip_num_params(encoder)
+    projector = sum(math.prod(shape) for shape in projector_shapes(flavor).values())
+    return vision + projector + flavor_num_params(flavor.foundation)
+
+
+_QWEN_TOKENS = dict(image_token_id=151655, video_token_id=151656, vision_start_token_id=151652,
+                    vision_end_token_id=151653)
+_MROPE = (16, 24, 24)  # head_dim 128
+
+
+def _qwen2_text(**kw: Any) -> DecoderFlavor:
+    base = dict(family="qwen2", rope_theta=1000000.0, norm_eps=1e-6, add_qkv_bias=True, mrope_section=_MROPE,
+                hf_architecture="Qwen2ForCausalLM")
+    return DecoderFlavor(**{**base, **kw})
+
+
+def _qwen2_vl(encoder: str, text: DecoderFlavor) -> VLMFlavor:
+    return VLMFlavor(encoder=QWEN_VIT_FLAVORS[encoder], foundation=text,
+                     hf_architecture="Qwen2VLForConditionalGeneration", **_QWEN_TOKENS)
+
+
+def _qwen25_vl(encoder: str, text: DecoderFlavor) -> VLMFlavor:
+    return VLMFlavor(encoder=QWEN_VIT_FLAVORS[encoder], foundation=text, tokens_per_second=2,
+                     hf_architecture="Qwen2_5_VLForConditionalGeneration", **_QWEN_TOKENS)
+
+
+#: A tiny Qwen2 text model for the Qwen VLM tiny flavors (4 heads in 2 query groups, so it splits over 2 TP
+#: ranks): head_dim 12 with an asymmetric M-RoPE split and a
+#: small rope_theta (every frequency turns noticeably over a short sequence), so a mixed-up section order
+#: changes the logits. The vocabulary (384, a multiple of megatron's padding, so no
+#: padded logits enter the loss) ends in the four vision token ids.
+_TINY_TEXT = dict(num_layers=2, hidden_size=48, ffn_hidden_size=96, num_attention_heads=4, num_query_groups=2,
+                  vocab_size=384, max_position_embeddings=1024, mrope_section=(1, 2, 3), rope_theta=100.0)
+_TINY_TOKENS = dict(image_token_id=380, video_token_id=381, vision_start_token_id=382, vision_end_token_id=383)
+
+FLAVORS: dict[str, VLMFlavor] = {
+    "qwen2-vl-tiny": VLMFlavor(encoder=QWEN_VIT_FLAVORS["qwen2-vl-vit-tiny"], foundation=_qwen2_text(**_TINY_TEXT),
+                               hf_architecture="Qwen2VLForConditionalGeneration", **_TINY_TOKENS),
+    "qwen2.5-vl-tiny": VLMFlavor(encoder=QWEN_VIT_FLAVORS["qwen2.5-vl-vit-tiny"],
+                                 foundation=_qwen2_text(**_TINY_TEXT, tie_word_embeddings=True),
+                                 tokens_per_second=2, hf_architecture="Qwen2_5_VLForConditionalGeneration",
+                                 **_TINY_TOKENS),
+    "qwen2-vl-2b": _qwen2_vl("qwen2-vl-2b-vit", _qwen2_text(
+        num_layers=28, hidden_size=1536, ffn_hidden_size=8960, num_attention_heads=12, num_query_groups=2,
+        vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True)),
+    "qwen2-vl-7b": _qwen2_vl("qwen2-vl-7b-vit", _qwen2_text(
+        num_layers=28, hidden_size=3584, ffn_hidden_size=18944, num_attention_heads=28, num_query_groups=4,
+        vocab_size=152064, max_position_embeddings=32768)),
+    "qwen2.5-vl-3b": _qwen25_vl("qwen2.5-vl-3b-vit", _qwen2_text(
+        num_layers=36, hidden_size=2048, ffn_hidden_size=11008, num_attention_heads=16, num_query_groups=2,
+        vocab_size=151936, max_position_embeddings=128000, tie_word_embeddings=True)),
+    "qwen2.5-vl-7b": _qwen25_vl("qwen2.5-vl-7b-vit", _qwen2_text(
+        num_layers=28, hidden_size=3584, ffn_hidden_size=18944, num_attention_heads=28, num_query_groups=4,
+        vocab_size=152064, max_position_embeddings=128000)),
+    # SigLIP-tiny (32px images, 8x8 patches) -> 2x2-merging MLP -> llama-debug: 16 tokens per image, plain RoPE.
+    # Ids 259..261 follow the byte tokenizer's 259 tokens.
+    "vlm-tiny": VLMFlavor(encoder=SIGLIP_FLAVORS["siglip-tiny"], projector=MlpProjectorFlavor(merge=2),
+                          foundation=LLAMA_FLAVORS["llama-debug"], image_token_id=259, vision_start_token_id=260,
+                          vision_end_token_id=261),
+}
+
+#: Hugging Face ids of the real flavors (registered as aliases: they name the whole VLM).
+HF_IDS: dict[str, tuple[str, ...]] = {
+    "qwen2-vl-2b": ("Qwen/Qwen2-VL-2B-Instruct",),
+    "qwen2-vl-7b": ("Qwen/Qwen2-VL-7B-Instruct",),
+    "qwen2.5-vl-3b": ("Qwen/Qwen2.5-VL-3B-Instruct",),
+    "qwen2.5-vl-7b": ("Qwen/Qwen2.5-VL-7B-Instruct",),
+}
+
+
+def describe(flavor: VLMFlavor) -> str:
+    """One line for ``loongforge list``."""
+    count = num_params(flavor)
+    size = f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.2f}M"
+    encoder = flavor.encoder
+    if isinstance(encoder, QwenViTFlavor):
+        vision = f"{'Qwen2.5-VL' if encoder.family == 'qwen2.5-vl' else 'Qwen2-VL'} ViT + patch merger"
+    else:
+        vision = f"SigLIP + {flavor.projector.merge}x{flavor.projector.merge} MLP projector"  # type: ignore[union-attr]
+    text = flavor.foundation
+    positions = f"M-RoPE {list(text.mrope_section)}" if text.mrope_section else "1D RoPE"
+    return (f"vision-language model, {size} params: {vision} ({encoder.num_layers} layers, d{encoder.dim}) -> "
+            f"{text.family} decoder ({text.num_layers} layers, d{text.hidden_size}), {positions}")

@@ -1,0 +1,252 @@
+"""transformers' Qwen2-VL / Qwen2.5-VL checkpoints <-> :class:`~loongforge_vlm.model.vlm.VisionLanguageModel`.
+
+A whole checkpoint is two checkpoints side by side, and each half goes through the adapter that already exists
+for it: the vision tower (``model.visual.*``) through :mod:`loongforge_vlm.encoders.qwen_vit_adapter`, the
+language model (``model.language_model.*`` + ``lm_head``) through core's :mod:`loongforge.models.hf_adapter`
+(a Qwen2 decoder). Our state dict is ``encoder.*`` + ``language_model.*`` (megatron names, vocabulary padded as
+``build_model`` pads it at TP=1). Both directions are reshapes, concatenations and slices, so ``ours -> HF ->
+ours`` and ``HF -> ours -> HF`` are bitwise (padded vocabulary rows come back as zeros). transformers 5 names are
+written; the published pre-v5 files (``visual.*``, ``model.*``) are read too.
+
+``config.json`` <-> :class:`~loongforge_vlm.model.flavors.VLMFlavor`: the nested (transformers 5) and the flat
+published layout are read; a setting our model does not implement is a one-line :class:`ConfigError` naming the
+file and key.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from loongforge.errors import ConfigError, LoongForgeError
+from loongforge.models.builder import padded_vocab_size
+from loongforge.models.hf_adapter import flavor_from_hf_config as text_flavor_from_hf_config
+from loongforge.models.hf_adapter import hf_tensor_shapes, hf_to_megatron, megatron_to_hf
+
+from loongforge_vlm.encoders import qwen_vit_adapter
+from loongforge_vlm.encoders.qwen_vit_flavors import QwenViTFlavor
+from loongforge_vlm.model.flavors import VLMFlavor
+
+#: ``architectures[0]`` -> (encoder family, ``model_type``).
+ARCHITECTURES: dict[str, tuple[str, str]] = {
+    "Qwen2VLForConditionalGeneration": ("qwen2-vl", "qwen2_vl"),
+    "Qwen2_5_VLForConditionalGeneration": ("qwen2.5-vl", "qwen2_5_vl"),
+}
+VISUAL, LANGUAGE, LM_HEAD = "model.visual.", "model.language_model.", "lm_head.weight"
+_LEGACY_VISUAL, _LEGACY_LANGUAGE = "visual.", "model."
+_TOKEN_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+#: Defaults of keys a config may omit (transformers' config classes).
+_TEXT_DEFAULTS = {"rms_norm_eps": 1e-5, "max_position_embeddings": 32768, "hidden_act": "silu",
+                  "use_sliding_window": False, "attention_dropout": 0.0}
+_VISION_DEFAULTS = {
+    "qwen2-vl": {"depth": 32, "embed_dim": 1280, "hidden_size": 3584, "mlp_ratio": 4, "num_heads": 16,
+                 "in_channels": 3, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                 "hidden_act": "quick_gelu"},
+    "qwen2.5-vl": {"depth": 32, "hidden_size": 3584, "intermediate_size": 3420, "num_heads": 16, "in_channels": 3,
+                   "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "tokens_per_second": 4,
+                   "window_size": 112, "out_hidden_size": 3584, "fullatt_block_indexes": [7, 15, 23, 31],
+                   "hidden_act": "silu"},
+}
+_VISION_ACT = {"qwen2-vl": "quick_gelu", "qwen2.5-vl": "silu"}
+
+
+# -- config.json ----------------------------------------------------------------------------------------------
+
+def _family(raw: Mapping[str, Any], where: str) -> tuple[str, str]:
+    archs = raw.get("architectures") or []
+    if archs and archs[0] in ARCHITECTURES:
+        return archs[0], ARCHITECTURES[archs[0]][0]
+    by_type = {model_type: arch for arch, (_, model_type) in ARCHITECTURES.items()}
+    if not archs and raw.get("model_type") in by_type:
+        arch = by_type[raw["model_type"]]
+        return arch, ARCHITECTURES[arch][0]
+    found = f"architectures {archs[0]!r}" if archs else f"model_type {raw.get('model_type')!r}"
+    raise ConfigError(f"{where}: {found} is not a supported vision-language model; supported: "
+                      f"{', '.join(ARCHITECTURES)}")
+
+
+def _vision_flavor(vision: Mapping[str, Any], family: str, out_dim: int, where: str) -> QwenViTFlavor:
+    v = {**_VISION_DEFAULTS[family], **{k: x for k, x in vision.items() if x is not None}}
+    v.setdefault("in_channels", v.get("in_chans", 3))
+    if "spatial_patch_size" in vision:  # published Qwen2-VL files
+        v["patch_size"] = vision["spatial_patch_size"]
+    if v["hidden_act"] != _VISION_ACT[family]:
+        raise ConfigError(f"{where}: vision_config.hidden_act {v['hidden_act']!r} is not supported for {family} "
+                          f"(needs {_VISION_ACT[family]!r})")
+    theta = (v.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+    common = dict(family=family, num_heads=v["num_heads"], num_layers=v["depth"], in_channels=v["in_channels"],
+                  patch_size=v["patch_size"], temporal_patch_size=v["temporal_patch_size"],
+                  spatial_merge_size=v["spatial_merge_size"], rope_theta=float(theta))
+    if family == "qwen2-vl":
+        flavor = QwenViTFlavor(dim=v["embed_dim"], ffn_dim=v["embed_dim"] * v["mlp_ratio"], out_dim=v["hidden_size"],
+                               **common)
+        out_key = "hidden_size"
+    else:
+        flavor = QwenViTFlavor(dim=v["hidden_size"], ffn_dim=v["intermediate_size"], out_dim=v["out_hidden_size"],
+                               window_size=v["window_size"], full_attention_blocks=tuple(v["fullatt_block_indexes"]),
+                               **common)
+        out_key = "out_hidden_size"
+    if flavor.out_dim != out_dim:
+        raise ConfigError(f"{where}: vision_config.{out_key} ({flavor.out_dim}) must equal the text hidden_size "
+                          f"({out_dim})")
+    return flavor
+
+
+def _text_flavor(text: Mapping[str, Any], tied: bool, where: str, prefix: str) -> Any:
+    t = {**_TEXT_DEFAULTS, **{k: x for k, x in text.items() if x is not None}}
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
+        if not isinstance(t.get(key), int):
+            raise ConfigError(f"{where}: key {prefix}{key} is missing or not an integer")
+    for key, needed in (("hidden_act", "silu"), ("use_sliding_window", False), ("attention_dropout", 0.0)):
+        if t[key] != needed:
+            raise ConfigError(f"{where}: {prefix}{key}={t[key]!r} is not supported (needs {needed!r})")
+    rope = t.get("rope_parameters") or t.get("rope_scaling") or {}
+    if not rope.get("mrope_section"):
+        raise ConfigError(f"{where}: key {prefix}rope_parameters.mrope_section is missing (Qwen VLMs use M-RoPE)")
+    if rope.get("rope_type", rope.get("type", "default")) not in ("default", "mrope"):
+        raise ConfigError(f"{where}: {prefix}rope_parameters.rope_type {rope.get('rope_type')!r} is not supported "
+                          "(needs 'default')")
+    rope = {"rope_theta": t.get("rope_theta", 1000000.0), **rope}
+    values = {**t, "rope_parameters": rope, "tie_word_embeddings": tied, "architectures": ["Qwen2ForCausalLM"]}
+    try:
+        return text_flavor_from_hf_config(SimpleNamespace(**values), family="qwen2")
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def flavor_from_hf_config(raw: Mapping[str, Any], *, where: str = "config.json") -> VLMFlavor:
+    """The flavor a Qwen2-VL / Qwen2.5-VL ``config.json`` mapping describes (``where`` names it in errors)."""
+    architecture, family = _family(raw, where)
+    nested = isinstance(raw.get("text_config"), Mapping)
+    text = raw["text_config"] if nested else raw
+    tied = bool(raw.get("tie_word_embeddings") or text.get("tie_word_embeddings"))
+    foundation = _text_flavor(text, tied, where, "text_config." if nested else "")
+    if not isinstance(raw.get("vision_config"), Mapping):
+        raise ConfigError(f"{where}: key vision_config is missing")
+    encoder = _vision_flavor(raw["vision_config"], family, foundation.hidden_size, where)
+    tokens = {key: raw.get(key, default) for key, default in zip(_TOKEN_KEYS, (151655, 151656, 151652, 151653),
+                                                                  strict=True)}
+    per_second = raw["vision_config"].get("tokens_per_second", 4) if family == "qwen2.5-vl" else None
+    try:
+        return VLMFlavor(encoder=encoder, foundation=foundation, tokens_per_second=per_second,
+                         hf_architecture=architecture, **tokens)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def read_hf_config(directory: str | Path) -> VLMFlavor:
+    """The flavor of the checkpoint directory's ``config.json``."""
+    path = Path(directory).expanduser() / "config.json"
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from None
+    return flavor_from_hf_config(raw, where=str(path))
+
+
+def hf_config_dict(flavor: VLMFlavor, dtype: str = "float32") -> dict[str, Any]:
+    """The transformers 5 ``config.json`` of ``flavor`` (``Qwen2VLConfig(**d)`` / ``Qwen2_5_VLConfig(**d)``)."""
+    if flavor.hf_architecture not in ARCHITECTURES or not isinstance(flavor.encoder, QwenViTFlavor):
+        raise ConfigError(f"vlm flavor with architecture {flavor.hf_architecture!r} has no Hugging Face format; "
+                          f"supported: {', '.join(ARCHITECTURES)}")
+    family, model_type = ARCHITECTURES[flavor.hf_architecture]
+    text, vit = flavor.foundation, flavor.encoder
+    text_config = dict(
+        model_type=f"{model_type}_text", hidden_size=text.hidden_size, intermediate_size=text.ffn_hidden_size,
+        num_hidden_layers=text.num_layers, num_attention_heads=text.num_attention_heads,
+        num_key_value_heads=text.num_query_groups, vocab_size=text.vocab_size,
+        max_position_embeddings=text.max_position_embeddings, rms_norm_eps=text.norm_eps, hidden_act="silu",
+        use_sliding_window=False, rope_parameters={"rope_type": "default", "mrope_section": list(text.mrope_section),
+                                                   "rope_theta": text.rope_theta},
+    )
+    vision_config: dict[str, Any] = dict(
+        model_type=f"{model_type}_vision", depth=vit.num_layers, num_heads=vit.num_heads,
+        in_channels=vit.in_channels, patch_size=vit.patch_size, temporal_patch_size=vit.temporal_patch_size,
+        spatial_merge_size=vit.spatial_merge_size, hidden_act=_VISION_ACT[family],
+        rope_parameters={"rope_type": "axial", "rope_theta": vit.rope_theta},
+    )
+    if family == "qwen2-vl":
+        if vit.ffn_dim % vit.dim:
+            raise ConfigError(f"qwen2-vl encoder: ffn_dim {vit.ffn_dim} is not a multiple of dim {vit.dim} "
+                              "(transformers stores mlp_ratio)")
+        vision_config.update(embed_dim=vit.dim, mlp_ratio=vit.ffn_dim // vit.dim, hidden_size=vit.out_dim)
+    else:
+        vision_config.update(hidden_size=vit.dim, intermediate_size=vit.ffn_dim, out_hidden_size=vit.out_dim,
+                             window_size=vit.window_size, fullatt_block_indexes=list(vit.full_attention_blocks),
+                             tokens_per_second=flavor.tokens_per_second)
+    return {"architectures": [flavor.hf_architecture], "model_type": model_type, "dtype": dtype,
+            "tie_word_embeddings": text.tie_word_embeddings, "text_config": text_config,
+            "vision_config": vision_config, **{key: getattr(flavor, key) for key in _TOKEN_KEYS}}
+
+
+# -- state dicts ----------------------------------------------------------------------------------------------
+
+def _megatron_names(flavor: VLMFlavor) -> set[str]:
+    """The language model's megatron tensor names (derived from core's mapping on shape-only tensors)."""
+    text = flavor.foundation
+    shapes = {name: torch.empty(shape, device="meta") for name, shape in hf_tensor_shapes(text).items()}
+    return set(hf_to_megatron(shapes, text, padded_vocab_size=padded_vocab_size(text.vocab_size)))
+
+
+def _check_language(state: Mapping[str, torch.Tensor], flavor: VLMFlavor) -> None:
+    expected = hf_tensor_shapes(flavor.foundation)
+    for name, shape in expected.items():
+        if name not in state:
+            raise LoongForgeError(f"transformers VLM state dict lacks '{name}' of shape {shape}; is the flavor right?")
+        if tuple(state[name].shape) != shape:
+            raise LoongForgeError(f"transformers VLM state dict: '{name}' has shape {tuple(state[name].shape)}, "
+                                  f"expected {shape}")
+
+
+def from_hf(state: Mapping[str, torch.Tensor], flavor: VLMFlavor) -> dict[str, torch.Tensor]:
+    """A ``*VLForConditionalGeneration`` state dict (transformers 5 or published layout) -> ours."""
+    legacy = not any(name.startswith(VISUAL) for name in state)
+    visual, language = (_LEGACY_VISUAL, _LEGACY_LANGUAGE) if legacy else (VISUAL, LANGUAGE)
+    text: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        if name.startswith(visual):
+            continue
+        if name.startswith(language):
+            text["model." + name[len(language):]] = tensor
+        elif name == LM_HEAD:
+            if not flavor.foundation.tie_word_embeddings:  # a tied model's lm_head is the embedding again
+                text[name] = tensor
+        else:
+            raise LoongForgeError(f"transformers VLM state dict: '{name}' belongs to neither the vision tower "
+                                  f"({visual}*) nor the language model ({language}*, {LM_HEAD})")
+    _check_language(text, flavor)
+    extra = sorted(set(text) - set(hf_tensor_shapes(flavor.foundation)))
+    if extra:
+        raise LoongForgeError(f"transformers VLM state dict: '{extra[0]}' has no counterpart "
+                              f"({len(extra)} unexpected language-model tensor(s))")
+    encoder = qwen_vit_adapter.from_hf(state, flavor.encoder, prefix=visual)
+    vocab = padded_vocab_size(flavor.foundation.vocab_size)
+    decoder = hf_to_megatron(text, flavor.foundation, padded_vocab_size=vocab)
+    return {**{f"encoder.{k}": v for k, v in encoder.items()}, **{f"language_model.{k}": v for k, v in decoder.items()}}
+
+
+def to_hf(state: Mapping[str, torch.Tensor], flavor: VLMFlavor) -> dict[str, torch.Tensor]:
+    """Our state dict (``VisionLanguageModel.state_dict()``) -> transformers 5 names."""
+    encoder, decoder = {}, {}
+    for name, tensor in state.items():
+        if name.endswith("_extra_state"):
+            continue
+        if name.startswith("encoder."):
+            encoder[name[len("encoder."):]] = tensor
+        elif name.startswith("language_model."):
+            decoder[name[len("language_model."):]] = tensor
+        else:
+            raise LoongForgeError(f"loongforge VLM state dict: '{name}' has no Hugging Face counterpart")
+    expected = _megatron_names(flavor)
+    for problem, names in (("lacks", expected - set(decoder)), ("has unexpected", set(decoder) - expected)):
+        if names:
+            raise LoongForgeError(f"loongforge VLM state dict {problem} language-model tensor "
+                                  f"'language_model.{sorted(names)[0]}' ({len(names)} in all); is the flavor right?")
+    out = qwen_vit_adapter.to_hf(encoder, flavor.encoder, prefix=VISUAL)
+    for name, tensor in megatron_to_hf(decoder, flavor.foundation).items():
+        out[LANGUAGE + name[len("model."):] if name.startswith("model.") else name] = tensor
+    return out

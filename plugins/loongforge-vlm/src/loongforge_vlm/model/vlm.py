@@ -1,0 +1,213 @@
+"""``VisionLanguageModel``: a vision encoder and projector feeding a core megatron ``GPTModel``.
+
+The encoder (and projector) are plain torch modules, replicated on every rank; the language model is the
+megatron ``GPTModel`` that core builds for any :class:`~loongforge.models.flavor.DecoderFlavor`, so tensor,
+sequence and pipeline parallelism apply to it unchanged. The forward pass embeds the text with the
+``GPTModel``'s own embedding (built to return the whole sequence), writes the vision features into the
+image/video placeholder positions, scatters the result over the sequence-parallel ranks when sequence
+parallelism is on, and runs the decoder from that ``decoder_input`` in megatron's ``[seq, batch, hidden]``
+layout. With labels it returns the per-token loss, like core's ``GPTModel`` path in the trainer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from loongforge.errors import LoongForgeError
+from loongforge.models.builder import ParallelSettings, build_model, resolve_dtype
+from megatron.core import tensor_parallel
+from megatron.core.transformer.module import MegatronModule
+from torch import nn
+
+from loongforge_vlm.encoders.qwen_vit import QwenViT
+from loongforge_vlm.encoders.qwen_vit_flavors import QwenViTFlavor
+from loongforge_vlm.encoders.siglip import SiglipVisionEncoder
+from loongforge_vlm.model.flavors import VLMFlavor
+from loongforge_vlm.model.position_ids import mrope_position_ids, text_position_ids
+from loongforge_vlm.projectors import MlpProjector
+
+
+def _check_counts(kind: str, placeholders: list[int], features: list[int]) -> None:
+    """Each sample's placeholder count must equal the features of the images/videos that fall to it, in order."""
+    item = 0
+    for sample, count in enumerate(placeholders):
+        first, got = item, 0
+        while got < count and item < len(features):
+            got += features[item]
+            item += 1
+        if got != count:
+            which = f"{kind}s {first}..{item - 1}" if item > first else f"no {kind}"
+            raise LoongForgeError(f"sample {sample}: {count} {kind} placeholder token(s), but {which} give {got} "
+                                  f"{kind} feature(s); the text must hold one placeholder per feature")
+    if item != len(features):
+        raise LoongForgeError(f"{len(features) - item} {kind}(s) left without placeholder tokens in the batch "
+                              f"({len(features)} {kind}s, {sum(placeholders)} placeholder tokens)")
+
+
+def padding_attention_mask(padding: torch.Tensor) -> torch.Tensor | None:
+    """Megatron's ``[B, 1, S, S]`` mask (``True`` = masked out) for a ``(B, S)`` padding mask (1 = real token).
+
+    ``None`` (the plain causal path) when no sample has padding before a real token: then causal attention
+    never lets a real token see padding. A padding query may always see itself, so no row is fully masked.
+    """
+    keep = padding.bool()
+    length = keep.shape[1]
+    prefix = torch.arange(length, device=keep.device) < keep.sum(-1, keepdim=True)
+    if bool((keep == prefix).all()):  # right padding only
+        return None
+    causal = torch.ones(length, length, dtype=torch.bool, device=keep.device).tril()
+    allowed = causal & keep[:, None, :] | torch.eye(length, dtype=torch.bool, device=keep.device)
+    return ~allowed[:, None]
+
+
+class VisionLanguageModel(MegatronModule):
+    """``encoder`` (+ ``projector``) -> vision tokens at the placeholder positions -> ``language_model``.
+
+    ``projector`` is ``None`` for the Qwen encoders, whose patch merger already maps to the backbone's width.
+    On a pipeline stage without the embedding (``language_model.pre_process`` false) the vision parts are
+    absent and the stage just runs its decoder layers on the received activations. A ``MegatronModule`` with
+    the backbone's config, so megatron's schedules, DDP and ``sharded_state_dict`` (the vision parts as
+    tensors replicated over TP) take it like a ``GPTModel``.
+    """
+
+    def __init__(self, flavor: VLMFlavor, language_model: Any, encoder: nn.Module | None,
+                 projector: nn.Module | None) -> None:
+        super().__init__(config=language_model.config)
+        self.flavor = flavor
+        self.encoder = encoder
+        self.projector = projector
+        self.language_model = language_model
+
+    def component_parameters(self, name: str) -> list[tuple[str, nn.Parameter]]:
+        """Named parameters of one part -- ``encoder``, ``projector`` or ``foundation`` -- for per-part freezing
+        and learning rates. A Qwen encoder's patch merger counts as the projector."""
+        merged = self.projector is None and self.encoder is not None
+        parts: dict[str, list[tuple[str, nn.Parameter]]] = {"encoder": [], "projector": [], "foundation": []}
+        for full_name, param in self.named_parameters():
+            if full_name.startswith("language_model."):
+                parts["foundation"].append((full_name, param))
+            elif full_name.startswith("projector.") or (merged and full_name.startswith("encoder.merger.")):
+                parts["projector"].append((full_name, param))
+            else:
+                parts["encoder"].append((full_name, param))
+        if name not in parts:
+            raise LoongForgeError(f"unknown VLM component {name!r}; known: {', '.join(parts)}")
+        return parts[name]
+
+    def set_input_tensor(self, input_tensor: Any) -> None:
+        """Megatron's pipeline schedule hands the previous stage's activations in here."""
+        self.language_model.set_input_tensor(input_tensor)
+
+    def _vision_features(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor | None) -> list[torch.Tensor]:
+        """One ``(tokens, hidden)`` tensor per image (or video)."""
+        if self.projector is None:
+            merged = self.encoder(pixel_values, grid_thw)
+            per_item = (grid_thw.prod(-1) // self.flavor.spatial_merge_size ** 2).tolist()
+            return list(merged.split(per_item))
+        rows, cols = self.encoder.grid(*pixel_values.shape[-2:])
+        return list(self.projector(self.encoder(pixel_values), (rows, cols)).unbind(0))
+
+    def _scatter(self, embeddings: torch.Tensor, input_ids: torch.Tensor, token_id: int, kind: str,
+                 features: list[torch.Tensor]) -> torch.Tensor:
+        """``embeddings`` ``(B, S, H)`` with the features written into the ``token_id`` positions, in order."""
+        mask = input_ids == token_id
+        _check_counts(kind, mask.sum(-1).tolist(), [f.shape[0] for f in features])
+        flat = torch.cat(features).to(embeddings.dtype)
+        return embeddings.masked_scatter(mask[..., None], flat)
+
+    def embed(self, input_ids: torch.Tensor, *, pixel_values: torch.Tensor | None = None,
+              image_grid_thw: torch.Tensor | None = None, pixel_values_videos: torch.Tensor | None = None,
+              video_grid_thw: torch.Tensor | None = None) -> torch.Tensor:
+        """The decoder input ``[S, B, H]`` (this rank's sequence slice under sequence parallelism)."""
+        text = self.language_model.embedding(input_ids=input_ids, position_ids=None)  # [S, B, H], whole sequence
+        embeddings = text.transpose(0, 1)
+        if pixel_values is not None:
+            features = self._vision_features(pixel_values, image_grid_thw)
+            embeddings = self._scatter(embeddings, input_ids, self.flavor.image_token_id, "image", features)
+        if pixel_values_videos is not None:
+            if self.flavor.video_token_id is None:
+                raise LoongForgeError("this model has no video token (flavor.video_token_id is None)")
+            features = self._vision_features(pixel_values_videos, video_grid_thw)
+            embeddings = self._scatter(embeddings, input_ids, self.flavor.video_token_id, "video", features)
+        embeddings = embeddings.transpose(0, 1).contiguous()
+        if self.language_model.config.sequence_parallel:
+            embeddings = tensor_parallel.scatter_to_sequence_parallel_region(embeddings)
+        return embeddings
+
+    def position_ids(self, input_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
+                     image_grid_thw: torch.Tensor | None = None, video_grid_thw: torch.Tensor | None = None,
+                     second_per_grid_ts: torch.Tensor | None = None) -> torch.Tensor:
+        """``(3, B, S)`` M-RoPE ids for a Qwen-style backbone, else ``(B, S)`` 1D ids."""
+        padding = attention_mask if attention_mask is not None and attention_mask.ndim == 2 else None
+        if not self.flavor.uses_mrope:
+            return text_position_ids(input_ids, padding)
+        return mrope_position_ids(
+            input_ids, spatial_merge_size=self.flavor.spatial_merge_size, image_token_id=self.flavor.image_token_id,
+            video_token_id=self.flavor.video_token_id, image_grid_thw=image_grid_thw, video_grid_thw=video_grid_thw,
+            attention_mask=padding, second_per_grid_ts=second_per_grid_ts,
+            tokens_per_second=self.flavor.tokens_per_second,
+        )[0]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        *,
+        pixel_values: torch.Tensor | None = None,
+        image_grid_thw: torch.Tensor | None = None,
+        pixel_values_videos: torch.Tensor | None = None,
+        video_grid_thw: torch.Tensor | None = None,
+        second_per_grid_ts: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits ``(B, S, vocab)``, or the per-token loss ``(B, S)`` when ``labels`` are given.
+
+        ``attention_mask`` is either a ``(B, S)`` padding mask (1 = real token; left or right padding) or
+        megatron's ``[B, 1, S, S]`` boolean mask (``True`` = masked out), passed through. Images: Qwen
+        encoders take the processor's ``pixel_values`` ``(patches, patch_dim)`` with ``image_grid_thw``; a
+        SigLIP encoder takes ``(images, C, H, W)``. ``position_ids`` default to :meth:`position_ids`; an M-RoPE
+        model also accepts ``(B, S)`` ids for text-only batches (all three rows equal).
+        """
+        mask = attention_mask
+        if attention_mask is not None and attention_mask.ndim == 2:
+            mask = padding_attention_mask(attention_mask)
+        has_vision = pixel_values is not None or pixel_values_videos is not None
+        if position_ids is not None and position_ids.ndim == 2 and self.flavor.uses_mrope:
+            if has_vision:
+                raise LoongForgeError("this model uses M-RoPE: with images or videos pass (3, batch, seq) position "
+                                      "ids (loongforge_vlm.model.position_ids.mrope_position_ids) or none")
+            position_ids = position_ids.unsqueeze(0).expand(3, -1, -1)  # text only: the three rows agree
+        if position_ids is None:
+            position_ids = self.position_ids(input_ids, attention_mask=attention_mask, image_grid_thw=image_grid_thw,
+                                             video_grid_thw=video_grid_thw, second_per_grid_ts=second_per_grid_ts)
+        decoder_input = None
+        if self.language_model.pre_process:
+            decoder_input = self.embed(input_ids, pixel_values=pixel_values, image_grid_thw=image_grid_thw,
+                                       pixel_values_videos=pixel_values_videos, video_grid_thw=video_grid_thw)
+        return self.language_model(input_ids, position_ids, mask, decoder_input=decoder_input, labels=labels)
+
+
+def build_vlm(flavor: VLMFlavor, *, backend: Any, params_dtype: str | torch.dtype = "fp32",
+              parallel: ParallelSettings | None = None, pre_process: bool = True, post_process: bool = True,
+              vp_stage: int | None = None, extra_config: dict[str, Any] | None = None) -> VisionLanguageModel:
+    """The composed model for ``flavor``: core builds the backbone, the vision parts are built on the first
+    pipeline stage only. Megatron's parallel state must be initialised (as for ``build_model``)."""
+    language_model = build_model(flavor.foundation, backend=backend, params_dtype=params_dtype,
+                                 pre_process=pre_process, post_process=post_process, parallel=parallel,
+                                 vp_stage=vp_stage, extra_config=extra_config,
+                                 scatter_embedding_sequence_parallel=False)
+    encoder = projector = None
+    if pre_process:
+        if isinstance(flavor.encoder, QwenViTFlavor):
+            encoder = QwenViT(flavor.encoder)
+        else:
+            encoder = SiglipVisionEncoder(flavor.encoder)
+            spec = flavor.projector
+            projector = MlpProjector(flavor.encoder.dim, flavor.foundation.hidden_size, hidden_dim=spec.hidden_dim,
+                                     merge=spec.merge)
+        dtype = resolve_dtype(params_dtype)
+        encoder = encoder.to(dtype)
+        projector = projector.to(dtype) if projector is not None else None
+    return VisionLanguageModel(flavor, language_model, encoder, projector)
