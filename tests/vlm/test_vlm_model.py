@@ -116,14 +116,19 @@ def test_placeholder_count_mismatch_names_the_sample(world):
         ours.embed(ids, pixel_values=batch["pixel_values"], image_grid_thw=batch["image_grid_thw"])
 
 
-def test_text_only_batches_take_1d_positions(world):
+def test_1d_positions_give_text_rows_or_derived_mrope_ids(world):
+    """Core's trainer passes 1D text positions: text alone uses them on all three rows; with images the model
+    derives the M-RoPE ids from the tokens and grids, exactly as when no ids are passed."""
     flavor, reference, ours = _pair(world, "qwen2-vl-tiny")
     tokens = torch.randint(0, 300, (2, 12), generator=torch.Generator().manual_seed(3))
     positions = torch.arange(12).expand(2, -1)
     assert (ours(tokens, positions) - reference(input_ids=tokens).logits).abs().max().item() <= 1e-4
     batch = mixed_batch(flavor, video=False)
-    with pytest.raises(LoongForgeError, match=r"uses M-RoPE: with images or videos pass \(3, batch, seq\)"):
-        ours(batch["input_ids"], positions, pixel_values=batch["pixel_values"], image_grid_thw=batch["image_grid_thw"])
+    ids, vision = batch["input_ids"], dict(pixel_values=batch["pixel_values"], image_grid_thw=batch["image_grid_thw"])
+    text_positions = torch.arange(ids.shape[1]).expand(ids.shape[0], -1)
+    with torch.no_grad():
+        assert torch.equal(ours(ids, text_positions, batch["attention_mask"], **vision),
+                           ours(ids, None, batch["attention_mask"], **vision))
 
 
 def test_components_partition_the_parameters(world):

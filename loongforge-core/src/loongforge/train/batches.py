@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch.distributed as dist
@@ -20,17 +21,21 @@ def load_tokenizer(host: Any, config: LoongForgeConfig) -> Any:
     return factory(argument) if argument else factory()
 
 
-def build_batches(host: Any, config: LoongForgeConfig, tokenizer: Any, *, rank: int, dp_rank: int, dp_size: int) -> Any:
+def build_batches(host: Any, config: LoongForgeConfig, tokenizer: Any, *, rank: int, dp_rank: int, dp_size: int,
+                  model: Any = None) -> Any:
     """The training split as an endless, resumable iterator of this data-parallel rank's micro-batches.
 
     Rank 0 tokenizes (and caches) first while the others wait, so several ranks never build one cache at once.
+    A dataset factory that takes a ``model`` keyword gets the model's flavor (an image-text kind picks the
+    vision encoder's processor and checks the tokenizer's vision tokens against it).
     """
     from loongforge.data.sampler import TrainBatchIterator
 
     factory = host.registry("dataset").load(config.data.dataset, where=f"data.dataset in {config.source}")
+    extra = {"model": model} if model is not None and "model" in inspect.signature(factory).parameters else {}
 
     def tokens() -> Any:
-        return factory(config.data.paths, tokenizer, text_key=config.data.text_key, progress=rank == 0)
+        return factory(config.data.paths, tokenizer, text_key=config.data.text_key, progress=rank == 0, **extra)
 
     if rank == 0:
         dataset = tokens()

@@ -91,11 +91,14 @@ def _build_model(flavor: Any, config: LoongForgeConfig, backend: Any, layout: An
                 post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
                 parallel=parallel,
                 vp_stage=vp_stage,
+                **getattr(model_flavor, "decoder_build_options", {}),
             )
         )
     initialize_layout_independent(chunks, config.run.seed)
     compose = getattr(model_flavor, "compose", None)  # a composed model (VLM) wraps each decoder chunk
-    return [compose(chunk, seed=config.run.seed) for chunk in chunks] if compose else chunks
+    if compose is None:
+        return chunks
+    return [compose(chunk, seed=config.run.seed, params_dtype=settings.params_dtype) for chunk in chunks]
 
 
 def _wrap_ddp(model: list[Any], config: LoongForgeConfig, settings: Any) -> list[Any]:
@@ -282,7 +285,7 @@ def _build_trainer(
     scheduler = build_scheduler(config, optimizer, global_batch)
     _connect_schedule(model, optimizer)
     dp_rank = parallel_state.get_data_parallel_rank()
-    data = build_batches(host, config, tokenizer, rank=info.rank, dp_rank=dp_rank, dp_size=layout.dp)
+    data = build_batches(host, config, tokenizer, rank=info.rank, dp_rank=dp_rank, dp_size=layout.dp, model=flavor)
     n_params = sum(p.numel() for chunk in model for p in chunk.parameters())
     _say(
         info.rank,

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
+from loongforge.checkpoint.saver import unwrap_model
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.parallel import context
 from loongforge.parallel.chunk_feeds import chunk_feeds
@@ -91,6 +92,8 @@ class Trainer:
         self._moe = MoEStats(model, model_config) if getattr(model_config, "num_moe_experts", None) else None
         #: MoE: tokens per expert in the last step, ``[layer][expert]`` (None for dense models).
         self.expert_tokens: list[list[int]] | None = None
+        #: Batch keys the model takes beside the text, as it declares them (``extra_inputs``: a VLM's pixels).
+        self._extra_inputs: tuple[str, ...] = getattr(unwrap_model(model[0]), "extra_inputs", ())
         # The interleaved schedule wants one iterator per model chunk, all yielding the same micro-batches.
         self._data_iterator = chunk_feeds(data, len(model)) if len(model) > 1 else data
 
@@ -103,9 +106,9 @@ class Trainer:
             loss_func = partial(context.global_mean_loss, self._cp_group, batch["loss_mask"])
         else:
             loss_func = partial(_masked_mean_loss, batch["loss_mask"])
-        per_token_loss = model(  # model_inputs: what a composed model takes beside the text (images, grids)
-            batch["tokens"], batch["position_ids"], batch.get("attention_mask"), labels=batch["labels"],
-            **batch.get("model_inputs", {}),
+        extra = {key: batch[key] for key in self._extra_inputs if key in batch}  # images, grids (VLMs)
+        per_token_loss = model(
+            batch["tokens"], batch["position_ids"], batch.get("attention_mask"), labels=batch["labels"], **extra
         )
         return per_token_loss, loss_func
 

@@ -15,14 +15,18 @@ SUMMARY = "vision-language models: Qwen2/2.5-VL and SigLIP encoders, projectors,
 
 @hookimpl
 def loongforge_register_models(registry):
+    from loongforge.config.schema import COMPOSED_MODEL
+
     from loongforge_vlm.encoders import qwen_vit_flavors, siglip_flavors
     from loongforge_vlm.model import flavors as vlm_flavors
+    from loongforge_vlm.model.parts import VLMComposer, describe_composer
 
     families = ((qwen_vit_flavors.FLAVORS, qwen_vit_flavors.describe),
                 (siglip_flavors.SIGLIP_FLAVORS, siglip_flavors.describe))
     for flavors, describe in families:
         for name, flavor in flavors.items():
             registry.register(name, flavor, description=describe(flavor))
+    registry.register(COMPOSED_MODEL, VLMComposer(), description=describe_composer(VLMComposer()))
     for name, flavor in vlm_flavors.FLAVORS.items():
         aliases = vlm_flavors.HF_IDS.get(name, ())
         registry.register(name, flavor, aliases=aliases, description=vlm_flavors.describe(flavor))

@@ -23,7 +23,7 @@ from loongforge_vlm.data import shapes
 from loongforge_vlm.data.dataset import VisionChatDataset
 from loongforge_vlm.data.processor import ImageProcessor, processor_for
 from loongforge_vlm.data.sources import JsonlSource, WebDatasetSource
-from loongforge_vlm.data.tokens import VisionByteTokenizer, VisionTokenIds
+from loongforge_vlm.data.tokens import VisionByteTokenizer, VisionTokenIds, vision_token_ids
 
 
 def sources_for(paths: Sequence[str | Path]) -> list[JsonlSource | WebDatasetSource]:
@@ -42,9 +42,12 @@ def image_text_dataset(
     progress: bool = False,
     processor: ImageProcessor | None = None,
     strict: bool = False,
+    model: Any = None,
 ) -> VisionChatDataset:
     """Image-text conversations from jsonl files and/or WebDataset shards (``text_key``/``cache_dir`` unused:
-    records are conversations and only token ids are kept)."""
+    records are conversations and only token ids are kept). ``model``: the run's VLM flavor (core passes it),
+    which picks the processor and must agree with the tokenizer's vision tokens."""
+    processor = _matched(tokenizer, processor, model)
     return VisionChatDataset(sources_for(paths), tokenizer, processor, strict=strict)
 
 
@@ -60,6 +63,7 @@ def shapes_dataset(
     count: int = 2000,
     seed: int = 0,
     split: str = "train",
+    model: Any = None,
 ) -> VisionChatDataset:
     """The shapes set (``count`` samples of ``seed``; its ``split``), written under ``cache_dir/datasets`` once."""
     if paths:
@@ -67,7 +71,27 @@ def shapes_dataset(
     out = Path(cache_dir or default_cache_dir()) / "datasets" / f"vlm-shapes-{count}-{seed}"
     if shapes.validate(out):  # missing, partial or damaged: (re)write it
         _generate_into(out, count, seed)
+    processor = _matched(tokenizer, processor, model)
     return VisionChatDataset([JsonlSource(out / f"{split}.jsonl")], tokenizer, processor, strict=strict)
+
+
+def _matched(tokenizer: Tokenizer, processor: ImageProcessor | None, model: Any) -> ImageProcessor | None:
+    """The processor for ``model`` (unless one is given), after checking that the tokenizer writes the model's
+    vision token ids -- a mismatch would train the image features into the wrong positions."""
+    if model is None or not hasattr(model, "image_token_id"):
+        return processor
+    vision = vision_token_ids(tokenizer)
+    wanted = {"image pad": (vision.image_pad, model.image_token_id),
+              "vision start": (vision.vision_start, model.vision_start_token_id),
+              "vision end": (vision.vision_end, model.vision_end_token_id)}
+    if model.video_token_id is not None:
+        wanted["video pad"] = (vision.video_pad, model.video_token_id)
+    wrong = [f"{name} {ours} (model: {theirs})" for name, (ours, theirs) in wanted.items()
+             if theirs is not None and ours != theirs]
+    if wrong:
+        raise DataError(f"tokenizer '{tokenizer.name}' writes vision token ids that the model does not use: "
+                        f"{', '.join(wrong)}")
+    return processor or processor_for_vlm(model)
 
 
 def _generate_into(out: Path, count: int, seed: int) -> None:

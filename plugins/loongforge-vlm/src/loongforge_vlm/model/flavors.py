@@ -96,6 +96,24 @@ class VLMFlavor:
         """A copy with some fields replaced (``foundation=...`` swaps the backbone); unknown names are errors."""
         return replace_fields(self, overrides, what="vlm flavor")
 
+    def with_parts(self, parts: dict[str, Any], *, registry: Any, where: str) -> VLMFlavor:
+        """A copy with config parts (``model.encoder/projector/foundation``) replaced, see
+        :mod:`loongforge_vlm.model.parts`."""
+        from loongforge_vlm.model.parts import compose_parts
+
+        return compose_parts(self, parts, registry=registry, where=where, defaults={})
+
+    #: How core builds the backbone for this model: the embedding returns the whole sequence, so that vision
+    #: features are written in before the sequence-parallel scatter (``VisionLanguageModel.embed`` scatters).
+    decoder_build_options = {"scatter_embedding_sequence_parallel": False}
+
+    def compose(self, language_model: Any, *, seed: int, params_dtype: Any = "fp32") -> Any:
+        """Core's megatron trainer built ``language_model`` (one pipeline chunk) from :attr:`foundation`; wrap it
+        with the vision parts (on the first stage), initialised from ``seed`` alone (the same on every rank)."""
+        from loongforge_vlm.model.vlm import compose_vlm
+
+        return compose_vlm(self, language_model, seed=seed, params_dtype=params_dtype)
+
 
 def projector_shapes(flavor: VLMFlavor) -> dict[str, tuple[int, ...]]:
     """Parameter shapes of the separate projector (empty when the encoder ends in its own)."""

@@ -71,6 +71,9 @@ class VisionLanguageModel(MegatronModule):
     tensors replicated over TP) take it like a ``GPTModel``.
     """
 
+    #: Batch keys beside the text that the forward takes (core's trainer passes those a batch has).
+    extra_inputs = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+
     def __init__(self, flavor: VLMFlavor, language_model: Any, encoder: nn.Module | None,
                  projector: nn.Module | None) -> None:
         super().__init__(config=language_model.config)
@@ -94,6 +97,11 @@ class VisionLanguageModel(MegatronModule):
         if name not in parts:
             raise LoongForgeError(f"unknown VLM component {name!r}; known: {', '.join(parts)}")
         return parts[name]
+
+    @property
+    def model_type(self) -> Any:
+        """Megatron's schedules ask the model for its type: the backbone's."""
+        return self.language_model.model_type
 
     def set_input_tensor(self, input_tensor: Any) -> None:
         """Megatron's pipeline schedule hands the previous stage's activations in here."""
@@ -175,10 +183,10 @@ class VisionLanguageModel(MegatronModule):
             mask = padding_attention_mask(attention_mask)
         has_vision = pixel_values is not None or pixel_values_videos is not None
         if position_ids is not None and position_ids.ndim == 2 and self.flavor.uses_mrope:
-            if has_vision:
-                raise LoongForgeError("this model uses M-RoPE: with images or videos pass (3, batch, seq) position "
-                                      "ids (loongforge_vlm.model.position_ids.mrope_position_ids) or none")
-            position_ids = position_ids.unsqueeze(0).expand(3, -1, -1)  # text only: the three rows agree
+            # 1D text positions (what data pipelines and core's trainer pass): text alone has three equal rows;
+            # with images the rows differ, so the ids come from the tokens and grids instead. Over a packed row
+            # that shifts each later sample by one constant, which rotary attention within a sample cannot see.
+            position_ids = None if has_vision else position_ids.unsqueeze(0).expand(3, -1, -1)
         if position_ids is None:
             position_ids = self.position_ids(input_ids, attention_mask=attention_mask, image_grid_thw=image_grid_thw,
                                              video_grid_thw=video_grid_thw, second_per_grid_ts=second_per_grid_ts)
@@ -196,18 +204,31 @@ def build_vlm(flavor: VLMFlavor, *, backend: Any, params_dtype: str | torch.dtyp
     pipeline stage only. Megatron's parallel state must be initialised (as for ``build_model``)."""
     language_model = build_model(flavor.foundation, backend=backend, params_dtype=params_dtype,
                                  pre_process=pre_process, post_process=post_process, parallel=parallel,
-                                 vp_stage=vp_stage, extra_config=extra_config,
-                                 scatter_embedding_sequence_parallel=False)
+                                 vp_stage=vp_stage, extra_config=extra_config, **flavor.decoder_build_options)
+    return compose_vlm(flavor, language_model, params_dtype=params_dtype)
+
+
+def compose_vlm(flavor: VLMFlavor, language_model: Any, *, seed: int | None = None,
+                params_dtype: str | torch.dtype = "fp32") -> VisionLanguageModel:
+    """``language_model`` (a core ``GPTModel`` chunk built from ``flavor.foundation``) with the vision parts in
+    front when it is the first pipeline stage. ``seed`` initialises them from a private generator state, so every
+    rank gets the same vision weights whatever the layout (``None``: the current random state)."""
     encoder = projector = None
-    if pre_process:
-        if isinstance(flavor.encoder, QwenViTFlavor):
-            encoder = QwenViT(flavor.encoder)
-        else:
-            encoder = SiglipVisionEncoder(flavor.encoder)
-            spec = flavor.projector
-            projector = MlpProjector(flavor.encoder.dim, flavor.foundation.hidden_size, hidden_dim=spec.hidden_dim,
-                                     merge=spec.merge)
+    if language_model.pre_process:
+        with torch.random.fork_rng(devices=[], enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(seed)
+            encoder, projector = _vision_parts(flavor)
         dtype = resolve_dtype(params_dtype)
         encoder = encoder.to(dtype)
         projector = projector.to(dtype) if projector is not None else None
     return VisionLanguageModel(flavor, language_model, encoder, projector)
+
+
+def _vision_parts(flavor: VLMFlavor) -> tuple[nn.Module, nn.Module | None]:
+    """Freshly initialised encoder and (separate) projector."""
+    if isinstance(flavor.encoder, QwenViTFlavor):
+        return QwenViT(flavor.encoder), None
+    encoder, spec = SiglipVisionEncoder(flavor.encoder), flavor.projector
+    return encoder, MlpProjector(flavor.encoder.dim, flavor.foundation.hidden_size, hidden_dim=spec.hidden_dim,
+                                 merge=spec.merge)

@@ -1,0 +1,109 @@
+"""Composing a VLM from config parts: ``model: {encoder: ..., projector: ..., foundation: ...}``.
+
+Each part is a registered name (``siglip-tiny``, ``qwen3-tiny``), a mapping naming one plus field overrides
+(``{name: llama-debug, num_layers: 4}``), or -- for a part the model already has -- a mapping of overrides alone.
+The projector is ``mlp`` (with optional ``merge``/``hidden_dim``), a mapping of those fields, or
+``patch-merger`` (the Qwen ViT's own merger). Widths follow the backbone: a swapped ``foundation`` resizes the
+projector's output (the MLP's, or the Qwen merger's ``out_dim``), which is what makes "swap the LLM" a one-line
+change. Torch-free, like the flavors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from loongforge.errors import ConfigError
+from loongforge.models.flavor import DecoderFlavor
+
+from loongforge_vlm.encoders.qwen_vit_flavors import QwenViTFlavor
+from loongforge_vlm.encoders.siglip_flavors import SiglipFlavor
+
+#: Projector names a config may use.
+PROJECTORS = ("mlp", "patch-merger")
+#: Vision token ids of a model composed from parts alone: those of the ``byte-vision`` tokenizer.
+DEFAULT_TOKENS = dict(image_token_id=259, vision_start_token_id=260, vision_end_token_id=261)
+
+
+def _named(role: str, value: Any, current: Any, registry: Any, where: str, kinds: tuple[type, ...]) -> Any:
+    """A name, ``{name: ..., **overrides}`` or ``{**overrides}`` (on ``current``) -> a flavor of ``kinds``."""
+    location = f"model.{role} in {where}"
+    if isinstance(value, str):
+        flavor = registry.load(value, where=location)
+    elif isinstance(value, dict):
+        overrides = dict(value)
+        name = overrides.pop("name", None)
+        base = registry.load(name, where=location) if name is not None else current
+        if base is None:
+            raise ConfigError(f"{location}: a mapping without 'name' overrides the model's own {role}, "
+                              "and this model has none")
+        flavor = base.with_overrides(**overrides) if overrides else base
+    else:
+        raise ConfigError(f"{location}: expected a registered name or a mapping, got {value!r}")
+    if not isinstance(flavor, kinds):
+        wanted = " or ".join(kind.__name__ for kind in kinds)
+        raise ConfigError(f"{location}: '{value}' is a {type(flavor).__name__}, not a {wanted}")
+    return flavor
+
+
+def _projector(value: Any, encoder: Any, where: str) -> Any:
+    """``mlp`` / ``{merge, hidden_dim}`` -> an :class:`MlpProjectorFlavor`; ``patch-merger`` -> ``None``."""
+    from loongforge_vlm.model.flavors import MlpProjectorFlavor
+
+    location = f"model.projector in {where}"
+    if value == "patch-merger":
+        if not isinstance(encoder, QwenViTFlavor):
+            raise ConfigError(f"{location}: 'patch-merger' is the Qwen ViT's own projector; a SigLIP encoder needs "
+                              "'mlp'")
+        return None
+    if value == "mlp":
+        return MlpProjectorFlavor(merge=2)
+    if isinstance(value, dict):
+        unknown = sorted(set(value) - {f.name for f in dataclasses.fields(MlpProjectorFlavor)} - {"name"})
+        if unknown or value.get("name", "mlp") != "mlp":
+            raise ConfigError(f"{location}: an mlp projector takes merge and hidden_dim, got {sorted(value)}")
+        return MlpProjectorFlavor(**{k: v for k, v in value.items() if k != "name"})
+    raise ConfigError(f"{location}: one of {', '.join(PROJECTORS)} or a mapping, got {value!r}")
+
+
+def compose_parts(base: Any, parts: dict[str, Any], *, registry: Any, where: str, defaults: dict[str, Any]) -> Any:
+    """``base`` (a :class:`VLMFlavor`, or ``None`` for parts alone) with ``parts`` replaced; ``defaults`` fill the
+    fields a model composed from nothing needs (token ids)."""
+    from loongforge_vlm.model.flavors import VLMFlavor
+
+    encoder = _named("encoder", parts["encoder"], getattr(base, "encoder", None), registry, where,
+                     (QwenViTFlavor, SiglipFlavor)) if "encoder" in parts else getattr(base, "encoder", None)
+    foundation = _named("foundation", parts["foundation"], getattr(base, "foundation", None), registry, where,
+                        (DecoderFlavor,)) if "foundation" in parts else getattr(base, "foundation", None)
+    missing = [role for role, part in (("encoder", encoder), ("foundation", foundation)) if part is None]
+    if missing:
+        raise ConfigError(f"{where}: a vision-language model needs model.{' and model.'.join(missing)}")
+    if "projector" in parts:
+        projector = _projector(parts["projector"], encoder, where)
+    elif base is not None and isinstance(base.encoder, type(encoder)):
+        projector = base.projector
+    else:
+        projector = None if isinstance(encoder, QwenViTFlavor) else _projector("mlp", encoder, where)
+    if isinstance(encoder, QwenViTFlavor) and encoder.out_dim != foundation.hidden_size:
+        encoder = encoder.with_overrides(out_dim=foundation.hidden_size)  # the merger projects to the backbone
+    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(VLMFlavor)} if base is not None else {}
+    # A model with swapped parts no longer has a Hugging Face layout to convert to.
+    fields = {**defaults, **fields, "encoder": encoder, "foundation": foundation, "projector": projector,
+              "hf_architecture": None}
+    try:
+        return VLMFlavor(**fields)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: model parts: {exc}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class VLMComposer:
+    """The registered ``vlm`` model: what ``model: {encoder, projector, foundation}`` without a name composes."""
+
+    def with_parts(self, parts: dict[str, Any], *, registry: Any, where: str) -> Any:
+        return compose_parts(None, parts, registry=registry, where=where, defaults=DEFAULT_TOKENS)
+
+
+def describe_composer(_: VLMComposer) -> str:
+    return ("vision-language model composed from config parts: model: {encoder: <encoder>, projector: "
+            "mlp|patch-merger, foundation: <any LLM>}")
