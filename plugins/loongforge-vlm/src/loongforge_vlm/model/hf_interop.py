@@ -229,6 +229,19 @@ def from_hf(state: Mapping[str, torch.Tensor], flavor: VLMFlavor) -> dict[str, t
     return {**{f"encoder.{k}": v for k, v in encoder.items()}, **{f"language_model.{k}": v for k, v in decoder.items()}}
 
 
+def saved_layout(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers 5 names -> the names in published checkpoint files (``visual.*``, ``model.*``), which is also
+    what transformers 5's ``save_pretrained`` writes, so older and newer versions both read our exports."""
+    renamed = {}
+    for name, tensor in state.items():
+        if name.startswith(VISUAL):
+            name = _LEGACY_VISUAL + name[len(VISUAL):]
+        elif name.startswith(LANGUAGE):
+            name = _LEGACY_LANGUAGE + name[len(LANGUAGE):]
+        renamed[name] = tensor
+    return renamed
+
+
 def to_hf(state: Mapping[str, torch.Tensor], flavor: VLMFlavor) -> dict[str, torch.Tensor]:
     """Our state dict (``VisionLanguageModel.state_dict()``) -> transformers 5 names."""
     encoder, decoder = {}, {}

@@ -1,0 +1,143 @@
+"""Whole Qwen2-VL / Qwen2.5-VL checkpoints to and from LoongForge checkpoints, as ``loongforge convert`` does for LLMs.
+
+::
+
+    python -m loongforge_vlm.convert hf-to-loongforge HF_DIR OUT_DIR [--model qwen2-vl-2b]
+    python -m loongforge_vlm.convert loongforge-to-hf CHECKPOINT OUT_DIR [--max-shard-size 5GB]
+
+Both go through the composed model at TP=PP=1 on CPU with core's readers and writers (safetensors index, atomic
+output, manifest-verified checkpoints, ``dist_checkpointing`` so a checkpoint trained at any tp/pp converts): the
+HF tensors are mapped by :mod:`loongforge_vlm.model.hf_interop`, the language model placed with core's
+``load_full_state`` and read back with ``gather_full_state``. A round trip reproduces the tensors bitwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import loongforge
+import torch
+from loongforge.config.schema import LoongForgeConfig
+from loongforge.errors import LoongForgeError
+
+from loongforge_vlm.model.flavors import FLAVORS, VLMFlavor
+
+
+def registered_name(flavor: VLMFlavor, requested: str | None, where: str) -> str:
+    """The registered VLM flavor equal to ``flavor`` (``requested`` must be it, when given)."""
+    if requested is not None:
+        if FLAVORS.get(requested) != flavor:
+            raise LoongForgeError(f"{where} does not describe model '{requested}'")
+        return requested
+    for name, known in FLAVORS.items():
+        if known == flavor:
+            return name
+    raise LoongForgeError(f"{where} matches no registered VLM flavor ({', '.join(FLAVORS)}); register a flavor for it")
+
+
+def hf_to_loongforge(hf_dir: str | Path, out_dir: str | Path, *, model: str | None = None) -> str:
+    """Convert a transformers ``*VLForConditionalGeneration`` directory to a model-only LoongForge checkpoint."""
+    from loongforge.interop.hf_checkpoint import index_hf_tensors, load_hf_tensors
+    from loongforge.interop.mcore_checkpoint import write_model_checkpoint
+    from loongforge.interop.sharding import load_full_state
+    from loongforge.interop.world import standalone_world
+
+    from loongforge_vlm.model.hf_interop import from_hf, read_hf_config
+    from loongforge_vlm.model.vlm import build_vlm
+
+    hf_dir, out_dir = Path(hf_dir).expanduser(), Path(out_dir).expanduser()
+    flavor = read_hf_config(hf_dir)
+    name = registered_name(flavor, model, str(hf_dir / "config.json"))
+    _check_out_dir(out_dir)
+    tensors = load_hf_tensors(index_hf_tensors(hf_dir))
+    dtype = "bf16" if all(t.dtype == torch.bfloat16 for t in tensors.values() if t.is_floating_point()) else "fp32"
+    ours = from_hf(tensors, flavor)
+    config = LoongForgeConfig()
+    config.model.name, config.training.precision = name, dtype
+    with standalone_world() as backend:
+        vlm = build_vlm(flavor, backend=backend, params_dtype=dtype)
+        vlm.encoder.load_state_dict({k[len("encoder."):]: v for k, v in ours.items() if k.startswith("encoder.")})
+        load_full_state([vlm.language_model], {k[len("language_model."):]: v for k, v in ours.items()
+                                               if k.startswith("language_model.")})
+        write_model_checkpoint(
+            out_dir, vlm, config=config, hf_source=hf_dir,
+            metadata={"source": str(hf_dir.resolve()), "model": name, "dtype": dtype,
+                      "loongforge_version": loongforge.__version__,
+                      "converted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
+        )
+    return f"wrote {out_dir}: {len(tensors)} Hugging Face tensors as model '{name}' ({dtype})"
+
+
+def loongforge_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_size: str = "5GB") -> str:
+    """Convert a LoongForge VLM checkpoint (any tp/pp it was trained at) to a transformers directory."""
+    from loongforge.interop.hf_checkpoint import parse_size, write_hf_checkpoint
+    from loongforge.interop.mcore_checkpoint import (
+        checkpoint_config,
+        checkpoint_dtype,
+        find_checkpoint,
+        hf_side_files,
+        load_model_weights,
+        resolve_flavor,
+    )
+    from loongforge.interop.sharding import gather_full_state
+    from loongforge.interop.world import standalone_world
+
+    from loongforge_vlm.model.hf_interop import hf_config_dict, saved_layout, to_hf
+    from loongforge_vlm.model.vlm import build_vlm
+
+    out_dir = Path(out_dir).expanduser()
+    path = find_checkpoint(checkpoint)
+    config = checkpoint_config(path)
+    flavor = resolve_flavor(config)
+    if not isinstance(flavor, VLMFlavor) or flavor.hf_architecture is None:
+        raise LoongForgeError(f"{path}: model '{config.model.name}' has no Hugging Face VLM layout "
+                              "(Qwen2-VL / Qwen2.5-VL flavors do)")
+    dtype = checkpoint_dtype(path, config)
+    max_bytes = parse_size(max_shard_size)
+    _, carry = hf_side_files(config, path)
+    _check_out_dir(out_dir)
+    with standalone_world() as backend:
+        vlm = build_vlm(flavor, backend=backend, params_dtype=dtype)
+        load_model_weights(path, [vlm])
+        language = gather_full_state([vlm.language_model])
+        state = {**{f"encoder.{k}": v for k, v in vlm.encoder.state_dict().items()},
+                 **{f"language_model.{k}": v for k, v in language.items()}}
+    tensors = saved_layout(to_hf(state, flavor))  # file names as transformers' save_pretrained writes them
+    write_hf_checkpoint(out_dir, tensors, hf_config_dict(flavor, dtype="bfloat16" if dtype == "bf16" else "float32"),
+                        max_shard_bytes=max_bytes, carry_from=carry)
+    return f"wrote {out_dir}: {len(tensors)} tensors ({flavor.hf_architecture}, {dtype}) from {path}"
+
+
+def _check_out_dir(out_dir: Path) -> None:
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise LoongForgeError(f"{out_dir}: already exists and is not empty; choose a new output directory")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    to_ours = commands.add_parser("hf-to-loongforge", help="a transformers VLM directory -> a LoongForge checkpoint")
+    to_ours.add_argument("hf_dir")
+    to_ours.add_argument("out_dir")
+    to_ours.add_argument("--model", help="the registered flavor it must be (default: the one that matches)")
+    to_theirs = commands.add_parser("loongforge-to-hf", help="a LoongForge VLM checkpoint -> a transformers directory")
+    to_theirs.add_argument("checkpoint")
+    to_theirs.add_argument("out_dir")
+    to_theirs.add_argument("--max-shard-size", default="5GB")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "hf-to-loongforge":
+            print(hf_to_loongforge(args.hf_dir, args.out_dir, model=args.model))
+        else:
+            print(loongforge_to_hf(args.checkpoint, args.out_dir, max_shard_size=args.max_shard_size))
+    except LoongForgeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
