@@ -16,6 +16,7 @@ from torch import nn
 
 from loongforge_vlm.encoders.qwen_vit_flavors import QwenViTFlavor
 from loongforge_vlm.encoders.qwen_vit_layout import Segments, VisionLayout, vision_layout
+from loongforge_vlm.encoders.recompute import run_blocks
 from loongforge_vlm.encoders.segment_attention import segment_attention
 from loongforge_vlm.encoders.vision_rope import apply_rope, rope_tables
 from loongforge_vlm.projectors.patch_merger import PatchMerger
@@ -79,6 +80,9 @@ class VisionBlock(nn.Module):
 class QwenViT(nn.Module):
     """Vision encoder + patch merger of one :class:`QwenViTFlavor`."""
 
+    #: Recompute each block in the backward (``VLMFlavor.encoder_recompute`` sets it).
+    recompute = False
+
     def __init__(self, flavor: QwenViTFlavor) -> None:
         super().__init__()
         self.flavor = flavor
@@ -107,7 +111,6 @@ class QwenViT(nn.Module):
             pixel_values = pixel_values[layout.order]
         x = self.patch_embed(pixel_values.to(self.patch_embed.weight.dtype))
         rope = rope_tables(layout.positions, self.flavor.head_dim, self.flavor.rope_theta)
-        for block in self.blocks:
-            x = block(x, rope, layout)
+        x = run_blocks(self.blocks, x, rope, layout, recompute=self.recompute)
         merged = self.merger(x)
         return merged if layout.merged_restore is None else merged[layout.merged_restore]

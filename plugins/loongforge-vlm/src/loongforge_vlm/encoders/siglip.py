@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from loongforge.errors import LoongForgeError
 from torch import nn
 
+from loongforge_vlm.encoders.recompute import run_blocks
 from loongforge_vlm.encoders.siglip_flavors import SIGLIP_FLAVORS, SiglipFlavor, parameter_shapes
 
 __all__ = ["SIGLIP_FLAVORS", "SiglipFlavor", "SiglipVisionEncoder", "from_hf_state_dict", "to_hf_state_dict"]
@@ -70,6 +71,9 @@ class SiglipVisionEncoder(nn.Module):
     ``interpolate_pos_encoding=True``: the trained position table is then resized to the new grid.
     """
 
+    #: Recompute each block in the backward (``VLMFlavor.encoder_recompute`` sets it).
+    recompute = False
+
     def __init__(self, flavor: SiglipFlavor) -> None:
         super().__init__()
         self.flavor = flavor
@@ -120,8 +124,7 @@ class SiglipVisionEncoder(nn.Module):
         rows, cols = self.grid(*pixel_values.shape[-2:])
         x = self.patch_embed(self.patchify(pixel_values.to(self.patch_embed.weight.dtype)))
         x = x + self.position_embeddings(rows, cols, interpolate_pos_encoding)
-        for block in self.blocks:
-            x = block(x)
+        x = run_blocks(self.blocks, x, recompute=self.recompute)
         return self.post_norm(x)
 
 

@@ -55,6 +55,9 @@ class VLMFlavor:
     vision_end_token_id: int | None = None
     tokens_per_second: float | None = None
     hf_architecture: str | None = None
+    #: Recompute the encoder's blocks in the backward, independently of the LLM's ``model.recompute``
+    #: (set it with ``model.overrides.encoder_recompute: true``).
+    encoder_recompute: bool = False
 
     def __post_init__(self) -> None:
         width = self.foundation.hidden_size

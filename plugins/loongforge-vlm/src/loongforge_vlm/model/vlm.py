@@ -219,6 +219,7 @@ def compose_vlm(flavor: VLMFlavor, language_model: Any, *, seed: int | None = No
             if seed is not None:
                 torch.manual_seed(seed)
             encoder, projector = _vision_parts(flavor)
+        encoder.recompute = flavor.encoder_recompute
         dtype = resolve_dtype(params_dtype)
         encoder = encoder.to(dtype)
         projector = projector.to(dtype) if projector is not None else None
