@@ -103,3 +103,18 @@ def test_encoder_tp1_decoder_tp2_matches_one_process(tmp_path):
     assert single[4] < single[1]
     worst = max(abs(split[s] - single[s]) / single[s] for s in single)
     assert worst <= 1e-5, (single, split)
+
+
+def test_evaluate_answers_held_out_questions_and_scores_against_chance(tmp_path):
+    from loongforge.train.run import run_training
+    from loongforge_vlm.evaluate import evaluate, score
+
+    run_training(_config(tmp_path / "run", "training.steps=2", "checkpoint.save_at_end=true"))
+    result = evaluate(tmp_path / "run" / "checkpoints", limit=6)
+    assert result["overall"]["n"] == 6 and 0.25 <= result["overall"]["chance"] <= 1 / 3
+    assert json.loads((tmp_path / "run" / "checkpoints" / "step-0000002" / "eval.json").read_text())["overall"] \
+        == result["overall"]
+    scored = score(["red", "blue", "circle", "3"], ["red", "green", "circle", "2"])
+    assert scored["colour"] == {"n": 2, "accuracy": 0.5, "chance": 0.25}
+    assert scored["shape"]["accuracy"] == 1.0 and scored["count"]["accuracy"] == 0.0
+    assert scored["overall"]["accuracy"] == 0.5
