@@ -1,10 +1,20 @@
-"""Entry point of the ``embodied`` plugin.
+"""Entry point of the ``embodied`` plugin: registers the LeRobot dataset kind.
 
-Planned components (the embodied issue fills them): Pi0/Pi0.5 and GR00T-style policies, LeRobot dataset
-readers, torch-native DDP/ZeRO-1/FSDP2/HSDP strategies, closed-loop evaluation.
+Torch-free at import and while registering (the reader loads numpy, pyarrow and PyAV when a run asks for it).
+Still to come (see CHANGELOG.md): Pi0/Pi0.5 and GR00T-style policies, closed-loop Meta-World evaluation,
+LeRobot/OpenPI weight conversion. The torch-native DDP/ZeRO-1/FSDP2/HSDP strategies these policies train with
+live in core (``parallel.strategy``).
 """
 
 from __future__ import annotations
 
-#: Shown by ``loongforge plugins`` until the plugin registers components of its own.
-SUMMARY = "embodied VLA: Pi0/Pi0.5, GR00T, torch-native DDP/FSDP2 (components arrive in 0.2)"
+from loongforge import hookimpl
+
+#: Shown by ``loongforge plugins``.
+SUMMARY = "embodied VLA: LeRobot v2.1/v3.0 datasets (policies arrive next)"
+
+
+@hookimpl
+def loongforge_register_datasets(registry):
+    registry.register("lerobot", "loongforge_embodied.data.kind:lerobot_dataset",
+                      description="LeRobotDataset v2.1/v3.0 on local disk: parquet + H.264/AV1 mp4 (PyAV) or PNG")

@@ -1,0 +1,44 @@
+"""Robot-learning data: LeRobotDataset v2.1/v3.0 reading and writing, stats, normalisation, prefetch.
+
+Importing this package is free (no numpy, pyarrow or PyAV): the names below load from their submodules on
+first use, so plugin registration stays light. Modules:
+
+- :mod:`~loongforge_embodied.data.lerobot_format`: the on-disk layout of both versions, ``LeRobotFormatError``
+- :mod:`~loongforge_embodied.data.lerobot_dataset`: ``LeRobotDataset`` (frames, images, action chunks)
+- :mod:`~loongforge_embodied.data.lerobot_checks`: the checks run when a dataset is opened
+- :mod:`~loongforge_embodied.data.lerobot_writer`: ``write_lerobot_dataset`` from in-memory episodes
+- :mod:`~loongforge_embodied.data.video`: PyAV encode/decode by timestamp, per-thread container cache
+- :mod:`~loongforge_embodied.data.images`: cameras stored as PNG cells in the parquet (feature dtype ``image``)
+- :mod:`~loongforge_embodied.data.stats` / :mod:`~loongforge_embodied.data.normalize`: stats and ``Normalizer``
+- :mod:`~loongforge_embodied.data.prefetch`: ``BatchPrefetcher`` (seeded order, background threads)
+- :mod:`~loongforge_embodied.data.synthetic`: tiny generated episodes/datasets for tests and demos
+- :mod:`~loongforge_embodied.data.kind`: the ``lerobot`` dataset kind a config names
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "LeRobotDataset": "lerobot_dataset",
+    "LeRobotFormatError": "lerobot_format",
+    "EpisodeData": "lerobot_writer",
+    "VideoOptions": "lerobot_writer",
+    "write_lerobot_dataset": "lerobot_writer",
+    "compute_stats": "stats",
+    "aggregate_stats": "stats",
+    "Normalizer": "normalize",
+    "synthetic_episodes": "synthetic",
+    "write_synthetic_dataset": "synthetic",
+    "BatchPrefetcher": "prefetch",
+    "collate": "prefetch",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

@@ -1,0 +1,82 @@
+"""Small synthetic episodes for tests and demos: smooth states and actions, and camera frames in which every
+frame of an episode differs clearly from its neighbours (a moving square over a drifting gradient), so a
+reader that returns the wrong frame is caught even through lossy video compression.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from loongforge_embodied.data.lerobot_writer import EpisodeData, VideoOptions, write_lerobot_dataset
+
+#: The tiny dataset the tests use: 3 episodes, an episode boundary inside a v3.0 file and one across files.
+TINY_LENGTHS = (12, 15, 10)
+
+
+def synthetic_frame(episode: int, t: int, size: int) -> np.ndarray:
+    """(size, size, 3) uint8: a gradient that brightens with ``t`` plus a 4x4 square placed by ``t``."""
+    yy, xx = np.mgrid[0:size, 0:size]
+    image = np.stack(
+        [40 + xx * 120 // size + 3 * t, 60 + yy * 120 // size + 10 * episode, np.full_like(xx, 90 + 4 * t)], axis=-1
+    )
+    cells = max(1, (size - 4) // 2 + 1)
+    row, col = 2 * (t % cells), 2 * ((t // cells + episode) % cells)
+    image[row:row + 4, col:col + 4] = 230
+    return np.clip(image, 0, 255).astype(np.uint8)
+
+
+def synthetic_episodes(
+    lengths: Sequence[int],
+    *,
+    state_dim: int = 4,
+    action_dim: int = 3,
+    image_size: int = 16,
+    cameras: Sequence[str] = ("observation.images.top",),
+    seed: int = 0,
+) -> list[EpisodeData]:
+    """Episodes of the given lengths; tasks alternate between two texts so task indexing is exercised."""
+    rng = np.random.default_rng(seed)
+    episodes = []
+    for e, length in enumerate(lengths):
+        walk = np.cumsum(rng.normal(0, 0.1, (length, state_dim + action_dim)), axis=0).astype(np.float32)
+        frames = {cam: np.stack([synthetic_frame(e + 3 * c, t, image_size) for t in range(length)])
+                  for c, cam in enumerate(cameras)}
+        episodes.append(EpisodeData(
+            task=("pick up the red cube", "open the drawer")[e % 2],
+            features={"observation.state": walk[:, :state_dim], "action": walk[:, state_dim:]},
+            cameras=frames,
+        ))
+    return episodes
+
+
+def write_synthetic_dataset(
+    root: str | Path, *, version: str, codec: str = "h264", lengths: Sequence[int] = TINY_LENGTHS, fps: int = 10
+) -> tuple[Path, list[EpisodeData]]:
+    """Write :func:`synthetic_episodes` as a LeRobotDataset (v3.0: two episodes per file); returns the root and
+    the episodes, the ground truth a reader is compared with."""
+    episodes = synthetic_episodes(lengths)
+    path = write_lerobot_dataset(root, episodes, fps=fps, version=version, video=VideoOptions(codec=codec),
+                                 episodes_per_file=2)
+    return path, episodes
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m loongforge_embodied.data.synthetic ROOT [--version v3.0] [--codec h264] [--lengths 12 15 10]``"""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="write a small synthetic LeRobotDataset (no downloads)")
+    parser.add_argument("root")
+    parser.add_argument("--version", default="v3.0", choices=("v2.1", "v3.0"))
+    parser.add_argument("--codec", default="h264", choices=("h264", "av1", "png"))
+    parser.add_argument("--lengths", type=int, nargs="+", default=list(TINY_LENGTHS))
+    args = parser.parse_args(argv)
+    root, episodes = write_synthetic_dataset(args.root, version=args.version, codec=args.codec, lengths=args.lengths)
+    frames = sum(args.lengths)
+    print(f"wrote {len(episodes)} episodes ({frames} frames, LeRobot {args.version}, {args.codec}) to {root}")
+
+
+if __name__ == "__main__":
+    main()
