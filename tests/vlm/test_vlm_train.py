@@ -50,7 +50,7 @@ class Trainable:
         return {n for n, p in self.after.items() if not p.equal(self.before[n])}
 
 
-@pytest.mark.parametrize("foundation", ["qwen3-tiny", "llama-tiny"])
+@pytest.mark.parametrize("foundation", ["qwen3-tiny", "llama3-tiny"])
 def test_swapping_the_llm_is_one_line(tmp_path, foundation):
     from loongforge.train.run import run_training
 

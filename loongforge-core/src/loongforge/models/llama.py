@@ -48,6 +48,13 @@ FLAVORS: dict[str, DecoderFlavor] = {
         family="llama", num_layers=4, hidden_size=256, ffn_hidden_size=688, num_attention_heads=4,
         num_query_groups=2, vocab_size=384, max_position_embeddings=2048, rope_theta=10000.0, norm_eps=1e-5,
     ),
+    # Llama 3 shape at CPU size: GQA, rope_theta 500000 and llama3 RoPE scaling with a short original context,
+    # so the scaling changes most frequencies over a tiny run's sequences.
+    "llama3-tiny": DecoderFlavor(
+        family="llama", num_layers=4, hidden_size=256, ffn_hidden_size=768, num_attention_heads=8,
+        num_query_groups=2, vocab_size=384, max_position_embeddings=2048, rope_theta=500000.0, norm_eps=1e-5,
+        rope_scaling={**_LLAMA3_ROPE_8, "original_max_position_embeddings": 256}, tie_word_embeddings=True,
+    ),
     "llama-debug": DecoderFlavor(
         family="llama", num_layers=2, hidden_size=64, ffn_hidden_size=176, num_attention_heads=4,
         num_query_groups=2, vocab_size=384, max_position_embeddings=1024, rope_theta=10000.0, norm_eps=1e-5,
