@@ -53,7 +53,8 @@ def test_sample_command_writes_gif_mp4_and_png(tmp_path, capsys):
         assert main(args + [arg for p in prompts for arg in ("--prompt", p)]) == 0
     out = capsys.readouterr().out
     assert "sample-000.gif  <- 'a red square of size 4 moving right'" in out
-    assert Image.open(tmp_path / "gif" / "sample-001.gif").size == (128, 128)
+    side = 8 * load_config(ROOT / CONFIG).task["side"]  # frames are enlarged 8x
+    assert Image.open(tmp_path / "gif" / "sample-001.gif").size == (side, side)
     with av.open(str(tmp_path / "mp4" / "sample-000.mp4")) as video:
         assert video.streams.video[0].codec_context.name == "h264" and len(list(video.decode(video=0))) == 4
     assert len(list((tmp_path / "png" / "sample-001").glob("frame-*.png"))) == 4

@@ -23,6 +23,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, GLOBAL_BATCH, RTOL = 6, 8, 1e-5
+#: The shipped config keeps an EMA of the weights, which sharded (FSDP2/HSDP) runs do not support yet; the EMA
+#: never changes the training curve, so those runs leave it out and still match the reference.
+NO_EMA = "task.ema=null"
 COMMON = ["logging.progress=false", "logging.tensorboard=false", "training.threads=1", "task.samples=256",
           "task.sample={videos: 0}", f"training.steps={STEPS}", "checkpoint.save_at_end=false", "logging.interval=1",
           "scheduler.warmup_steps=2", f"scheduler.decay_steps={STEPS}"]  # one schedule, also for a run cut short
@@ -54,8 +57,9 @@ def reference(tmp_path_factory):
 
 
 @pytest.mark.parametrize("strategy,nproc,cp,extra", [
-    ("ddp", 2, 1, []), ("zero1", 2, 1, []), ("fsdp2", 2, 1, []), ("hsdp", 4, 1, ["parallel.fsdp_shard_size=2"]),
-    ("ddp", 2, 2, []), ("fsdp2", 2, 2, []),
+    ("ddp", 2, 1, []), ("zero1", 2, 1, []), ("fsdp2", 2, 1, [NO_EMA]),
+    ("hsdp", 4, 1, ["parallel.fsdp_shard_size=2", NO_EMA]),
+    ("ddp", 2, 2, []), ("fsdp2", 2, 2, [NO_EMA]),
 ])
 def test_layout_matches_one_process(tmp_path, reference, strategy, nproc, cp, extra):
     rows = train(tmp_path / "run", f"parallel.strategy={strategy}", *extra, nproc=nproc, cp=cp)
@@ -64,7 +68,7 @@ def test_layout_matches_one_process(tmp_path, reference, strategy, nproc, cp, ex
 
 def test_fsdp2_checkpoint_resumes_in_one_process(tmp_path, reference):
     out = tmp_path / "run"
-    train(out, "parallel.strategy=fsdp2", "checkpoint.interval=3", "training.steps=3", nproc=2)
+    train(out, "parallel.strategy=fsdp2", "checkpoint.interval=3", "training.steps=3", NO_EMA, nproc=2)
     assert (out / "checkpoints" / "step-0000003" / "model.safetensors").is_file()
-    rows = train(out)  # the same output directory: resumes at step 3 with one process and micro-batch 8
+    rows = train(out, NO_EMA)  # the same output directory: resumes at step 3 with one process and micro-batch 8
     assert_same_run({s: r for s, r in rows.items() if s > 3}, reference, range(4, STEPS + 1))

@@ -26,9 +26,6 @@ and, for moving squares, scores them with :mod:`loongforge_diffusion.scoring` (c
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +41,16 @@ from loongforge_diffusion.data.moving_squares import (
     embedding_table,
     parse_caption,
 )
-from loongforge_diffusion.ema import EMA
-from loongforge_diffusion.flow_matching import FlowMatchingConfig
 from loongforge_diffusion.media import write_video
 from loongforge_diffusion.parallel import ContextParallel, context_parallel_step
+from loongforge_diffusion.run_options import (
+    EMAOption,
+    checked,
+    checkpoint_weights,
+    flow_matching_config,
+    load_init,
+    sample_generators,
+)
 from loongforge_diffusion.scoring import score_videos
 from loongforge_diffusion.task import DiffusionTask
 from loongforge_diffusion.wan.checkpoint import load_wan_checkpoint
@@ -62,15 +65,7 @@ OPTIONS: dict[str, Any] = {
 }
 LORA_OPTIONS: dict[str, Any] = {"rank": 16, "alpha": None, "dropout": 0.0,
                                 "targets": ["self_attn", "cross_attn", "ffn"]}
-EMA_OPTIONS: dict[str, Any] = {"decay": 0.999, "warmup": True}
 SAMPLE_OPTIONS: dict[str, Any] = {"videos": 16, "steps": 20, "guidance": 3.0, "seed": 0}
-
-
-def _checked(options: dict[str, Any], known: dict[str, Any], where: str) -> dict[str, Any]:
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(known)}")
-    return {**known, **options}
 
 
 class WanRunTask:
@@ -78,20 +73,15 @@ class WanRunTask:
 
     def __init__(self, flavor: WanFlavor, config: Any) -> None:
         where = f"task in {config.source}"
-        self.options = _checked(dict(config.task), OPTIONS, where)
-        self.sample_options = _checked(dict(self.options["sample"]), SAMPLE_OPTIONS, f"task.sample in {config.source}")
-        fm_keys = {f.name: None for f in fields(FlowMatchingConfig)}
-        fm = _checked(dict(self.options["flow_matching"]), fm_keys, f"task.flow_matching in {config.source}")
-        objective = FlowMatchingConfig(**{k: v for k, v in fm.items() if v is not None})
+        self.options = checked(dict(config.task), OPTIONS, where)
+        self.sample_options = checked(dict(self.options["sample"]), SAMPLE_OPTIONS, f"task.sample in {config.source}")
+        objective = flow_matching_config(self.options["flow_matching"], f"task.flow_matching in {config.source}")
         self.flavor = flavor.with_overrides(**config.model.overrides) if config.model.overrides else flavor
         self.flavor_name = config.model.name
         self.geometry = Geometry(self.options["frames"], self.options["side"], self.options["speed"])
-        self.lora = None if self.options["lora"] is None else _checked(
+        self.lora = None if self.options["lora"] is None else checked(
             dict(self.options["lora"]), LORA_OPTIONS, f"task.lora in {config.source}")
-        self.ema_options = None if self.options["ema"] is None else _checked(
-            dict(self.options["ema"]), EMA_OPTIONS, f"task.ema in {config.source}")
-        self.ema: EMA | None = None
-        self._ema_state: dict[str, Any] | None = None
+        self.ema = EMAOption(self.options["ema"], f"task.ema in {config.source}")
         self.task = DiffusionTask(objective=objective, context_dropout=float(self.options["context_dropout"]),
                                   seed=config.run.seed)
         #: Training steps taken (with the sample index, it seeds each sample's noise).
@@ -107,28 +97,18 @@ class WanRunTask:
     def build_model(self) -> torch.nn.Module:
         """The DiT: fresh, or from ``task.init``'s weights; with LoRA adapters (base frozen) when ``task.lora``."""
         model = WanModel(self.flavor, recompute=bool(self.options["recompute"]))
-        if self.options["init"]:
-            missing, unexpected = model.load_state_dict(_init_weights(self.options["init"]), strict=False)
-            if missing or unexpected:
-                raise ConfigError(f"task.init {self.options['init']}: weights do not fit the flavor "
-                                  f"'{self.flavor_name}': missing {missing[:3]}, unexpected {unexpected[:3]}")
+        path = self.options["init"]
+        if path:
+            weights = checkpoint_weights(path)
+            load_init(model, load_wan_checkpoint(path).state_dict if weights is None else weights, path,
+                      self.flavor_name)
         if self.lora is not None:
             apply_lora(model, **self.lora)
         return model
 
     def after_step(self, model: torch.nn.Module) -> None:
         """After each optimizer step: update the EMA of the trained weights (``task.ema``)."""
-        if self.ema_options is None:
-            return
-        module = getattr(model, "module", model)
-        if any(hasattr(p, "full_tensor") for p in module.parameters()):
-            raise ConfigError("task.ema with parallel.strategy fsdp2/hsdp (sharded parameters) is not supported yet; "
-                              "use ddp or zero1")
-        if self.ema is None:
-            self.ema = EMA(module, decay=float(self.ema_options["decay"]), warmup=bool(self.ema_options["warmup"]))
-            if self._ema_state is not None:
-                self.ema.load_state_dict(self._ema_state)
-        self.ema.update(module)
+        self.ema.after_step(model)
 
     def build_dataset(self) -> Any:
         opts = self.options
@@ -143,8 +123,7 @@ class WanRunTask:
         """The flow-matching loss with noise drawn per sample from (seed, step, dataset index): the same draws on
         one process or spread over data-parallel ranks, so every layout trains the same run."""
         self.steps += 1
-        generators = [torch.Generator().manual_seed(_sample_seed(self.task.seed, self.steps, int(i)))
-                      for i in batch["index"].tolist()]
+        generators = sample_generators(self.task.seed, self.steps, batch["index"])
         if self.cp is None:
             return self.task.training_step(model, batch, generators)
         return context_parallel_step(model, batch, generators, self.cp, self.task.objective,
@@ -152,16 +131,11 @@ class WanRunTask:
                                      clean_first_frame=self.flavor.per_token_timesteps)
 
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"steps": self.steps}
-        if self.ema is not None:
-            state["ema"] = self.ema.state_dict()
-        return state
+        return {"steps": self.steps, **self.ema.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.steps = int(state["steps"])
-        self._ema_state = state.get("ema")
-        if self.ema is not None and self._ema_state is not None:
-            self.ema.load_state_dict(self._ema_state)
+        self.ema.load_state_dict(state)
 
     def finish(self, model: torch.nn.Module, output_dir: Path) -> dict[str, Any]:
         """Sample held-out captions (a data seed never trained on), write GIFs, score them."""
@@ -174,7 +148,7 @@ class WanRunTask:
         context = torch.stack([item["context"] for item in items])
         labels = torch.stack([item["labels"] for item in items])
         shape = (len(items), *items[0]["video"].shape)
-        with self._sampling_weights(model):
+        with self.ema.sampling_weights(model):
             videos = self.task.sample(model, {"context": context}, opts["steps"], shape=shape,
                                       guidance=float(opts["guidance"]), seed=int(opts["seed"]))
         directory = Path(output_dir) / "samples"
@@ -182,10 +156,6 @@ class WanRunTask:
             write_video(video, directory / f"sample-{index:03d}")
         scores = score_videos(videos, labels) if self.options["data"] is None else {}
         return {"samples_dir": str(directory), "sample_scores": scores}
-
-    def _sampling_weights(self, model: torch.nn.Module) -> Any:
-        """The EMA weights swapped in while sampling after training, when ``task.ema`` kept them."""
-        return self.ema.swap(model) if self.ema is not None else contextlib.nullcontext()
 
     def sample_files(self, model: torch.nn.Module, prompts: list[str], out_dir: Path, *, steps: int, guidance: float,
                      seed: int, fmt: str) -> list[Path]:
@@ -202,21 +172,3 @@ class WanRunTask:
         shape = (len(prompts), 3, geometry.frames, geometry.side, geometry.side)
         videos = self.task.sample(model, {"context": context}, steps, shape=shape, guidance=guidance, seed=seed)
         return [write_video(video, Path(out_dir) / f"sample-{index:03d}", fmt) for index, video in enumerate(videos)]
-
-
-def _sample_seed(seed: int, step: int, index: int) -> int:
-    """A 63-bit seed for one sample's draws at one step, well mixed so neighbouring seeds share nothing."""
-    digest = hashlib.blake2b(f"{seed}:{step}:{index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
-
-
-def _init_weights(path: str) -> dict[str, torch.Tensor]:
-    """Our state dict from ``task.init``: a verified LoongForge task checkpoint, else a released Wan directory."""
-    from loongforge.checkpoint.manifest import MANIFEST, verify_manifest
-    from safetensors.torch import load_file
-
-    directory = Path(path).expanduser()
-    if (directory / MANIFEST).is_file():
-        verify_manifest(directory)
-        return load_file(str(directory / "model.safetensors"))
-    return load_wan_checkpoint(directory).state_dict

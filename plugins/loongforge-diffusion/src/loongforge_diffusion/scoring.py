@@ -6,7 +6,7 @@ says and the scores of a noise video are near chance. Foreground is every pixel 
 
 - ``colour``: the mean foreground colour's nearest palette entry is the asked one;
 - ``direction``: the foreground centroid's displacement from first to last frame points the asked way
-  (dominant axis and sign, and at least half a pixel);
+  (dominant axis and sign, and at least half a pixel); not scored for a one-frame video (a still image);
 - ``square``: per frame, the IoU between the foreground and a square of the asked size centred on the
   foreground centroid, averaged over frames (a blob, a wrong size or scattered noise all score low).
 """
@@ -46,7 +46,8 @@ def _direction(masks: torch.Tensor) -> int | None:
 
 
 def score_video(video: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-    """Scores of one ``(3, T, H, W)`` video against its ``(colour, direction, size)`` labels."""
+    """Scores of one ``(3, T, H, W)`` video against its ``(colour, direction, size)`` labels
+    (a one-frame video, i.e. a still image, gets no direction score)."""
     masks = video.max(dim=0).values > 0
     palette = torch.tensor(list(PALETTE.values()))
     if masks.any():
@@ -55,11 +56,11 @@ def score_video(video: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
     else:
         colour = None
     side = SIZES[int(labels[2])]
-    return {
-        "colour": float(colour == int(labels[0])),
-        "direction": float(_direction(masks) == int(labels[1])),
-        "square": sum(_square_iou(m, side) for m in masks) / len(masks),
-    }
+    scores = {"colour": float(colour == int(labels[0]))}
+    if len(masks) > 1:  # one frame (a still image) shows no motion: no direction score
+        scores["direction"] = float(_direction(masks) == int(labels[1]))
+    scores["square"] = sum(_square_iou(m, side) for m in masks) / len(masks)
+    return scores
 
 
 def score_videos(videos: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:

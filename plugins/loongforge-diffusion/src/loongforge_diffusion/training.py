@@ -110,6 +110,13 @@ def flow_matching_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], g
     inputs = step_inputs(model, batch, generator, config, context_dropout=context_dropout,
                          clean_first_frame=clean_first_frame)
     prediction = model(inputs.model_input, inputs.timestep, inputs.context, inputs.image_context)
+    return flow_matching_loss(prediction, inputs)
+
+
+def flow_matching_loss(prediction: torch.Tensor, inputs: StepInputs) -> torch.Tensor:
+    """The weighted mean squared velocity error of a prediction shaped like ``inputs.target`` (``(B, C, ...)``,
+    any layout: a video, or an image's packed tokens), over the positions ``inputs.mask`` keeps; shared by
+    every model family, whatever its call signature."""
     mask = inputs.mask
     squared = ((prediction.float() - inputs.target.float()) ** 2 * mask).flatten(1).sum(dim=1)
     per_sample = squared / (mask.flatten(1).sum(dim=1) * inputs.target.shape[1])

@@ -59,19 +59,29 @@ def embedding_table(text_dim: int, seed: int = 1234) -> torch.Tensor:
     return table / table.pow(2).mean(dim=1, keepdim=True).sqrt()
 
 
-def caption(labels: torch.Tensor) -> str:
+def caption(labels: torch.Tensor, *, moving: bool = True) -> str:
+    """The caption of a label triple; a still image (``moving=False``) names no direction."""
     colour, direction, size = (int(v) for v in labels)
-    return f"a {list(PALETTE)[colour]} square of size {SIZES[size]} moving {list(DIRECTIONS)[direction]}"
+    still = f"a {list(PALETTE)[colour]} square of size {SIZES[size]}"
+    return f"{still} moving {list(DIRECTIONS)[direction]}" if moving else still
 
 
-def parse_caption(text: str) -> torch.Tensor:
+def parse_caption(text: str, *, moving: bool = True) -> torch.Tensor:
     """Labels ``(colour, direction, size)`` of a caption naming one colour, one direction and one size, in any
-    wording (``"a red square of size 4 moving right"``, ``"red right 4"``); ``ValueError`` names what is missing."""
+    wording (``"a red square of size 4 moving right"``, ``"red right 4"``); ``ValueError`` names what is missing.
+
+    For a still image (``moving=False``) the caption names a colour and a size but no direction
+    (``"a red square of size 4"``); its direction label is 0, which one frame cannot show anyway.
+    """
     words = text.lower().replace(",", " ").split()
     found = []
     for what, names in (("colour", list(PALETTE)), ("direction", list(DIRECTIONS)),
                         ("size", [str(size) for size in SIZES])):
         hits = [names.index(w) for w in words if w in names]
+        if what == "direction" and not moving:
+            if hits:
+                raise ValueError(f"caption {text!r} names a direction, but this model draws still images")
+            hits = [0]
         if len(hits) != 1:
             raise ValueError(f"caption {text!r} must name exactly one {what} (one of {', '.join(names)})")
         found.append(hits[0])

@@ -73,11 +73,10 @@ class QwenImageFlavor:
         return self.patch_size**2 * self.out_channels
 
     def make_task(self, config: Any) -> Any:
-        """``loongforge train`` asks registered models for a task; this family has none yet, so say so plainly
-        instead of letting the run fall through to the megatron decoder path."""
-        raise ConfigError(f"model {config.model.name!r} (Qwen-Image) has no training task in loongforge train yet; "
-                          "it is available as a torch module (loongforge_diffusion.qwen_image.model) with "
-                          "diffusers conversion; train a wan-* flavor instead")
+        """What ``loongforge train`` runs for this flavor: text-to-image flow matching (see ``qwen_image.run_task``)."""
+        from loongforge_diffusion.qwen_image.run_task import QwenImageRunTask
+
+        return QwenImageRunTask(self, config)
 
     def with_overrides(self, **overrides: Any) -> QwenImageFlavor:
         """A copy with some fields changed (``num_layers=2``); unknown names are errors."""

@@ -1,0 +1,217 @@
+"""``loongforge train`` for Qwen-Image MMDiTs: text-to-image flow matching in pixel space on still squares.
+
+A run config names a Qwen-Image flavor whose channels fit RGB pixels packed into 2x2 patches (the same packing the
+Qwen-Image pipeline applies to VAE latents: ``in_channels = 3 * 2 * 2 = 12``, ``out_channels = 3``) and puts the
+options under ``task:`` (see ``configs/diffusion-squares-image.yaml``)::
+
+    task:
+      samples: 2048           # still squares generated on the fly (no download): how many, and their side
+      side: 16
+      data_seed: 0
+      context_dropout: 0.1    # caption dropout, which classifier-free guidance needs
+      flow_matching: {shift: 1.0, sampling: uniform, weighting: none}
+      sample: {images: 16, steps: 20, guidance: 3.0, shift: 1.0, seed: 0}   # after training; images: 0 skips it
+      init: null              # weights to start from: a LoongForge checkpoint of this task, or a diffusers
+                              #   QwenImageTransformer2DModel directory (*.safetensors, or under transformer/)
+      ema: null               # {decay: 0.999, warmup: true}: samples use the averaged weights
+
+The model takes the noise level ``sigma`` in ``[0, 1]`` as its timestep (it scales by 1000 itself, as diffusers'
+pipeline passes ``timestep / 1000``). Noise is drawn per sample from (seed, step, dataset index), so ddp/fsdp2 runs
+train the same run as one process. After training the task samples held-out captions with classifier-free
+guidance, writes PNGs to ``<output_dir>/samples`` and scores colour and square-ness
+(:mod:`loongforge_diffusion.scoring`). ``loongforge sample CHECKPOINT --prompt "a red square of size 4" --format
+png`` samples new captions later.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from loongforge.errors import ConfigError
+
+from loongforge_diffusion.data.moving_squares import parse_caption
+from loongforge_diffusion.data.still_squares import StillSquares, still_context
+from loongforge_diffusion.flow_matching import NUM_TRAIN_TIMESTEPS
+from loongforge_diffusion.media import to_frames
+from loongforge_diffusion.qwen_image.flavors import QwenImageFlavor
+from loongforge_diffusion.qwen_image.model import QwenImageModel, pack_latents, unpack_latents
+from loongforge_diffusion.run_options import (
+    EMAOption,
+    checked,
+    checkpoint_weights,
+    flow_matching_config,
+    load_init,
+    sample_generators,
+)
+from loongforge_diffusion.sampling import euler_sample, guided, sigma_schedule
+from loongforge_diffusion.scoring import score_videos
+from loongforge_diffusion.training import flow_matching_loss, step_inputs
+
+#: ``task:`` keys and their defaults.
+OPTIONS: dict[str, Any] = {
+    "samples": 2048, "side": 16, "data_seed": 0, "context_dropout": 0.1, "flow_matching": {}, "sample": {},
+    "init": None, "ema": None,
+}
+SAMPLE_OPTIONS: dict[str, Any] = {"images": 16, "steps": 20, "guidance": 3.0, "shift": 1.0, "seed": 0}
+#: RGB: the pixel channels a token packs ``patch_size ** 2`` of.
+CHANNELS = 3
+#: Formats ``loongforge sample`` can write an image in.
+IMAGE_FORMATS = ("png", "gif")
+
+
+class QwenImageRunTask:
+    """Flow-matching training of one Qwen-Image flavor on still squares; see the module docstring."""
+
+    def __init__(self, flavor: QwenImageFlavor, config: Any) -> None:
+        source = config.source
+        self.options = checked(dict(config.task), OPTIONS, f"task in {source}")
+        self.sample_options = checked(dict(self.options["sample"]), SAMPLE_OPTIONS, f"task.sample in {source}")
+        self.objective = flow_matching_config(self.options["flow_matching"], f"task.flow_matching in {source}")
+        self.flavor = flavor.with_overrides(**config.model.overrides) if config.model.overrides else flavor
+        self.flavor_name = config.model.name
+        p = self.flavor.patch_size
+        if self.flavor.in_channels != CHANNELS * p * p or self.flavor.out_channels != CHANNELS:
+            raise ConfigError(f"model '{self.flavor_name}' in {source}: pixel-space training needs in_channels "
+                              f"{CHANNELS * p * p} (RGB in {p}x{p} patches) and out_channels {CHANNELS}, the flavor "
+                              f"has {self.flavor.in_channels} and {self.flavor.out_channels}; set them in "
+                              "model.overrides")
+        self.side = int(self.options["side"])
+        if self.side % p:
+            raise ConfigError(f"task.side {self.side} in {source} must be a multiple of the patch size {p}")
+        self.context_dropout = float(self.options["context_dropout"])
+        self.ema = EMAOption(self.options["ema"], f"task.ema in {source}")
+        self.seed = config.run.seed
+        #: Training steps taken (with the sample index, it seeds each sample's noise).
+        self.steps = 0
+
+    def build_model(self) -> torch.nn.Module:
+        """The MMDiT: fresh (adaLN-Zero), or with ``task.init``'s weights.
+
+        The last block's text-stream output projection and FFN are frozen: the head reads only image tokens, so
+        they never reach the loss (diffusers' model carries them too, for weight compatibility). Frozen, they
+        train exactly as before (no gradient either way) and DDP does not wait for gradients that never come.
+        """
+        model = QwenImageModel(self.flavor)
+        path = self.options["init"]
+        if path:
+            weights = checkpoint_weights(path)
+            load_init(model, _released_weights(path, self.flavor) if weights is None else weights, path,
+                      self.flavor_name)
+        last_text = model.blocks[-1].txt
+        for unused in (last_text.out, last_text.ffn):
+            unused.requires_grad_(False)
+        return model
+
+    def build_dataset(self) -> StillSquares:
+        opts = self.options
+        return StillSquares(opts["samples"], text_dim=self.flavor.text_dim, seed=opts["data_seed"], side=self.side)
+
+    def training_step(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The flow-matching loss on packed pixel tokens, with each sample's noise level, noise and caption
+        dropout drawn from its own (seed, step, dataset index) generator."""
+        self.steps += 1
+        generators = sample_generators(self.seed, self.steps, batch["index"])
+        x0 = pack_latents(batch["image"], self.flavor.patch_size)
+        inputs = step_inputs(model, {"video": x0, "context": batch["context"]}, generators, self.objective,
+                             context_dropout=self.context_dropout)
+        sigma = inputs.timestep / NUM_TRAIN_TIMESTEPS  # the model takes the noise level itself
+        prediction = model(inputs.model_input, inputs.context, None, sigma, self._grids(x0.shape[0]))
+        return flow_matching_loss(prediction, inputs)
+
+    def after_step(self, model: torch.nn.Module) -> None:
+        """After each optimizer step: update the EMA of the trained weights (``task.ema``)."""
+        self.ema.after_step(model)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, **self.ema.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps = int(state["steps"])
+        self.ema.load_state_dict(state)
+
+    def finish(self, model: torch.nn.Module, output_dir: Path) -> dict[str, Any]:
+        """Sample held-out captions (a data seed never trained on), write PNGs, score colour and square-ness."""
+        opts = self.sample_options
+        if opts["images"] <= 0:
+            return {}
+        held_out = StillSquares(opts["images"], text_dim=self.flavor.text_dim, seed=self.options["data_seed"] + 7919,
+                                side=self.side)
+        items = [held_out[i] for i in range(len(held_out))]
+        labels = torch.stack([item["labels"] for item in items])
+        with self.ema.sampling_weights(model):
+            images = self.sample(model, torch.stack([item["context"] for item in items]), steps=opts["steps"],
+                                 guidance=float(opts["guidance"]), shift=float(opts["shift"]), seed=int(opts["seed"]))
+        directory = Path(output_dir) / "samples"
+        for index, image in enumerate(images):
+            write_image(image, directory / f"sample-{index:03d}.png")
+        return {"samples_dir": str(directory), "sample_scores": score_videos(images[:, :, None], labels)}
+
+    def sample_files(self, model: torch.nn.Module, prompts: list[str], out_dir: Path, *, steps: int, guidance: float,
+                     seed: int, fmt: str) -> list[Path]:
+        """``loongforge sample``: one image per still-squares caption (``"a red square of size 4"``)."""
+        if fmt not in IMAGE_FORMATS:
+            raise ConfigError(f"sample format '{fmt}' is not an image format; use one of {', '.join(IMAGE_FORMATS)}")
+        try:
+            labels = torch.stack([parse_caption(prompt, moving=False) for prompt in prompts])
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        images = self.sample(model, still_context(labels, self.flavor.text_dim), steps=steps, guidance=guidance,
+                             shift=float(self.sample_options["shift"]), seed=seed)
+        return [write_image(image, Path(out_dir) / f"sample-{index:03d}.{fmt}") for index, image in enumerate(images)]
+
+    @torch.no_grad()
+    def sample(self, model: torch.nn.Module, context: torch.Tensor, *, steps: int, guidance: float = 1.0,
+               shift: float = 1.0, seed: int = 0) -> torch.Tensor:
+        """Images ``(B, 3, side, side)`` in [-1, 1] for caption states ``context (B, L, text_dim)``, by ``steps``
+        Euler steps from seeded noise; ``guidance != 1`` guides against the all-zero caption that caption dropout
+        trained the unconditional velocity on."""
+        was_training = model.training
+        model.eval()
+        device = next(model.parameters()).device
+        context = context.to(device)
+        grids = self._grids(context.shape[0])
+
+        def velocity_for(ctx: torch.Tensor):
+            return lambda x, sigma: model(x, ctx, None, torch.full((x.shape[0],), sigma, device=device), grids)
+
+        velocity = velocity_for(context)
+        if guidance != 1.0:
+            velocity = guided(velocity, velocity_for(torch.zeros_like(context)), guidance)
+        p = self.flavor.patch_size
+        noise = torch.randn((context.shape[0], CHANNELS, self.side, self.side),
+                            generator=torch.Generator().manual_seed(seed))
+        tokens = euler_sample(velocity, pack_latents(noise, p).to(device), sigma_schedule(steps, shift))
+        model.train(was_training)
+        return unpack_latents(tokens, self.side // p, self.side // p, p)
+
+    def _grids(self, batch: int) -> list[tuple[int, int, int]]:
+        """``img_shapes`` for a batch: one image of ``side / p`` x ``side / p`` tokens per sample."""
+        tokens = self.side // self.flavor.patch_size
+        return [(1, tokens, tokens)] * batch
+
+
+def write_image(image: torch.Tensor, path: Path, *, scale: int = 8) -> Path:
+    """One ``(3, H, W)`` image in [-1, 1] as ``path`` (PNG or GIF by its suffix), enlarged with crisp pixels."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    to_frames(image[:, None], scale)[0].save(path)
+    return path
+
+
+def _released_weights(path: str, flavor: QwenImageFlavor) -> dict[str, torch.Tensor]:
+    """Our state dict from a diffusers ``QwenImageTransformer2DModel`` directory (its ``*.safetensors`` shards,
+    directly in ``path`` or under ``transformer/`` of a pipeline directory)."""
+    from safetensors.torch import load_file
+
+    from loongforge_diffusion.qwen_image.diffusers_adapter import from_diffusers
+
+    directory = Path(path).expanduser()
+    files = sorted(directory.glob("*.safetensors")) or sorted((directory / "transformer").glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"task.init {path}: neither a LoongForge checkpoint (no manifest) nor a diffusers "
+                          "Qwen-Image transformer directory (no *.safetensors here or under transformer/)")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    return from_diffusers(state, flavor)

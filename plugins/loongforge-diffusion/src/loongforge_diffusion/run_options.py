@@ -1,0 +1,108 @@
+"""Plumbing shared by the diffusion tasks that ``loongforge train`` runs (Wan video, Qwen-Image): ``task:`` option
+checking, per-sample noise seeds, ``task.ema`` and ``task.init`` from a LoongForge checkpoint.
+
+Each family keeps only what differs (model, data, the model call); these pieces must behave identically across
+families, so that a config option means the same thing whichever model it trains.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from loongforge.errors import ConfigError
+
+from loongforge_diffusion.ema import EMA
+from loongforge_diffusion.flow_matching import FlowMatchingConfig
+
+#: ``task.ema`` keys and their defaults.
+EMA_OPTIONS: dict[str, Any] = {"decay": 0.999, "warmup": True}
+
+
+def checked(options: dict[str, Any], known: dict[str, Any], where: str) -> dict[str, Any]:
+    """``options`` over the defaults ``known``; an unknown key is a one-line error naming it and ``where``."""
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    return {**known, **options}
+
+
+def flow_matching_config(options: dict[str, Any], where: str) -> FlowMatchingConfig:
+    """``task.flow_matching``: the objective's fields by name (unset ones keep their defaults)."""
+    given = checked(dict(options), {f.name: None for f in fields(FlowMatchingConfig)}, where)
+    return FlowMatchingConfig(**{k: v for k, v in given.items() if v is not None})
+
+
+def sample_seed(seed: int, step: int, index: int) -> int:
+    """A 63-bit seed for one sample's draws at one step, well mixed so neighbouring seeds share nothing."""
+    digest = hashlib.blake2b(f"{seed}:{step}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def sample_generators(seed: int, step: int, indices: torch.Tensor) -> list[torch.Generator]:
+    """One generator per sample of a batch, seeded from (run seed, step, dataset index): the same draws for a
+    sample whichever data-parallel rank trains it, so every layout trains the same run."""
+    return [torch.Generator().manual_seed(sample_seed(seed, step, int(i))) for i in indices.tolist()]
+
+
+class EMAOption:
+    """``task.ema``: an average of the trained weights, made at the first step, kept in the task's checkpoint
+    state and swapped in while sampling. ``options`` is the ``task.ema`` mapping or ``None`` (off)."""
+
+    def __init__(self, options: dict[str, Any] | None, where: str) -> None:
+        self.options = None if options is None else checked(dict(options), EMA_OPTIONS, where)
+        self.ema: EMA | None = None
+        self._saved: dict[str, Any] | None = None
+
+    def after_step(self, model: torch.nn.Module) -> None:
+        """Fold the weights after an optimizer step into the average (no-op when off)."""
+        if self.options is None:
+            return
+        module = getattr(model, "module", model)
+        if any(hasattr(p, "full_tensor") for p in module.parameters()):
+            raise ConfigError("task.ema with parallel.strategy fsdp2/hsdp (sharded parameters) is not supported yet; "
+                              "use ddp or zero1")
+        if self.ema is None:
+            self.ema = EMA(module, decay=float(self.options["decay"]), warmup=bool(self.options["warmup"]))
+            if self._saved is not None:
+                self.ema.load_state_dict(self._saved)
+        self.ema.update(module)
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"ema": ...}`` once the average exists, else ``{}``: merge it into the task's state."""
+        return {} if self.ema is None else {"ema": self.ema.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore from the task's state (the average is rebuilt lazily, on the model, at the next step)."""
+        self._saved = state.get("ema")
+        if self.ema is not None and self._saved is not None:
+            self.ema.load_state_dict(self._saved)
+
+    def sampling_weights(self, model: torch.nn.Module) -> Any:
+        """A context in which ``model`` holds the averaged weights (or its own, when there is no average)."""
+        return self.ema.swap(model) if self.ema is not None else contextlib.nullcontext()
+
+
+def checkpoint_weights(path: str | Path) -> dict[str, torch.Tensor] | None:
+    """The model weights of a LoongForge task checkpoint directory (manifest verified first), or ``None`` when
+    ``path`` is not one (the caller may then try a released model's layout)."""
+    from loongforge.checkpoint.manifest import MANIFEST, verify_manifest
+    from safetensors.torch import load_file
+
+    directory = Path(path).expanduser()
+    if not (directory / MANIFEST).is_file():
+        return None
+    verify_manifest(directory)
+    return load_file(str(directory / "model.safetensors"))
+
+
+def load_init(model: torch.nn.Module, weights: dict[str, torch.Tensor], path: str, flavor_name: str) -> None:
+    """Load ``task.init``'s ``weights`` into ``model``; names that do not fit the flavor are a config error."""
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if missing or unexpected:
+        raise ConfigError(f"task.init {path}: weights do not fit the flavor '{flavor_name}': missing {missing[:3]}, "
+                          f"unexpected {unexpected[:3]}")
