@@ -112,6 +112,8 @@ class PlannerConfig:
     margin: float = 0.1
     #: A calibration file written by ``benchmarks/planner_calibration.py``.
     calibration: str | None = None
+    #: Vision-language models: LLM tokens per sample that come from images (null: half of data.seq_length).
+    vision_tokens_per_sample: int | None = None
 
 
 @dataclass

@@ -13,11 +13,13 @@ import copy
 import dataclasses
 from typing import Any
 
+from loongforge.config.resolve import decoder_flavor
 from loongforge.config.schema import LoongForgeConfig, RecomputeConfig
+from loongforge.errors import ConfigError
 from loongforge.planner.calibrate import load_calibration
 from loongforge.planner.hardware import ClusterSpec, device_facts, parse_bytes
 from loongforge.planner.layouts import SearchSpace
-from loongforge.planner.memory import Workload
+from loongforge.planner.memory import Workload, model_components
 from loongforge.planner.planner import Plan, plan
 
 
@@ -39,8 +41,21 @@ def cluster_from_options(options: Any, num_devices: int, facts: dict[str, Any]) 
     return ClusterSpec(num_devices=num_devices, **values)
 
 
+def vision_tokens_per_sample(config: LoongForgeConfig) -> int:
+    """``parallel.planner.vision_tokens_per_sample``, by default half of the sequence (an image-text sample)."""
+    given = config.parallel.planner.vision_tokens_per_sample
+    if given is not None and not 0 <= given <= config.data.seq_length:
+        raise ConfigError(f"{config.source}: parallel.planner.vision_tokens_per_sample must be between 0 and "
+                          f"data.seq_length ({config.data.seq_length}), got {given}")
+    return config.data.seq_length // 2 if given is None else given
+
+
 def workload_for(config: LoongForgeConfig, flavor: Any, kernels: str) -> Workload:
-    return Workload(flavor, config.data.seq_length, config.training.precision, kernels=kernels)
+    """What the planner sizes: the decoder of ``flavor`` (a composed model's ``foundation``) and the parts the
+    flavor reports outside it (a VLM's vision encoder, see :func:`~loongforge.planner.memory.model_components`)."""
+    components = model_components(flavor, vision_tokens_per_sample(config))
+    return Workload(decoder_flavor(flavor), config.data.seq_length, config.training.precision, kernels=kernels,
+                    components=components)
 
 
 def search_space(config: LoongForgeConfig) -> SearchSpace:
@@ -59,6 +74,7 @@ def kernels_of(backend: Any) -> str:
 
 
 def plan_for_run(config: LoongForgeConfig, flavor: Any, backend: Any, world_size: int) -> Plan:
+    """The plan for this run; ``flavor`` is the resolved model flavor (a composed VLM or a plain decoder)."""
     options = config.parallel.planner
     cluster = cluster_from_options(options, world_size, device_facts(backend))
     calibration = load_calibration(options.calibration)

@@ -19,6 +19,10 @@ Terms (``MemoryEstimate.terms``):
 * ``backward_peak`` -- transient tensors while one layer runs backward: its re-run activations when it was
   recomputed, plus gradient workspace in units of one layer's full activations (``transient_layers``).
 * ``fixed`` -- a constant (calibrated) for everything else.
+* one term per model part outside the decoder (``Workload.components``, e.g. a VLM's ``vision`` encoder and
+  projector), on the first stage only: its weights, fp32 gradients, optimizer state (sharded by the
+  distributed optimizer like the decoder's dense parameters) and its activations times the micro-batches in
+  flight. The part's own ``param_count`` says whether tp splits it (a replicated encoder counts in full).
 
 The per-layer counts follow Korthikanti et al. ("Reducing Activation Recomputation in Large Transformer
 Models", 2022), adapted to our exact layers and counted against autograd's saved tensors on the CPU build:
@@ -78,8 +82,10 @@ class Coefficients:
 class ComponentModel(Protocol):
     """A model part outside the decoder that a plugin adds (a VLM's vision encoder and projector).
 
-    The planner adds its terms to the first pipeline stage (where such parts are placed) and its FLOPs to
-    the step; ``loongforge-vlm`` is expected to provide one per encoder with its own tp.
+    The planner adds its memory to the first pipeline stage (where such parts are placed), as a term of its
+    own named ``name``, and its FLOPs (``flops_per_sample``: forward + backward of one sample, not split by tp)
+    to that stage's compute. A model flavor hands them to the planner from
+    ``flavor.planner_components(vision_tokens_per_sample=...)`` (see :func:`model_components`).
     """
 
     name: str
@@ -181,6 +187,16 @@ class MemoryEstimate:
         return sum(self.terms.values())
 
 
+def _in_flight(cand: Candidate, stage: int) -> float:
+    """Micro-batches whose activations a rank of ``stage`` holds at once (1F1B, interleaved)."""
+    if cand.pp == 1:
+        return 1.0
+    in_flight = min(cand.num_microbatches, cand.pp - stage)
+    if cand.vpp > 1:
+        in_flight *= 1 + (cand.pp - 1) / (cand.pp * cand.vpp)
+    return in_flight
+
+
 def _stage_activations(workload: Workload, cand: Candidate, stage: int, coeffs: Coefficients) -> tuple[float, float]:
     """(kept activations, backward transient) in bytes for a rank of ``stage``."""
     flavor, e = workload.flavor, workload.param_bytes
@@ -200,12 +216,6 @@ def _stage_activations(workload: Workload, cand: Candidate, stage: int, coeffs: 
         kept = recomputed * flavor.hidden_size * tokens * e / norm_split + (layers - recomputed) * full_layer
     else:
         kept = layers * full_layer
-    if cand.pp > 1:
-        in_flight = min(cand.num_microbatches, cand.pp - stage)
-        if cand.vpp > 1:
-            in_flight *= 1 + (cand.pp - 1) / (cand.pp * cand.vpp)
-    else:
-        in_flight = 1
     ends = 0.0
     vocab = padded_vocab(flavor.vocab_size, cand.tp) / cand.tp
     if stage == 0:
@@ -213,9 +223,7 @@ def _stage_activations(workload: Workload, cand: Candidate, stage: int, coeffs: 
     if stage == cand.pp - 1:
         # final norm, the logits (plus their fp32 copy in bf16 runs) and the loss mask; labels are int64
         ends += tokens * ((3 * flavor.hidden_size + 1) / norm_split * e + vocab * (e + (4 if e < 4 else 0)) + 9)
-    for component in workload.components if stage == 0 else ():
-        ends += component.activation_bytes(cand, int(tokens), workload)
-    kept = (kept + ends) * in_flight * coeffs.activation_scale
+    kept = (kept + ends) * _in_flight(cand, stage) * coeffs.activation_scale
     # Backward re-runs the recomputed part of one layer (all of it for full recompute) and needs gradient
     # workspace; the loss's backward materialises the logits' gradient (fp32).
     if rc.granularity == "full":
@@ -240,8 +248,6 @@ def estimate_memory(workload: Workload, cand: Candidate, coeffs: Coefficients | 
     per_stage, best = [], None
     for stage in range(cand.pp):
         dense, expert = stage_params(flavor, cand, stage)
-        if stage == 0:
-            dense += sum(c.param_count(cand) for c in workload.components)
         params = dense + expert
         dense_shard = cand.dp * cand.cp if cand.distributed_optimizer else 1
         expert_shard = max(1, cand.dp * cand.cp * cand.tp // (cand.ep * cand.etp)) if cand.distributed_optimizer else 1
@@ -257,6 +263,12 @@ def estimate_memory(workload: Workload, cand: Candidate, coeffs: Coefficients | 
             "backward_peak": max(transient, 2 * 4 * largest - kept),
             "fixed": coeffs.fixed_bytes,
         }
+        for component in workload.components if stage == 0 else ():
+            count = component.param_count(cand)
+            tokens = workload.seq_length * cand.micro_batch_size / cand.cp
+            act = component.activation_bytes(cand, int(tokens), workload) * _in_flight(cand, stage)
+            terms[component.name] = (count * (e + 4) + count / dense_shard * state
+                                     + act * coeffs.activation_scale)
         total = sum(terms.values())
         per_stage.append(total)
         if best is None or total > best.total:
@@ -264,3 +276,13 @@ def estimate_memory(workload: Workload, cand: Candidate, coeffs: Coefficients | 
     assert best is not None
     best.per_stage = per_stage
     return best
+
+
+def model_components(flavor: Any, vision_tokens_per_sample: int) -> tuple[Any, ...]:
+    """The parts outside the decoder that a model flavor reports (none for a plain LLM).
+
+    Duck-typed so that core never imports a plugin: a composed flavor answers
+    ``planner_components(vision_tokens_per_sample=...)`` with :class:`ComponentModel` objects.
+    """
+    ask = getattr(flavor, "planner_components", None)
+    return tuple(ask(vision_tokens_per_sample=vision_tokens_per_sample)) if callable(ask) else ()

@@ -2,7 +2,8 @@
 
 * ``compute`` -- model FLOPs (``6 N`` per token for the parameters a token passes through, plus causal
   attention ``6 s q`` per token and layer, plus the forward again for recomputed parts) divided over the
-  ranks and by the device's achieved throughput;
+  ranks and by the device's achieved throughput; parts outside the decoder (``Workload.components``) add
+  their FLOPs per sample, undivided, to the first stage;
 * ``bubble`` -- the 1F1B pipeline's idle share, ``(pp - 1) / (m * vpp)`` of the compute;
 * ``tp_comm`` -- four all-reduces (or all-gather + reduce-scatter with sequence parallelism) of the layer
   activations per layer and micro-batch; ``cp_comm`` -- the all-to-alls of context-parallel attention;
@@ -66,7 +67,7 @@ def flops_per_token(
     attention = 2 * seq * q  # causal QK^T and AV: 2 x (s/2) x q multiply-adds per token, forward
     per_layer_forward = linear + mlp + attention
     forward = f.num_layers * per_layer_forward + cost(2 * f.vocab_size * h, f.vocab_size / tp)
-    total = 3 * forward + sum(c.flops_per_sample(workload) for c in workload.components) / max(1, seq)
+    total = 3 * forward
     extra = 0.0
     if cand is not None and cand.recompute.granularity != "none":
         rc = cand.recompute
@@ -111,9 +112,15 @@ def estimate_time(
     # The slowest stage sets the pace: the last one also runs the output layer (its 6 V h FLOPs per token).
     logits = 6 * f.vocab_size * f.hidden_size * (1 + coeffs.narrow_width * cand.tp / f.vocab_size)
     layer_share = (base - logits + extra) / cand.pp
-    slowest = max(layer_share + logits, layer_share) if cand.pp > 1 else base + extra
     tokens_rank = tokens_step / (cand.dp * cand.tp * cand.cp)
-    compute = slowest * tokens_rank / (cluster.device_flops * coeffs.flops_scale)
+    # Parts outside the decoder (a VLM's vision encoder) run whole on every rank of the first stage (not split
+    # by tp or cp), for each sample of the rank's data-parallel share.
+    parts = sum(c.flops_per_sample(workload) for c in workload.components) * cand.micro_batch_size * m
+    if cand.pp > 1:
+        slowest = max(layer_share * tokens_rank + parts, (layer_share + logits) * tokens_rank)
+    else:
+        slowest = (base + extra) * tokens_rank + parts
+    compute = slowest / (cluster.device_flops * coeffs.flops_scale)
     layers = f.num_layers / cand.pp  # per rank
     tokens_mb = workload.seq_length * cand.micro_batch_size / cand.cp
     act = tokens_mb * f.hidden_size * e
@@ -122,7 +129,7 @@ def estimate_time(
         f.num_layers // (cand.pp * cand.vpp)) if full_rc else 0.0
     terms = {"compute": compute, "bubble": compute * (cand.pp - 1) / (m * cand.vpp)}
     if cand.pp > 1:  # time beyond the average stage's share is the imbalance of the slowest stage
-        balanced = (base + extra) / cand.pp * tokens_rank / (cluster.device_flops * coeffs.flops_scale)
+        balanced = ((base + extra) * tokens_rank + parts) / cand.pp / (cluster.device_flops * coeffs.flops_scale)
         terms["compute"], terms["stage_imbalance"] = balanced, compute - balanced
     tp_span = cand.tp
     per_layer_tp = 4 * _ring(act, cand.tp, cluster, tp_span, True, coeffs)
@@ -138,6 +145,7 @@ def estimate_time(
     terms["pp_comm"] = 2 * m * cand.vpp * _ring(stage_bytes, 2, cluster, pp_span, False, coeffs) if cand.pp > 1 else 0
     dense, expert = layer_params(f, cand.tp, cand.ep, cand.etp)
     params = (dense + expert) * layers + padded_vocab(f.vocab_size, cand.tp) * f.hidden_size / cand.tp
+    params += sum(c.param_count(cand) for c in workload.components)  # reduced by the first stage's ranks
     dp_ranks, dp_span = cand.dp * cand.cp, cand.world_size
     if cand.distributed_optimizer:
         terms["dp_comm"] = (_ring(params * 4, dp_ranks, cluster, dp_span, False, coeffs)

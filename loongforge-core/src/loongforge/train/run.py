@@ -220,7 +220,7 @@ def _resolve_auto_layout(config: LoongForgeConfig, host: Any, backend: Any, info
     from loongforge.planner.auto import apply_plan, plan_for_run
     from loongforge.planner.report import explain
 
-    result = plan_for_run(config, decoder_flavor(resolve_model_flavor(config, host)), backend, info.world_size)
+    result = plan_for_run(config, resolve_model_flavor(config, host), backend, info.world_size)
     if not result.ranked:
         raise ConfigError(f"{config.source}: parallel: auto: {result.infeasible_message()}")
     for line in explain(result):

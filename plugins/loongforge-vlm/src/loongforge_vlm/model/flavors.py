@@ -106,6 +106,13 @@ class VLMFlavor:
 
         return compose_parts(self, parts, registry=registry, where=where, defaults={})
 
+    def planner_components(self, *, vision_tokens_per_sample: int) -> tuple[Any, ...]:
+        """The vision encoder + projector as the layout planner's first-stage part (core's
+        ``loongforge.planner.memory.model_components`` asks for it); see :mod:`loongforge_vlm.model.planner_parts`."""
+        from loongforge_vlm.model.planner_parts import planner_components
+
+        return planner_components(self, vision_tokens_per_sample)
+
     #: How core builds the backbone for this model: the embedding returns the whole sequence, so that vision
     #: features are written in before the sequence-parallel scatter (``VisionLanguageModel.embed`` scatters).
     decoder_build_options = {"scatter_embedding_sequence_parallel": False}

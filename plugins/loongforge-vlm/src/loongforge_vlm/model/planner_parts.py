@@ -1,0 +1,153 @@
+"""The vision side of a VLM as the layout planner sees it: parameters, activations and FLOPs per sample.
+
+Core's planner (:mod:`loongforge.planner.memory`) sizes the decoder itself and asks the model flavor for the
+parts outside it (``VLMFlavor.planner_components``). Here the encoder and its projector (a Qwen ViT's patch
+merger, or SigLIP's MLP projector) are one part, ``vision``, because that is how they run: a plain torch
+module built on the first pipeline stage only, replicated on every rank whatever the decoder's tp (so its
+parameters are never divided by tp), its gradients reduced and its optimizer state sharded over data
+parallelism like the decoder's dense parameters.
+
+Assumptions, for a sample carrying ``vision_tokens`` LLM tokens from images:
+
+* patches per sample = ``vision_tokens x merge**2`` (Qwen: 2x2 patches of 14 px merge into one token); one
+  image per sample for Qwen (the attention span of a full-attention block is every patch of the sample;
+  Qwen2.5-VL's windowed blocks attend within ``(window_size / patch_size)**2`` patches); SigLIP images are
+  ``image_size`` px, so a sample holds ``patches / grid**2`` images of ``grid**2`` patches each.
+* activations (elements per patch and block, what autograd keeps with SDPA, no ``s**2`` scores): two norms
+  ``2 x 2d`` (input, output), attention ``6d`` (qkv output, rotated q and k, attention output), MLP
+  QuickGELU ``3f`` (fc1 output, sigmoid, product) / SwiGLU ``4f`` (fc1 output 2f, SiLU, product) / GELU ``2f``;
+  plus the patch embedding's input and the projector (Qwen merger ``4d``: norm input and output, fc1 and
+  GELU outputs; SigLIP final norm and merged copy ``2d`` plus ``2 x hidden / merge**2``).
+* recompute: the encoder follows its own switch, ``VLMFlavor.encoder_recompute`` (the decoder's
+  ``model.recompute`` does not reach it). With it each block keeps only its input (``d``). The block it
+  re-runs in the backward is not added: the encoder's backward comes last, when the decoder's activations are
+  already freed, so it never meets the step's peak (measured on the CPU build, see docs/planner.md).
+* FLOPs: ``6 x`` the matmul parameters each patch (blocks, patch embedding) or merged token (projector)
+  passes through, plus bidirectional attention ``12 x span x d`` per patch and block; recompute adds the
+  encoder's forward once more.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from loongforge_vlm.encoders.qwen_vit_flavors import QwenViTFlavor
+from loongforge_vlm.encoders.qwen_vit_flavors import num_params as qwen_vit_num_params
+from loongforge_vlm.encoders.siglip_flavors import num_params as siglip_num_params
+
+
+@dataclass(frozen=True)
+class VisionPart:
+    """The encoder + projector of one VLM flavor for samples with ``vision_tokens`` image tokens each."""
+
+    flavor: Any  # VLMFlavor (not imported: flavors.py imports this module)
+    vision_tokens: int
+    name: str = "vision"
+
+    @property
+    def encoder(self) -> Any:
+        return self.flavor.encoder
+
+    @property
+    def qwen(self) -> bool:
+        return isinstance(self.encoder, QwenViTFlavor)
+
+    @property
+    def patches(self) -> int:
+        """ViT patches per sample."""
+        return self.vision_tokens * self.flavor.spatial_merge_size ** 2
+
+    @property
+    def description(self) -> str:
+        """One line for ``loongforge plan``."""
+        kind = f"{self.encoder.family} ViT" if self.qwen else "SigLIP + MLP projector"
+        return (f"{kind}, {self.params / 1e9:.3g}B params replicated over tp, {self.encoder.num_layers} layers "
+                f"d{self.encoder.dim}, {self.vision_tokens} vision tokens = {self.patches} patches per sample, "
+                f"recompute {'on' if self.flavor.encoder_recompute else 'off'}")
+
+    @property
+    def params(self) -> int:
+        """Encoder + projector parameters (the model's own count; a Qwen ViT includes its patch merger)."""
+        from loongforge_vlm.model.flavors import projector_shapes
+
+        if self.qwen:
+            return qwen_vit_num_params(self.encoder)
+        return siglip_num_params(self.encoder) + sum(math.prod(s) for s in projector_shapes(self.flavor).values())
+
+    def param_count(self, candidate: Any) -> int:
+        """Replicated on every rank of the first stage: tp does not divide it."""
+        return self.params
+
+    # -- activations ------------------------------------------------------------------------------------------
+
+    def _mlp_width(self) -> int:
+        """Elements the MLP keeps per patch."""
+        f = self.encoder.ffn_dim
+        if not self.qwen:
+            return 2 * f  # fc1 output (GELU input), GELU output
+        return 4 * f if self.encoder.gated_mlp else 3 * f
+
+    def block_elements(self) -> int:
+        """Elements one block keeps per patch without recompute: norms 4d, attention 6d, the MLP."""
+        return 10 * self.encoder.dim + self._mlp_width()
+
+    def edge_elements(self) -> float:
+        """Elements kept per patch outside the blocks: the patch embedding's input and the projector."""
+        d, merge = self.encoder.dim, self.flavor.spatial_merge_size ** 2
+        if self.qwen:
+            return self.encoder.patch_dim + 4 * d
+        hidden = self.flavor.projector.hidden_dim or self.flavor.foundation.hidden_size
+        return self.encoder.patch_dim + 2 * d + 2 * hidden / merge
+
+    def sample_activation_elements(self) -> float:
+        """Elements the vision part holds for one sample at its peak (see the module docstring)."""
+        layers = self.encoder.num_layers
+        per_patch = self.edge_elements()
+        if self.flavor.encoder_recompute:
+            per_patch += layers * self.encoder.dim  # block inputs
+        else:
+            per_patch += layers * self.block_elements()
+        return per_patch * self.patches
+
+    def activation_bytes(self, candidate: Any, tokens: int, workload: Any) -> float:
+        """Bytes for one micro-batch (``candidate.micro_batch_size`` samples; the encoder sees whole samples
+        whatever the decoder's cp)."""
+        return self.sample_activation_elements() * candidate.micro_batch_size * workload.param_bytes
+
+    # -- FLOPs ------------------------------------------------------------------------------------------------
+
+    def attention_spans(self) -> list[int]:
+        """Patches each patch attends to, per block."""
+        enc = self.encoder
+        if not self.qwen:
+            return [min(self.patches, enc.grid_size ** 2)] * enc.num_layers
+        window = min(self.patches, (enc.window_size // enc.patch_size) ** 2) if enc.windowed else self.patches
+        return [self.patches if not enc.windowed or i in enc.full_attention_blocks else window
+                for i in range(enc.num_layers)]
+
+    def forward_flops_per_sample(self) -> float:
+        """Forward FLOPs of one sample: 2 x matmul parameters per patch / merged token, plus attention."""
+        enc, d = self.encoder, self.encoder.dim
+        f_rows = 2 * enc.ffn_dim if self.qwen and enc.gated_mlp else enc.ffn_dim
+        block = d * 3 * d + d * d + d * f_rows + enc.ffn_dim * d
+        per_patch = 2 * (enc.patch_dim * d + enc.num_layers * block)
+        if self.qwen:
+            merged = d * self.flavor.spatial_merge_size ** 2
+            projector = merged * merged + merged * enc.out_dim
+        else:
+            hidden = self.flavor.projector.hidden_dim or self.flavor.foundation.hidden_size
+            projector = d * self.flavor.spatial_merge_size ** 2 * hidden + hidden * self.flavor.foundation.hidden_size
+        attention = sum(4 * span * d for span in self.attention_spans())  # QK^T and AV, bidirectional
+        return self.patches * (per_patch + attention) + self.vision_tokens * 2 * projector
+
+    def flops_per_sample(self, workload: Any) -> float:
+        """Training FLOPs of one sample (forward + 2x backward, and the re-run forward with recompute)."""
+        forward = self.forward_flops_per_sample()
+        return forward * (4 if self.flavor.encoder_recompute else 3)
+
+
+def planner_components(flavor: Any, vision_tokens_per_sample: int) -> tuple[VisionPart, ...]:
+    """What ``VLMFlavor.planner_components`` returns: the vision part (none for text-only samples)."""
+    return (VisionPart(flavor, vision_tokens_per_sample),) if vision_tokens_per_sample > 0 else ()
