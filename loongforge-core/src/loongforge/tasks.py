@@ -10,8 +10,11 @@ under ``task:`` in the run config; the task validates them and names an unknown 
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+from loongforge.errors import ConfigError
 
 
 @runtime_checkable
@@ -50,3 +53,30 @@ def task_for(model_object: Any, config: Any) -> Task | None:
     """The task of a registered model object, or ``None`` for a megatron decoder flavor."""
     make_task = getattr(model_object, "make_task", None)
     return make_task(config) if callable(make_task) else None
+
+
+def checked_options(options: dict[str, Any], known: dict[str, Any], where: str) -> dict[str, Any]:
+    """A task's ``options`` over its defaults ``known``; an unknown key is a one-line error naming it and
+    ``where`` (e.g. "task in run.yaml"), as every task must do for ``task:``."""
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    return {**known, **options}
+
+
+def sample_seed(seed: int, step: int, index: int) -> int:
+    """A 63-bit seed for one sample's random draws at one step, well mixed so neighbouring seeds share nothing.
+
+    Seeding each sample from (run seed, step, dataset index) makes its draws the same whichever data-parallel
+    rank trains it, so every layout trains the same run (what the torch-native strategies are tested against).
+    """
+    digest = hashlib.blake2b(f"{seed}:{step}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def sample_generators(seed: int, step: int, indices: Any) -> list[Any]:
+    """One CPU ``torch.Generator`` per sample of a batch (``indices``: the batch's dataset indices), seeded by
+    :func:`sample_seed`."""
+    import torch
+
+    return [torch.Generator().manual_seed(sample_seed(seed, step, int(i))) for i in indices.tolist()]

@@ -1,5 +1,6 @@
-"""Plumbing shared by the diffusion tasks that ``loongforge train`` runs (Wan video, Qwen-Image): ``task:`` option
-checking, per-sample noise seeds, ``task.ema`` and ``task.init`` from a LoongForge checkpoint.
+"""Plumbing shared by the diffusion tasks that ``loongforge train`` runs (Wan video, Qwen-Image): the flow-matching
+options, ``task.ema`` and ``task.init`` from a LoongForge checkpoint (option checking and per-sample seeds are
+core's, :mod:`loongforge.tasks`, shared with every task kind).
 
 Each family keeps only what differs (model, data, the model call); these pieces must behave identically across
 families, so that a config option means the same thing whichever model it trains.
@@ -8,13 +9,13 @@ families, so that a config option means the same thing whichever model it trains
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import torch
 from loongforge.errors import ConfigError
+from loongforge.tasks import checked_options as checked
 
 from loongforge_diffusion.ema import EMA
 from loongforge_diffusion.flow_matching import FlowMatchingConfig
@@ -23,30 +24,10 @@ from loongforge_diffusion.flow_matching import FlowMatchingConfig
 EMA_OPTIONS: dict[str, Any] = {"decay": 0.999, "warmup": True}
 
 
-def checked(options: dict[str, Any], known: dict[str, Any], where: str) -> dict[str, Any]:
-    """``options`` over the defaults ``known``; an unknown key is a one-line error naming it and ``where``."""
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(known)}")
-    return {**known, **options}
-
-
 def flow_matching_config(options: dict[str, Any], where: str) -> FlowMatchingConfig:
     """``task.flow_matching``: the objective's fields by name (unset ones keep their defaults)."""
     given = checked(dict(options), {f.name: None for f in fields(FlowMatchingConfig)}, where)
     return FlowMatchingConfig(**{k: v for k, v in given.items() if v is not None})
-
-
-def sample_seed(seed: int, step: int, index: int) -> int:
-    """A 63-bit seed for one sample's draws at one step, well mixed so neighbouring seeds share nothing."""
-    digest = hashlib.blake2b(f"{seed}:{step}:{index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
-
-
-def sample_generators(seed: int, step: int, indices: torch.Tensor) -> list[torch.Generator]:
-    """One generator per sample of a batch, seeded from (run seed, step, dataset index): the same draws for a
-    sample whichever data-parallel rank trains it, so every layout trains the same run."""
-    return [torch.Generator().manual_seed(sample_seed(seed, step, int(i))) for i in indices.tolist()]
 
 
 class EMAOption:

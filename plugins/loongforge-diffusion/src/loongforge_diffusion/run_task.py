@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 from loongforge.errors import ConfigError
+from loongforge.tasks import checked_options as checked
+from loongforge.tasks import sample_generators
 
 from loongforge_diffusion.data.latents import INDEX as LATENT_INDEX
 from loongforge_diffusion.data.latents import CachedLatentDataset
@@ -45,11 +47,9 @@ from loongforge_diffusion.media import write_video
 from loongforge_diffusion.parallel import ContextParallel, context_parallel_step
 from loongforge_diffusion.run_options import (
     EMAOption,
-    checked,
     checkpoint_weights,
     flow_matching_config,
     load_init,
-    sample_generators,
 )
 from loongforge_diffusion.scoring import score_videos
 from loongforge_diffusion.task import DiffusionTask

@@ -1,3 +1,3 @@
 """LoongForge embodied VLA policies (import name ``loongforge_embodied``)."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 from loongforge.errors import ConfigError
+from loongforge.tasks import checked_options as checked
+from loongforge.tasks import sample_generators
 
 from loongforge_diffusion.data.moving_squares import parse_caption
 from loongforge_diffusion.data.still_squares import StillSquares, still_context
@@ -39,11 +41,9 @@ from loongforge_diffusion.qwen_image.flavors import QwenImageFlavor
 from loongforge_diffusion.qwen_image.model import QwenImageModel, pack_latents, unpack_latents
 from loongforge_diffusion.run_options import (
     EMAOption,
-    checked,
     checkpoint_weights,
     flow_matching_config,
     load_init,
-    sample_generators,
 )
 from loongforge_diffusion.sampling import euler_sample, guided, sigma_schedule
 from loongforge_diffusion.scoring import score_videos
