@@ -34,13 +34,20 @@ class ComposerPlugin:
         registry.register("vlm", Composed(), description="test composer")
 
 
+@pytest.fixture
+def without_vlm_plugin(monkeypatch):
+    """Core's seam on its own: the installed loongforge-vlm (which registers the real ``vlm``) is switched off
+    before the test's plugin host discovers plugins."""
+    monkeypatch.setenv("LOONGFORGE_DISABLE_PLUGINS", "vlm")
+
+
 def _config(tmp_path, body: str):
     path = tmp_path / "run.yaml"
     path.write_text(body)
     return load_config(path)
 
 
-def test_parts_without_a_name_compose_and_resolve_through_the_registry(tmp_path, register_plugin):
+def test_parts_without_a_name_compose_and_resolve_through_the_registry(tmp_path, without_vlm_plugin, register_plugin):
     register_plugin(ComposerPlugin(), "composer")
     config = _config(tmp_path, "model: {encoder: {depth: 2}, foundation: qwen3-tiny}\n")
     assert config.model.name == "vlm"
@@ -50,7 +57,7 @@ def test_parts_without_a_name_compose_and_resolve_through_the_registry(tmp_path,
     assert decoder_flavor(flavor).num_layers == flavor.parts["foundation"].num_layers  # the registered qwen3-tiny
 
 
-def test_parts_on_a_plain_decoder_and_unknown_parts_are_one_line_errors(tmp_path, register_plugin):
+def test_parts_on_a_plain_decoder_and_unknown_parts_are_one_line_errors(tmp_path, without_vlm_plugin, register_plugin):
     register_plugin(ComposerPlugin(), "composer")
     config = _config(tmp_path, "model: {name: llama-tiny, foundation: qwen3-tiny}\n")
     with pytest.raises(ConfigError, match=r"run.yaml: model.foundation set, but model 'llama-tiny' is not composed"):
