@@ -14,8 +14,7 @@ first use, so ``loongforge plugins`` and config checks stay instant. Modules:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from loongforge.lazy import lazy_exports
 
 _EXPORTS = {
     "DataError": "errors",
@@ -44,7 +43,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'loongforge.data' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"loongforge.data.{_EXPORTS[name]}"), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -37,7 +37,8 @@ from loongforge.interop.mcore_checkpoint import (
 from loongforge.models.flavor import DecoderFlavor
 
 
-def _check_out_dir(out_dir: Path) -> None:
+def check_out_dir(out_dir: Path) -> None:
+    """Refuse an output directory that exists and is not empty: a conversion never writes over anything."""
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise InteropError(f"{out_dir}: already exists and is not empty; choose a new output directory")
 
@@ -80,7 +81,7 @@ def hf_to_mcore(hf_dir: str | Path, out_dir: str | Path, *, model: str | None = 
     infos = index_hf_tensors(hf_dir)
     dtype = check_hf_tensors(infos, hf.flavor, hf_dir)
     name, overrides = name_flavor(hf.flavor, model, str(hf.path))
-    _check_out_dir(out_dir)
+    check_out_dir(out_dir)
     config = LoongForgeConfig()
     config.model.name, config.model.overrides = name, overrides
     config.training.precision = "bf16" if dtype == "bf16" else "fp32"
@@ -117,7 +118,7 @@ def mcore_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_size: 
     max_bytes = parse_size(max_shard_size)
     base, carry = hf_side_files(config, path)
     hf_config = hf_config_dict(flavor, dtype, base)
-    _check_out_dir(out_dir)
+    check_out_dir(out_dir)
     with standalone_world() as backend:
         megatron_model = build_model(flavor, backend=backend, params_dtype=dtype)
         if config.model.lora is not None:  # a LoRA run's checkpoint: load the adapters, export them merged

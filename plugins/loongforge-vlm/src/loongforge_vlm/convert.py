@@ -22,6 +22,7 @@ import loongforge
 import torch
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import LoongForgeError
+from loongforge.interop.convert import check_out_dir
 
 from loongforge_vlm.model.flavors import FLAVORS, VLMFlavor
 
@@ -51,7 +52,7 @@ def hf_to_loongforge(hf_dir: str | Path, out_dir: str | Path, *, model: str | No
     hf_dir, out_dir = Path(hf_dir).expanduser(), Path(out_dir).expanduser()
     flavor = read_hf_config(hf_dir)
     name = registered_name(flavor, model, str(hf_dir / "config.json"))
-    _check_out_dir(out_dir)
+    check_out_dir(out_dir)
     tensors = load_hf_tensors(index_hf_tensors(hf_dir))
     dtype = "bf16" if all(t.dtype == torch.bfloat16 for t in tensors.values() if t.is_floating_point()) else "fp32"
     ours = from_hf(tensors, flavor)
@@ -98,7 +99,7 @@ def loongforge_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_s
     dtype = checkpoint_dtype(path, config)
     max_bytes = parse_size(max_shard_size)
     _, carry = hf_side_files(config, path)
-    _check_out_dir(out_dir)
+    check_out_dir(out_dir)
     with standalone_world() as backend:
         vlm = build_vlm(flavor, backend=backend, params_dtype=dtype)
         load_model_weights(path, [vlm])
@@ -109,11 +110,6 @@ def loongforge_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_s
     write_hf_checkpoint(out_dir, tensors, hf_config_dict(flavor, dtype="bfloat16" if dtype == "bf16" else "float32"),
                         max_shard_bytes=max_bytes, carry_from=carry)
     return f"wrote {out_dir}: {len(tensors)} tensors ({flavor.hf_architecture}, {dtype}) from {path}"
-
-
-def _check_out_dir(out_dir: Path) -> None:
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise LoongForgeError(f"{out_dir}: already exists and is not empty; choose a new output directory")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,8 +17,7 @@ first use, so plugin registration stays light. Modules:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from loongforge.lazy import lazy_exports
 
 _EXPORTS = {
     "LeRobotDataset": "lerobot_dataset",
@@ -38,7 +37,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -15,8 +15,7 @@ use, so ``python -m loongforge_vlm.data.shapes`` and plugin registration stay li
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from loongforge.lazy import lazy_exports
 
 _EXPORTS = {
     "ImageProcessor": "processor",
@@ -48,7 +47,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'loongforge_vlm.data' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"loongforge_vlm.data.{_EXPORTS[name]}"), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)
