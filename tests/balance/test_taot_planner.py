@@ -90,12 +90,15 @@ def test_balance_at_16_ranks_one_slot_and_64_ranks_two_slots(loads):
 
 @pytest.mark.parametrize("ranks", [16, 32])
 def test_inter_node_clone_bytes_at_least_40_percent_below_topology_blind(loads, ranks):
-    ours = blind = 0
-    for step in range(loads.shape[0]):
-        counts = loads[step, :ranks]
-        ours += plan_costs(plan(counts, 1), RANKS_PER_NODE).inter_node_clones
-        blind += plan_costs(plan(counts, 1, blind=True), RANKS_PER_NODE).inter_node_clones
-    assert blind > 0 and ours <= 0.6 * blind, (ours, blind)
+    """Per seed (its four steps), not only pooled over seeds: every fixed seed meets the bound on its own."""
+    steps_per_seed = loads.shape[0] // 3
+    for seed in range(3):
+        ours = blind = 0
+        for step in range(seed * steps_per_seed, (seed + 1) * steps_per_seed):
+            counts = loads[step, :ranks]
+            ours += plan_costs(plan(counts, 1), RANKS_PER_NODE).inter_node_clones
+            blind += plan_costs(plan(counts, 1, blind=True), RANKS_PER_NODE).inter_node_clones
+        assert blind > 0 and ours <= 0.6 * blind, (seed, ours, blind)
 
 
 def test_balanced_load_makes_no_clones_and_zero_slots_keep_everything_home():
