@@ -27,7 +27,7 @@ from pathlib import Path
 
 from loongforge.models.registration import all_flavors
 from loongforge.planner.calibrate import Calibration, Measurement, fit_memory, fit_time, save_calibration, spearman
-from loongforge.planner.hardware import CPU_DEFAULTS, GIB, ClusterSpec
+from loongforge.planner.hardware import CPU_DEFAULTS, GIB, ClusterSpec, cpu_device_flops
 from loongforge.planner.layouts import Candidate, RecomputePlan
 from loongforge.planner.memory import Workload, estimate_memory
 from loongforge.planner.timing import estimate_time
@@ -85,8 +85,7 @@ CASES = [
 
 def cpu_cluster(nproc: int) -> ClusterSpec:
     """The CPU 'cluster' of ``nproc`` processes on this host: they share the cores (one thread each)."""
-    cores = os.cpu_count() or 1
-    flops = CPU_DEFAULTS["device_flops"] * min(1.0, cores / nproc)
+    flops = cpu_device_flops(nproc, os.cpu_count() or 1)
     return ClusterSpec(num_devices=nproc, device_memory=16 * GIB, ranks_per_node=nproc,
                        **{**CPU_DEFAULTS, "device_flops": flops}, name="cpu")
 

@@ -67,7 +67,7 @@ def test_device_ops_route_through_torch_cuda_api():
     assert not fake.initialized, "probing must not initialise CUDA"
     backend.set_device(1)
     backend.synchronize()
-    assert (fake.current_device, fake.synchronize_calls) == (1, 1)
+    assert (fake.current_device_index, fake.synchronize_calls) == (1, 1)
     assert backend.memory_stats() == {"allocated": 1024, "peak_allocated": 4096, "reserved": 8192}
     with backend.profiler_range("step"):
         pass

@@ -9,6 +9,7 @@ CUDA for real (capability queries, set_device, seeding), so probes can be checke
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -70,14 +71,28 @@ class FakeNvtx:
         yield
 
 
-class FakeCudaModule:
-    """FAKE ``torch.cuda`` with ``device_count`` GPUs of compute capability ``capability``."""
+@dataclass(frozen=True)
+class FakeDeviceProperties:
+    """FAKE ``torch.cuda.get_device_properties()`` result: the fields the backends read."""
 
-    def __init__(self, capability: tuple[int, int] = (9, 0), device_count: int = 1) -> None:
+    name: str
+    major: int
+    minor: int
+    total_memory: int
+
+
+class FakeCudaModule:
+    """FAKE ``torch.cuda`` with ``device_count`` GPUs of compute capability ``capability``, each called ``name``
+    with ``total_memory`` bytes."""
+
+    def __init__(self, capability: tuple[int, int] = (9, 0), device_count: int = 1, name: str = "FAKE GPU",
+                 total_memory: int = 80 * 2**30) -> None:
         self.capability = capability
         self._count = device_count
+        self.name = name
+        self.total_memory = total_memory
         self.initialized = False
-        self.current_device: int | None = None
+        self.current_device_index = 0
         self.current_stream: FakeStream | None = None
         self.clock = 0
         self.synchronize_calls = 0
@@ -102,11 +117,19 @@ class FakeCudaModule:
         self._init()
         return self.capability
 
+    def current_device(self) -> int:
+        self._init()
+        return self.current_device_index
+
+    def get_device_properties(self, device: Any = None) -> FakeDeviceProperties:
+        self._init()
+        return FakeDeviceProperties(self.name, *self.capability, self.total_memory)
+
     def set_device(self, device: int) -> None:
         self._init()
         if not 0 <= device < self._count:
             raise RuntimeError(f"FAKE torch.cuda: invalid device ordinal {device}")
-        self.current_device = device
+        self.current_device_index = device
 
     def synchronize(self, device: Any = None) -> None:
         self._init()

@@ -47,9 +47,12 @@ def _parser() -> argparse.ArgumentParser:
     planner.add_argument("--devices", type=int, required=True, help="number of devices (ranks)")
     planner.add_argument("--device-memory", help="memory per device, e.g. 80GiB (default: parallel.planner)")
     planner.add_argument("--ranks-per-node", type=int, help="devices per node (default 8)")
-    planner.add_argument("--device-tflops", type=float, help="achieved TFLOP/s per device (default 400)")
-    planner.add_argument("--intra-node-gbps", type=float, help="per-device bandwidth inside a node, GB/s (450)")
-    planner.add_argument("--inter-node-gbps", type=float, help="per-device bandwidth across nodes, GB/s (50)")
+    planner.add_argument("--device-tflops", type=float,
+                         help="achieved TFLOP/s per device (default: the device backend's; 400 with --device-memory)")
+    planner.add_argument("--intra-node-gbps", type=float,
+                         help="GB/s per device inside a node (default: the backend's; 450 with --device-memory)")
+    planner.add_argument("--inter-node-gbps", type=float,
+                         help="GB/s per device across nodes (default: the backend's; 50 with --device-memory)")
     planner.add_argument("--kernels", choices=("te", "local"), default="te",
                          help="activation profile: te (CUDA with Transformer Engine) or local (CPU build)")
     planner.add_argument("--margin", type=float, help="share of memory kept free (default 0.1)")

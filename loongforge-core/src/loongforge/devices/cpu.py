@@ -80,8 +80,30 @@ class CPUBackend(DeviceBackend):
         check_feature(feature)
         return feature in _SUPPORTED
 
+    def planner_facts(self) -> dict[str, Any]:
+        """The host as the planner sees it: :func:`host_facts`, named ``cpu``."""
+        return {**host_facts(), "name": "cpu"}
+
     def spec_provider(self) -> Any:
         """:class:`~loongforge.devices.cpu_spec.CPUSpecProvider` (local linears, SDPA, fused RMSNorm)."""
         from loongforge.devices.cpu_spec import CPUSpecProvider
 
         return CPUSpecProvider()
+
+
+def host_facts() -> dict[str, Any]:
+    """Planner facts of this host's CPU ranks (shared with CPU-type third-party backends).
+
+    Each local process (``LOCAL_WORLD_SIZE``, 1 outside torchrun) gets an equal share of the host memory and,
+    when processes outnumber the cores this process may run on, an equal share of the cores' throughput
+    (:func:`~loongforge.planner.hardware.cpu_device_flops`, as the calibration benchmark assumes); links and
+    latency are :data:`~loongforge.planner.hardware.CPU_DEFAULTS`.
+    """
+    import psutil
+
+    from loongforge.planner.hardware import CPU_DEFAULTS, cpu_device_flops, local_processes
+
+    local = local_processes(1)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return {**CPU_DEFAULTS, "device_memory": psutil.virtual_memory().total // local, "ranks_per_node": local,
+            "device_flops": cpu_device_flops(local, cores)}

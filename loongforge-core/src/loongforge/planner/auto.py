@@ -38,6 +38,9 @@ def cluster_from_options(options: Any, num_devices: int, facts: dict[str, Any]) 
         values["inter_node_bandwidth"] = options.inter_node_gbps * 1e9
     known = set(ClusterSpec.__dataclass_fields__)
     values = {k: v for k, v in values.items() if k in known and k != "num_devices"}
+    if "device_memory" not in values:
+        raise ConfigError(f"the device backend ({values.get('name', 'unnamed')}) does not report its memory; set "
+                          "parallel.planner.device_memory (or --device-memory), e.g. 80GiB")
     return ClusterSpec(num_devices=num_devices, **values)
 
 

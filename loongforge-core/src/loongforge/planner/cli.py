@@ -1,22 +1,28 @@
 """``loongforge plan CONFIG --devices N [--device-memory 80GiB] ...``: the planner from the command line.
 
-Imports no torch: the model comes from the flavor registry, the device facts from the flags (then the
-config's ``parallel.planner``, then GPU defaults), so planning a 64-GPU run works on a laptop.
+With ``--device-memory`` (or ``parallel.planner.device_memory``) it plans for a cluster described by the
+flags (then the config's ``parallel.planner``, then GPU defaults) and imports no torch, so planning a 64-GPU
+run works on a laptop. Without it, it plans for the devices of the machine it runs on: the backend
+``loongforge train`` would pick (``LOONGFORGE_DEVICE``, then the config's ``device:``) answers through
+:func:`~loongforge.planner.hardware.device_facts`, and the flags still win over what it reports.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+from typing import Any
 
 from loongforge.errors import ConfigError
 from loongforge.planner.auto import cluster_from_options, search_space, workload_for
 from loongforge.planner.calibrate import load_calibration
-from loongforge.planner.hardware import GIB
+from loongforge.planner.hardware import GIB, ClusterSpec, device_facts
 from loongforge.planner.planner import plan
 from loongforge.planner.report import print_plan
 
-#: Device facts when neither the flags nor the config give them: a current 80 GiB datacenter GPU.
+#: The cluster a given device memory describes, unless flags say otherwise: nodes of 8 current datacenter GPUs
+#: (the speeds are :class:`~loongforge.planner.hardware.ClusterSpec`'s defaults).
 GPU_FACTS = {"device_memory": 80 * GIB, "ranks_per_node": 8}
 
 
@@ -32,7 +38,9 @@ def plan_command(args: argparse.Namespace) -> int:
              "device_tflops": args.device_tflops, "intra_node_gbps": args.intra_node_gbps,
              "inter_node_gbps": args.inter_node_gbps, "calibration": args.calibration, "margin": args.margin}
     options = dataclasses.replace(options, **{k: v for k, v in flags.items() if v is not None})
-    cluster = cluster_from_options(options, args.devices, GPU_FACTS)
+    facts = GPU_FACTS if options.device_memory is not None else machine_facts(config)
+    cluster = cluster_from_options(options, args.devices, facts)
+    print(describe_devices(cluster))
     calibration = load_calibration(options.calibration)
     result = plan(workload_for(config, flavor, args.kernels), cluster, search_space(config),
                   memory_coefficients=calibration.memory, time_coefficients=calibration.time, margin=options.margin)
@@ -40,3 +48,21 @@ def plan_command(args: argparse.Namespace) -> int:
     if not result.ranked:
         raise ConfigError(result.infeasible_message())
     return 0
+
+
+def machine_facts(config: Any) -> dict[str, Any]:
+    """The facts of the device backend this machine would train ``config`` on (selection probes, then asks)."""
+    from loongforge.devices.selection import select_backend
+    from loongforge.plugins import get_host
+
+    env = os.environ.get("LOONGFORGE_DEVICE")
+    request, source = (env, "LOONGFORGE_DEVICE") if env else (config.device or "auto", f"device in {config.source}")
+    backend, _reason = select_backend(request, get_host().registry("device"), source=source)
+    return device_facts(backend)
+
+
+def describe_devices(cluster: ClusterSpec) -> str:
+    """One line naming the device and the speeds the time model uses (so a surprising ranking can be traced)."""
+    return (f"devices: {cluster.name}; {cluster.device_flops / 1e12:.3g} TFLOP/s achieved, links "
+            f"{cluster.intra_node_bandwidth / 1e9:.3g} GB/s in a node, {cluster.inter_node_bandwidth / 1e9:.3g} GB/s "
+            f"across, {cluster.latency * 1e6:.3g} us per collective")

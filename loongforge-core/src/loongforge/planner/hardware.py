@@ -1,10 +1,10 @@
 """What the planner needs to know about the machines: memory per device, devices per node, speeds.
 
 These facts come from three places, most specific first: explicit flags / config keys, the device backend
-(:func:`device_facts` asks it without initialising anything it has not initialised already), and defaults
-for a current datacenter GPU (NVLink within a node, InfiniBand between nodes). Speeds are effective
-figures (what a well-tuned run achieves), which calibration (:mod:`loongforge.planner.calibrate`) replaces
-with measured ones.
+(:func:`device_facts`: each backend's ``planner_facts()``, e.g. the CUDA plugin's table of datasheet figures
+by GPU model), and defaults for a current datacenter GPU (NVLink within a node, InfiniBand between nodes).
+Speeds are effective figures (what a well-tuned run achieves), which calibration
+(:mod:`loongforge.planner.calibrate`) replaces with measured ones.
 """
 
 from __future__ import annotations
@@ -77,27 +77,79 @@ class ClusterSpec:
 
 
 #: A CPU "device": a process on a shared host; memory bandwidth stands in for the link (gloo over shared
-#: memory/TCP loopback), and the throughput figure is what fp32 matmuls achieve per process.
+#: memory/TCP loopback), and the throughput figure is what fp32 matmuls achieve per process with a core to
+#: itself (:func:`cpu_device_flops` shares it out when processes outnumber cores).
 CPU_DEFAULTS = {"device_flops": 30e9, "intra_node_bandwidth": 2e9, "inter_node_bandwidth": 1e9, "latency": 2e-4}
+
+#: Speeds for an accelerator nobody has described to the planner -- an unknown GPU, a Kunlun XPU (no
+#: published figures we can cite) or a third-party backend without ``planner_facts``. Deliberately low, so
+#: an unknown device is never planned as faster than it is: 50 TFLOP/s achieved (half of a 100 TFLOP/s
+#: peak, below every bf16 datacenter GPU of the last generations), PCIe Gen4 x16 inside a node (32 GB/s
+#: per direction), one 100 Gb/s port per device across nodes, 50 us per collective.
+UNKNOWN_ACCELERATOR = {"device_flops": 50e12, "intra_node_bandwidth": 32e9, "inter_node_bandwidth": 12.5e9,
+                       "latency": 50e-6}
+
+#: The keys a backend's ``planner_facts()`` may return (every :class:`ClusterSpec` field but the count).
+FACT_KEYS = frozenset(ClusterSpec.__dataclass_fields__) - {"num_devices"}
+
+
+def cpu_device_flops(processes: int, cores: int) -> float:
+    """Per-process throughput of ``processes`` single-threaded ranks sharing ``cores`` cores."""
+    return CPU_DEFAULTS["device_flops"] * min(1.0, cores / max(1, processes))
+
+
+def local_processes(default: int) -> int:
+    """Ranks on this node: ``LOCAL_WORLD_SIZE`` as torchrun sets it, else ``default``."""
+    value = os.environ.get("LOCAL_WORLD_SIZE")
+    return max(1, int(value)) if value else default
+
+
+def unknown_device_name(name: str) -> str:
+    """How a device on :data:`UNKNOWN_ACCELERATOR` figures is named in plans and logs."""
+    return f"{name} (unknown: conservative figures)"
+
+
+def module_device_facts(module: Any) -> dict[str, Any]:
+    """Memory of the current device and ranks per node from a ``torch.cuda``-style module.
+
+    Asking for device properties initialises the device runtime, so call this after backend selection (the
+    trainer plans after it has chosen the device; ``probe`` must never get here).
+    """
+    total = module.get_device_properties(module.current_device()).total_memory
+    return {"device_memory": int(total), "ranks_per_node": local_processes(int(module.device_count()))}
 
 
 def device_facts(backend: Any) -> dict[str, Any]:
-    """Memory per device, devices per node and a throughput figure as the device backend reports them.
+    """The planner's facts about the devices ``backend`` drives (keys of :data:`FACT_KEYS`).
 
-    A backend may answer itself through an optional ``planner_facts() -> dict`` method (keys of
-    :class:`ClusterSpec`); otherwise a ``torch.cuda``-style device module is asked for device 0's total
-    memory and the device count, and the CPU backend gets the host memory divided by the local processes.
-    Nothing here initialises a device that the run has not initialised already.
+    Every backend shipped with LoongForge answers itself through ``planner_facts() -> dict`` (memory, ranks
+    per node, achieved throughput, link speeds and a name saying where they came from). A backend without the
+    method gets :func:`generic_facts`. Keys outside :data:`FACT_KEYS` are an error naming the backend, so a
+    misspelt fact fails here instead of silently falling back to a default.
     """
     own = getattr(backend, "planner_facts", None)
-    if callable(own):
-        return dict(own())
-    if getattr(backend, "device_type", "cpu") == "cpu":
-        import psutil
+    facts = dict(own()) if callable(own) else generic_facts(backend)
+    unknown = sorted(set(facts) - FACT_KEYS)
+    if unknown:
+        raise ConfigError(f"device '{getattr(backend, 'name', backend)}': planner_facts() returned unknown "
+                          f"key(s) {', '.join(unknown)}; known: {', '.join(sorted(FACT_KEYS))}")
+    return facts
 
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        return {"device_memory": psutil.virtual_memory().total // max(1, local), "ranks_per_node": local,
-                "name": "cpu", **CPU_DEFAULTS}
-    module = backend.device_module()
-    return {"device_memory": int(module.get_device_properties(0).total_memory),
-            "ranks_per_node": int(module.device_count()), "name": backend.name}
+
+def generic_facts(backend: Any) -> dict[str, Any]:
+    """What a third-party backend without ``planner_facts`` gets.
+
+    A ``device_type == "cpu"`` backend: the host's facts (:func:`loongforge.devices.cpu.host_facts`). A
+    backend with a ``torch.cuda``-style ``device_module()``: its current device's memory and device count with
+    the :data:`UNKNOWN_ACCELERATOR` speeds. Anything else: only its name, so the device memory must come from
+    ``parallel.planner.device_memory`` / ``--device-memory``.
+    """
+    name = getattr(backend, "name", "") or type(backend).__name__
+    if getattr(backend, "device_type", "") == "cpu":
+        from loongforge.devices.cpu import host_facts
+
+        return {**host_facts(), "name": name}
+    device_module = getattr(backend, "device_module", None)
+    if not callable(device_module):
+        return {"name": name}
+    return {**module_device_facts(device_module()), **UNKNOWN_ACCELERATOR, "name": unknown_device_name(name)}

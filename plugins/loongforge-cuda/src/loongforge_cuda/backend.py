@@ -63,6 +63,18 @@ class CUDABackend(DeviceModuleBackend):
         return feature_supported(feature, self.capability(), te=installed("transformer_engine"),
                                  flash_attn=installed("flash_attn"))
 
+    def planner_facts(self) -> dict[str, Any]:
+        """The current GPU for the planner: its memory, ranks per node (``LOCAL_WORLD_SIZE``, else the visible
+        GPUs) and the datasheet-based speeds of :mod:`loongforge_cuda.planner_facts` (initialises CUDA, like
+        :meth:`capability`: the trainer asks after selection)."""
+        from loongforge.planner.hardware import module_device_facts
+
+        from loongforge_cuda.planner_facts import gpu_speeds
+
+        module = self.device_module()
+        properties = module.get_device_properties(module.current_device())
+        return {**module_device_facts(module), **gpu_speeds(properties.name, (properties.major, properties.minor))}
+
     def profiler_range(self, name: str) -> Any:
         """An NVTX range, which Nsight Systems shows on the timeline."""
         return self.device_module().nvtx.range(name)

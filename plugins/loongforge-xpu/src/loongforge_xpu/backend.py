@@ -70,6 +70,13 @@ class XPUBackend(DeviceModuleBackend):
         importlib.import_module("torch_xmlir")
         return super().device_module()
 
+    def planner_facts(self) -> dict[str, Any]:
+        """The current XPU's memory and ranks per node with conservative speeds (see
+        :mod:`loongforge_xpu.planner_facts`: no published P800 figures are claimed)."""
+        from loongforge_xpu.planner_facts import xpu_facts
+
+        return xpu_facts(self.device_module())
+
     def supports(self, feature: str) -> bool:
         """bf16, fp16 and sequence parallelism; no FP8, Transformer Engine, flash-attn or CUDA graphs."""
         check_feature(feature)
