@@ -113,7 +113,7 @@ SCRIPT = textwrap.dedent(
         everyone = [None] * size
         dist.all_gather_object(everyone, optimization.cost.as_dict(), group=group)
         out["warmup"] = {"fitted": everyone, "observations": len(optimization.observations),
-                         "balanced_last_step": "dp_balance_imbalance" in metrics, "kept": len(mine) > 0}
+                         "balanced_last_step": optimization.last_imbalance is not None, "kept": len(mine) > 0}
 
     def main():
         dist.init_process_group("gloo")

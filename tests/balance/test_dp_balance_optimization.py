@@ -51,6 +51,7 @@ def test_fixed_length_pretraining_run_is_refused(tmp_path):
         f"run.output_dir={tmp_path / 'out'}", "model.name=llama-debug", "data.seq_length=32",
         "training.micro_batch_size=2", "training.steps=1", "training.threads=1", "logging.progress=false",
         "logging.tensorboard=false", "optimizations.dp-balance.warmup_steps=8",
+        "training.loss_normalization=global_tokens",
     ])
     with pytest.raises(ConfigError) as caught:
         run_training(config)

@@ -100,10 +100,10 @@ def hf_tiny(tmp_path):
 def checkpoint_logits(checkpoint, tokens):
     """Logits of the model in a LoongForge checkpoint, built at TP=PP=1 in a world of its own."""
     import torch
+    from loongforge.checkpoint.layout import find_checkpoint
     from loongforge.interop.mcore_checkpoint import (
         checkpoint_config,
         checkpoint_dtype,
-        find_checkpoint,
         load_model_weights,
         resolve_flavor,
     )

@@ -110,7 +110,10 @@ def loongforge_balance_samples(samples: Any, dp_group: Any) -> Any:
     Called on every data-parallel rank, with its own samples, before they are batched for the step (so before
     packing). The caller must normalise the loss by a global count (all ranks' tokens), so that which rank trains
     a sample does not change the gradient. A data path that calls this hook sets ``dp_balanced = True`` on the
-    batch iterator it gives the trainer, so that an optimization can tell at train start whether it applies.
+    batch iterator it gives the trainer, so that an optimization can tell at train start whether it applies; a
+    data path with fixed rows also sets ``dp_token_cap`` (tokens a rank's rows hold) and ``dp_fits(lengths)`` (can
+    these samples be packed into one rank's rows). Plugins may add per-step numbers to ``trainer.step_metrics``.
+    loongforge-vlm's packed image-text data is such a path (``training.loss_normalization: global_tokens``).
 
     :param samples: this rank's samples, a list of dicts of tensors whose first dimension varies per sample
         (``tokens`` [n] counts the sample's text and vision tokens).

@@ -12,9 +12,12 @@ import re
 import shutil
 from pathlib import Path
 
-from loongforge.checkpoint.manifest import CheckpointCorruptError, verify_manifest
+from loongforge.checkpoint.manifest import MANIFEST, CheckpointCorruptError, verify_manifest
 
 LATEST = "latest"
+#: The resolved run config and the run metadata inside every checkpoint (task and megatron checkpoints alike).
+CONFIG_YAML = "config.yaml"
+METADATA_JSON = "metadata.json"
 _TMP_PREFIX = ".tmp-"
 _STEP_RE = re.compile(r"^step-(\d{7,})$")
 
@@ -116,3 +119,23 @@ class CheckpointDir:
                 continue
             return path, warnings
         return None, warnings
+
+
+def find_checkpoint(path: str | os.PathLike) -> Path:
+    """``path`` itself if it is a checkpoint, else the one a checkpoint root's ``latest`` names; verified.
+
+    Here, torch-free, so that commands acting on a checkpoint (a policy server, ``loongforge sample``) do not
+    import megatron just to find it.
+    """
+    from loongforge.interop.errors import InteropError
+
+    path = Path(path).expanduser()
+    if not (path / MANIFEST).is_file():
+        latest = CheckpointDir(path).latest()
+        if latest is None:
+            raise InteropError(
+                f"{path}: not a LoongForge checkpoint (no {MANIFEST}) nor a checkpoint root with a 'latest' pointer"
+            )
+        path = latest
+    verify_manifest(path)
+    return path

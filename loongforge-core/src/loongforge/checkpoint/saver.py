@@ -37,15 +37,13 @@ from megatron.core.dist_checkpointing.strategies.torch import (
     mcore_to_pyt_state_dict,
 )
 
-from loongforge.checkpoint.layout import CheckpointDir, step_dir_name
+from loongforge.checkpoint.layout import CONFIG_YAML, METADATA_JSON, CheckpointDir, step_dir_name
 from loongforge.checkpoint.manifest import CheckpointCorruptError, verify_manifest, write_manifest
 from loongforge.checkpoint.optim_state import adam_step, load_optimizer_state, optimizer_sharded_state
 from loongforge.errors import LoongForgeError
 
 MODEL_OPTIM = "model_optim"
 TRAINER_JSON = "trainer.json"
-CONFIG_YAML = "config.yaml"
-METADATA_JSON = "metadata.json"
 
 
 def rank_file(rank: int) -> str:

@@ -222,6 +222,12 @@ class TrainingConfig:
     #: ``pretrain`` (every token is a target) or ``sft`` (chat data, loss on assistant tokens only; needs a chat
     #: dataset such as ``sft`` or ``shipped-chat``).
     phase: str = "pretrain"
+    #: How the megatron trainer averages the loss: ``micro_batch`` (each micro-batch's masked mean, then the mean
+    #: over micro-batches and data-parallel ranks) or ``global_tokens`` (the sum over every target token of the
+    #: global batch divided by their count, all-reduced over data-parallel ranks: megatron's per-token loss).
+    #: ``global_tokens`` makes the gradient independent of which rank trains which sample, so ranks may hold
+    #: different token counts (``dp-balance`` needs it). The reported loss is a per-token mean either way.
+    loss_normalization: str = "micro_batch"
 
 
 @dataclass

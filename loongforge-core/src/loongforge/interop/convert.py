@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import loongforge
+from loongforge.checkpoint.layout import find_checkpoint
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.interop.errors import InteropError
 from loongforge.interop.hf_checkpoint import (
@@ -28,7 +29,6 @@ from loongforge.interop.mcore_checkpoint import (
     HF_SOURCE,
     checkpoint_config,
     checkpoint_dtype,
-    find_checkpoint,
     hf_side_files,
     load_model_weights,
     resolve_flavor,

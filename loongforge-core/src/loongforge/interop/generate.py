@@ -36,11 +36,11 @@ def _open_hf(path: Path) -> tuple[Any, str, Callable[[Any], None], str | None]:
 
 
 def _open_checkpoint(path: Path) -> tuple[Any, str, Callable[[Any], None], str | None]:
+    from loongforge.checkpoint.layout import find_checkpoint
     from loongforge.interop.mcore_checkpoint import (
         HF_SOURCE,
         checkpoint_config,
         checkpoint_dtype,
-        find_checkpoint,
         load_model_weights,
         resolve_flavor,
     )

@@ -23,8 +23,8 @@ import yaml
 from megatron.core import dist_checkpointing
 from megatron.core.dist_checkpointing.mapping import CheckpointingException
 
-from loongforge.checkpoint.layout import CheckpointDir, fsync_tree
-from loongforge.checkpoint.manifest import MANIFEST, verify_manifest, write_manifest
+from loongforge.checkpoint.layout import fsync_tree
+from loongforge.checkpoint.manifest import write_manifest
 from loongforge.checkpoint.saver import CONFIG_YAML, METADATA_JSON, MODEL_OPTIM, SyncTorchDistSaveStrategy, unwrap_model
 from loongforge.config.loader import config_to_dict, load_config
 from loongforge.config.schema import LoongForgeConfig
@@ -36,20 +36,6 @@ from loongforge.models.flavor import DecoderFlavor
 #: Directory of a converted checkpoint holding the source ``config.json`` and tokenizer files.
 HF_SOURCE = "hf_source"
 MODEL_ONLY_FORMAT = "loongforge-model-only"
-
-
-def find_checkpoint(path: str | Path) -> Path:
-    """``path`` itself if it is a checkpoint, else the one a checkpoint root's ``latest`` names; verified."""
-    path = Path(path).expanduser()
-    if not (path / MANIFEST).is_file():
-        latest = CheckpointDir(path).latest()
-        if latest is None:
-            raise InteropError(
-                f"{path}: not a LoongForge checkpoint (no {MANIFEST}) nor a checkpoint root with a 'latest' pointer"
-            )
-        path = latest
-    verify_manifest(path)
-    return path
 
 
 def resolve_flavor(config: LoongForgeConfig) -> DecoderFlavor:

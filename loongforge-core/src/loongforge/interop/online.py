@@ -12,12 +12,12 @@ from typing import Any
 
 import torch.distributed as dist
 
+from loongforge.checkpoint.layout import find_checkpoint
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.interop.errors import InteropError
 from loongforge.interop.hf_config import flavor_differences, hf_config_dict
 from loongforge.interop.mcore_checkpoint import (
     checkpoint_config,
-    find_checkpoint,
     hf_side_files,
     load_model_weights,
     resolve_flavor,

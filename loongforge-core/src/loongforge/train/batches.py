@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from functools import partial
 from typing import Any
 
 import torch.distributed as dist
@@ -22,8 +23,13 @@ def load_tokenizer(host: Any, config: LoongForgeConfig) -> Any:
 
 
 def build_batches(host: Any, config: LoongForgeConfig, tokenizer: Any, *, rank: int, dp_rank: int, dp_size: int,
-                  model: Any = None) -> Any:
+                  model: Any = None, num_microbatches: int = 1, dp_group: Any = None) -> Any:
     """The training split as an endless, resumable iterator of this data-parallel rank's micro-batches.
+
+    When a plugin answers ``loongforge_balance_samples`` (``dp-balance``) and the training split can re-place its
+    samples per step (``balanced_batches``: variable-length data such as loongforge-vlm's), the split builds the
+    iterator and calls the hook once per step of ``num_microbatches`` micro-batches over ``dp_group``; otherwise
+    it is the plain sampler (the optimization then refuses the run at train start).
 
     Rank 0 tokenizes (and caches) first while the others wait, so several ranks never build one cache at once.
     A dataset factory that takes a ``model`` keyword gets the model's flavor (an image-text kind picks the
@@ -44,6 +50,11 @@ def build_batches(host: Any, config: LoongForgeConfig, tokenizer: Any, *, rank: 
     if rank != 0:
         dataset = tokens()
     train, _ = _split(dataset, config)
+    if hasattr(train, "balanced_batches") and host.pm.hook.loongforge_balance_samples.get_hookimpls():
+        return train.balanced_batches(
+            partial(host.balance_samples, dp_group=dp_group), micro_batch_size=config.training.micro_batch_size,
+            num_microbatches=num_microbatches, seed=config.run.seed, dp_rank=dp_rank, dp_size=dp_size,
+        )
     return TrainBatchIterator(
         train, config.training.micro_batch_size, config.run.seed, dp_rank=dp_rank, dp_size=dp_size
     )

@@ -78,6 +78,8 @@ def _build_model(flavor: Any, config: LoongForgeConfig, backend: Any, layout: An
         **settings.transformer_config_kwargs(),
         **recompute_kwargs(config.model.recompute, layers_per_stage, config.source),
     }
+    if config.training.loss_normalization == "global_tokens":  # the schedule and DDP divide by the global count
+        extra_config["calculate_per_token_loss"] = True
     chunks = []
     for index in range(layout.num_chunks):
         vp_stage = index if layout.vpp else None
@@ -132,9 +134,14 @@ def _connect_schedule(model: list[Any], optimizer: Any) -> None:
 
 def _validate(config: LoongForgeConfig, flavor: Any, tokenizer: Any) -> None:
     """Raise ConfigError for training settings that cannot work (the layout is the strategy's to check)."""
+    from loongforge.train.trainer import LOSS_NORMALIZATIONS
+
     t, where = config.training, config.source
     if t.steps < 1:
         raise ConfigError(f"{where}: training.steps must be >= 1, got {t.steps}")
+    if t.loss_normalization not in LOSS_NORMALIZATIONS:
+        raise ConfigError(f"{where}: training.loss_normalization must be one of {', '.join(LOSS_NORMALIZATIONS)}, "
+                          f"got '{t.loss_normalization}'")
     if config.data.seq_length > flavor.max_position_embeddings:
         raise ConfigError(
             f"{where}: data.seq_length ({config.data.seq_length}) exceeds the model's max_position_embeddings "
@@ -285,7 +292,8 @@ def _build_trainer(
     scheduler = build_scheduler(config, optimizer, global_batch)
     _connect_schedule(model, optimizer)
     dp_rank = parallel_state.get_data_parallel_rank()
-    data = build_batches(host, config, tokenizer, rank=info.rank, dp_rank=dp_rank, dp_size=layout.dp, model=flavor)
+    data = build_batches(host, config, tokenizer, rank=info.rank, dp_rank=dp_rank, dp_size=layout.dp, model=flavor,
+                         num_microbatches=num_microbatches, dp_group=parallel_state.get_data_parallel_group())
     n_params = sum(p.numel() for chunk in model for p in chunk.parameters())
     _say(
         info.rank,

@@ -22,10 +22,9 @@ import yaml
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from loongforge.checkpoint.layout import CheckpointDir, step_dir_name
+from loongforge.checkpoint.layout import CONFIG_YAML, CheckpointDir, find_checkpoint, step_dir_name
 from loongforge.checkpoint.manifest import write_manifest
 from loongforge.checkpoint.rng import capture_rng_state, restore_rng_state
-from loongforge.checkpoint.saver import CONFIG_YAML
 from loongforge.config.loader import config_to_dict
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import ConfigError
@@ -275,6 +274,10 @@ def run_task(config: LoongForgeConfig, task: Any, backend: Any, host: Any, *, ra
     if config.training.precision not in ("fp32", "bf16"):
         raise ConfigError(f"{config.source}: training.precision '{config.training.precision}' is not supported for "
                           f"model '{config.model.name}' (fp32, bf16)")
+    if config.training.loss_normalization != "micro_batch":
+        raise ConfigError(f"{config.source}: training.loss_normalization '{config.training.loss_normalization}' "
+                          f"applies to token-level (megatron) models; model '{config.model.name}' trains a task whose "
+                          "loss is a mean over samples (leave it at micro_batch)")
     if config.training.threads:
         torch.set_num_threads(config.training.threads)
     strategy, layout = _strategy(config, world_size, host)
@@ -348,9 +351,11 @@ def _finish(trainer: TaskTrainer, task: Any, output_dir: Path) -> dict[str, Any]
 
 
 def load_task_model(checkpoint: str | Path) -> tuple[Any, Any, Path]:
-    """``(task, model, checkpoint dir)`` from a task checkpoint (or a checkpoint root's ``latest``), verified."""
+    """``(task, model, checkpoint dir)`` from a task checkpoint (or a checkpoint root's ``latest``), verified.
+
+    The task's own state (``state.pt``, e.g. a policy's normaliser and dimensions) is restored too, so the task
+    can use the model at once without rebuilding its dataset."""
     from loongforge.config.loader import load_config
-    from loongforge.interop.mcore_checkpoint import find_checkpoint
     from loongforge.plugins import get_host
     from loongforge.tasks import task_for
 
@@ -363,4 +368,6 @@ def load_task_model(checkpoint: str | Path) -> tuple[Any, Any, Path]:
     torch.manual_seed(config.run.seed)
     model = task.build_model()
     model.load_state_dict(load_file(str(path / "model.safetensors")))
+    if (path / "state.pt").is_file():
+        task.load_state_dict(torch.load(path / "state.pt", weights_only=True)["task"])
     return task, model.eval(), path

@@ -27,6 +27,9 @@ from loongforge.train.metrics import MetricsWriter
 from loongforge.train.moe_stats import MoEStats
 from loongforge.train.progress import ProgressDisplay
 
+#: Values of ``training.loss_normalization`` (see :class:`loongforge.config.schema.TrainingConfig`).
+LOSS_NORMALIZATIONS = ("micro_batch", "global_tokens")
+
 
 def _masked_mean_loss(loss_mask: torch.Tensor, per_token_loss: torch.Tensor) -> tuple[torch.Tensor, dict]:
     """Mean cross-entropy over the tokens ``loss_mask`` selects.
@@ -38,12 +41,27 @@ def _masked_mean_loss(loss_mask: torch.Tensor, per_token_loss: torch.Tensor) -> 
     return loss, {"loss": loss.detach().clone()}
 
 
+def _token_sum_loss(loss_mask: torch.Tensor, per_token_loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Summed cross-entropy over the tokens ``loss_mask`` selects, and how many they are (megatron's per-token loss).
+
+    With ``calculate_per_token_loss`` the schedule adds up the counts of all micro-batches and
+    ``finalize_model_grads`` all-reduces them over the data-parallel (and context-parallel) ranks and divides the
+    summed gradients by the total, so every target token of the global batch weighs the same wherever it is trained.
+    The report is ``[sum, count]``, summed over micro-batches and ranks before dividing.
+    """
+    mask = loss_mask.reshape(-1)
+    total = torch.sum(per_token_loss.float().reshape(-1) * mask)
+    count = mask.sum()
+    return total, count.to(torch.int), {"loss": torch.stack([total.detach(), count.detach().float()]).double()}
+
+
 class Trainer:
     """Owns the built run (model chunks, optimizer, scheduler, batches) and steps it to ``training.steps``.
 
     Attributes plugins may read in lifecycle hooks: ``config``, ``model`` (list of chunks), ``optimizer``,
     ``scheduler``, ``data`` (the batch iterator), ``backend``, ``step`` (completed steps), ``output_dir``,
-    ``last_checkpoint``. Plugins may set ``should_stop`` to end training after the current step. For MoE models,
+    ``last_checkpoint``. Plugins may set ``should_stop`` to end training after the current step, and add numbers to
+    ``step_metrics`` during a step to have them recorded with it. For MoE models,
     ``expert_tokens`` holds the last step's tokens routed to each expert, ``[layer][expert]`` over all ranks (see
     :mod:`loongforge.train.moe_stats`), and step metrics carry ``moe_aux_loss``.
     """
@@ -77,6 +95,9 @@ class Trainer:
         self.last_checkpoint: Path | None = None
         #: Set by a plugin (e.g. in ``on_step_end``) to end training after the current step.
         self.should_stop = False
+        #: Numbers plugins add while a step runs (e.g. from the data-balancing hook), recorded with that step's
+        #: metrics; emptied when the next step starts.
+        self.step_metrics: dict[str, Any] = {}
         self._save = save_checkpoint
         self._forward_backward = get_forward_backward_func()
         self._tokens_per_step = global_batch_size * config.data.seq_length
@@ -88,6 +109,10 @@ class Trainer:
         self._cp_group = parallel_state.get_context_parallel_group()
         self._cp_size = parallel_state.get_context_parallel_world_size()
         self._cp_rank = parallel_state.get_context_parallel_rank()
+        self._per_token = config.training.loss_normalization == "global_tokens"
+        # The token count is all-reduced over data- and context-parallel ranks together (finalize_model_grads does).
+        self._token_group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+        self._token_group_size = parallel_state.get_data_parallel_world_size(with_context_parallel=True)
         model_config = model[0].config
         self._moe = MoEStats(model, model_config) if getattr(model_config, "num_moe_experts", None) else None
         #: MoE: tokens per expert in the last step, ``[layer][expert]`` (None for dense models).
@@ -101,8 +126,11 @@ class Trainer:
 
     def _forward_step(self, data_iterator: Any, model: Any) -> tuple[torch.Tensor, Callable]:
         batch = next(data_iterator)
-        if self._cp_size > 1:  # this rank's chunks of every sequence; the loss is the mean over all ranks' tokens
+        if self._cp_size > 1:  # this rank's chunks of every sequence
             batch = context.split_for_rank(batch, self._cp_rank, self._cp_size)
+        if self._per_token:  # local sums and counts; megatron normalises by the global count
+            loss_func = partial(_token_sum_loss, batch["loss_mask"])
+        elif self._cp_size > 1:  # the loss is the mean over all cp ranks' tokens
             loss_func = partial(context.global_mean_loss, self._cp_group, batch["loss_mask"])
         else:
             loss_func = partial(_masked_mean_loss, batch["loss_mask"])
@@ -114,6 +142,8 @@ class Trainer:
 
     def _reduce_loss(self, reduced: list[dict]) -> float:
         """This step's loss averaged over microbatches and data-parallel ranks, known on every rank."""
+        if self._per_token:
+            return self._reduce_token_loss(reduced)
         if self._last_stage:
             loss = torch.stack([r["loss"] for r in reduced]).mean()
         else:
@@ -125,9 +155,22 @@ class Trainer:
             dist.all_reduce(loss, group=self._pp_group)
         return loss.item()
 
+    def _reduce_token_loss(self, reduced: list[dict]) -> float:
+        """``global_tokens``: the summed token loss over the summed token count of every micro-batch and rank."""
+        if self._last_stage:
+            totals = torch.stack([r["loss"] for r in reduced]).sum(0)
+        else:
+            totals = torch.zeros(2, dtype=torch.float64)
+        if self._token_group_size > 1:
+            dist.all_reduce(totals, group=self._token_group)
+        if self._pp_size > 1:
+            dist.all_reduce(totals, group=self._pp_group)
+        return (totals[0] / totals[1].clamp(min=1)).item()
+
     def train_step(self) -> dict[str, Any]:
         """One optimizer step over ``num_microbatches`` micro-batches; returns its metrics."""
         start = time.perf_counter()
+        self.step_metrics = {}
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -153,6 +196,7 @@ class Trainer:
         step_time = time.perf_counter() - start
         return {
             **extra,
+            **self.step_metrics,
             "loss": loss,
             "lr": lr,
             "grad_norm": grad_norm,

@@ -5,13 +5,21 @@ Options:
 * ``warmup_steps`` (default 16, at least 8): steps measured, unbalanced, before the cost model is fitted from
   their step times (the first step of a process is not measured: it includes one-off work);
 * ``cost`` (``{a, b, c}``): pin the cost model instead of fitting it (no warm-up);
-* ``token_cap``: the most tokens a rank may receive (activation memory); none by default;
+* ``token_cap``: the most tokens a rank may receive (activation memory); by default the data path's own cap;
 * ``length_key`` (default ``tokens``): the sample field whose first dimension is the sample's length.
 
-The data path must call the ``loongforge_balance_samples`` hook (see ``docs/plugin-authors.md``); a run whose data
-does not (core's fixed-length pretraining and SFT rows, where every rank already does the same compute) is refused
-at train start rather than run unbalanced. The fitted coefficients are saved in checkpoints, so a resumed run does
-not warm up again.
+The run needs ``training.loss_normalization: global_tokens`` (moving samples changes each rank's token count; a
+per-micro-batch mean would then change the gradient), checked before anything is built. The data path must call the
+``loongforge_balance_samples`` hook and mark its batch iterator ``dp_balanced = True`` (see
+``docs/plugin-authors.md``): loongforge-vlm's packed image-text rows do; a run whose data does not (core's
+fixed-length pretraining and SFT rows, where every rank already does the same compute) is refused at train start
+rather than run unbalanced. A data path with fixed rows per rank gives its capacity as ``dp_token_cap`` (the plan
+never exceeds it) and ``dp_fits(lengths)`` (whether a rank's rows can hold samples of these lengths); a step whose
+better plan some rank cannot hold trains the sampler's placement and is counted. Metrics per balanced step, recorded
+with the step (``trainer.step_metrics``): ``dp_balance/max_over_mean`` (predicted max / mean rank load of what is
+trained), ``dp_balance/max_over_mean_before`` (the sampler's placement) and ``dp_balance/unfit_steps`` (steps so far
+kept in the sampler's placement because a rank's rows could not hold its planned samples). The fitted coefficients
+are saved in checkpoints, so a resumed run does not warm up again.
 """
 
 from __future__ import annotations
@@ -74,6 +82,20 @@ class DPBalanceOptimization:
         self._group: Any = None
         self._step_lengths: list[list[int]] | None = None
         self._first_step_done = False
+        #: Balanced steps kept in the sampler's placement because some rank's rows could not hold its new samples.
+        self.unfit_steps = 0
+        self._fits: Any = None
+        self._trainer: Any = None
+
+    @hookimpl
+    def loongforge_configure(self, config: Any) -> None:
+        normalization = config.training.loss_normalization
+        if normalization != "global_tokens":
+            raise ConfigError(
+                f"{config.source}: optimizations.{NAME} needs training.loss_normalization: global_tokens (got "
+                f"'{normalization}'): balanced ranks hold different token counts, and a per-micro-batch mean would "
+                "weigh their tokens differently"
+            )
 
     @hookimpl
     def loongforge_on_train_start(self, trainer: Any) -> None:
@@ -84,6 +106,11 @@ class DPBalanceOptimization:
                 "fixed-length rows on which every data-parallel rank does the same compute; dp-balance needs a "
                 "variable-length data path (e.g. loongforge-vlm's)"
             )
+        data_cap = getattr(trainer.data, "dp_token_cap", None)
+        if data_cap is not None:  # the rows a rank fills bound what it may receive
+            self.token_cap = data_cap if self.token_cap is None else min(self.token_cap, data_cap)
+        self._fits = getattr(trainer.data, "dp_fits", None)
+        self._trainer = trainer
 
     @hookimpl
     def loongforge_balance_samples(self, samples: list, dp_group: Any) -> list:
@@ -94,11 +121,19 @@ class DPBalanceOptimization:
             self._record(gather_layout(samples, dp_group, self.length_key).rank_lengths())
             return samples
         try:
-            result = rebalance(samples, self.cost, dp_group, token_cap=self.token_cap, length_key=self.length_key)
+            result = rebalance(samples, self.cost, dp_group, token_cap=self.token_cap, length_key=self.length_key,
+                               fits=self._fits)
         except CapacityError as exc:  # same on every rank: the plan is computed from the same gathered sizes
             warnings.warn(f"{NAME}: kept the sampler's placement for this batch: {exc}", stacklevel=2)
             return samples
+        self.unfit_steps += result.unfit
         self.last_imbalance = (result.before.imbalance, result.after.imbalance)
+        if self._trainer is not None:
+            self._trainer.step_metrics.update({
+                "dp_balance/max_over_mean": result.after.imbalance,
+                "dp_balance/max_over_mean_before": result.before.imbalance,
+                "dp_balance/unfit_steps": self.unfit_steps,
+            })
         return result.samples
 
     def _record(self, rank_lengths: list[np.ndarray]) -> None:
@@ -109,8 +144,6 @@ class DPBalanceOptimization:
 
     @hookimpl
     def loongforge_on_step_end(self, trainer: Any, step: int, metrics: dict) -> None:
-        if self.last_imbalance is not None:
-            metrics["dp_balance_imbalance_before"], metrics["dp_balance_imbalance"] = self.last_imbalance
         lengths, self._step_lengths = self._step_lengths, None
         if self.cost is not None or lengths is None:
             return

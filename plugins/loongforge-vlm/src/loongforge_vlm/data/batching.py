@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -122,9 +123,25 @@ class VisionRowDataset:
         return [replace(sample, ids=sample.ids[:cut], supervised=sample.supervised[:cut])
                 for sample in map(self.dataset.__getitem__, self.rows[row])]
 
-    def batch(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
-        rows = [self.row_samples(int(row)) for row in indices]
+    def collate_rows(self, rows: Sequence[Sequence[VisionSample]]) -> dict[str, torch.Tensor]:
+        """The micro-batch of ``rows`` of samples (see :func:`collate`)."""
         return collate(rows, self.seq_length, self.dataset.tokenizer.pad_id, packed=self.pack)
+
+    def batch(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        return self.collate_rows([self.row_samples(int(row)) for row in indices])
+
+    def balanced_batches(self, balance: Any, *, micro_batch_size: int, num_microbatches: int, seed: int,
+                         dp_rank: int, dp_size: int) -> Any:
+        """Batches that re-place this step's samples across data-parallel ranks through ``balance`` (the host's
+        ``balance_samples``); see :mod:`loongforge_vlm.data.balanced`. Needs packed rows: unpacked rows are each
+        padded to ``seq_length``, so every rank already does the same compute."""
+        from loongforge_vlm.data.balanced import BalancedBatches
+
+        if not self.pack:
+            raise DataError("data-parallel balancing re-packs each rank's samples into its rows and needs data.pack: "
+                            "true (unpacked rows are padded to seq_length: every rank does the same compute)")
+        return BalancedBatches(self, micro_batch_size, seed, balance=balance, num_microbatches=num_microbatches,
+                               dp_rank=dp_rank, dp_size=dp_size)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         return self.batch([index])
