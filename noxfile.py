@@ -14,8 +14,9 @@ nox.options.reuse_existing_virtualenvs = True
 PYTHON = "3.11"
 TORCH = "torch==2.13.0"
 PLUGINS = ("cuda", "xpu", "vlm", "diffusion", "embodied", "balance")
-#: Plugins whose tests need reference implementations (installed through the plugin's own ``test`` extra).
-TEST_EXTRAS = {"diffusion": "[test]"}
+#: Plugin extras the tests need: reference implementations (diffusion's ``test``), the Meta-World simulator and
+#: the policy server's websocket/msgpack stack (embodied's ``sim`` and ``serve``).
+TEST_EXTRAS = {"diffusion": "[test]", "embodied": "[sim,serve]"}
 
 
 def _install_core(session: nox.Session, *extras: str) -> None:
@@ -24,8 +25,14 @@ def _install_core(session: nox.Session, *extras: str) -> None:
     session.install("-e", spec)
 
 
+#: First-party plugins a plugin depends on (installed from this checkout first: they are not on a package index).
+PLUGIN_DEPENDS = {"embodied": ("vlm",)}
+
+
 def _install_plugins(session: nox.Session, *names: str) -> None:
     for name in names:
+        for needed in PLUGIN_DEPENDS.get(name, ()):
+            session.install("-e", f"plugins/loongforge-{needed}")
         session.install("-e", f"plugins/loongforge-{name}{TEST_EXTRAS.get(name, '')}")
 
 
@@ -53,6 +60,42 @@ def tests_plugin(session: nox.Session, plugin: str) -> None:
     session.run("python", "-c", f"import loongforge_{plugin}")
     session.run("loongforge", "plugins")
     session.run("pytest", "-q", f"tests/{plugin}", *session.posargs)
+
+
+#: LeRobot 0.4.4's Pi0.5 and what it needs, without lerobot's own pins (its torch<2.11 cap and extras): its
+#: ``lerobot.datasets`` imports torchvision, and PyPI's torchvision 0.29.1 only imports beside torch 2.14.1.
+LEROBOT_PARITY = ("torch==2.14.1", "torchvision==0.29.1", "transformers>=4.57.1,<5", "huggingface-hub>=0.34.2,<0.36",
+                  "datasets>=4.0,<5", "draccus==0.10.0", "einops>=0.8,<0.9", "diffusers<0.36", "pyserial", "deepdiff",
+                  "termcolor", "jsonlines", "accelerate", "imageio", "av", "pillow", "pluggy", "pyyaml", "safetensors",
+                  "numpy", "importlib-metadata", "pytest")
+
+
+@nox.session(python=PYTHON)
+def lerobot_parity(session: nox.Session) -> None:
+    """Pi0.5 parity with LeRobot 0.4.4's PI05Pytorch (parity/lerobot/README.md): its own venv, because LeRobot
+    needs transformers 4.x and the main suite runs transformers 5."""
+    session.install(*LEROBOT_PARITY)
+    session.install("--no-deps", "lerobot==0.4.4")
+    session.install("--no-deps", "-e", "loongforge-core", "-e", "plugins/loongforge-vlm",
+                    "-e", "plugins/loongforge-embodied")
+    session.run("pytest", "-q", "-s", "parity/lerobot", *session.posargs)
+
+
+def _install_lerobot(session: nox.Session, *extra: str) -> None:
+    """The lerobot_parity environment (its pins, lerobot --no-deps, our packages --no-deps) plus ``extra``."""
+    session.install(*LEROBOT_PARITY, *extra)
+    session.install("--no-deps", "lerobot==0.4.4")
+    session.install("--no-deps", "-e", "loongforge-core", "-e", "plugins/loongforge-vlm",
+                    "-e", "plugins/loongforge-embodied")
+
+
+@nox.session(python=PYTHON)
+def bench_lerobot(session: nox.Session) -> None:
+    """Training samples/s of our Pi0.5 loop vs LeRobot 0.4.4's ``lerobot-train`` loop, alternated in one process
+    (benchmarks/embodied_vs_lerobot.py; ``-- --steps 20 --rounds 3``). ``lerobot.policies.factory`` imports
+    ``lerobot.envs``, hence gymnasium beside the parity pins."""
+    _install_lerobot(session, "gymnasium>=1.1.1,<2")
+    session.run("python", "benchmarks/embodied_vs_lerobot.py", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -10,8 +10,9 @@ import pytest
 import torch
 from loongforge.errors import ConfigError
 from loongforge_embodied.policies import flow_matching as fm
-from loongforge_embodied.policies.flavors import FLAVORS, Pi05Flavor, num_params
-from loongforge_embodied.policies.pi05 import Pi05Policy, joint_mask, positions
+from loongforge_embodied.policies.blocks import joint_mask, positions
+from loongforge_embodied.policies.flavors import FLAVORS, Pi05Flavor
+from loongforge_embodied.policies.pi05 import Pi05Policy
 from loongforge_embodied.policies.prompt import BYTES, discretise, prompt_tokens
 
 TINY = Pi05Flavor(width=32, expert_width=16, depth=2, vision_depth=1, heads=2, head_dim=8, image_size=8,
@@ -28,7 +29,8 @@ def inputs(batch: int = 2, seed: int = 0):
     images = torch.rand(batch, 1, 3, 8, 8, generator=g)
     tokens = torch.stack([prompt_tokens("pick", torch.tensor([0.1, -0.5]), text_len=8, max_state_dim=4,
                                         state_bins=256)] * batch)
-    return images, tokens, torch.randn(batch, HORIZON, 4, generator=g), torch.rand(batch, generator=g)
+    obs = {"images": images, "tokens": tokens}
+    return obs, torch.randn(batch, HORIZON, 4, generator=g), torch.rand(batch, generator=g)
 
 
 @pytest.fixture(scope="module")
@@ -75,55 +77,73 @@ def test_loss_ignores_padded_steps_and_extra_dims():
 
 def test_mask_layout():
     valid = torch.tensor([[True, True, False]])
-    mask = joint_mask(valid, 2)[0, 0]
+    mask = joint_mask(valid, [1, 1])[0, 0]
     assert mask[:3, :3].tolist() == [[True, True, False]] * 3  # prefix: bidirectional over valid keys
     assert not mask[:3, 3:].any()  # prefix never sees actions
     assert mask[3:].tolist() == [[True, True, False, True, True]] * 2  # actions: prefix + every action
     assert positions(valid, 2).tolist() == [[0, 1, 1, 2, 3]]
 
 
-def _prefix_keys(model, images, tokens, noisy, t):
+def _prefix_keys(model, obs, noisy, t):
     """The last joint layer's prefix keys/values (all the prefix contributes to the action expert)."""
     seen = {}
     handle = model.layers[-1].prefix.qkv.register_forward_hook(lambda m, i, o: seen.setdefault("kv", o))
-    model(images, tokens, noisy, t)
+    model(obs, noisy, t)
     handle.remove()
     return seen["kv"]
 
 
 def test_prefix_never_sees_actions_or_time(policy):
-    images, tokens, noisy, t = inputs()
-    reference = _prefix_keys(policy, images, tokens, noisy, t)
-    changed = _prefix_keys(policy, images, tokens, noisy + 5.0 * torch.randn_like(noisy), 1.0 - t)
+    obs, noisy, t = inputs()
+    reference = _prefix_keys(policy, obs, noisy, t)
+    changed = _prefix_keys(policy, obs, noisy + 5.0 * torch.randn_like(noisy), 1.0 - t)
     assert torch.equal(reference, changed)
 
 
 def test_prefix_is_bidirectional(policy):
-    images, tokens, noisy, t = inputs()
-    reference = _prefix_keys(policy, images, tokens, noisy, t)
-    later = tokens.clone()
+    obs, noisy, t = inputs()
+    reference = _prefix_keys(policy, obs, noisy, t)
+    later = obs["tokens"].clone()
     later[:, -4] = 1 + BYTES + 200  # the first state token, the prefix's end
-    changed = _prefix_keys(policy, images, later, noisy, t)
+    changed = _prefix_keys(policy, {**obs, "tokens": later}, noisy, t)
     assert not torch.allclose(reference[:, 0], changed[:, 0])  # the first image token sees it
 
 
 def test_action_tokens_see_the_prefix_and_each_other(policy):
-    images, tokens, noisy, t = inputs()
-    reference = policy(images, tokens, noisy, t)
+    obs, noisy, t = inputs()
+    reference = policy(obs, noisy, t)
     last_moved = noisy.clone()
     last_moved[:, -1] += 3.0
-    assert not torch.allclose(policy(images, tokens, last_moved, t)[:, 0], reference[:, 0])  # later -> earlier
-    assert not torch.allclose(policy(images.flip(-1), tokens, noisy, t), reference)
+    assert not torch.allclose(policy(obs, last_moved, t)[:, 0], reference[:, 0])  # later -> earlier
+    assert not torch.allclose(policy({**obs, "images": obs["images"].flip(-1)}, noisy, t), reference)
 
 
 def test_padding_tokens_are_ignored(policy):
     """More text padding (a longer ``text_len``, same weights) changes nothing: pads are masked as keys and the
     rotary positions count only valid tokens."""
-    images, tokens, noisy, t = inputs()
+    obs, noisy, t = inputs()
     wider = Pi05Policy(TINY.with_overrides(text_len=12))
     wider.load_state_dict(policy.state_dict())
+    tokens = obs["tokens"]
     padded = torch.cat([tokens[:, :8], torch.zeros(2, 4, dtype=torch.long), tokens[:, 8:]], dim=1)
-    assert torch.allclose(wider.eval()(images, padded, noisy, t), policy(images, tokens, noisy, t), atol=1e-6)
+    assert torch.allclose(wider.eval()({**obs, "tokens": padded}, noisy, t), policy(obs, noisy, t), atol=1e-6)
+
+
+def test_state_only_flavor_reads_text_and_state_tokens():
+    """``cameras: 0``: no image weights, no "images" input; the prefix is the prompt alone."""
+    flavor = TINY.with_overrides(cameras=0)
+    torch.manual_seed(0)
+    model = Pi05Policy(flavor).eval()
+    assert not hasattr(model, "patch_embed") and flavor.num_params() == sum(p.numel() for p in model.parameters())
+    for p in model.parameters():  # past the identity start of adaRMS (see the fixture)
+        torch.nn.init.normal_(p, std=0.2)
+    obs, noisy, t = inputs()
+    out = model({"tokens": obs["tokens"]}, noisy, t)
+    assert out.shape == noisy.shape and torch.isfinite(out).all()
+    moved = obs["tokens"].clone()
+    moved[:, -4] = 1 + BYTES + 3  # another bin of the first state dimension
+    assert not torch.allclose(model({"tokens": moved}, noisy, t), out)
+    assert flavor.frame_inputs("pick", torch.tensor([0.1, -0.5])).keys() == {"tokens"}
 
 
 def test_state_discretisation_and_prompt():
@@ -136,7 +156,9 @@ def test_state_discretisation_and_prompt():
 
 @pytest.mark.parametrize("name", sorted(FLAVORS))
 def test_flavor_parameter_count(name):
-    assert num_params(FLAVORS[name]) == sum(p.numel() for p in Pi05Policy(FLAVORS[name]).parameters())
+    flavor = FLAVORS[name]
+    assert flavor.num_params() == sum(p.numel() for p in flavor.build_policy().parameters())
+    assert f"{flavor.num_params() / 1e6:.2f}M params" in flavor.describe()
 
 
 def test_flavor_checks_and_overrides():

@@ -1,6 +1,7 @@
 """``loongforge train configs/embodied-tiny.yaml`` end to end on a few-episode synthetic reach set: the loss falls,
-a checkpoint resumes bit-exactly, the held-out evaluation is written, and a 2-process DDP run matches one process
-(per-sample noise and time come from (seed, step, dataset index), so the layout does not change the run)."""
+a checkpoint resumes bit-exactly, the held-out evaluation is written, and DDP/ZeRO-1/FSDP2 (2 processes) and HSDP (4)
+match one process (per-sample noise and time come from (seed, step, dataset index), so the layout does not change
+the run)."""
 
 from __future__ import annotations
 
@@ -62,10 +63,15 @@ def test_resume_is_bit_exact(tmp_path, reference):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_ddp_two_processes_match_one(tmp_path, reference):
+@pytest.mark.parametrize(("strategy", "nproc", "extra"), [
+    ("ddp", 2, []), ("zero1", 2, []), ("fsdp2", 2, []), ("hsdp", 4, ["parallel.fsdp_shard_size=2"]),
+])
+def test_torch_native_strategies_match_one_process(tmp_path, reference, strategy, nproc, extra):
+    """DDP, ZeRO-1 and FSDP2 on 2 gloo ranks and HSDP (2 replicas x 2 shards) on 4 train the same run as one process:
+    each rank takes its share of the global batch of 8, with the same per-sample noise and time."""
     _, rows = reference
-    ddp = train(tmp_path / "run", f"training.steps={STEPS}", "checkpoint.interval=0", "parallel.strategy=ddp",
-                "task.eval={frames: 0}", nproc=2)
+    parallel = train(tmp_path / "run", f"training.steps={STEPS}", "checkpoint.interval=0",
+                     f"parallel.strategy={strategy}", "task.eval={frames: 0}", *extra, nproc=nproc)
     for step in range(1, STEPS + 1):
         for key in ("loss", "grad_norm"):
-            assert abs(ddp[step][key] - rows[step][key]) <= 1e-5 * abs(rows[step][key]), (step, key)
+            assert abs(parallel[step][key] - rows[step][key]) <= 1e-5 * abs(rows[step][key]), (strategy, step, key)

@@ -1,17 +1,16 @@
-"""Entry point of the ``embodied`` plugin: registers the Pi0.5-style policy flavors and the LeRobot dataset kind.
+"""Entry point of the ``embodied`` plugin: registers the policy flavors (Pi0, Pi0.5, GR00T-style) and the LeRobot
+dataset kind.
 
 Torch-free at import and while registering (flavors are dataclasses; the reader loads numpy, pyarrow and PyAV when
-a run asks for it). Still to come (see CHANGELOG.md): Pi0 and GR00T-style policies, closed-loop Meta-World
-evaluation, LeRobot/OpenPI weight conversion. The torch-native DDP/ZeRO-1/FSDP2/HSDP strategies the policies train
-with live in core (``parallel.strategy``).
-"""
+a run asks for it; Meta-World and the policy server load only in their commands). The torch-native
+DDP/ZeRO-1/FSDP2/HSDP strategies the policies train with live in core (``parallel.strategy``)."""
 
 from __future__ import annotations
 
 from loongforge import hookimpl
 
 #: Shown by ``loongforge plugins``.
-SUMMARY = "embodied VLA: Pi0.5-style flow-matching policy, LeRobot v2.1/v3.0 datasets"
+SUMMARY = "embodied VLA: Pi0 / Pi0.5 / GR00T-style policies, LeRobot v2.1/v3.0 data, Meta-World closed loop"
 
 
 @hookimpl
@@ -22,7 +21,7 @@ def loongforge_register_datasets(registry):
 
 @hookimpl
 def loongforge_register_models(registry):
-    from loongforge_embodied.policies import flavors
+    from loongforge_embodied.policies import flavors, gr00t_flavors, pi05_gemma_flavors
 
-    for name, flavor in flavors.FLAVORS.items():
-        registry.register(name, flavor, description=flavors.describe(flavor))
+    for name, flavor in {**flavors.FLAVORS, **gr00t_flavors.FLAVORS, **pi05_gemma_flavors.FLAVORS}.items():
+        registry.register(name, flavor, description=flavor.describe())

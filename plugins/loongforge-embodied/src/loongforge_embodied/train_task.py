@@ -1,5 +1,10 @@
-"""``loongforge train`` for VLA policies: the core trainer's task (``loongforge.tasks``) over a Pi0.5-style policy
-trained by flow matching on a LeRobotDataset.
+"""``loongforge train`` for VLA policies: the core trainer's task (``loongforge.tasks``) over any policy flavor
+(Pi0, Pi0.5, GR00T-style, ...) trained by flow matching on a LeRobotDataset, and the API that acts with it.
+
+A flavor provides ``build_policy()``, ``frame_inputs(task, normalised_state)`` (its per-frame inputs besides
+images: prompt ids, a padded state, ...) and ``flow_matching()`` (its time convention: ``sample_time``,
+``noisy_actions``, ``euler_sample``); the policy is called as ``model(inputs, x_t, t) -> velocity`` with
+``inputs`` the batched frame inputs plus ``"images"`` (B, cameras, 3, S, S) when ``flavor.cameras > 0``.
 
 A run config names a flavor (``model: pi05-tiny``) and puts the policy options under ``task:``::
 
@@ -16,6 +21,10 @@ Stats for the normaliser come from the training frames. After training, ``finish
 held-out frames (Euler, ``eval.steps`` steps from seeded noise) and reports their mean squared error against the
 recorded chunks, in the dataset's units over non-padded steps, next to two baselines that ignore the
 observation: zeros and the training mean action.
+
+Acting after training (closed-loop evaluation, a robot): ``task, model, _ = load_task_model(checkpoint)`` restores
+the task's state (normaliser, dimensions, cameras, horizon; see :meth:`PolicyTask.state_dict`), then
+``task.act(model, batched task.observation_inputs(text, state, images))`` gives chunks in the dataset's units.
 """
 
 from __future__ import annotations
@@ -35,9 +44,6 @@ from loongforge_embodied.data.lerobot_dataset import LeRobotDataset
 from loongforge_embodied.data.normalize import MODES, Normalizer
 from loongforge_embodied.data.stats import compute_stats
 from loongforge_embodied.policies import flow_matching as fm
-from loongforge_embodied.policies.flavors import Pi05Flavor
-from loongforge_embodied.policies.pi05 import Pi05Policy
-from loongforge_embodied.policies.prompt import prompt_tokens
 from loongforge_embodied.policies.reach import write_reach_dataset
 
 #: ``task:`` keys and their defaults.
@@ -46,50 +52,30 @@ OPTIONS: dict[str, Any] = {"data": None, "synthetic": {}, "held_out_episodes": 8
 SYNTHETIC_OPTIONS: dict[str, Any] = {"episodes": 64, "length": 20, "seed": 0}
 EVAL_OPTIONS: dict[str, Any] = {"frames": 128, "steps": 10, "seed": 0}
 STATE, ACTION = "observation.state", "action"
+#: Batch keys that are targets or bookkeeping, not model inputs.
+NOT_INPUTS = ("actions", "action_is_pad", "index")
 
 
 class PolicyFrames:
-    """Frames of a LeRobotDataset as the policy's tensors, converted once and held in memory (small robot sets).
+    """The frames of one split of a LeRobotDataset, read once and held in memory (small robot sets), and their
+    training items: the model inputs of :meth:`PolicyTask.observation_inputs` plus ``actions`` (H,
+    max_action_dim) normalised and zero-padded and ``action_is_pad`` (H,); ``raw_actions`` keeps the
+    unnormalised chunks for evaluation."""
 
-    Items: ``images`` (cameras, 3, S, S), ``tokens`` (prompt ids), ``actions`` (H, max_action_dim) normalised and
-    zero-padded, ``action_is_pad`` (H,); ``raw_actions`` keeps the unnormalised chunks for evaluation.
-    """
-
-    def __init__(self, dataset: LeRobotDataset, flavor: Pi05Flavor, cameras: list[str],
-                 normalizer: Normalizer | None = None) -> None:
-        frames = [dataset[i] for i in range(len(dataset))]
-        if not frames:
+    def __init__(self, dataset: LeRobotDataset, cameras: list[str]) -> None:
+        self.frames = [dataset[i] for i in range(len(dataset))]
+        if not self.frames:
             raise ConfigError(f"{dataset.root}: the selected episodes have no frames")
-        #: Stats of the frames' own state and action (for the training split, whose normaliser they build).
-        self.stats = None if normalizer is not None else {
-            key: compute_stats(np.stack([f[key] if key == STATE else f[key][0] for f in frames]))
-            for key in (STATE, ACTION)}
-        self.action_dim = frames[0][ACTION].shape[-1]
-        if self.action_dim > flavor.max_action_dim:
-            raise ConfigError(f"{dataset.root}: actions have {self.action_dim} dimensions, the flavor takes at most "
-                              f"{flavor.max_action_dim} (raise model.overrides.max_action_dim)")
-        self.flavor, self.cameras, self.frames = flavor, cameras, frames
+        self.cameras = cameras
+        self.state_dim = self.frames[0][STATE].shape[-1]
+        self.action_dim = self.frames[0][ACTION].shape[-1]
+        self.raw_actions = torch.stack([torch.as_tensor(f[ACTION], dtype=torch.float32) for f in self.frames])
         self.items: list[dict[str, torch.Tensor]] = []
-        self.raw_actions = torch.stack([torch.as_tensor(f[ACTION], dtype=torch.float32) for f in frames])
-        if normalizer is not None:
-            self.normalize(normalizer)
 
-    def normalize(self, normalizer: Normalizer) -> None:
-        """Build the items with ``normalizer`` (the training split's, for held-out frames too)."""
-        flavor = self.flavor
-        self.items = []
-        for frame in self.frames:
-            state = torch.as_tensor(normalizer.normalize(STATE, frame[STATE].astype(np.float64)), dtype=torch.float32)
-            actions = torch.zeros(frame[ACTION].shape[0], flavor.max_action_dim)
-            actions[:, :self.action_dim] = torch.as_tensor(normalizer.normalize(ACTION, frame[ACTION].astype(
-                np.float64)), dtype=torch.float32)
-            self.items.append({
-                "images": torch.stack([_image(frame[key], flavor.image_size) for key in self.cameras]),
-                "tokens": prompt_tokens(frame["task"], state, text_len=flavor.text_len,
-                                        max_state_dim=flavor.max_state_dim, state_bins=flavor.state_bins),
-                "actions": actions,
-                "action_is_pad": torch.as_tensor(frame[f"{ACTION}_is_pad"], dtype=torch.bool),
-            })
+    def stats(self) -> dict[str, dict[str, np.ndarray]]:
+        """Stats of the frames' own state and (first) action, from which the training split's normaliser is built."""
+        return {key: compute_stats(np.stack([f[key] if key == STATE else f[key][0] for f in self.frames]))
+                for key in (STATE, ACTION)}
 
     def __len__(self) -> int:
         return len(self.items)
@@ -98,17 +84,28 @@ class PolicyFrames:
         return self.items[index]
 
 
-def _image(chw: np.ndarray, size: int) -> torch.Tensor:
-    image = torch.as_tensor(chw, dtype=torch.float32)
-    if image.shape[-2:] != (size, size):
-        image = F.interpolate(image[None], size=(size, size), mode="bilinear", antialias=True)[0]
-    return image
+def _image(image: np.ndarray, size: int) -> torch.Tensor:
+    """A camera frame as the policy's (3, size, size) float in [0, 1]: CHW float as the dataset decodes it, or
+    HWC uint8 as a camera or simulator renders it (converted the way the dataset does)."""
+    if image.dtype == np.uint8:
+        image = image.transpose(2, 0, 1).astype(np.float32) / 255.0
+    out = torch.as_tensor(image, dtype=torch.float32)
+    if out.shape[-2:] != (size, size):
+        out = F.interpolate(out[None], size=(size, size), mode="bilinear", antialias=True)[0]
+    return out
 
 
 class PolicyTask:
-    """Flow-matching training of one Pi0.5-style flavor on a LeRobotDataset; see the module docstring."""
+    """Flow-matching training of one policy flavor on a LeRobotDataset, and acting with the trained policy; see the
+    module docstring. The flavor supplies the model (``build_policy``), the per-frame inputs besides images
+    (``frame_inputs``) and its flow-matching time convention (``flow_matching``), so this class serves every
+    policy family.
 
-    def __init__(self, flavor: Pi05Flavor, config: Any) -> None:
+    After :meth:`build_dataset` (or :meth:`load_state_dict` from a checkpoint's state) it holds what acting needs:
+    the normaliser, the state/action dimensions, the camera keys in order and the action horizon.
+    """
+
+    def __init__(self, flavor: Any, config: Any) -> None:
         where = f"task in {config.source}"
         self.options = checked(dict(config.task), OPTIONS, where)
         self.synthetic = checked(dict(self.options["synthetic"]), SYNTHETIC_OPTIONS,
@@ -118,13 +115,20 @@ class PolicyTask:
             raise ConfigError(f"{where}: normalization '{self.options['normalization']}' is unknown; choose one of "
                               f"{', '.join(MODES)}")
         self.flavor = flavor.with_overrides(**config.model.overrides) if config.model.overrides else flavor
+        self.flow = self.flavor.flow_matching()
         self.seed = config.run.seed
         self.output_dir = Path(config.run.output_dir)
         self.source = config.source
         #: Training steps taken (with the sample index, it seeds each sample's noise and time).
         self.steps = 0
+        self.action_horizon = int(self.options["action_horizon"])
         self.train: PolicyFrames | None = None
+        #: Set by build_dataset / load_state_dict: the training split's stats and normaliser, dims and cameras.
+        self.stats: dict[str, dict[str, np.ndarray]] | None = None
         self.normalizer: Normalizer | None = None
+        self.state_dim: int | None = None
+        self.action_dim: int | None = None
+        self.camera_keys: list[str] | None = None
 
     # -- data ------------------------------------------------------------------------------------------------
     def _root(self) -> Path:
@@ -143,27 +147,67 @@ class PolicyTask:
                               f"{len(all_episodes)} episodes (keep at least one for training)")
         return all_episodes[:len(all_episodes) - held], all_episodes[len(all_episodes) - held:]
 
-    def _frames(self, root: Path, episodes: list[int], normalizer: Normalizer | None) -> PolicyFrames:
-        dataset = LeRobotDataset(root, action_horizon=int(self.options["action_horizon"]), episodes=episodes)
-        cameras = self.options["cameras"] or dataset.camera_keys[:self.flavor.cameras]
+    def _frames(self, root: Path, episodes: list[int]) -> PolicyFrames:
+        dataset = LeRobotDataset(root, action_horizon=self.action_horizon, episodes=episodes)
+        cameras = list(self.options["cameras"] or dataset.camera_keys[:self.flavor.cameras])
         if len(cameras) != self.flavor.cameras or set(cameras) - set(dataset.camera_keys):
             raise ConfigError(f"task.cameras in {self.source}: {cameras}; the flavor takes {self.flavor.cameras} of "
                               f"{root}'s cameras {dataset.camera_keys}")
-        return PolicyFrames(dataset, self.flavor, list(cameras), normalizer)
+        return PolicyFrames(dataset, cameras)
 
     def build_dataset(self) -> PolicyFrames:
         """The training episodes, normalised with their own stats (``task.normalization``)."""
         root = self._root()
         train_episodes, _ = self._split(root)
-        self.train = self._frames(root, train_episodes, None)
+        self.train = self._frames(root, train_episodes)
+        for what, dim, most in (("actions", self.train.action_dim, self.flavor.max_action_dim),
+                                (STATE, self.train.state_dim, self.flavor.max_state_dim)):
+            if dim > most:
+                field = "max_action_dim" if what == "actions" else "max_state_dim"
+                raise ConfigError(f"{root}: {what} have {dim} dimensions, the flavor takes at most {most} "
+                                  f"(raise model.overrides.{field})")
         mode = self.options["normalization"]
-        self.normalizer = Normalizer(self.train.stats, {STATE: mode, ACTION: mode})
-        self.train.normalize(self.normalizer)
+        self._set_inference_state(self.train.stats(), {STATE: mode, ACTION: mode}, state_dim=self.train.state_dim,
+                                  action_dim=self.train.action_dim, camera_keys=self.train.cameras)
+        self.train.items = [self.training_item(frame) for frame in self.train.frames]
         return self.train
 
+    def _set_inference_state(self, stats: dict[str, dict[str, np.ndarray]], modes: dict[str, str], *,
+                             state_dim: int, action_dim: int, camera_keys: list[str]) -> None:
+        self.stats, self.normalizer = stats, Normalizer(stats, modes)
+        self.state_dim, self.action_dim, self.camera_keys = state_dim, action_dim, list(camera_keys)
+
+    def observation_inputs(self, task_text: str, state: np.ndarray,
+                           images: dict[str, np.ndarray] | None = None) -> dict[str, torch.Tensor]:
+        """One frame's model inputs (unbatched): the flavor's ``frame_inputs`` of the normalised state and, when
+        the flavor has cameras, ``"images"`` (cameras, 3, S, S) from ``images[key]`` for each camera key in order
+        (CHW float in [0, 1] or HWC uint8). ``state`` is in the dataset's units. Training items use this too."""
+        if self.normalizer is None:
+            raise ConfigError("the policy task has no normaliser yet: call build_dataset(), or load the task from a "
+                              "checkpoint (loongforge.train.task_loop.load_task_model)")
+        state = np.asarray(state, dtype=np.float64)
+        if state.shape != (self.state_dim,):
+            raise ValueError(f"state has shape {state.shape}; the policy was trained on {self.state_dim} dimensions")
+        normalised = torch.as_tensor(self.normalizer.normalize(STATE, state), dtype=torch.float32)
+        inputs = self.flavor.frame_inputs(task_text, normalised)
+        if self.camera_keys:
+            missing = [key for key in self.camera_keys if key not in (images or {})]
+            if missing:
+                raise ValueError(f"images lack camera(s) {missing}; the policy reads {self.camera_keys}")
+            inputs["images"] = torch.stack([_image(images[key], self.flavor.image_size) for key in self.camera_keys])
+        return inputs
+
+    def training_item(self, frame: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """A LeRobotDataset frame as a training sample (normalised with the task's normaliser)."""
+        actions = torch.zeros(frame[ACTION].shape[0], self.flavor.max_action_dim)
+        actions[:, :self.action_dim] = torch.as_tensor(
+            self.normalizer.normalize(ACTION, frame[ACTION].astype(np.float64)), dtype=torch.float32)
+        return {**self.observation_inputs(frame["task"], frame[STATE], {k: frame[k] for k in self.camera_keys}),
+                "actions": actions, "action_is_pad": torch.as_tensor(frame[f"{ACTION}_is_pad"], dtype=torch.bool)}
+
     # -- training --------------------------------------------------------------------------------------------
-    def build_model(self) -> Pi05Policy:
-        return Pi05Policy(self.flavor)
+    def build_model(self) -> torch.nn.Module:
+        return self.flavor.build_policy()
 
     def training_step(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The flow-matching loss with noise and time drawn per sample from (seed, step, dataset index): the same
@@ -171,26 +215,51 @@ class PolicyTask:
         self.steps += 1
         generators = sample_generators(self.seed, self.steps, batch["index"])
         actions = batch["actions"]
-        t = fm.sample_time(generators).to(actions.device)
+        t = self.flow.sample_time(generators).to(actions.device)
         noise = fm.sample_noise(actions.shape[1:], generators).to(actions.device)
-        x_t, target = fm.noisy_actions(actions, noise, t)
-        velocity = model(batch["images"], batch["tokens"], x_t, t)
-        return fm.masked_loss(velocity, target, batch["action_is_pad"], self.train.action_dim)
+        x_t, target = self.flow.noisy_actions(actions, noise, t)
+        inputs = {key: value for key, value in batch.items() if key not in NOT_INPUTS}
+        velocity = model(inputs, x_t, t)
+        return fm.masked_loss(velocity, target, batch["action_is_pad"], self.action_dim)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps}
+        """The step count and everything acting needs after a restart, as plain python values (checkpoints load
+        it with ``torch.load(weights_only=True)``)."""
+        state: dict[str, Any] = {"steps": self.steps, "action_horizon": self.action_horizon}
+        if self.normalizer is not None:
+            state.update(state_dim=self.state_dim, action_dim=self.action_dim, camera_keys=list(self.camera_keys),
+                         normalizer={"modes": dict(self.normalizer.modes),
+                                     "stats": {key: {name: np.asarray(v).tolist() for name, v in values.items()}
+                                               for key, values in self.stats.items()}})
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.steps = int(state["steps"])
+        self.action_horizon = int(state.get("action_horizon", self.action_horizon))
+        saved = state.get("normalizer")
+        if saved is not None:
+            stats = {key: {name: np.asarray(v, dtype=np.float64) for name, v in values.items()}
+                     for key, values in saved["stats"].items()}
+            self._set_inference_state(stats, saved["modes"], state_dim=int(state["state_dim"]),
+                                      action_dim=int(state["action_dim"]), camera_keys=state["camera_keys"])
 
-    # -- evaluation ------------------------------------------------------------------------------------------
+    # -- acting and evaluation -------------------------------------------------------------------------------
     @torch.no_grad()
-    def sample_actions(self, model: torch.nn.Module, images: torch.Tensor, tokens: torch.Tensor, horizon: int, *,
-                       steps: int, seed: int) -> torch.Tensor:
-        """Normalised (B, H, max_action_dim) chunks by Euler integration from seeded noise."""
-        noise = torch.randn(images.shape[0], horizon, self.flavor.max_action_dim,
-                            generator=torch.Generator().manual_seed(seed))
-        return fm.euler_sample(lambda x, t: model(images, tokens, x, t), noise, steps)
+    def act(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], *, steps: int = 10,
+            seed: int = 0) -> np.ndarray:
+        """(B, H, action_dim) action chunks in the dataset's units for batched ``inputs`` (stacked
+        :meth:`observation_inputs`): the flavor's Euler integration over ``steps`` steps from noise seeded by
+        ``seed``, then unnormalised (float64)."""
+        if self.normalizer is None:
+            raise ConfigError("the policy task has no normaliser yet: call build_dataset(), or load the task from a "
+                              "checkpoint (loongforge.train.task_loop.load_task_model)")
+        device = next(model.parameters()).device
+        inputs = {key: value.to(device) for key, value in inputs.items()}
+        batch = next(iter(inputs.values())).shape[0]
+        noise = torch.randn(batch, self.action_horizon, self.flavor.max_action_dim,
+                            generator=torch.Generator().manual_seed(seed)).to(device)
+        chunks = self.flow.euler_sample(lambda x, t: model(inputs, x, t), noise, steps)
+        return self.normalizer.unnormalize(ACTION, chunks[..., :self.action_dim].double().cpu().numpy())
 
     def finish(self, model: torch.nn.Module, output_dir: Path) -> dict[str, Any]:
         """Held-out action MSE of sampled chunks against the recorded ones and two baselines (also written to
@@ -200,17 +269,16 @@ class PolicyTask:
         _, held_out = self._split(root)
         if opts["frames"] <= 0 or not held_out:
             return {}
-        frames = self._frames(root, held_out, self.normalizer)
-        picked = np.linspace(0, len(frames) - 1, min(int(opts["frames"]), len(frames))).round().astype(int).tolist()
-        batch = {key: torch.stack([frames[i][key] for i in picked]) for key in ("images", "tokens", "action_is_pad")}
+        frames = self._frames(root, held_out)
+        count = len(frames.frames)
+        picked = np.linspace(0, count - 1, min(int(opts["frames"]), count)).round().astype(int).tolist()
+        items = [self.training_item(frames.frames[i]) for i in picked]
+        batch = {key: torch.stack([item[key] for item in items]) for key in items[0] if key not in NOT_INPUTS}
         model.eval()
-        chunks = self.sample_actions(model, batch["images"], batch["tokens"], int(self.options["action_horizon"]),
-                                     steps=int(opts["steps"]), seed=int(opts["seed"]))
-        dim = frames.action_dim
-        predicted = torch.as_tensor(self.normalizer.unnormalize(ACTION, chunks[..., :dim].double().numpy()))
+        predicted = torch.as_tensor(self.act(model, batch, steps=int(opts["steps"]), seed=int(opts["seed"])))
         truth = frames.raw_actions[picked].double()
-        valid = ~batch["action_is_pad"]
-        mean = torch.as_tensor(self.train.stats[ACTION]["mean"])
+        valid = ~torch.stack([item["action_is_pad"] for item in items])
+        mean = torch.as_tensor(self.stats[ACTION]["mean"])
 
         def mse(guess: torch.Tensor) -> float:
             return float((((guess - truth) ** 2).mean(-1) * valid).sum() / valid.sum())
@@ -218,7 +286,7 @@ class PolicyTask:
         scores = {"policy": mse(predicted), "mean_baseline": mse(mean.expand_as(truth)),
                   "zero_baseline": mse(torch.zeros_like(truth))}
         Path(output_dir).mkdir(parents=True, exist_ok=True)
-        (Path(output_dir) / "eval.json").write_text(json.dumps({"held_out_action_mse": scores, "frames": len(picked),
+        (Path(output_dir) / "eval.json").write_text(json.dumps({"held_out_action_mse": scores, "frames": len(items),
                                                                 "episodes": held_out}, indent=1))
         return {"held_out_action_mse": scores}
 

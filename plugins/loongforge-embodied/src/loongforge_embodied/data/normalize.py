@@ -24,13 +24,15 @@ MODES = {"mean_std": ("mean", "std"), "min_max": ("min", "max"), "quantiles": ("
 class Normalizer:
     """Normalise the features named in ``modes`` with ``stats`` (``{feature: {"mean": ..., ...}}``).
 
-    ``eps`` keeps constant dimensions (std 0, or min == max) finite: they map to 0 and back to the constant.
+    A dimension whose spread (std, or half the min..max / q01..q99 range) is below ``eps`` is constant: every
+    value maps to 0 (never inf/NaN, even for values the stats never saw, as a simulator's fixed observation
+    dimensions give) and 0 maps back to the constant. Other dimensions divide by ``spread + eps``.
     """
 
     def __init__(self, stats: Mapping[str, Mapping[str, Any]], modes: Mapping[str, str], *, eps: float = 1e-8):
         self.modes = dict(modes)
         self.eps = eps
-        self._params: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._params: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         for key, mode in self.modes.items():
             if mode not in MODES:
                 raise ValueError(f"normalisation mode '{mode}' for '{key}' is unknown; choose one of {list(MODES)}")
@@ -43,23 +45,26 @@ class Normalizer:
                 raise KeyError(f"stats of '{key}' lack {missing} needed by mode '{mode}' (have {sorted(stats[key])})")
             self._params[key] = self._affine(mode, *(np.asarray(stats[key][n], np.float64) for n in MODES[mode]))
 
-    def _affine(self, mode: str, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(shift, scale)`` with ``normalised = (x - shift) / scale``."""
-        if mode == "mean_std":
-            return a, b + self.eps
-        return (a + b) / 2, (b - a) / 2 + self.eps
+    def _affine(self, mode: str, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, ...]:
+        """``(shift, scale, live, unscale)``: ``normalised = (x - shift) / scale * live`` and
+        ``x = normalised * unscale + shift``; ``live`` is 1 (0 for a constant dimension, whose scale is then 1
+        and unscale 0), so other dimensions compute exactly ``(x - shift) / scale`` and ``y * scale + shift``."""
+        shift, spread = (a, b) if mode == "mean_std" else ((a + b) / 2, (b - a) / 2)
+        live = (spread >= self.eps).astype(np.float64)
+        scale = np.where(live > 0, spread + self.eps, 1.0)
+        return shift, scale, live, scale * live
 
     def normalize(self, key: str, x: Any) -> Any:
         if key not in self._params:
             return x
-        shift, scale = (_like(p, x) for p in self._params[key])
-        return (x - shift) / scale
+        shift, scale, live, _ = (_like(p, x) for p in self._params[key])
+        return (x - shift) / scale * live
 
     def unnormalize(self, key: str, x: Any) -> Any:
         if key not in self._params:
             return x
-        shift, scale = (_like(p, x) for p in self._params[key])
-        return x * scale + shift
+        shift, _, _, unscale = (_like(p, x) for p in self._params[key])
+        return x * unscale + shift
 
     def __call__(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         """A copy of ``batch`` with every feature this normaliser knows normalised."""

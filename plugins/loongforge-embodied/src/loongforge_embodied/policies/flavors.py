@@ -1,26 +1,35 @@
-"""``Pi05Flavor``: the sizes of one Pi0.5-style policy, and the table of named flavors.
+"""``Pi05Flavor`` and ``Pi0Flavor``: the sizes of one Pi0.5- or Pi0-style policy, and the table of named flavors.
 
-Torch-free, because the plugin's collector hook registers these objects and ``loongforge list`` must stay instant.
-Only tiny CPU flavors exist: the real Pi0.5 is a PaliGemma 3B backbone (SigLIP So400m + Gemma 2B, width 2048,
-18 layers, 8 heads of 256) with a Gemma-300M action expert (width 1024), which this plain-torch policy does not
-load (see :mod:`loongforge_embodied.policies.pi05` for how it differs).
+Torch-free, because the plugin's collector hook registers these objects and ``loongforge list`` must stay instant
+(the policy-protocol methods import torch when called). These are compact CPU-sized policies with their own layers
+(``blocks``); the real Pi0.5 architecture (PaliGemma 3B: SigLIP So400m + Gemma 2B, with a Gemma-300M action expert)
+is :mod:`~loongforge_embodied.policies.pi05_gemma_flavors` (``pi05-base``), which loads LeRobot/openpi weights.
+
+A flavor is what :class:`~loongforge_embodied.train_task.PolicyTask` trains: ``build_policy``, ``frame_inputs``
+(one frame's model inputs besides images) and ``flow_matching`` (the time convention).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from loongforge.errors import ConfigError
-from loongforge.models.flavor import replace_fields
+
+from loongforge_embodied.policies.flavor_base import PolicyFlavor
+
+#: Byte-token vocabulary: padding + 256 byte values (see ``prompt.vocab_size``).
+TEXT_VOCAB = 1 + 256
 
 
 @dataclass(frozen=True)
-class Pi05Flavor:
-    """One policy. Both streams share the attention geometry (``heads`` x ``head_dim``), as Pi0's PaliGemma and
-    action expert do, and differ in width; states and actions are zero-padded to ``max_state_dim`` /
-    ``max_action_dim`` (Pi0 pads to 32) so one model fits robots with fewer dimensions."""
+class PaliSizes(PolicyFlavor):
+    """What Pi0 and Pi0.5 share. Both streams share the attention geometry (``heads`` x ``head_dim``), as Pi0's
+    PaliGemma and action expert do, and differ in width; states and actions are zero-padded to ``max_state_dim`` /
+    ``max_action_dim`` (Pi0 pads to 32) so one model fits robots with fewer dimensions. ``cameras: 0`` is a
+    state-only policy (no image tokens)."""
 
+    kind: ClassVar[str] = "pali"
     width: int = 64                  # prefix stream (the VLM's) width
     expert_width: int = 32           # action expert width
     depth: int = 2                   # joint layers (prefix + expert weights each)
@@ -32,70 +41,122 @@ class Pi05Flavor:
     patch_size: int = 4
     cameras: int = 1
     text_len: int = 32               # task bytes kept (longer texts are cut)
-    state_bins: int = 256            # Pi0.5 writes the state as 256-bin tokens
     max_state_dim: int = 8
     max_action_dim: int = 8
     rope_theta: float = 10000.0
     eps: float = 1e-6
 
-    def __post_init__(self) -> None:
-        for name in ("width", "expert_width", "depth", "heads", "head_dim", "mlp_ratio", "image_size", "patch_size",
-                     "cameras", "text_len", "state_bins", "max_state_dim", "max_action_dim"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"pi05 flavor: {name} must be positive, got {getattr(self, name)}")
-        if self.vision_depth < 0:
-            raise ConfigError(f"pi05 flavor: vision_depth must be >= 0, got {self.vision_depth}")
-        if self.head_dim % 2:
-            raise ConfigError(f"pi05 flavor: head_dim {self.head_dim} must be even (rotary embedding)")
-        if self.image_size % self.patch_size:
-            raise ConfigError(f"pi05 flavor: image_size {self.image_size} is not a multiple of patch_size "
-                              f"{self.patch_size}")
+    POSITIVE: ClassVar[tuple[str, ...]] = ("width", "expert_width", "depth", "heads", "head_dim", "mlp_ratio",
+                                           "text_len", "max_state_dim", "max_action_dim")
+    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("vision_depth", "cameras")
 
-    @property
-    def patches(self) -> int:
-        """Image tokens per camera."""
-        return (self.image_size // self.patch_size) ** 2
+    def __post_init__(self) -> None:
+        self.check_sizes()
+        if self.head_dim % 2:
+            raise ConfigError(f"{self.kind} flavor: head_dim {self.head_dim} must be even (rotary embedding)")
+
+    def flow_matching(self) -> Any:
+        """Pi0's convention (time 1 = noise, Beta(1.5, 1) times, velocity ``noise - actions``), for both."""
+        from loongforge_embodied.policies import flow_matching
+
+        return flow_matching
+
+    def _backbone_params(self, *, vocab: int, adaptive_expert: bool) -> int:
+        """Parameters of the image tower, the token embedding and the joint layers (``blocks.JointPolicy``)."""
+        w, e, a = self.width, self.expert_width, self.heads * self.head_dim
+
+        def stream(width: int, cond: int | None, output: bool) -> int:
+            norm = cond * 3 * width + 3 * width if cond else width
+            hidden = self.mlp_ratio * width
+            return norm + 3 * width * a + ((a * width + norm + 3 * width * hidden) if output else 0)
+
+        vision = 0
+        if self.cameras:
+            vision = 3 * self.patch_size ** 2 * w + w + self.cameras * self.patches * w
+            vision += self.vision_depth * stream(w, None, True)
+        expert_cond = e if adaptive_expert else None
+        layers = sum(stream(w, None, i < self.depth - 1) + stream(e, expert_cond, True) for i in range(self.depth))
+        return vision + vocab * w + layers
+
+    def _describe(self, what: str) -> str:
+        return (f"{what} VLA policy (flow matching), {self.num_params() / 1e6:.2f}M params, {self.depth} joint "
+                f"layers, width {self.width} / expert {self.expert_width}, {self.heads} heads x {self.head_dim}, "
+                f"{self.inputs_summary()}")
+
+
+@dataclass(frozen=True)
+class Pi05Flavor(PaliSizes):
+    """A Pi0.5-style policy: the state discretised into ``state_bins`` prompt tokens, time through adaRMS."""
+
+    kind: ClassVar[str] = "pi05"
+    state_bins: int = 256            # Pi0.5 writes the state as 256-bin tokens
+
+    POSITIVE: ClassVar[tuple[str, ...]] = (*PaliSizes.POSITIVE, "state_bins")
 
     @property
     def prefix_len(self) -> int:
         """Image tokens of all cameras, then text bytes, then state tokens."""
         return self.cameras * self.patches + self.text_len + self.max_state_dim
 
-    def with_overrides(self, **overrides: Any) -> Pi05Flavor:
-        return replace_fields(self, overrides, what="pi05 flavor")
+    def build_policy(self) -> Any:
+        from loongforge_embodied.policies.pi05 import Pi05Policy
 
-    def make_task(self, config: Any) -> Any:
-        """What ``loongforge train`` runs for this flavor (the core trainer's task; see ``train_task``)."""
-        from loongforge_embodied.train_task import PolicyTask
+        return Pi05Policy(self)
 
-        return PolicyTask(self, config)
+    def frame_inputs(self, task: str, state: Any) -> dict[str, Any]:
+        """``{"tokens": prompt ids}``: the task bytes, then the binned normalised state."""
+        from loongforge_embodied.policies.prompt import prompt_tokens
+
+        return {"tokens": prompt_tokens(task, state, text_len=self.text_len, max_state_dim=self.max_state_dim,
+                                        state_bins=self.state_bins)}
+
+    def num_params(self) -> int:
+        """Parameter count, computed from the sizes (``loongforge list`` must not build the model)."""
+        e, act = self.expert_width, self.max_action_dim
+        # action_in, time_in + time_out, the final (ungated) adaRMS norm, action_out
+        head = (act * e + e) + 2 * (e * e + e) + (2 * e * e + 2 * e) + (e * act + act)
+        return self._backbone_params(vocab=TEXT_VOCAB + self.state_bins, adaptive_expert=True) + head
+
+    def describe(self) -> str:
+        """One line for ``loongforge list``."""
+        return self._describe("Pi0.5-style")
 
 
-FLAVORS: dict[str, Pi05Flavor] = {
+@dataclass(frozen=True)
+class Pi0Flavor(PaliSizes):
+    """A Pi0-style policy: a continuous state token and time mixed into the action tokens (see ``pi0``)."""
+
+    kind: ClassVar[str] = "pi0"
+
+    def build_policy(self) -> Any:
+        from loongforge_embodied.policies.pi0 import Pi0Policy
+
+        return Pi0Policy(self)
+
+    def frame_inputs(self, task: str, state: Any) -> dict[str, Any]:
+        """``{"tokens": task bytes, "state": the normalised state zero-padded to max_state_dim}``."""
+        from loongforge_embodied.policies.prompt import padded_state, text_tokens
+
+        return {"tokens": text_tokens(task, self.text_len), "state": padded_state(state, self.max_state_dim)}
+
+    def num_params(self) -> int:
+        """Parameter count, computed from the sizes (``loongforge list`` must not build the model)."""
+        e, act = self.expert_width, self.max_action_dim
+        # state_proj, action_in, action_time_mlp (in + out), the final RMSNorm, action_out
+        head = (self.max_state_dim * e + e) + (act * e + e) + (2 * e * e + e) + (e * e + e) + e + (e * act + act)
+        return self._backbone_params(vocab=TEXT_VOCAB, adaptive_expert=False) + head
+
+    def describe(self) -> str:
+        """One line for ``loongforge list``."""
+        return self._describe("Pi0-style")
+
+
+_SMALL: dict[str, Any] = dict(width=128, expert_width=64, depth=4, vision_depth=2, heads=4, head_dim=32,
+                              image_size=32, patch_size=4, text_len=48, max_state_dim=32, max_action_dim=32)
+
+FLAVORS: dict[str, PaliSizes] = {
     "pi05-tiny": Pi05Flavor(),
-    "pi05-small": Pi05Flavor(width=128, expert_width=64, depth=4, vision_depth=2, heads=4, head_dim=32,
-                             image_size=32, patch_size=4, text_len=48, max_state_dim=32, max_action_dim=32),
+    "pi05-small": Pi05Flavor(**_SMALL),
+    "pi0-tiny": Pi0Flavor(),
+    "pi0-small": Pi0Flavor(**_SMALL),
 }
-
-
-def num_params(flavor: Pi05Flavor) -> int:
-    """Parameter count, computed from the sizes (``loongforge list`` must not build the model)."""
-    w, e, a, bins = flavor.width, flavor.expert_width, flavor.heads * flavor.head_dim, flavor.state_bins
-
-    def stream(width: int, cond: int | None, output: bool) -> int:
-        norm = cond * 3 * width + 3 * width if cond else width
-        hidden = flavor.mlp_ratio * width
-        return norm + 3 * width * a + ((a * width + norm + 3 * width * hidden) if output else 0)
-
-    vision = 3 * flavor.patch_size ** 2 * w + w + flavor.cameras * flavor.patches * w
-    vision += flavor.vision_depth * stream(w, None, True)
-    embed = (1 + 256 + bins) * w
-    layers = sum(stream(w, None, i < flavor.depth - 1) + stream(e, e, True) for i in range(flavor.depth))
-    head = 2 * (flavor.max_action_dim * e) + e + flavor.max_action_dim + 2 * (e * e + e) + 2 * e * e + 2 * e
-    return vision + embed + layers + head
-
-
-def describe(flavor: Pi05Flavor) -> str:
-    """One line for ``loongforge list``."""
-    return (f"Pi0.5-style VLA policy (flow matching), {num_params(flavor) / 1e6:.2f}M params, {flavor.depth} joint "
-            f"layers, width {flavor.width} / expert {flavor.expert_width}, {flavor.heads} heads x {flavor.head_dim}")

@@ -1,0 +1,53 @@
+"""What every policy flavor shares, whatever its architecture: size checks, image patches, overrides, the task.
+
+Torch-free (flavors are registered at plugin load and listed by ``loongforge list``). A flavor is a frozen
+dataclass that also derives from :class:`PolicyFlavor`, names itself in ``kind`` (error messages say
+``"<kind> flavor: ..."``), lists its size fields in ``POSITIVE`` / ``NON_NEGATIVE`` and calls
+:meth:`PolicyFlavor.check_sizes` from ``__post_init__``; it adds the protocol methods that differ between policies
+(``build_policy``, ``frame_inputs``, ``flow_matching``, ``num_params``, ``describe``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from loongforge.errors import ConfigError
+from loongforge.models.flavor import replace_fields
+
+
+class PolicyFlavor:
+    """Mixin of the policy flavor dataclasses (which must have ``image_size``, ``patch_size`` and ``cameras``)."""
+
+    kind: ClassVar[str] = "policy"
+    POSITIVE: ClassVar[tuple[str, ...]] = ()
+    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("cameras",)
+
+    def check_sizes(self) -> None:
+        """One-line errors for sizes that cannot build a model."""
+        for name in self.POSITIVE:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{self.kind} flavor: {name} must be positive, got {getattr(self, name)}")
+        for name in self.NON_NEGATIVE:
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{self.kind} flavor: {name} must be >= 0, got {getattr(self, name)}")
+        if self.image_size <= 0 or self.patch_size <= 0 or self.image_size % self.patch_size:
+            raise ConfigError(f"{self.kind} flavor: image_size {self.image_size} must be a positive multiple of "
+                              f"patch_size {self.patch_size}")
+
+    @property
+    def patches(self) -> int:
+        """Image tokens per camera."""
+        return (self.image_size // self.patch_size) ** 2
+
+    def inputs_summary(self) -> str:
+        """What the policy observes, for ``describe``."""
+        return f"{self.cameras} camera(s)" if self.cameras else "state only"
+
+    def with_overrides(self, **overrides: Any) -> Any:
+        return replace_fields(self, overrides, what=f"{self.kind} flavor")
+
+    def make_task(self, config: Any) -> Any:
+        """What ``loongforge train`` runs for this flavor: the policy task every flavor shares (``train_task``)."""
+        from loongforge_embodied.train_task import PolicyTask
+
+        return PolicyTask(self, config)

@@ -1,0 +1,37 @@
+"""Closed-loop simulation for VLA policies: Meta-World tasks, expert data collection, a policy server and client,
+and success-rate evaluation (``pip install "loongforge-embodied[sim,serve]"``).
+
+Importing this package is free (no MuJoCo, torch or websockets): the names below load on first use. Modules:
+
+- :mod:`~loongforge_embodied.sim.metaworld_env`: ``MetaWorldEnv`` (episodes that are a function of a seed), task
+  texts, Meta-World's scripted experts
+- :mod:`~loongforge_embodied.sim.collect`: ``python -m loongforge_embodied.sim.collect`` expert -> LeRobotDataset
+- :mod:`~loongforge_embodied.sim.policy`: ``CheckpointPolicy`` (a trained checkpoint, in process), ``RandomPolicy``
+- :mod:`~loongforge_embodied.sim.protocol`: the server's msgpack messages and array encoding
+- :mod:`~loongforge_embodied.sim.server` / :mod:`~loongforge_embodied.sim.client`: ``python -m
+  loongforge_embodied.sim.server CKPT`` and ``PolicyClient``
+- :mod:`~loongforge_embodied.sim.evaluate`: ``python -m loongforge_embodied.sim.evaluate CKPT`` success rate on
+  unseen seeds, in process or through a server
+"""
+
+from __future__ import annotations
+
+from loongforge.lazy import lazy_exports
+
+_EXPORTS = {
+    "MetaWorldEnv": "metaworld_env",
+    "task_text": "metaworld_env",
+    "expert": "metaworld_env",
+    "collect": "collect",
+    "CheckpointPolicy": "policy",
+    "RandomPolicy": "policy",
+    "PolicyClient": "client",
+    "PolicyServerError": "client",
+    "make_server": "server",
+    "evaluate": "evaluate",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+__getattr__ = lazy_exports(__name__, _EXPORTS)
