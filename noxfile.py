@@ -70,23 +70,20 @@ LEROBOT_PARITY = ("torch==2.14.1", "torchvision==0.29.1", "transformers>=4.57.1,
                   "numpy", "importlib-metadata", "pytest")
 
 
-@nox.session(python=PYTHON)
-def lerobot_parity(session: nox.Session) -> None:
-    """Pi0.5 parity with LeRobot 0.4.4's PI05Pytorch (parity/lerobot/README.md): its own venv, because LeRobot
-    needs transformers 4.x and the main suite runs transformers 5."""
-    session.install(*LEROBOT_PARITY)
-    session.install("--no-deps", "lerobot==0.4.4")
-    session.install("--no-deps", "-e", "loongforge-core", "-e", "plugins/loongforge-vlm",
-                    "-e", "plugins/loongforge-embodied")
-    session.run("pytest", "-q", "-s", "parity/lerobot", *session.posargs)
-
-
 def _install_lerobot(session: nox.Session, *extra: str) -> None:
     """The lerobot_parity environment (its pins, lerobot --no-deps, our packages --no-deps) plus ``extra``."""
     session.install(*LEROBOT_PARITY, *extra)
     session.install("--no-deps", "lerobot==0.4.4")
     session.install("--no-deps", "-e", "loongforge-core", "-e", "plugins/loongforge-vlm",
                     "-e", "plugins/loongforge-embodied")
+
+
+@nox.session(python=PYTHON)
+def lerobot_parity(session: nox.Session) -> None:
+    """Pi0.5 parity with LeRobot 0.4.4's PI05Pytorch (parity/lerobot/README.md): its own venv, because LeRobot
+    needs transformers 4.x and the main suite runs transformers 5."""
+    _install_lerobot(session)
+    session.run("pytest", "-q", "-s", "parity/lerobot", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -120,7 +120,8 @@ class TaskTrainer:
         if opt.name.lower() not in ("adamw", "adam"):
             raise ConfigError(f"{config.source}: optimizer.name '{opt.name}' is not supported (use adamw)")
         params = [p for p in self.model.parameters() if p.requires_grad]
-        adamw = dict(lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, weight_decay=opt.weight_decay)
+        adamw = dict(lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, weight_decay=opt.weight_decay,
+                     fused=fused_adamw_applies(params))
         self.optimizer = strategy.optimizer(params, **adamw) if strategy else torch.optim.AdamW(params, **adamw)
         self.step = 0
 
@@ -348,6 +349,19 @@ def _finish(trainer: TaskTrainer, task: Any, output_dir: Path) -> dict[str, Any]
     model = task.build_model().to(trainer.device)
     model.load_state_dict(full[0])
     return task.finish(model, output_dir) or {}
+
+
+def fused_adamw_applies(params: list[nn.Parameter]) -> bool:
+    """Whether PyTorch's fused AdamW kernel can update ``params``: plain (not sharded DTensor) floating-point
+    tensors on the CPU or a CUDA device.
+
+    Why: the default (foreach) update walks the parameters in several passes; the fused one makes one. For an
+    embedding-heavy policy (Pi0.5's 257k-id vocabulary) on the CPU the optimizer was ~70% of a training step, and
+    the fused kernel does it ~4x faster with the same arithmetic up to float rounding (~1e-7 relative). FSDP2's
+    DTensor shards keep the default.
+    """
+    return bool(params) and all(
+        type(p.data) is torch.Tensor and p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
 
 
 def load_task_model(checkpoint: str | Path) -> tuple[Any, Any, Path]:
