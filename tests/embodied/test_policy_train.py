@@ -88,3 +88,13 @@ def test_other_policy_families_train_through_the_cli(tmp_path, flavor):
     losses = [rows[step]["loss"] for step in range(1, 41)]
     assert sum(losses[-10:]) < 0.7 * sum(losses[:10]), losses
     assert (out / "eval.json").is_file()
+
+
+def test_recompute_trains_the_same_run(tmp_path, reference):
+    """``task.recompute: true`` (activation checkpointing of every layer) changes memory, not the numbers."""
+    _, rows = reference
+    recomputed = train(tmp_path / "run", f"training.steps={STEPS}", "checkpoint.interval=0", "task.recompute=true",
+                       "task.eval={frames: 0}")
+    for step in range(1, STEPS + 1):
+        for key in ("loss", "grad_norm"):
+            assert abs(recomputed[step][key] - rows[step][key]) <= 1e-6 * abs(rows[step][key]), (step, key)

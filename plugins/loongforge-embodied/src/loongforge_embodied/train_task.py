@@ -16,6 +16,7 @@ A run config names a flavor (``model: pi05-tiny``) and puts the policy options u
       normalization: quantiles   # states and actions: quantiles (Pi0.5), mean_std, min_max or identity
       cameras: null              # camera keys in order; null takes the dataset's first `cameras` of the flavor
       eval: {frames: 128, steps: 10, seed: 0}   # after training; frames: 0 skips it
+      recompute: false           # activation checkpointing of every layer (policies/recompute.py)
 
 Stats for the normaliser come from the training frames. After training, ``finish`` samples action chunks for
 held-out frames (Euler, ``eval.steps`` steps from seeded noise) and reports their mean squared error against the
@@ -45,10 +46,11 @@ from loongforge_embodied.data.normalize import MODES, Normalizer
 from loongforge_embodied.data.stats import compute_stats
 from loongforge_embodied.policies import flow_matching as fm
 from loongforge_embodied.policies.reach import write_reach_dataset
+from loongforge_embodied.policies.recompute import checkpoint_layers
 
 #: ``task:`` keys and their defaults.
 OPTIONS: dict[str, Any] = {"data": None, "synthetic": {}, "held_out_episodes": 8, "action_horizon": 10,
-                           "normalization": "quantiles", "cameras": None, "eval": {}}
+                           "normalization": "quantiles", "cameras": None, "eval": {}, "recompute": False}
 SYNTHETIC_OPTIONS: dict[str, Any] = {"episodes": 64, "length": 20, "seed": 0}
 EVAL_OPTIONS: dict[str, Any] = {"frames": 128, "steps": 10, "seed": 0}
 STATE, ACTION = "observation.state", "action"
@@ -207,7 +209,11 @@ class PolicyTask:
 
     # -- training --------------------------------------------------------------------------------------------
     def build_model(self) -> torch.nn.Module:
-        return self.flavor.build_policy()
+        """The flavor's policy; with ``task.recompute`` its layers recompute their activations in backward."""
+        model = self.flavor.build_policy()
+        if self.options["recompute"]:
+            checkpoint_layers(model)
+        return model
 
     def training_step(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The flow-matching loss with noise and time drawn per sample from (seed, step, dataset index): the same
