@@ -74,11 +74,11 @@ def hf_to_loongforge(hf_dir: str | Path, out_dir: str | Path, *, model: str | No
 
 def loongforge_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_size: str = "5GB") -> str:
     """Convert a LoongForge VLM checkpoint (any tp/pp it was trained at) to a transformers directory."""
+    from loongforge.checkpoint.layout import find_checkpoint
     from loongforge.interop.hf_checkpoint import parse_size, write_hf_checkpoint
     from loongforge.interop.mcore_checkpoint import (
         checkpoint_config,
         checkpoint_dtype,
-        find_checkpoint,
         hf_side_files,
         load_model_weights,
         resolve_flavor,

@@ -66,10 +66,10 @@ def score(references: list[str], answers: list[str]) -> dict[str, Any]:
 def evaluate(checkpoint: str | Path, *, data: list[str] | None = None, limit: int = 0,
              max_tokens: int = 8) -> dict[str, Any]:
     """Load ``checkpoint`` (TP=PP=1, CPU), answer the held-out questions, return :func:`score`'s result."""
+    from loongforge.checkpoint.layout import find_checkpoint
     from loongforge.interop.mcore_checkpoint import (
         checkpoint_config,
         checkpoint_dtype,
-        find_checkpoint,
         load_model_weights,
         resolve_flavor,
     )
