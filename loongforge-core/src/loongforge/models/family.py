@@ -1,0 +1,108 @@
+"""The model-family contract: the one type every registered model object (a *flavor*) implements.
+
+Why one declared base class: core used to probe registered objects for undeclared attributes (``make_task``,
+``compose``, ``foundation`` ...), so a family author had to read core's code to learn what it looks for, and a
+misspelt method was silently skipped. Here every slot core may call is declared once, typed and documented, with
+a default that says what "not supplied" means -- the way megatron-core's ``BackendSpecProvider`` grows through
+optional methods. Core checks ``isinstance(obj, ModelFamily)`` when it resolves a model name and never asks an
+object for anything not declared here.
+
+A flavor is usually a frozen dataclass deriving from this class (``DecoderFlavor`` for megatron decoders, the
+plugins' DiT / policy / VLM flavors). This module stays torch-free: flavors are registered and listed without
+importing torch; the heavy slots import what they need when called.
+
+Two step engines train models (:mod:`loongforge.train.loop`): ``megatron`` (decoder chunks under megatron-core's
+schedules and optimizer; the flavor supplies :meth:`ModelFamily.build_chunk`) and ``task`` (a plain torch module
+under the torch-native strategies; the flavor supplies :meth:`ModelFamily.make_task`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from loongforge.errors import ConfigError
+
+if TYPE_CHECKING:
+    from loongforge.config.schema import LoongForgeConfig
+    from loongforge.models.flavor import DecoderFlavor
+    from loongforge.registry import Registry
+
+#: The step engines a family can name in :attr:`ModelFamily.engine`.
+ENGINES: tuple[str, ...] = ("megatron", "task")
+
+
+class ModelFamily:
+    """Base of every registered model object; subclasses override the slots that apply to them."""
+
+    #: Which step engine trains this model: ``"megatron"`` or ``"task"`` (see :data:`ENGINES`).
+    engine: ClassVar[str] = "megatron"
+    #: Batch keys the megatron model's forward takes beside ``tokens``, ``position_ids``, ``attention_mask`` and
+    #: ``labels`` (a VLM's ``pixel_values`` ...); the megatron engine passes these through from each batch.
+    extra_inputs: ClassVar[tuple[str, ...]] = ()
+    #: Roles of the parts a config may set for a composed model (``model: {<role>: <name or mapping>}``), e.g. a
+    #: VLM's encoder / projector / foundation. Empty: the model is not composed of parts.
+    part_roles: ClassVar[tuple[str, ...]] = ()
+    #: The dataclass of this model's ``task:`` config section (task engine), validated by core like its own
+    #: sections (unknown keys, types). ``None``: the model takes no ``task:`` options.
+    task_options: ClassVar[type | None] = None
+    #: Whether a config that sets only parts (``model: {encoder: ..., foundation: ...}`` without ``name``)
+    #: composes this model; the one registered family with this set and :attr:`part_roles` covering the given
+    #: roles is chosen (a VLM plugin's bare ``vlm`` composition).
+    default_composition: ClassVar[bool] = False
+
+    @property
+    def family_name(self) -> str:
+        """A short name for messages (``llama``, ``wan`` ...); defaults to the class name."""
+        return type(self).__name__
+
+    def with_overrides(self, **overrides: Any) -> ModelFamily:
+        """A copy with some fields replaced (``model.overrides``); an unknown field is a :class:`ConfigError`."""
+        from loongforge.models.flavor import replace_fields
+
+        return replace_fields(self, overrides, what=f"{self.family_name} flavor")
+
+    def with_parts(self, parts: dict[str, Any], *, registry: Registry, where: str) -> ModelFamily:
+        """This model with the config's parts (roles from :attr:`part_roles`) replaced or composed."""
+        raise ConfigError(f"{where}: model.{'/'.join(parts)} set, but this {self.family_name} model is not composed "
+                          "of parts (`loongforge list models`)")
+
+    @property
+    def decoder(self) -> DecoderFlavor | None:
+        """The megatron decoder this model trains (itself for an LLM, a VLM's language backbone); ``None`` for
+        task-engine models. Layout checks (heads, layers, experts against tp/pp/ep) and the planner read it."""
+        return None
+
+    def build_chunk(self, build: Any) -> Any:
+        """Megatron engine: one model chunk (a ``torch.nn.Module``) for the pipeline stage ``build`` describes.
+
+        ``build`` is a :class:`loongforge.models.building.ChunkBuild`: the device backend (its
+        ``spec_provider()`` supplies the layer modules), dtype, parallel settings, pre/post-process flags, the
+        virtual stage, the device's extra megatron config and the seed.
+        """
+        raise ConfigError(f"model {self.family_name} is trained by the {self.engine!r} engine and builds no "
+                          "megatron chunks")
+
+    def hf_adapter(self) -> Any | None:
+        """The Hugging Face adapter (state-dict names and ``config.json`` both ways), or ``None`` when there is
+        no Hugging Face counterpart (``loongforge convert`` then refuses in one line)."""
+        return None
+
+    def planner_parts(self, config: LoongForgeConfig) -> tuple[Any, ...]:
+        """Memory/compute parts the planner adds outside the decoder (a VLM's vision encoder); default none."""
+        return ()
+
+    def make_task(self, config: LoongForgeConfig) -> Any:
+        """Task engine: the :class:`loongforge.tasks.Task` that trains this model under ``config``."""
+        raise ConfigError(f"{config.source}: model '{config.model.name}' is trained by the megatron engine and "
+                          "takes no task: section")
+
+
+def check_family(obj: Any, name: str, where: str) -> ModelFamily:
+    """``obj`` if it implements the contract, else a one-line :class:`ConfigError` naming ``name`` and ``where``."""
+    if not isinstance(obj, ModelFamily):
+        raise ConfigError(f"{where}: '{name}' resolved to {type(obj).__name__}, which is not a "
+                          "loongforge.models.family.ModelFamily (see docs/plugin-authors.md)")
+    if obj.engine not in ENGINES:
+        raise ConfigError(f"{where}: model '{name}' names engine {obj.engine!r}; known: {', '.join(ENGINES)}")
+    return obj
+
