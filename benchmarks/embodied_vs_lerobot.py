@@ -14,7 +14,7 @@ clipping at 1.0, quantile normalisation of state and actions and the same prompt
   on ``make_policy``'s ``PI05Policy``. Its weights are the reference builder's seeded ones.
 - **LoongForge**: ``loongforge train``'s task path in process: the config is loaded by
   ``load_config``, the model and its task come from the plugin registry (``pi05-gemma-tiny`` with the reference's
-  sizes as overrides), and ``TaskTrainer.train_step`` runs each step (batch order, collate, flow-matching loss,
+  sizes as overrides), and ``TaskEngine.train_step`` runs each step (batch order, collate, flow-matching loss,
   backward, clip, AdamW). Its weights are LeRobot's, converted by ``convert_lerobot``.
 
 Differences that cannot be removed (documented, not hidden):
@@ -35,7 +35,7 @@ Differences that cannot be removed (documented, not hidden):
 - The vocabulary (257152 x width 64 = 16.5M of the 16.6M parameters, hard-coded by LeRobot) makes the dense
   embedding gradient and its AdamW update most of a step at these sizes. LeRobot's AdamW is PyTorch's default
   (foreach) update; our task loop uses PyTorch's fused AdamW kernel wherever it applies (same arithmetic up to
-  float rounding; ``loongforge.train.task_loop.fused_adamw_applies``). Measured on 2 shared CPU cores, 1 thread,
+  float rounding; ``loongforge.train.engines.task.fused_adamw_applies``). Measured on 2 shared CPU cores, 1 thread,
   batch 8: 3.33x with it (optimizer 32 vs 269 ms per step), 1.13x without (the update dominated both sides).
 
 Steps alternate in rounds (``--rounds`` x ``--steps`` each, the order flipped every round) after ``--warmup`` steps
@@ -230,27 +230,28 @@ def our_config(root: Path, sizes: TinySizes, batch: int, steps: int, threads: in
 
 
 class OurLoop:
-    """``loongforge train``'s task path (``train/run.py`` -> ``task_loop.TaskTrainer``) without its logging and
-    checkpoints: config, registry, task and trainer as the CLI builds them; one ``train_step`` per step."""
+    """``loongforge train``'s task path (``train/run.py`` -> ``engines.task.TaskEngine``) without the loop's
+    logging, schedule and checkpoints: config, registry, task and engine as the CLI builds them; one ``train_step``
+    per step (at the constant ``optimizer.lr``)."""
 
     def __init__(self, config_path: Path, weights: dict[str, torch.Tensor]) -> None:
         from loongforge.config.loader import load_config
         from loongforge.devices.selection import select_backend
         from loongforge.plugins import get_host
-        from loongforge.tasks import task_for
-        from loongforge.train import task_loop
+        from loongforge.resolve import registered_family
+        from loongforge.train.engines import task as task_engine
         from loongforge_embodied.convert_lerobot import from_lerobot
 
         config = load_config(config_path)
         host = get_host()
         host.configure(config)
         backend, _ = select_backend("cpu", host.registry("device"), source="benchmark")
-        task = task_for(host.registry("model").load(config.model.name, where="benchmark"), config)
-        self.trainer = task_loop.TaskTrainer(config, task, backend, host)
+        task = registered_family(config, host).make_task(config)
+        self.trainer = task_engine.TaskEngine(config, task, backend, host)
         state, _ = from_lerobot(weights, task.flavor)
         self.trainer.model.load_state_dict(state, strict=True)
-        self._collate, self._collate_s = task_loop._collate, 0.0
-        task_loop._collate = self._timed_collate  # measure the data part of train_step without changing it
+        self._collate, self._collate_s = task_engine._collate, 0.0
+        task_engine._collate = self._timed_collate  # measure the data part of train_step without changing it
 
     def _timed_collate(self, *args: Any) -> Any:
         start = time.perf_counter()
@@ -260,20 +261,21 @@ class OurLoop:
 
     def step(self, timings: Timings) -> float:
         self._collate_s = 0.0
-        row = self.trainer.train_step()
-        timings.step_s.append(row["step_time"])
+        start = time.perf_counter()
+        result = self.trainer.train_step()
+        timings.step_s.append(time.perf_counter() - start)
         timings.data_s.append(self._collate_s)
-        return float(row["loss"])
+        return result.loss
 
     def updated_params(self) -> int:
         return _updated(self.trainer.optimizer)
 
     def phases(self) -> dict[str, float]:
-        """One step of ``TaskTrainer.train_step``'s work, timed phase by phase (its body, written out between laps;
+        """One step of ``TaskEngine.train_step``'s work, timed phase by phase (its body, written out between laps;
         the learning rate stays where the timed steps left it)."""
         t, watch = self.trainer, Stopwatch()
         indices = t.order.next()[:t.config.training.micro_batch_size]
-        batch = self._collate([t.dataset[i] for i in indices], indices, t.device)
+        batch = self._collate([t.data[i] for i in indices], indices, t.device)
         watch.lap("data")
         loss = t.task.training_step(t.model, batch)
         watch.lap("forward")

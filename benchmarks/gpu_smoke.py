@@ -56,7 +56,7 @@ def run_case(name: str, steps: int) -> dict:
     """Train one case in this process and return its numbers (called in a fresh child process)."""
     import torch
     from loongforge.config import load_config
-    from loongforge.config.resolve import resolve_model_flavor
+    from loongforge.resolve import resolve_model_flavor
     from loongforge.train.run import run_training
 
     model, seq, mbs, options, precision = CASES[name]

@@ -1,6 +1,6 @@
 """Planner calibration on CPU: predicted vs measured peak memory and step time for several layouts.
 
-Each layout trains a tiny model for a few steps through the real trainer (``loongforge.planner.measure``
+Each layout trains a tiny model for a few steps through the real trainer (``loongforge.train.measure``
 under torchrun, gloo), measuring every rank's peak live tensor bytes (profiler allocator events) and the
 median step time. The script prints, per layout, the prediction with the default coefficients, the
 measurement and the relative error, then the Spearman rank correlation of predicted vs measured step times
@@ -95,7 +95,7 @@ def run_case(case: Case, root: Path, time_steps: int) -> dict:
     out = root / f"{case.model}-{case.nproc}-{abs(hash(case.candidate))}"
     config = root / f"{out.name}.yaml"
     config.write_text(CONFIG.replace("MODEL", case.model).replace("SEQ", str(SEQ)).replace("GBS", str(GBS)))
-    module = ["-m", "loongforge.planner.measure", str(config), str(out), f"--time-steps={time_steps}",
+    module = ["-m", "loongforge.train.measure", str(config), str(out), f"--time-steps={time_steps}",
               *case.overrides()]
     if case.nproc > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(case.nproc),

@@ -1,7 +1,7 @@
 """Predicted vs measured peak memory of tiny vision-language models on CPU (the planner's ``vision`` part).
 
 Same method as ``benchmarks/planner_calibration.py``: each layout trains for two steps through the real trainer
-(``loongforge.planner.measure``, torchrun + gloo for 2 processes), which records every rank's peak live tensor
+(``loongforge.train.measure``, torchrun + gloo for 2 processes), which records every rank's peak live tensor
 bytes from the profiler's allocator events; the prediction is ``loongforge.planner.memory.estimate_memory`` of
 the decoder plus the VLM's vision part with the default coefficients. Data: ``configs/vlm-shapes.yaml``'s
 synthetic shapes, unpacked (one image per sample), seq 128, 4 samples per micro-batch, fp32.
@@ -21,19 +21,18 @@ import tempfile
 from pathlib import Path
 
 from loongforge.config import load_config
-from loongforge.config.resolve import resolve_model_flavor
 from loongforge.planner.auto import workload_for
 from loongforge.planner.layouts import Candidate
 from loongforge.planner.memory import estimate_memory
+from loongforge.resolve import resolve_model_flavor
 
 #: The byte-vision tokenizer's ids (the Qwen tiny flavors carry Qwen's, so the run overrides them).
-BYTE_VISION_IDS = "{image_token_id: 259, vision_start_token_id: 260, vision_end_token_id: 261, video_token_id: 262}"
+BYTE_VISION_IDS = "image_token_id: 259, vision_start_token_id: 260, vision_end_token_id: 261, video_token_id: 262"
 CONFIG = """
 run: {seed: 1}
 model: MODEL
 data: {dataset: vlm-shapes, tokenizer: byte-vision, seq_length: 128, pack: false}
 training: {phase: sft, micro_batch_size: 4, global_batch_size: 8, threads: 1}
-parallel: {planner: {vision_tokens_per_sample: TOKENS}}
 logging: {interval: 1}
 """
 # (model, vision tokens per sample, processes, extra overrides). Qwen's processor upscales the 32 px images to
@@ -51,7 +50,7 @@ CASES = [
 
 def measure(config: Path, out: Path, nproc: int, overrides: list[str]) -> int:
     """The highest peak over the ranks of one measured run."""
-    module = ["-m", "loongforge.planner.measure", str(config), str(out), "--time-steps=2", *overrides]
+    module = ["-m", "loongforge.train.measure", str(config), str(out), "--time-steps=2", *overrides]
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)] if nproc > 1 else []
     done = subprocess.run([sys.executable, *launcher, *module], capture_output=True, text=True, timeout=1800,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -76,9 +75,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for i, (model, tokens, nproc, overrides) in enumerate(CASES):
-            spec = f"{{name: {model}, overrides: {BYTE_VISION_IDS}}}" if model.startswith("qwen") else model
+            ids = f", {BYTE_VISION_IDS}" if model.startswith("qwen") else ""
+            spec = f"{{name: {model}, overrides: {{vision_tokens_per_sample: {tokens}{ids}}}}}"
             config = root / f"case{i}.yaml"
-            config.write_text(CONFIG.replace("MODEL", spec).replace("TOKENS", str(tokens)))
+            config.write_text(CONFIG.replace("MODEL", spec))
             measured = measure(config, root / f"case{i}", nproc, overrides)
             predicted = predict(config, nproc, overrides)
             errors.append(predicted / measured - 1)

@@ -20,9 +20,10 @@ def test_registered_by_name():
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"warmup": 8}, r"unknown option\(s\) warmup; known: warmup_steps, cost, token_cap, length_key"),
+        ({"warmup": 8}, r"unknown key 'optimizations.dp-balance.warmup' \(known keys here: warmup_steps, cost, "
+                        r"token_cap, length_key\); did you mean 'warmup_steps'"),
         ({"warmup_steps": 3}, r"warmup_steps must be an integer >= 8"),
-        ({"cost": {"a": 1.0, "b": 2.0}}, r"cost must be a mapping with keys a, b, c"),
+        ({"cost": {"a": 1.0, "b": 2.0}}, r"'optimizations.dp-balance.cost.c' is required"),
         ({"cost": {"a": -1.0, "b": 2.0, "c": 0.0}}, r"coefficients must be >= 0"),
         ({"token_cap": 0}, r"token_cap must be a positive integer"),
     ],

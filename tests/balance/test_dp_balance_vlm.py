@@ -37,8 +37,8 @@ COST = "{a: 0.001, b: 1.0, c: 10.0}"  # pinned: no warm-up steps
 
 def _rows(pack: bool = True):
     """The training rows of configs/vlm-shapes.yaml at seq_length 96, built as a run builds them."""
-    from loongforge.config.resolve import resolve_model_flavor
     from loongforge.plugins import PluginHost
+    from loongforge.resolve import resolve_model_flavor
     from loongforge.train.batches import load_tokenizer
 
     config = load_config(CONFIG, ["data.seq_length=96", f"data.pack={str(pack).lower()}"])

@@ -30,12 +30,13 @@ def test_options_become_settings(monkeypatch):
 
 
 @pytest.mark.parametrize("options,message", [
-    ({"slots": 1}, "unknown option(s) slots; known: spare_slots, topology_weight, ranks_per_node"),
+    ({"slots": 1}, "unknown key 'optimizations.taot.slots' (known keys here: spare_slots, topology_weight, "
+                   "ranks_per_node)"),
     ({"spare_slots": 0}, "spare_slots must be >= 1"),
-    ({"spare_slots": "2"}, "spare_slots must be an integer"),
+    ({"spare_slots": "2"}, "'optimizations.taot.spare_slots' must be an integer, got '2'"),
     ({"ranks_per_node": 0}, "ranks_per_node must be >= 1"),
     ({"topology_weight": -0.1}, "topology_weight must be a number >= 0"),
-    ({"topology_weight": True}, "topology_weight must be a number >= 0"),
+    ({"topology_weight": True}, "'optimizations.taot.topology_weight' must be a number, got True"),
 ])
 def test_bad_options_are_config_errors(options, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):

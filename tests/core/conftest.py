@@ -61,6 +61,39 @@ HF_TINY_COMMON = dict(
     hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
     vocab_size=384, max_position_embeddings=256, rms_norm_eps=1e-6,
 )
+#: Tiny configs of the families whose config.json keys differ from Llama's: complete settings (not merged with
+#: HF_TINY_COMMON), vocabularies that are not a multiple of 128 so megatron's padded rows are exercised.
+HF_FAMILY_CASES = {
+    "gpt2-tied": ("GPT2Config", "GPT2LMHeadModel", dict(
+        n_embd=64, n_layer=2, n_head=4, n_positions=256, vocab_size=389, activation_function="gelu_new",
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)),
+    "pythia-parallel-rotary": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, vocab_size=389,
+        max_position_embeddings=256, hidden_act="gelu", tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})),
+    "phi-shared-norm-gqa": ("PhiConfig", "PhiForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=389, max_position_embeddings=256, hidden_act="gelu_new",
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.4})),
+    "gemma-geglu-gqa": ("GemmaConfig", "GemmaForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, vocab_size=389, max_position_embeddings=256, rms_norm_eps=1e-6)),
+    # Small caps and window so that soft-capping and the sliding window change the result on 24-48 tokens;
+    # query_pre_attn_scalar != head_dim so the score scale is tested; layers alternate sliding / full.
+    "gemma2-softcap-window": ("Gemma2Config", "Gemma2ForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, vocab_size=389, max_position_embeddings=256, query_pre_attn_scalar=24, sliding_window=8,
+        attn_logit_softcapping=2.0, final_logit_softcapping=4.0)),
+}
+HF_TINY_CASES.update(HF_FAMILY_CASES)
+#: transformers model types whose RMSNorm weight is stored zero-centred (applied as ``1 + w``).
+ZERO_CENTRED_NORMS = ("gemma", "gemma2")
+
+
+def tiny_settings(case: str) -> dict:
+    """The transformers config settings of tiny case ``case`` (Llama-style cases on top of HF_TINY_COMMON)."""
+    extra = HF_TINY_CASES[case][2]
+    return dict(extra) if case in HF_FAMILY_CASES else {**HF_TINY_COMMON, **extra}
 
 
 def make_hf_model(config_cls: str, model_cls: str, settings: dict, seed: int = 0):
@@ -74,8 +107,10 @@ def make_hf_model(config_cls: str, model_cls: str, settings: dict, seed: int = 0
     model = getattr(transformers, model_cls)(config).float().eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith("norm.weight") or "layernorm" in name:
+            if name.endswith("norm.weight") or "layernorm" in name or ".ln_" in name:
                 param.uniform_(0.5, 1.5)
+                if config.model_type in ZERO_CENTRED_NORMS and name.endswith("norm.weight"):
+                    param.sub_(1.0)  # these norms scale by 1 + w: the same effective spread
             elif name.endswith("bias"):
                 param.normal_(0.0, 0.5)
             else:
@@ -88,8 +123,8 @@ def hf_tiny(tmp_path):
     """``hf_tiny(case) -> (directory, model)``: a tiny HF checkpoint saved with ``save_pretrained``."""
 
     def build(case: str, **overrides):
-        config_cls, model_cls, extra = HF_TINY_CASES[case]
-        model = make_hf_model(config_cls, model_cls, {**HF_TINY_COMMON, **extra, **overrides})
+        config_cls, model_cls, _ = HF_TINY_CASES[case]
+        model = make_hf_model(config_cls, model_cls, {**tiny_settings(case), **overrides})
         directory = tmp_path / f"hf-{case}"
         model.save_pretrained(directory)
         return directory, model
@@ -108,12 +143,12 @@ def checkpoint_logits(checkpoint, tokens):
         resolve_flavor,
     )
     from loongforge.interop.world import standalone_world
-    from loongforge.models.builder import build_model
+    from loongforge.models.building import build_standalone
 
     path = find_checkpoint(checkpoint)
     config = checkpoint_config(path)
     with standalone_world() as backend:
-        model = build_model(resolve_flavor(config), backend=backend, params_dtype=checkpoint_dtype(path, config))
+        model = build_standalone(resolve_flavor(config), backend, checkpoint_dtype(path, config))
         load_model_weights(path, [model])
         positions = torch.arange(tokens.shape[1]).unsqueeze(0).expand(tokens.shape[0], -1)
         with torch.no_grad():

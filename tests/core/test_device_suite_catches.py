@@ -1,4 +1,6 @@
-"""DeviceBackendSuite fails backends that break the promises it checks (so passing it means something)."""
+"""DeviceBackendSuite fails backends that break the promises it checks (so passing it means something), among them
+three that pass every other check and cannot train: a CPU backend declaring NCCL, one that skips megatron's CPU
+patches, and one whose core attention is not a module."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import os
 
 import pytest
 from loongforge.devices.cpu import CPUBackend
+from loongforge.devices.cpu_spec import CPUSpecProvider
 from loongforge.testing.device_suite import DeviceBackendSuite
 
 
@@ -36,6 +39,55 @@ class _LaxSupports(CPUBackend):
 class _LossyRng(CPUBackend):
     def set_rng_state(self, state) -> None:
         """Forgets the state: resume would not be bit-exact."""
+
+
+class _NcclOnCpu(CPUBackend):
+    """Declares NCCL for CPU tensors."""
+
+    dist_backend = "nccl"
+
+
+class _SkipsCpuPatches(CPUBackend):
+    def apply_patches(self) -> None:
+        """Forgets megatron-core's CPU patches (its RNG tracker and device queries stay CUDA-only)."""
+
+
+class _PlainAttention:
+    """A class, so ``core_attention()`` still "is a type", but not a ``torch.nn.Module``: nothing runs forward."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.config = kwargs.get("config")
+
+
+class _AttentionNotAModuleProvider(CPUSpecProvider):
+    def core_attention(self) -> type:
+        return _PlainAttention
+
+
+class _AttentionNotAModule(CPUBackend):
+    def spec_provider(self) -> CPUSpecProvider:
+        return _AttentionNotAModuleProvider()
+
+
+@pytest.mark.parametrize(("mutant", "symptom"), [
+    (_NcclOnCpu, "cannot start a world on dist_backend='nccl' declared by _NcclOnCpu"),
+    (_SkipsCpuPatches, "CUDA"),  # unpatched, megatron asks torch.cuda (here: "Torch not compiled with CUDA")
+    (_AttentionNotAModule, "_PlainAttention'> is not a subclass of torch.nn.Module"),
+])
+def test_backends_that_cannot_train_fail_the_training_check(mutant, symptom, tmp_path):
+    with pytest.raises(AssertionError, match="cannot train one step of one transformer layer") as err:
+        DeviceBackendSuite().test_trains_one_transformer_layer_one_step(mutant(), tmp_path)
+    assert symptom in str(err.value), str(err.value)[-2000:]
+
+
+@pytest.mark.parametrize("mutant", [_NcclOnCpu, _SkipsCpuPatches, _AttentionNotAModule])
+def test_those_backends_pass_the_static_checks(mutant):
+    """Why the training check is needed: the checks that do not train accept all three."""
+    suite, backend = DeviceBackendSuite(), mutant()
+    suite.test_identity(backend)
+    suite.test_supports_answers_every_feature_and_rejects_unknown(backend)
+    suite.test_spec_provider_has_megatron_backend_spec_provider_methods(backend)
+    suite.test_apply_patches_is_idempotent(backend)
 
 
 def test_override_of_a_user_variable_fails(monkeypatch):

@@ -7,36 +7,22 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
+from example_packages import installed_example as installed_example_package
+from example_packages import loongforge, pip
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "loongforge-example-device"
 DIST = "loongforge-example-device"
-
-
-def loongforge(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "loongforge.cli", *args], capture_output=True, text=True)
-
-
-def pip(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "--quiet", "--disable-pip-version-check", *args], check=True)
 
 
 @pytest.fixture(scope="module")
 def installed_example(tmp_path_factory):
     """The example, copied (so building leaves the repository clean) and pip-installed for this module."""
-    source = tmp_path_factory.mktemp("example") / "pkg"
-    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    pip("install", "--no-deps", "--no-build-isolation", str(source))
-    try:
+    with installed_example_package(DIST, tmp_path_factory.mktemp("example")) as source:
         yield source
-    finally:
-        pip("uninstall", "--yes", DIST)
 
 
 def test_listed_as_plugin_and_device(installed_example):

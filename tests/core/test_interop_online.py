@@ -81,7 +81,7 @@ def test_model_load_from_converted_checkpoint_keeps_weights_bitwise(hf_tiny, tmp
 
 
 def test_model_load_refuses_another_model(hf_tiny, tmp_path):
-    from loongforge.interop.errors import InteropError
+    from loongforge.errors import InteropError
     from loongforge.train.run import run_training
 
     hf_dir, _ = hf_tiny("llama3-rope-untied", **LLAMA_DEBUG)

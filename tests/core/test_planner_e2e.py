@@ -22,7 +22,7 @@ def test_measured_peak_matches_prediction(tmp_path):
     config = tmp_path / "tiny.yaml"
     config.write_text("run: {seed: 1}\nmodel: llama-tiny\ndata: {seq_length: 256}\n"
                       "training: {micro_batch_size: 4, global_batch_size: 8, threads: 1}\n")
-    done = subprocess.run([sys.executable, "-m", "loongforge.planner.measure", str(config), str(tmp_path / "out")],
+    done = subprocess.run([sys.executable, "-m", "loongforge.train.measure", str(config), str(tmp_path / "out")],
                           capture_output=True, text=True, timeout=600, env=ENV)
     assert done.returncode == 0, done.stderr[-3000:]
     measured = json.loads((tmp_path / "out" / "rank0.json").read_text())

@@ -10,7 +10,7 @@ import psutil
 import pytest
 from loongforge.cli import main
 from loongforge.config.schema import PlannerConfig
-from loongforge.devices.base import DeviceModuleBackend
+from loongforge.devices.base import DeviceBackend, DeviceModuleBackend
 from loongforge.devices.cpu import CPUBackend
 from loongforge.errors import ConfigError
 from loongforge.planner.auto import cluster_from_options
@@ -56,14 +56,14 @@ def test_flags_and_planner_options_win_over_the_backend(host):
 
 
 class ThirdPartyCPU(CPUBackend):
-    """A plugin's CPU-type backend written before ``planner_facts`` existed."""
+    """A plugin's CPU-type backend that does not override ``planner_facts``."""
 
     name = "acme-cpu"
-    planner_facts = None  # as if the method were never defined
 
 
 class ThirdPartyAccelerator(DeviceModuleBackend):
-    """A plugin's accelerator without ``planner_facts``, driven through a FAKE ``torch.cuda``-style module."""
+    """A plugin's accelerator that does not override ``planner_facts``, driven through a FAKE ``torch.cuda``-style
+    module."""
 
     name = "acme"
     device_type = "acme"
@@ -93,8 +93,18 @@ def test_third_party_accelerator_gets_its_memory_and_conservative_speeds(monkeyp
     assert device_facts(ThirdPartyAccelerator(FakeCudaModule(device_count=4)))["ranks_per_node"] == 2
 
 
+class BareBackend(DeviceBackend):
+    """A plugin's backend with no device module and no figures: the declared default knows only its name."""
+
+    name = "bare"
+    device_type = "bare"
+    # not exercised here
+    probe = supports = spec_provider = set_device = synchronize = manual_seed = None
+    get_rng_state = set_rng_state = memory_stats = None
+
+
 def test_backend_reporting_no_memory_needs_the_option():
-    bare = SimpleNamespace(name="bare", device_type="bare")
+    bare = BareBackend()
     assert device_facts(bare) == {"name": "bare"}
     with pytest.raises(ConfigError, match=r"\(bare\) does not report its memory; set parallel.planner.device_memory"):
         cluster_from_options(PlannerConfig(), 8, device_facts(bare))

@@ -1,8 +1,8 @@
 """The planner with a composed model (a decoder plus parts outside it), without any plugin.
 
-Core must stay model-agnostic: it plans the ``foundation`` of a flavor that ``compose``s one and asks the flavor
-for its other parts through ``planner_components(vision_tokens_per_sample=...)``. A duck-typed stand-in flavor
-plays the VLM here; the real vision part is tested in tests/vlm/test_vlm_planner.py.
+Core must stay model-agnostic: it plans the family's declared ``decoder`` and asks the family for its other parts
+through ``planner_parts(config)`` (:class:`loongforge.models.family.ModelFamily`). A stand-in family plays the VLM
+here; the real vision part is tested in tests/vlm/test_vlm_planner.py.
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ from dataclasses import dataclass
 import pytest
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import ConfigError
+from loongforge.models.family import ModelFamily
 from loongforge.models.registration import all_flavors
-from loongforge.planner.auto import vision_tokens_per_sample, workload_for
+from loongforge.planner.auto import workload_for
 from loongforge.planner.hardware import GIB, ClusterSpec
 from loongforge.planner.layouts import Candidate
-from loongforge.planner.memory import Workload, estimate_memory, model_components
+from loongforge.planner.memory import Workload, estimate_memory
 from loongforge.planner.timing import TimeCoefficients, estimate_time
 
 DECODER = all_flavors()["qwen2.5-7b"]
@@ -28,6 +29,7 @@ class Part:
 
     vision_tokens: int
     name: str = "vision"
+    description: str = "a stand-in vision part"
 
     def param_count(self, candidate):
         return 100_000_000
@@ -40,38 +42,40 @@ class Part:
 
 
 @dataclass(frozen=True)
-class Composed:
+class Composed(ModelFamily):
     foundation: object
 
-    def compose(self, language_model):  # what marks a composed model for core (decoder_flavor)
-        return language_model
+    @property
+    def decoder(self):
+        return self.foundation
 
-    def planner_components(self, *, vision_tokens_per_sample):
-        return (Part(vision_tokens_per_sample),)
+    def planner_parts(self, config):
+        return (Part(config.data.seq_length // 4),)
 
 
-def _config(**planner) -> LoongForgeConfig:
+def _config() -> LoongForgeConfig:
     config = LoongForgeConfig()
     config.data.seq_length = 2048
     config.training.precision = "bf16"
-    for key, value in planner.items():
-        setattr(config.parallel.planner, key, value)
     return config
 
 
-def test_workload_plans_the_foundation_and_asks_the_flavor_for_its_parts():
-    workload = workload_for(_config(vision_tokens_per_sample=512), Composed(DECODER), "te")
+def test_workload_plans_the_decoder_and_asks_the_family_for_its_parts():
+    workload = workload_for(_config(), Composed(DECODER), "te")
     assert workload.flavor is DECODER
     assert workload.components == (Part(512),)
     assert workload_for(_config(), DECODER, "te").components == ()  # a plain LLM has none
-    assert model_components(DECODER, 512) == ()
 
 
-def test_vision_tokens_default_to_half_the_sequence_and_are_checked():
-    assert vision_tokens_per_sample(_config()) == 1024
-    assert vision_tokens_per_sample(_config(vision_tokens_per_sample=0)) == 0
-    with pytest.raises(ConfigError, match="vision_tokens_per_sample must be between 0 and data.seq_length"):
-        vision_tokens_per_sample(_config(vision_tokens_per_sample=4096))
+def test_a_task_engine_family_is_refused_in_one_line():
+    class TaskModel(ModelFamily):
+        engine = "task"
+
+    config = _config()
+    config.model.name = "some-dit"
+    with pytest.raises(ConfigError, match=r"^<defaults>: model 'some-dit' is trained by the task engine; the planner "
+                                          r"sizes megatron layouts only$"):
+        workload_for(config, TaskModel(), "te")
 
 
 def test_part_memory_is_its_own_first_stage_term():

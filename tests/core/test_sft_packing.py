@@ -10,7 +10,7 @@ from loongforge.data.packing import block_causal_mask  # noqa: E402
 from loongforge.data.tokenizers import ByteTokenizer  # noqa: E402
 from loongforge.models.builder import build_model  # noqa: E402
 from loongforge.models.llama import FLAVORS  # noqa: E402
-from loongforge.train.trainer import _masked_mean_loss  # noqa: E402
+from loongforge.train.engines.megatron import _masked_mean_loss  # noqa: E402
 
 NUM_SAMPLES = 24
 

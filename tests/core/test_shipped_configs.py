@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from loongforge.config import load_config
-from loongforge.config.resolve import resolve_names
+from loongforge.resolve import resolve_names
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 

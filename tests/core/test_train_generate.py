@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from loongforge.train.generate import _next_token
+from loongforge.models.generate import _next_token
 
 
 def test_greedy_is_argmax():

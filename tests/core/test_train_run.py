@@ -7,9 +7,11 @@ and the process group it created, so that a second run (a resume, a notebook re-
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import pytest
 from loongforge import hookimpl, load_config
+from loongforge.optimizations import Optimization
 
 
 def _config(tmp_path, *overrides):
@@ -144,11 +146,20 @@ def test_checkpoint_from_another_model_fails_in_one_line(tmp_path):
         run_training(_config(tmp_path, "training.steps=2", "model.overrides.num_layers=3"))
 
 
-class StopAfter:
+@dataclass(frozen=True)
+class StopAfterOptions:
+    stop_at: int
+
+
+class StopAfter(Optimization):
     """An optimization (enabled by name from ``optimizations:``) that ends training early."""
 
+    name = "stop-after"
+    options_type = StopAfterOptions
+
     def __init__(self, options):
-        self.stop_at = options["stop_at"]
+        super().__init__(options)
+        self.stop_at = self.options.stop_at
 
     @hookimpl
     def loongforge_on_step_end(self, trainer, step):

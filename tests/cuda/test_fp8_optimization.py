@@ -34,9 +34,10 @@ def test_registered_by_the_cuda_plugin():
 
 
 def test_options_are_checked():
-    with pytest.raises(ConfigError, match=r"optimizations\.adaptive-fp8\.policy is required"):
+    with pytest.raises(ConfigError, match=r"optimizations\.adaptive-fp8: policy is required"):
         AdaptiveFP8Optimization({})
-    with pytest.raises(ConfigError, match=r"unknown option\(s\) polcy; known: policy, tokens_per_microbatch"):
+    with pytest.raises(ConfigError, match=r"unknown key 'optimizations\.adaptive-fp8\.polcy' \(known keys here: "
+                                          r"policy, tokens_per_microbatch\); did you mean 'policy'"):
         AdaptiveFP8Optimization({"polcy": "x.json"})
 
 

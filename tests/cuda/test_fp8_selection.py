@@ -21,7 +21,7 @@ LLAMA = {"model.name": "llama-debug"}
 def megatron_world():
     """A one-process gloo world with megatron's parallel state at TP=PP=EP=1 (core's own helpers)."""
     from loongforge.devices.cpu import CPUBackend
-    from loongforge.train.distributed import init_distributed, shutdown_distributed
+    from loongforge.parallel.distributed import init_distributed, shutdown_distributed
     from megatron.core import parallel_state, tensor_parallel
 
     backend = CPUBackend()

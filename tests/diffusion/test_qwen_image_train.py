@@ -99,10 +99,11 @@ def config_task(config):
 
 
 @pytest.mark.parametrize("override,message", [
-    ("task.smaples=3", "task in {}: unknown key(s) smaples; known: samples, side"),
-    ("task.sample={videos: 2}", "task.sample in {}: unknown key(s) videos; known: images"),
-    ("task.ema={decy: 0.9}", "task.ema in {}: unknown key(s) decy; known: decay, warmup"),
-    ("task.flow_matching={shfit: 2}", "task.flow_matching in {}: unknown key(s) shfit; known: shift"),
+    ("task.smaples=3", "{}: unknown key 'task.smaples' (known keys here: samples, side"),
+    ("task.sample={videos: 2}", "{}: unknown key 'task.sample.videos' (known keys here: images"),
+    ("task.ema={decy: 0.9}", "{}: unknown key 'task.ema.decy' (known keys here: decay, warmup); did you mean 'decay'?"),
+    ("task.flow_matching={shfit: 2}", "{}: unknown key 'task.flow_matching.shfit' (known keys here: shift"),
+    ("task.context_dropout=lots", "{}: 'task.context_dropout' must be a number, got 'lots'"),
     ("model.overrides.in_channels=16", "pixel-space training needs in_channels 12 (RGB in 2x2 patches)"),
     ("task.side=15", "task.side 15 in {} must be a multiple of the patch size 2"),
 ])

@@ -67,8 +67,9 @@ def test_bad_task_options_are_one_line_errors(tmp_path, capsys):
     config = str(ROOT / CONFIG)
     assert main(["train", config, f"run.output_dir={tmp_path}", "task.smaples=3"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "task in" in err and "unknown key(s) smaples; known: data, samples" in err
-    with pytest.raises(ConfigError, match="task options \\['samples'\\] are set but model 'llama-debug' has no task"):
+    assert err.count("\n") == 1 and f"{config}: unknown key 'task.smaples' (known keys here: data, samples" in err
+    assert "did you mean 'samples'?" in err
+    with pytest.raises(ConfigError, match=r"unknown key 'task.samples' \(model 'llama-debug' takes no task: section"):
         run_training(load_config(None, ["model.name=llama-debug", "task.samples=3", f"run.output_dir={tmp_path}"]))
 
 

@@ -10,15 +10,15 @@ import subprocess
 import sys
 import threading
 from contextlib import contextmanager
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
 import pytest
+from loongforge.cli import main
 from loongforge_embodied.data.lerobot_dataset import LeRobotDataset
-from loongforge_embodied.sim import collect as collect_cli
-from loongforge_embodied.sim import evaluate as evaluate_cli
 from loongforge_embodied.sim.client import PolicyClient, PolicyServerError
-from loongforge_embodied.sim.collect import REPORT_PATH, collect
+from loongforge_embodied.sim.collect import REPORT_PATH, CollectReport, collect
 from loongforge_embodied.sim.evaluate import chunk_seed, evaluate
 from loongforge_embodied.sim.metaworld_env import MetaWorldEnv
 from loongforge_embodied.sim.policy import CheckpointPolicy, RandomPolicy
@@ -50,8 +50,9 @@ task:
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     root = tmp_path_factory.mktemp("metaworld") / "reach"
-    report = collect_cli.main([str(root), "--env", ENV, "--episodes", "2", "--max-steps", "150", "--tail", str(TAIL)])
-    return root, report
+    assert main(["collect", str(root), "--env", ENV, "--episodes", "2", "--max-steps", "150", "--tail", str(TAIL)]) == 0
+    saved = json.loads((root / REPORT_PATH).read_text())
+    return root, CollectReport(**{field.name: saved[field.name] for field in fields(CollectReport)})
 
 
 @contextmanager
@@ -141,9 +142,10 @@ def test_server_answers_like_the_policy_and_reports_errors():
 
 def test_random_baseline_command(tmp_path):
     out = tmp_path / "eval.json"
-    report = evaluate_cli.main(["--baseline", "random", "--seeds", "2", "--first-seed", "1000", "--max-steps", "6",
-                                "--replan", "4", "--output", str(out)])
-    assert json.loads(out.read_text()) == report and set(report) == {"random"}
+    assert main(["eval", "random", "--seeds", "2", "--first-seed", "1000", "--max-steps", "6", "--replan", "4",
+                 "--output", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report) == {"random"}
     assert report["random"]["seeds"] == [1000, 1001] and report["random"]["success_rate"] == 0.0
     assert [e["steps"] for e in report["random"]["episodes"]] == [6, 6]
 

@@ -170,8 +170,9 @@ def test_flavor_checks_and_overrides():
 
 
 @pytest.mark.parametrize("task,message", [
-    ({"horizon": 4}, "task in run.yaml: unknown key"),
-    ({"eval": {"frame": 3}}, "task.eval in run.yaml: unknown key"),
+    ({"horizon": 4}, "run.yaml: unknown key 'task.horizon'"),
+    ({"eval": {"frame": 3}}, "run.yaml: unknown key 'task.eval.frame' .*did you mean 'frames'"),
+    ({"action_horizon": "abc"}, "run.yaml: 'task.action_horizon' must be an integer, got 'abc'"),
     ({"normalization": "zscore"}, "normalization 'zscore' is unknown"),
 ])
 def test_task_option_errors(task, message):

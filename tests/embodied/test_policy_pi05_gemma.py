@@ -10,6 +10,7 @@ import json
 
 import pytest
 import torch
+from loongforge.cli import main
 from loongforge.errors import ConfigError, LoongForgeError
 from loongforge_embodied import convert_lerobot
 from loongforge_embodied.policies.gemma import prefix_lm_mask
@@ -206,13 +207,13 @@ def test_conversion_command_round_trip(tmp_path, capsys):
     save_file(convert_lerobot.to_lerobot(ours, FLAVOR), src)
     overrides = [f"{k}={json.dumps(v)}" for k, v in dataclasses.asdict(FLAVOR).items()
                  if v != getattr(FLAVORS["pi05-gemma-tiny"], k)]
-    convert_lerobot.main(["lerobot-to-loongforge", "--flavor", "pi05-gemma-tiny",
-                          *[a for o in overrides for a in ("--set", o)], str(src), str(tmp_path / "ours.safetensors")])
+    assert main(["convert", "hf-to-mcore", str(src), str(tmp_path / "ours.safetensors"), "--flavor", "pi05-gemma-tiny",
+                 *[a for o in overrides for a in ("--set", o)]]) == 0
     mine = load_file(tmp_path / "ours.safetensors")
     assert mine.keys() == ours.keys() and all(torch.equal(mine[k], ours[k]) for k in ours)
     with safe_open(tmp_path / "ours.safetensors", "pt") as handle:
         assert Pi05GemmaFlavor(**json.loads(handle.metadata()["flavor"])) == FLAVOR
-    convert_lerobot.main(["loongforge-to-lerobot", str(tmp_path / "ours.safetensors"), str(tmp_path / "back.st")])
+    assert main(["convert", "mcore-to-hf", str(tmp_path / "ours.safetensors"), str(tmp_path / "back.st")]) == 0
     original, back = load_file(src), load_file(tmp_path / "back.st")
     assert back.keys() == original.keys() and all(torch.equal(back[k], original[k]) for k in original)
     assert "wrote" in capsys.readouterr().out

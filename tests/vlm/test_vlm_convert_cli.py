@@ -1,11 +1,11 @@
-"""``python -m loongforge_vlm.convert``: a saved transformers Qwen2-VL directory becomes a LoongForge checkpoint whose
-model computes transformers' logits, and converting it back writes the original tensors bitwise; bad inputs are one
-line and write nothing."""
+"""``loongforge convert`` of Qwen2-VL (the vlm plugin's converters): a saved transformers Qwen2-VL directory becomes
+a LoongForge checkpoint whose model computes transformers' logits, and converting it back writes the original tensors
+bitwise; bad inputs are one line and write nothing."""
 
 from __future__ import annotations
 
 import torch
-from loongforge_vlm.convert import main
+from loongforge.cli import main
 from loongforge_vlm.model.flavors import FLAVORS
 from safetensors.torch import load_file
 from vlm_reference import mixed_batch, reference_model
@@ -14,9 +14,9 @@ from vlm_reference import mixed_batch, reference_model
 def test_round_trip_through_a_checkpoint_is_bitwise(tmp_path, capsys):
     flavor = FLAVORS["qwen2-vl-tiny"]
     reference_model(flavor).save_pretrained(tmp_path / "hf")
-    assert main(["hf-to-loongforge", str(tmp_path / "hf"), str(tmp_path / "ours")]) == 0
+    assert main(["convert", "hf-to-mcore", str(tmp_path / "hf"), str(tmp_path / "ours")]) == 0
     assert "as model 'qwen2-vl-tiny' (fp32)" in capsys.readouterr().out
-    assert main(["loongforge-to-hf", str(tmp_path / "ours"), str(tmp_path / "back")]) == 0
+    assert main(["convert", "mcore-to-hf", str(tmp_path / "ours"), str(tmp_path / "back")]) == 0
     original = load_file(tmp_path / "hf" / "model.safetensors")
     back = load_file(tmp_path / "back" / "model.safetensors")
     assert original.keys() == back.keys() and all(torch.equal(original[k], back[k]) for k in original)
@@ -30,7 +30,7 @@ def test_converted_checkpoint_computes_transformers_logits(tmp_path):
     flavor = FLAVORS["qwen2-vl-tiny"]
     reference = reference_model(flavor)
     reference.save_pretrained(tmp_path / "hf")
-    assert main(["hf-to-loongforge", str(tmp_path / "hf"), str(tmp_path / "ours")]) == 0
+    assert main(["convert", "hf-to-mcore", str(tmp_path / "hf"), str(tmp_path / "ours")]) == 0
     batch = mixed_batch(flavor, video=False)
     with torch.no_grad():
         expected = reference(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
@@ -49,9 +49,13 @@ def test_bad_inputs_are_one_line_and_write_nothing(tmp_path, capsys):
     flavor = FLAVORS["qwen2-vl-tiny"]
     reference_model(flavor).save_pretrained(tmp_path / "hf")
     capsys.readouterr()  # transformers' own progress output
-    assert main(["hf-to-loongforge", str(tmp_path / "hf"), str(tmp_path / "out"), "--model", "qwen2.5-vl-tiny"]) == 2
+    out = str(tmp_path / "out")
+    assert main(["convert", "hf-to-mcore", str(tmp_path / "hf"), out, "--model", "qwen2.5-vl-tiny"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "does not describe model 'qwen2.5-vl-tiny'" in err and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
-    assert main(["loongforge-to-hf", str(tmp_path / "hf"), str(tmp_path / "out")]) == 2  # not a checkpoint
-    assert "not a LoongForge checkpoint" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    assert main(["convert", "mcore-to-hf", str(tmp_path / "hf"), str(tmp_path / "out")]) == 2  # not a checkpoint
+    err = capsys.readouterr().err  # no converter claims an HF directory as a LoongForge checkpoint
+    assert err.count("\n") == 1 and f"no registered handler claims '{tmp_path / 'hf'}'" in err, err
+    assert "vlm-checkpoint (loongforge-vlm): a LoongForge checkpoint of a Qwen2-VL" in err
+    assert not (tmp_path / "out").exists()

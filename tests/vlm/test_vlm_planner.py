@@ -13,17 +13,35 @@ import re
 import pytest
 from loongforge.cli import main
 from loongforge.config import load_config
-from loongforge.config.resolve import resolve_model_flavor
+from loongforge.config.schema import LoongForgeConfig
+from loongforge.errors import ConfigError
 from loongforge.models.flavor import flavor_num_params
 from loongforge.planner.auto import workload_for
 from loongforge.planner.layouts import Candidate
 from loongforge.planner.memory import Workload, estimate_memory
+from loongforge.resolve import resolve_model_flavor
 from loongforge_vlm.model.flavors import FLAVORS, num_params
 from loongforge_vlm.model.planner_parts import VisionPart
 
 
+def _seq(length: int) -> LoongForgeConfig:
+    config = LoongForgeConfig()
+    config.data.seq_length = length
+    return config
+
+
+def test_vision_tokens_default_to_half_the_sequence_and_are_checked():
+    """``model.overrides.vision_tokens_per_sample`` sizes the part; unset, half of each sample is image; none at 0."""
+    flavor = FLAVORS["qwen2-vl-tiny"]
+    assert flavor.planner_parts(_seq(128))[0].vision_tokens == 64
+    assert flavor.with_overrides(vision_tokens_per_sample=0).planner_parts(_seq(128)) == ()
+    with pytest.raises(ConfigError, match=r"^<defaults>: model.overrides.vision_tokens_per_sample must be between 0 "
+                                          r"and data.seq_length \(128\), got 129$"):
+        flavor.with_overrides(vision_tokens_per_sample=129).planner_parts(_seq(128))
+
+
 def test_qwen2_vl_tiny_vision_part_by_hand():
-    part = FLAVORS["qwen2-vl-tiny"].planner_components(vision_tokens_per_sample=16)[0]
+    part = FLAVORS["qwen2-vl-tiny"].with_overrides(vision_tokens_per_sample=16).planner_parts(_seq(128))[0]
     assert part.name == "vision" and part.patches == 16 * 4
     block = (32 + 32) * 2 + (32 * 96 + 96) + (32 * 32 + 32) + (32 * 128 + 128) + (128 * 32 + 32)  # LayerNorms
     merger = 64 + (128 * 128 + 128) + (128 * 48 + 48)
@@ -46,7 +64,7 @@ def test_qwen2_vl_tiny_vision_part_by_hand():
 def test_encoder_recompute_keeps_only_block_inputs():
     """The re-run block appears in the encoder's backward, after the decoder's activations are freed: not added."""
     flavor = FLAVORS["qwen2-vl-tiny"].with_overrides(encoder_recompute=True)
-    part = flavor.planner_components(vision_tokens_per_sample=16)[0]
+    part = flavor.with_overrides(vision_tokens_per_sample=16).planner_parts(_seq(128))[0]
     assert part.sample_activation_elements() == (2 * 32 + 96 + 4 * 32) * 64 == 18432
     assert part.flops_per_sample(None) == 4 * part.forward_flops_per_sample()
 
@@ -85,9 +103,8 @@ def test_vision_term_on_the_first_stage():
 
 def _vlm_config(tmp_path, model: str, seq: int, vision: int):
     path = tmp_path / "vlm.yaml"
-    path.write_text(f"model: {model}\ndata: {{seq_length: {seq}}}\n"
-                    "training: {precision: bf16, global_batch_size: 256}\n"
-                    f"parallel: {{planner: {{vision_tokens_per_sample: {vision}}}}}\n")
+    path.write_text(f"model: {{name: {model}, overrides: {{vision_tokens_per_sample: {vision}}}}}\n"
+                    f"data: {{seq_length: {seq}}}\ntraining: {{precision: bf16, global_batch_size: 256}}\n")
     return path
 
 
@@ -106,7 +123,7 @@ def test_plan_command_on_qwen2_5_vl_7b(tmp_path, capsys):
     assert re.search(r"vision \d+(\.\d+)? GiB", out)  # the encoder's share of the peak
     config = load_config(str(path), [])
     workload = workload_for(config, resolve_model_flavor(config), "te")
-    assert workload.flavor is FLAVORS["qwen2.5-vl-7b"].foundation and workload.components[0].patches == 4096
+    assert workload.flavor == FLAVORS["qwen2.5-vl-7b"].foundation and workload.components[0].patches == 4096
 
 
 def test_impossible_vlm_request_names_the_smallest_device_count(tmp_path, capsys):
@@ -119,7 +136,7 @@ def test_impossible_vlm_request_names_the_smallest_device_count(tmp_path, capsys
 
 def test_parallel_auto_plans_a_vlm_with_its_vision_part(tmp_path):
     """What ``loongforge train`` does first for ``parallel: auto`` (train/run.py): the decision includes the
-    vision term, sized from ``parallel.planner.vision_tokens_per_sample``."""
+    vision term, sized from ``model.overrides.vision_tokens_per_sample``."""
     from types import SimpleNamespace
 
     from loongforge.devices.selection import select_backend
@@ -127,9 +144,9 @@ def test_parallel_auto_plans_a_vlm_with_its_vision_part(tmp_path):
     from loongforge.train.run import _resolve_auto_layout
 
     path = tmp_path / "auto.yaml"
-    path.write_text("model: vlm-tiny\ndata: {dataset: vlm-shapes, tokenizer: byte-vision, seq_length: 128}\n"
-                    "training: {global_batch_size: 8}\n"
-                    "parallel: {auto: true, planner: {device_memory: 2GiB, vision_tokens_per_sample: 16}}\n")
+    path.write_text("model: {name: vlm-tiny, overrides: {vision_tokens_per_sample: 16}}\n"
+                    "data: {dataset: vlm-shapes, tokenizer: byte-vision, seq_length: 128}\n"
+                    "training: {global_batch_size: 8}\nparallel: {auto: true, planner: {device_memory: 2GiB}}\n")
     config = load_config(str(path), [])
     host = get_host()
     backend, _ = select_backend("cpu", host.registry("device"))

@@ -40,7 +40,7 @@ def loongforge_register_parallel_strategies(registry):
                        ("fsdp2", "fully_shard: parameters, grads and optimizer state sharded"),
                        ("hsdp", "fully_shard on a replicate x shard mesh")):
         registry.register(name, f"loongforge.parallel.torch_native:{name.upper()}",
-                          description=f"torch-native {what} (task models: diffusion, VLA)")
+                          description=f"torch-native {what} (models the task engine trains)")
 
 
 @hookimpl
@@ -82,3 +82,14 @@ def loongforge_on_checkpoint_save(trainer, path, extra_state):
 
     save_hf_copy(trainer, path)
     extra_state["hf"] = {"dir": HF_SUBDIR}
+
+
+@hookimpl
+def loongforge_register_commands(commands):
+    """Core's sub-commands (``train``, ``check``, ``convert`` ...) and its LLM converters, through the same hook
+    plugins use to add theirs."""
+    from loongforge.cli import register_core_commands
+    from loongforge.core_converters import register_core_converters
+
+    register_core_commands(commands)
+    register_core_converters(commands)

@@ -1,6 +1,8 @@
 """The ``loongforge`` command line.
 
-``plugins``, ``list`` and ``doctor`` never import torch, so they answer in well under two seconds.
+Every command -- core's too -- is registered through ``loongforge_register_commands`` (:mod:`loongforge.commands`);
+only the chosen command's arguments are configured, so ``plugins``, ``list`` and ``doctor`` never import torch
+and answer in well under two seconds.
 Errors that are the user's to fix (:class:`LoongForgeError`) are printed as one line, without a traceback,
 and exit with status 2.
 """
@@ -8,40 +10,35 @@ and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 import time
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
 
+from loongforge import __version__ as loongforge_version
+from loongforge.commands import DISPATCH_POINTS, CommandRegistry
 from loongforge.errors import ConfigError, LoongForgeError
-from loongforge.registry import REGISTRY_KINDS, UnknownComponentError, plural
+from loongforge.plugins import CORE_PLUGIN, PluginHost, get_host
+from loongforge.registry import REGISTRY_KINDS, UnknownComponentError, missing_provider_hint, plural
 
 #: ``loongforge list <plural>`` -> registry kind.
 _LIST_CHOICES = {plural(kind): kind for kind in REGISTRY_KINDS}
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="loongforge", description="LoongForge: train LLM, VLM, diffusion and embodied models."
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    train = sub.add_parser("train", help="train from a YAML config", description="Train from a YAML config.")
+def _configure_train(train: argparse.ArgumentParser) -> None:
     train.add_argument("config", help="path to the run's YAML config")
     train.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. training.steps=50")
     train.add_argument("--device", help="device backend name or 'auto' (beats LOONGFORGE_DEVICE and the config)")
     train.add_argument("--nproc", type=int, help="start this many local processes (as torchrun would)")
 
-    sub.add_parser("plugins", help="list installed plugins and what each registered")
 
-    lister = sub.add_parser("list", help="list registered components of one kind")
+def _configure_list(lister: argparse.ArgumentParser) -> None:
     lister.add_argument("kind", choices=sorted(_LIST_CHOICES))
 
-    sub.add_parser("doctor", help="report versions, devices, plugins")
 
-    planner = sub.add_parser("plan", help="choose a parallel layout: top layouts with predicted memory and step time")
+def _configure_plan(planner: argparse.ArgumentParser) -> None:
     planner.add_argument("config")
     planner.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     planner.add_argument("--devices", type=int, required=True, help="number of devices (ranks)")
@@ -59,28 +56,42 @@ def _parser() -> argparse.ArgumentParser:
     planner.add_argument("--calibration", help="calibration file (benchmarks/planner_calibration.py --write)")
     planner.add_argument("--top", type=int, default=5, help="layouts to show (default 5)")
 
-    check = sub.add_parser("check", help="validate a config and resolve its names without training")
+
+def _configure_check(check: argparse.ArgumentParser) -> None:
+    check.description = ("Run every check `loongforge train` runs before it builds anything (names, typed sections, "
+                         "layout for --nproc processes, precision on the device, LoRA, files) and print what resolved.")
     check.add_argument("config")
     check.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    check.add_argument("--nproc", type=int, default=1, help="world size the layout must fit (default 1)")
 
-    prep = sub.add_parser("preprocess", help="tokenize .txt/.jsonl files into a memory-mapped token dataset")
+
+def _configure_preprocess(prep: argparse.ArgumentParser) -> None:
     prep.add_argument("inputs", nargs="+", help=".txt or .jsonl files")
     prep.add_argument("--output", required=True, help="output path prefix (writes PREFIX.bin and PREFIX.idx.json)")
     prep.add_argument("--tokenizer", default="byte", help="'byte' or hf:/path/to/local/tokenizer/dir")
     prep.add_argument("--text-key", default="text", help="JSON field with the text in .jsonl files")
 
-    convert = sub.add_parser("convert", help="convert checkpoints between Hugging Face and LoongForge formats")
-    direction = convert.add_subparsers(dest="direction", required=True, metavar="DIRECTION")
-    to_mcore = direction.add_parser("hf-to-mcore", help="HF directory -> model-only LoongForge checkpoint")
-    to_mcore.add_argument("hf_dir", help="Hugging Face checkpoint directory (config.json + safetensors)")
-    to_mcore.add_argument("out_dir", help="new LoongForge checkpoint directory (use it as model.load)")
-    to_mcore.add_argument("--model", help="registered model name the checkpoint must match (default: inferred)")
-    to_hf = direction.add_parser("mcore-to-hf", help="LoongForge checkpoint (any tp/pp) -> HF directory")
-    to_hf.add_argument("checkpoint", help="a checkpoint directory (step-N, a converted one) or a checkpoint root")
-    to_hf.add_argument("out_dir", help="new Hugging Face directory")
-    to_hf.add_argument("--max-shard-size", default="5GB", help="split safetensors above this size (default 5GB)")
 
-    gen = sub.add_parser("generate", help="continue a prompt with a LoongForge or Hugging Face checkpoint")
+def _configure_convert(convert: argparse.ArgumentParser) -> None:
+    direction = convert.add_subparsers(dest="direction", required=True, metavar="DIRECTION")
+    for name, what in (("hf-to-mcore", "another framework's checkpoint -> model-only LoongForge checkpoint"),
+                       ("mcore-to-hf", "LoongForge checkpoint (any tp/pp) -> another framework's format")):
+        point = f"convert {name}"
+        sub = direction.add_parser(name, help=what, description=f"{what}. {_handlers_text(point)}",
+                                   epilog="Options after SOURCE OUT belong to the handler that claims SOURCE "
+                                          f"(loongforge {point} SOURCE OUT --help shows them).")
+        sub.add_argument("source", help=DISPATCH_POINTS[point])
+        sub.add_argument("out", help="new output directory (or file, where the handler writes one)")
+        sub.add_argument("options", nargs=argparse.REMAINDER, help="the claiming handler's options")
+
+
+def _configure_eval(evaluate: argparse.ArgumentParser) -> None:
+    evaluate.description = f"Evaluate a checkpoint with the evaluator of its model. {_handlers_text('eval')}"
+    evaluate.add_argument("source", help=DISPATCH_POINTS["eval"])
+    evaluate.add_argument("options", nargs=argparse.REMAINDER, help="the claiming evaluator's options")
+
+
+def _configure_generate(gen: argparse.ArgumentParser) -> None:
     gen.add_argument("checkpoint", help="LoongForge checkpoint (or root) or Hugging Face directory")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--tokens", type=int, default=64, help="new tokens to generate (default 64)")
@@ -90,28 +101,91 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--tokenizer", help="override the checkpoint's tokenizer: byte or hf:/dir")
 
-    sample = sub.add_parser("sample", help="sample videos/images from a diffusion (task) checkpoint")
-    sample.add_argument("checkpoint", help="task checkpoint (or its checkpoints root)")
-    sample.add_argument("--prompt", action="append", required=True, help="a caption; repeat for several")
-    sample.add_argument("--out", default="samples", help="output directory (default ./samples)")
-    sample.add_argument("--steps", type=int, default=20, help="sampler steps (default 20)")
-    sample.add_argument("--guidance", type=float, default=3.0, help="classifier-free guidance scale (1 = off)")
-    sample.add_argument("--seed", type=int, default=0)
-    sample.add_argument("--format", choices=("gif", "mp4", "png"), default="gif",
-                        help="gif (default), mp4 (needs PyAV) or png frames")
+
+def _handlers_text(point: str) -> str:
+    handlers = get_host().commands().handlers(point)
+    listed = "; ".join(f"{h.name} ({h.provider}): {h.accepts}" for h in handlers) or "none installed"
+    return f"Handlers: {listed}."
+
+
+def register_core_commands(commands: CommandRegistry) -> None:
+    """Core's own commands, added through ``loongforge_register_commands`` like any plugin's (see builtin.py)."""
+    commands.add("train", help="train from a YAML config", configure=_configure_train, run=_cmd_train)
+    commands.add("plugins", help="list installed plugins and what each registered", run=_cmd_plugins)
+    commands.add("list", help="list registered components of one kind", configure=_configure_list, run=_cmd_list)
+    commands.add("doctor", help="report versions, devices, plugins", run=_cmd_doctor)
+    commands.add("plan", help="choose a parallel layout: top layouts with predicted memory and step time",
+                 configure=_configure_plan, run=_cmd_plan)
+    commands.add("check", help="run every pre-flight check of train without building anything",
+                 configure=_configure_check, run=_cmd_check)
+    commands.add("preprocess", help="tokenize .txt/.jsonl files into a memory-mapped token dataset",
+                 configure=_configure_preprocess, run=_cmd_preprocess)
+    commands.add("convert", help="convert checkpoints to and from LoongForge (the handler claiming the source)",
+                 configure=_configure_convert, run=_cmd_convert)
+    commands.add("eval", help="evaluate a checkpoint (the evaluator of its model)", configure=_configure_eval,
+                 run=_cmd_eval)
+    commands.add("generate", help="continue a prompt with a LoongForge or Hugging Face checkpoint",
+                 configure=_configure_generate, run=_cmd_generate)
+
+
+def _parser(host: PluginHost, commands: CommandRegistry, chosen: str | None) -> argparse.ArgumentParser:
+    """The top-level parser: every registered command (with its provider) as a sub-command; only ``chosen``'s
+    arguments are configured, so one command's (possibly heavy) module is the only one imported."""
+    parser = argparse.ArgumentParser(
+        prog="loongforge", formatter_class=argparse.RawDescriptionHelpFormatter,  # keeps --version's lines
+        description="LoongForge: train models on megatron-core; plugins add models, devices and commands.",
+    )
+    parser.add_argument("--version", action="version", version=_versions(host),
+                        help="print loongforge-core's version and every plugin's")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in commands.commands():
+        command_parser = sub.add_parser(command.name, help=f"{command.help} [{command.provider}]",
+                                        description=f"{command.help[:1].upper()}{command.help[1:]}.")
+        if command.name == chosen:
+            command.configure(command_parser)
     return parser
 
 
+def _versions(host: PluginHost) -> str:
+    lines = [f"loongforge-core {loongforge_version}"]
+    lines += [f"  {info.name}: {info.distribution} {info.version}" for info in host.plugins.values()
+              if info.name != CORE_PLUGIN]
+    return "\n".join(lines)
+
+
+def _unknown_command(argv: list[str], commands: CommandRegistry, host: PluginHost) -> str | None:
+    """One line for a command nobody registered: the known ones, a did-you-mean, and which first-party plugin
+    provides it when that one is not installed or disabled."""
+    if not argv or argv[0].startswith("-") or commands.command(argv[0]) is not None:
+        return None
+    known = [command.name for command in commands.commands()]
+    parts = [f"Unknown command '{argv[0]}'. Known: {', '.join(known)}."]
+    close = difflib.get_close_matches(argv[0], known, n=1)
+    if close:
+        parts.append(f"Did you mean '{close[0]}'?")
+    parts += missing_provider_hint("command", argv[0], host.disabled)
+    return " ".join(parts)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args, extra = parser.parse_known_args(argv)
-    # argparse stops collecting KEY=VALUE overrides at the first option; accept the ones after it too.
-    if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
-        args.overrides += extra
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        return _COMMANDS[args.command](args)
+        host = get_host()
+        commands = host.commands()
+        unknown = _unknown_command(argv, commands, host)
+        if unknown is not None:
+            raise LoongForgeError(unknown)
+        parser = _parser(host, commands, argv[0] if argv and not argv[0].startswith("-") else None)
+        args, extra = parser.parse_known_args(argv)
+        # argparse stops collecting KEY=VALUE overrides at the first option; accept the ones after it too.
+        if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+            args.overrides += extra
+        elif extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        command = commands.command(args.command)
+        assert command is not None  # argparse only accepts registered names
+        _quiet_optional_dependency_warnings()  # for every command's megatron imports, plugins' included
+        return command.run(args)
     except LoongForgeError as exc:
         if _reported_here(exc):
             print(f"error: {exc}", file=sys.stderr)
@@ -125,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from loongforge.config import load_config
-    from loongforge.config.resolve import resolve_names
+    from loongforge.resolve import resolve_names
 
     config = load_config(args.config, args.overrides)
     resolve_names(config)  # fail on a misspelled name before torch and megatron load
@@ -134,7 +208,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
         device = ["--device", args.device] if args.device else []
         return launch_local(config, args.nproc, ["train", args.config, *args.overrides, *device])
-    _quiet_optional_dependency_warnings()
 
     from loongforge.train.run import run_training
 
@@ -162,10 +235,12 @@ def _quiet_optional_dependency_warnings() -> None:
 
 def _cmd_check(args: argparse.Namespace) -> int:
     from loongforge.config import load_config
-    from loongforge.config.resolve import resolve_names
+    from loongforge.train.preflight import preflight
 
+    if args.nproc < 1:
+        raise ConfigError(f"--nproc must be >= 1, got {args.nproc}")
     config = load_config(args.config, args.overrides)
-    for line in resolve_names(config):
+    for line in preflight(config, nproc=args.nproc):
         print(line)
     print(f"{args.config}: OK")
     return 0
@@ -208,18 +283,27 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    _quiet_optional_dependency_warnings()
-    from loongforge.interop.convert import hf_to_mcore, mcore_to_hf
+    return _run_handler(f"convert {args.direction}", args.options, source=args.source, out=args.out)
 
-    if args.direction == "hf-to-mcore":
-        print(hf_to_mcore(args.hf_dir, args.out_dir, model=args.model))
-    else:
-        print(mcore_to_hf(args.checkpoint, args.out_dir, max_shard_size=args.max_shard_size))
-    return 0
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    return _run_handler("eval", args.options, source=args.source)
+
+
+def _run_handler(point: str, options: list[str], **fixed: str) -> int:
+    """Run the handler of ``point`` that claims ``fixed["source"]``, with its own options parsed from ``options``
+    and the point's arguments (``source``, ``out``) set on the namespace it receives."""
+    handler = get_host().commands().handler_for(point, fixed["source"])
+    parser = argparse.ArgumentParser(prog=f"loongforge {point} {' '.join(k.upper() for k in fixed)}",
+                                     description=f"{handler.name} ({handler.provider}): {handler.accepts}")
+    handler.configure(parser)
+    args = parser.parse_args(options)
+    for key, value in fixed.items():
+        setattr(args, key, value)
+    return handler.run(args)
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    _quiet_optional_dependency_warnings()
     from loongforge.interop.generate import generate_from_checkpoint
 
     print(generate_from_checkpoint(
@@ -228,31 +312,6 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     ))
     return 0
 
-
-def _cmd_sample(args: argparse.Namespace) -> int:
-    _quiet_optional_dependency_warnings()
-    from loongforge.train.task_loop import load_task_model
-
-    task, model, path = load_task_model(args.checkpoint)
-    written = task.sample_files(model, args.prompt, Path(args.out), steps=args.steps, guidance=args.guidance,
-                                seed=args.seed, fmt=args.format)
-    for prompt, file in zip(args.prompt, written, strict=True):
-        print(f"{file}  <- {prompt!r}")
-    return 0
-
-
-_COMMANDS = {
-    "train": _cmd_train,
-    "check": _cmd_check,
-    "plugins": _cmd_plugins,
-    "list": _cmd_list,
-    "doctor": _cmd_doctor,
-    "preprocess": _cmd_preprocess,
-    "convert": _cmd_convert,
-    "generate": _cmd_generate,
-    "plan": _cmd_plan,
-    "sample": _cmd_sample,
-}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -17,3 +17,7 @@ class ConfigError(LoongForgeError):
 
 class PluginLoadError(LoongForgeError):
     """A plugin failed to import or register."""
+
+
+class InteropError(LoongForgeError):
+    """A checkpoint or config that cannot be converted; the message names the file, key or tensor."""

@@ -6,13 +6,17 @@ a lazy ``"package.module:attribute"`` string: registering must stay cheap and to
 ``loongforge plugins`` and ``loongforge list`` answer instantly; the target is imported only when a run uses it.
 
 Resolution failures raise :class:`UnknownComponentError` with the known names, a did-you-mean, and, when
-the name belongs to a first-party plugin that is not installed, the ``pip install`` line that provides it.
+the name belongs to a first-party plugin that is not installed, the ``pip install`` line that provides it (from
+the catalog ``first_party_plugins.json``), or that the plugin providing it is disabled.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
+import importlib.resources
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,17 +24,8 @@ from typing import Any
 
 from loongforge.errors import LoongForgeError
 
-#: Names offered by first-party plugins, so a missing plugin can be named. Patterns are matched
-#: against the lower-cased name. Third-party plugins are unknown to core by design.
-FIRST_PARTY_PROVIDERS: tuple[tuple[str, str, str], ...] = (
-    ("device", r"^(cuda|gpu|nvidia)$", "loongforge-cuda"),
-    ("device", r"^(xpu|kunlun|kunlunxin|p800)$", "loongforge-xpu"),
-    ("model", r"(qwen[\d.]*-vl|siglip|llava|internvl|vlm)", "loongforge-vlm"),
-    ("model", r"(^wan|qwen-image|dit|flux|diffusion)", "loongforge-diffusion"),
-    ("model", r"(pi0|gr00t|groot|vla|act-)", "loongforge-embodied"),
-    ("optimization", r"fp8", "loongforge-cuda"),
-    ("optimization", r"(taot|balance|eplb)", "loongforge-balance"),
-)
+#: The catalog of first-party distributions and the names they provide (a data file; see its ``about``).
+FIRST_PARTY_CATALOG = "first_party_plugins.json"
 
 
 class UnknownComponentError(LoongForgeError, KeyError):
@@ -91,6 +86,8 @@ class Registry:
         self._entries: dict[str, Entry] = {}
         self._aliases: dict[str, str] = {}
         self.current_provider = "<unknown>"
+        #: Installed plugins not loaded here: plugin name -> (distribution, the variable that disabled it).
+        self.disabled: dict[str, tuple[str, str]] = {}
 
     def register(
         self, name: str, target: Any, *, aliases: tuple[str, ...] | list[str] = (), description: str = ""
@@ -146,9 +143,7 @@ class Registry:
         if close:
             suggestion = self._aliases.get(close[0], close[0])
             parts.append(f"Did you mean '{suggestion}'?")
-        provider = first_party_provider(self.kind, name)
-        if provider is not None and not _is_installed(provider):
-            parts.append(f"'{name}' is provided by {provider}, which is not installed: pip install {provider}")
+        parts.extend(missing_provider_hint(self.kind, name, self.disabled))
         return " ".join(parts)
 
     @staticmethod
@@ -156,13 +151,36 @@ class Registry:
         return name.strip().lower()
 
 
+@functools.cache
+def first_party_catalog() -> tuple[tuple[str, re.Pattern[str], str], ...]:
+    """``(kind, name pattern, distribution)`` rows of :data:`FIRST_PARTY_CATALOG`."""
+    raw = json.loads(importlib.resources.files("loongforge").joinpath(FIRST_PARTY_CATALOG).read_text())
+    return tuple((row["kind"], re.compile(row["pattern"]), row["distribution"]) for row in raw["providers"])
+
+
 def first_party_provider(kind: str, name: str) -> str | None:
     """The first-party distribution whose names match ``name``, if any."""
     lowered = name.lower()
-    for pattern_kind, pattern, dist in FIRST_PARTY_PROVIDERS:
-        if pattern_kind == kind and re.search(pattern, lowered):
+    for pattern_kind, pattern, dist in first_party_catalog():
+        if pattern_kind == kind and pattern.search(lowered):
             return dist
     return None
+
+
+def missing_provider_hint(kind: str, name: str, disabled: dict[str, tuple[str, str]]) -> list[str]:
+    """Why ``name`` may be missing: its first-party plugin is disabled here or not installed; or, for other names,
+    which installed plugins are disabled (a disabled plugin's names cannot be known without loading it)."""
+    provider = first_party_provider(kind, name)
+    for plugin, (dist, variable) in disabled.items():
+        if dist == provider:
+            return [f"'{name}' is provided by {dist} (plugin '{plugin}'), which is installed but disabled by "
+                    f"{variable}; enable it to use '{name}'."]
+    if provider is not None and not _is_installed(provider):
+        return [f"'{name}' is provided by {provider}, which is not installed: pip install {provider}"]
+    if disabled:
+        listed = ", ".join(f"'{plugin}' ({variable})" for plugin, (_, variable) in sorted(disabled.items()))
+        return [f"Disabled plugins, which may provide it: {listed}."]
+    return []
 
 
 def _is_installed(distribution: str) -> bool:

@@ -1,25 +1,28 @@
 """Tasks: how model kinds other than megatron decoders (diffusion DiTs, later VLA policies) plug into ``train``.
 
-A registered model object that has a ``make_task(config)`` method is trained by
-:func:`loongforge.train.task_loop.run_task` instead of the megatron GPT path. The task owns everything that is
+A registered model family whose ``engine`` is ``"task"`` (:class:`loongforge.models.family.ModelFamily`)
+supplies one from ``make_task(config)`` (deriving from :class:`TaskBase`) and is trained by the task engine
+(:mod:`loongforge.train.engines.task`) under core's one loop (:mod:`loongforge.train.loop`) instead of megatron's
+schedules. The task owns everything that is
 specific to its model kind -- building the model and the dataset, the loss of one batch, the random streams
 it draws from, and what to do after training (write samples, score them) -- while core owns the loop,
 optimizer, schedule, checkpoints, resume, metrics and progress, exactly as for LLMs. The task's options live
-under ``task:`` in the run config; the task validates them and names an unknown key.
+under ``task:`` in the run config, typed by the family's ``task_options`` dataclass: core checks them before the
+run (:mod:`loongforge.config.plugin_sections`) and the task reads them with
+:func:`~loongforge.config.plugin_sections.task_options`.
 """
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
-
-from loongforge.errors import ConfigError
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 
 @runtime_checkable
 class Task(Protocol):
-    """What :func:`~loongforge.train.task_loop.run_task` needs from a model kind."""
+    """What the task engine (:mod:`loongforge.train.engines.task`) needs from a model kind. Implement it by deriving
+    from :class:`TaskBase`, which declares the optional slots with their defaults."""
 
     def build_model(self) -> Any:
         """A freshly initialised ``torch.nn.Module`` (seeded by the caller)."""
@@ -29,11 +32,6 @@ class Task(Protocol):
 
     def training_step(self, model: Any, batch: dict[str, Any]) -> Any:
         """The scalar loss of one batch; the loop runs backward and the optimizer."""
-
-    # Optional: ``after_step(model)``, called after each optimizer step (EMA updates and the like).
-    # Optional: ``use_context_parallel(group)``, called before ``build_model`` when ``parallel.cp > 1``: the ranks
-    # of ``group`` get the same batches and must together return the loss of the whole batch, each back-propagating
-    # its share of the gradient (the loop scales by cp before the strategy averages over all ranks).
 
     def state_dict(self) -> dict[str, Any]:
         """The task's own random streams (tensors/ints only), saved in checkpoints for bit-exact resume."""
@@ -49,19 +47,25 @@ class Task(Protocol):
         """``loongforge sample``: one file per prompt (``fmt`` gif, mp4 or png) written under ``out_dir``."""
 
 
-def task_for(model_object: Any, config: Any) -> Task | None:
-    """The task of a registered model object, or ``None`` for a megatron decoder flavor."""
-    make_task = getattr(model_object, "make_task", None)
-    return make_task(config) if callable(make_task) else None
+class TaskBase:
+    """Base class of every task: the optional slots of :class:`Task`, declared once with their defaults.
 
+    Why a base class: core calls these slots on every task without probing for them, and a task author reads here
+    everything core may call beside the required methods.
+    """
 
-def checked_options(options: dict[str, Any], known: dict[str, Any], where: str) -> dict[str, Any]:
-    """A task's ``options`` over its defaults ``known``; an unknown key is a one-line error naming it and
-    ``where`` (e.g. "task in run.yaml"), as every task must do for ``task:``."""
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(known)}")
-    return {**known, **options}
+    #: Whether :meth:`use_context_parallel` is implemented; ``parallel.cp > 1`` is refused for a task without it.
+    context_parallel: ClassVar[bool] = False
+
+    def after_step(self, model: Any) -> None:
+        """Called after each optimizer step (EMA updates and the like); the default does nothing."""
+
+    def use_context_parallel(self, group: Any) -> None:
+        """``parallel.cp > 1`` (called only when :attr:`context_parallel` is true), before ``build_model``: the
+        ranks of ``group`` get the same batches and must together return the loss of the whole batch, each
+        back-propagating its share of the gradient (the engine scales by cp before the strategy averages over all
+        ranks)."""
+        raise NotImplementedError(f"{type(self).__name__} sets context_parallel but does not implement it")
 
 
 def sample_seed(seed: int, step: int, index: int) -> int:

@@ -13,6 +13,12 @@ import shutil
 from pathlib import Path
 
 from loongforge.checkpoint.manifest import MANIFEST, CheckpointCorruptError, verify_manifest
+from loongforge.errors import LoongForgeError
+
+
+class CheckpointNotFoundError(LoongForgeError):
+    """A path that is neither a checkpoint nor a checkpoint root with a ``latest`` pointer."""
+
 
 LATEST = "latest"
 #: The resolved run config and the run metadata inside every checkpoint (task and megatron checkpoints alike).
@@ -127,13 +133,11 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
     Here, torch-free, so that commands acting on a checkpoint (a policy server, ``loongforge sample``) do not
     import megatron just to find it.
     """
-    from loongforge.interop.errors import InteropError
-
     path = Path(path).expanduser()
     if not (path / MANIFEST).is_file():
         latest = CheckpointDir(path).latest()
         if latest is None:
-            raise InteropError(
+            raise CheckpointNotFoundError(
                 f"{path}: not a LoongForge checkpoint (no {MANIFEST}) nor a checkpoint root with a 'latest' pointer"
             )
         path = latest

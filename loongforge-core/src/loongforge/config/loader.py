@@ -6,15 +6,13 @@ fall back to a default and waste a training run. Every error names the file and 
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from loongforge.config.schema import COMPOSED_MODEL, PART_ROLES, LoongForgeConfig, ModelConfig, ParallelConfig
+from loongforge.config.schema import MODEL_KEYS, LoongForgeConfig, ModelConfig, ParallelConfig
+from loongforge.config.sections import build_section, section_to_dict
 from loongforge.errors import ConfigError
 
 #: Sections that may be written as a bare name instead of a mapping (``model: qwen3-0.6b``).
@@ -31,11 +29,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         source = str(path)
         raw = read_yaml_mapping(Path(path))
     for item in overrides:
-        _apply_override(raw, item)
-    model = raw.get("model")
-    if isinstance(model, dict) and "name" not in model and any(role in model for role in PART_ROLES):
-        raw["model"] = {"name": COMPOSED_MODEL, **model}  # parts alone compose a vision-language model
-    config = _build(LoongForgeConfig, raw, source, prefix="")
+        _apply_override(raw, item, source)
+    config = build_section(LoongForgeConfig, raw, source, normalize=_shorthands)
     config.source = source
     return config
 
@@ -60,15 +55,13 @@ def read_yaml_mapping(path: Path) -> dict[str, Any]:
 
 def config_to_dict(config: Any) -> dict[str, Any]:
     """Plain-data view of a config (for saving the resolved config next to checkpoints)."""
-    data = dataclasses.asdict(config)
-    data.pop("source", None)
-    return data
+    return section_to_dict(config)
 
 
-def _apply_override(raw: dict[str, Any], item: str) -> None:
+def _apply_override(raw: dict[str, Any], item: str, source: str) -> None:
     key, sep, text = item.partition("=")
     if not sep or not key:
-        raise ConfigError(f"override {item!r}: expected key=value, e.g. training.steps=100")
+        raise ConfigError(f"{source}: override {item!r}: expected key=value, e.g. training.steps=100")
     try:
         value = yaml.safe_load(text) if text else ""
     except yaml.YAMLError:
@@ -84,74 +77,20 @@ def _apply_override(raw: dict[str, Any], item: str) -> None:
         if child is None:
             child = {}
         if not isinstance(child, dict):
-            raise ConfigError(f"override {item!r}: '{'.'.join(parts[: depth + 1])}' is not a section")
+            raise ConfigError(f"{source}: override {item!r}: '{'.'.join(parts[: depth + 1])}' is not a section")
         node[part] = child
         node = child
     node[parts[-1]] = value
 
 
-def _build(cls: type, data: Any, source: str, prefix: str) -> Any:
-    if isinstance(data, str) and cls in _NAME_SHORTHAND.values():
-        data = {"name": data}
+def _shorthands(cls: type, data: Any) -> Any:
+    """Core's shorthands: ``model: NAME``, ``parallel: auto``; a ``model:`` mapping of parts alone (keys that are
+    no :class:`ModelConfig` field) names no model, so the family that composes such parts is chosen later."""
+    if cls in _NAME_SHORTHAND.values() and isinstance(data, str):
+        return {"name": data}
+    if cls is ModelConfig and isinstance(data, dict) and "name" not in data and set(data) - set(MODEL_KEYS):
+        return {"name": None, **data}
     for shorthand_cls, word, mapping in _WORD_SHORTHAND.values():
         if cls is shorthand_cls and data == word:
-            data = dict(mapping)
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: '{prefix.rstrip('.') or '<top>'}' must be a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "source"}
-    unknown = [k for k in data if k not in fields]
-    if unknown:
-        key = f"{prefix}{unknown[0]}"
-        known = ", ".join(fields)
-        raise ConfigError(f"{source}: unknown key '{key}' (known keys here: {known})")
-    kwargs = {name: _convert(hints[name], value, source, f"{prefix}{name}") for name, value in data.items()}
-    return cls(**kwargs)
-
-
-def _convert(hint: Any, value: Any, source: str, key: str) -> Any:
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        non_none = [a for a in args if a is not type(None)]
-        return _convert(non_none[0], value, source, key)
-    if dataclasses.is_dataclass(hint):
-        return _build(hint, value, source, f"{key}.")
-    if origin is list:
-        if isinstance(value, (str, int, float)):
-            value = [value]
-        if not isinstance(value, list):
-            raise ConfigError(f"{source}: '{key}' must be a list, got {value!r}")
-        return [_convert(args[0], v, source, key) for v in value] if args else value
-    if origin is dict or hint is dict:
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            raise ConfigError(f"{source}: '{key}' must be a mapping, got {value!r}")
-        return value
-    if hint is Any:
-        return value
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{source}: '{key}' must be true or false, got {value!r}")
-    if hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ConfigError(f"{source}: '{key}' must be an integer, got {value!r}")
-    if hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)  # YAML 1.1 reads "3e-4" as a string
-            except ValueError:
-                pass
-        raise ConfigError(f"{source}: '{key}' must be a number, got {value!r}")
-    if hint is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigError(f"{source}: '{key}' must be a string, got {value!r}")
-    return value
+            return dict(mapping)
+    return data

@@ -9,8 +9,10 @@ loaded and checked without importing torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+from loongforge.config.sections import INTERNAL, OTHER_KEYS
 
 
 @dataclass
@@ -61,8 +63,9 @@ class RecomputeConfig:
 class ModelConfig:
     """Which model to build: a registered flavor name plus optional field overrides."""
 
-    #: A registered model name (``loongforge list models``), a Hugging Face id alias, or ``pkg.module:factory``.
-    name: str = "llama-tiny"
+    #: A registered model name (``loongforge list models``), a Hugging Face id alias, or ``pkg.module:factory``;
+    #: null only when ``model:`` gives parts alone (see :attr:`roles`).
+    name: str | None = "llama-tiny"
     #: Flavor fields to override, e.g. ``{num_layers: 2}``.
     overrides: dict[str, Any] = field(default_factory=dict)
     #: Initial weights: ``hf:/path/to/hf/dir`` (a Hugging Face checkpoint directory) or the path of a LoongForge
@@ -76,24 +79,22 @@ class ModelConfig:
     freeze: list[str] = field(default_factory=list)
     #: Activation recompute (see :class:`RecomputeConfig`); null keeps every activation.
     recompute: RecomputeConfig | None = None
-    #: Parts of a composed model (a vision-language model: ``encoder``, ``projector``, ``foundation`` = the LLM
-    #: backbone), each a registered name or an inline mapping of fields. Given without ``name``, the parts
-    #: compose :data:`COMPOSED_MODEL` (from loongforge-vlm); given with a ``name`` that is itself a composed
-    #: model (``qwen2-vl-tiny``), they replace its parts (``foundation: llama3-tiny``).
-    encoder: Any = None
-    projector: Any = None
-    foundation: Any = None
+    #: Parts of a composed model by role: every other key under ``model:`` (a registered name or an inline
+    #: mapping of fields each). The roles are the resolved family's ``part_roles`` (a vision-language model's
+    #: ``encoder`` / ``projector`` / ``foundation``), checked once the family is known. Given without ``name``,
+    #: the parts name no model (``name`` is null) and the family with ``default_composition`` composes them;
+    #: given with a ``name`` of a composed model, they replace its parts. Not a key itself.
+    roles: dict[str, Any] = field(default_factory=dict, metadata={OTHER_KEYS: True})
 
     @property
     def parts(self) -> dict[str, Any]:
-        """The composition parts the config sets, by role."""
-        return {role: value for role in PART_ROLES if (value := getattr(self, role)) is not None}
+        """The composition parts the config sets, by role (a null role is unset: configs saved before parts were
+        generic wrote ``encoder: null`` ... for every model)."""
+        return {role: value for role, value in self.roles.items() if value is not None}
 
 
-#: Roles of a composed model's parts (:attr:`ModelConfig.parts`).
-PART_ROLES = ("encoder", "projector", "foundation")
-#: The model that ``model: {encoder: ..., projector: ..., foundation: ...}`` composes when no name is given.
-COMPOSED_MODEL = "vlm"
+#: The keys ``model:`` takes besides part roles.
+MODEL_KEYS: tuple[str, ...] = tuple(f.name for f in fields(ModelConfig) if not f.metadata.get(OTHER_KEYS))
 
 
 @dataclass
@@ -112,8 +113,6 @@ class PlannerConfig:
     margin: float = 0.1
     #: A calibration file written by ``benchmarks/planner_calibration.py``.
     calibration: str | None = None
-    #: Vision-language models: LLM tokens per sample that come from images (null: half of data.seq_length).
-    vision_tokens_per_sample: int | None = None
 
 
 @dataclass
@@ -197,8 +196,7 @@ class SchedulerConfig:
     """Learning-rate schedule: linear warmup then decay to ``optimizer.min_lr``."""
 
     warmup_steps: int = 10
-    #: ``cosine``, ``linear`` or ``constant``.
-    decay: str = "cosine"
+    decay: Literal["cosine", "linear", "constant"] = "cosine"
     #: Steps over which lr decays; defaults to ``training.steps``.
     decay_steps: int | None = None
 
@@ -228,6 +226,10 @@ class TrainingConfig:
     #: ``global_tokens`` makes the gradient independent of which rank trains which sample, so ranks may hold
     #: different token counts (``dp-balance`` needs it). The reported loss is a per-token mean either way.
     loss_normalization: str = "micro_batch"
+
+
+#: Values of :attr:`TrainingConfig.loss_normalization`.
+LOSS_NORMALIZATIONS: tuple[str, ...] = ("micro_batch", "global_tokens")
 
 
 @dataclass
@@ -275,12 +277,15 @@ class LoongForgeConfig:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    #: The three sections below belong to plugins: kept here as the mappings the YAML gave, each is typed by a
+    #: dataclass its plugin declares and checked before a run like core's sections
+    #: (:mod:`loongforge.config.plugin_sections`).
     #: The device backend's own switches (e.g. on cuda: ``fp8_recipe``, ``cuda_graphs``, ``tp_comm_overlap``),
-    #: passed to ``DeviceBackend.megatron_settings``; each plugin's README lists what it accepts.
+    #: passed to ``DeviceBackend.megatron_settings``; typed by the backend's ``options_type``.
     device_options: dict[str, Any] = field(default_factory=dict)
-    #: Optimizations to switch on by registered name, each with its own settings mapping.
-    optimizations: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: Options of a task model (diffusion DiT, VLA policy; see ``loongforge.tasks``), checked by its task.
+    #: Optimizations to switch on by registered name, each with its settings (typed by its ``options_type``).
+    optimizations: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    #: Options of a task model (diffusion DiT, VLA policy), typed by the model family's ``task_options``.
     task: dict[str, Any] = field(default_factory=dict)
     #: Where this config was read from (set by the loader, used in error messages).
-    source: str = "<defaults>"
+    source: str = field(default="<defaults>", metadata={INTERNAL: True})

@@ -14,7 +14,7 @@ import abc
 import contextlib
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     import torch
@@ -33,12 +33,16 @@ class DeviceBackend(abc.ABC):
             must be probed before CUDA).
         device_type: the torch device type string tensors are created with (``"cpu"``, ``"cuda"``).
         dist_backend: the ``torch.distributed`` backend to initialise (``"gloo"``, ``"nccl"``, ``"xccl"``).
+        options_type: the dataclass of the config's ``device_options:`` section for this backend (the keyword
+            arguments :meth:`megatron_settings` takes), checked by core like its own sections before a run
+            starts (unknown key with did-you-mean, types); ``None``: the backend takes no options.
     """
 
     name: str = ""
     priority: int = 0
     device_type: str = ""
     dist_backend: str = ""
+    options_type: ClassVar[type | None] = None
 
     # -- selection and setup -------------------------------------------------------------------------
 
@@ -171,6 +175,18 @@ class DeviceBackend(abc.ABC):
         """
         return []
 
+    def planner_facts(self) -> dict[str, Any]:
+        """What the parallel planner (``loongforge plan``, ``parallel: auto``) should assume about this device.
+
+        Any of the keys of ``loongforge.planner.hardware.ClusterSpec`` but the device count: ``device_memory``
+        (bytes), ``ranks_per_node``, ``device_flops`` (*achieved* dense FLOP/s in the training precision),
+        ``intra_node_bandwidth`` / ``inter_node_bandwidth`` (per-device collective bytes/s), ``latency`` (s per
+        collective) and ``name`` (say where the figures come from); another key is an error. Called after
+        selection, so it may initialise the device (:meth:`probe` never may). The default knows only the name,
+        so users must state ``parallel.planner.device_memory``; :class:`DeviceModuleBackend` reads its device.
+        """
+        return {"name": self.name or type(self).__name__}
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
 
@@ -209,6 +225,14 @@ class DeviceModuleBackend(DeviceBackend):
         import torch
 
         return torch.get_device_module(self.device_type)
+
+    def planner_facts(self) -> dict[str, Any]:
+        """The current device's memory and the device count, with speeds nobody has measured: the deliberately
+        low :data:`~loongforge.devices.host.UNKNOWN_ACCELERATOR` figures (override with a table of your own)."""
+        from loongforge.devices.host import UNKNOWN_ACCELERATOR, module_device_facts, unknown_device_name
+
+        name = self.name or type(self).__name__
+        return {**module_device_facts(self.device_module()), **UNKNOWN_ACCELERATOR, "name": unknown_device_name(name)}
 
     def set_device(self, local_rank: int) -> None:
         """``<module>.set_device(local_rank)``."""

@@ -11,7 +11,7 @@ import resource
 import sys
 from typing import Any
 
-from loongforge.devices.base import DeviceBackend, check_feature
+from loongforge.devices.base import DeviceBackend, MegatronSettings, check_feature
 
 #: Features the CPU backend provides. bf16 works (slowly, through CPU kernels); fp16 training needs a
 #: loss scaler megatron implements with CUDA-only kernels; the rest need NVIDIA hardware or libraries.
@@ -80,9 +80,17 @@ class CPUBackend(DeviceBackend):
         check_feature(feature)
         return feature in _SUPPORTED
 
+    def megatron_settings(self, precision: str = "fp32", **options: Any) -> MegatronSettings:
+        """fp32 or bf16, no options: fp16 would need megatron's loss scaler, whose kernels are CUDA-only, so it is
+        refused here in one line instead of failing in the first optimizer step."""
+        if precision == "fp16":
+            raise ValueError("device 'cpu' cannot train in fp16 (megatron's fp16 loss scaling runs CUDA kernels); "
+                             "use bf16 or fp32")
+        return super().megatron_settings(precision, **options)
+
     def planner_facts(self) -> dict[str, Any]:
-        """The host as the planner sees it: :func:`host_facts`, named ``cpu``."""
-        return {**host_facts(), "name": "cpu"}
+        """The host as the planner sees it: :func:`host_facts`, under this backend's name."""
+        return {**host_facts(), "name": self.name}
 
     def spec_provider(self) -> Any:
         """:class:`~loongforge.devices.cpu_spec.CPUSpecProvider` (local linears, SDPA, fused RMSNorm)."""
@@ -96,12 +104,12 @@ def host_facts() -> dict[str, Any]:
 
     Each local process (``LOCAL_WORLD_SIZE``, 1 outside torchrun) gets an equal share of the host memory and,
     when processes outnumber the cores this process may run on, an equal share of the cores' throughput
-    (:func:`~loongforge.planner.hardware.cpu_device_flops`, as the calibration benchmark assumes); links and
-    latency are :data:`~loongforge.planner.hardware.CPU_DEFAULTS`.
+    (:func:`~loongforge.devices.host.cpu_device_flops`, as the calibration benchmark assumes); links and
+    latency are :data:`~loongforge.devices.host.CPU_DEFAULTS`.
     """
     import psutil
 
-    from loongforge.planner.hardware import CPU_DEFAULTS, cpu_device_flops, local_processes
+    from loongforge.devices.host import CPU_DEFAULTS, cpu_device_flops, local_processes
 
     local = local_processes(1)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

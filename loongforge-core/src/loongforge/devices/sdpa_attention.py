@@ -18,6 +18,7 @@ from megatron.core import tensor_parallel
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.transformer.utils import is_layer_window_attention
 from megatron.core.utils import divide
 
 from loongforge.devices import ulysses
@@ -35,9 +36,12 @@ class SDPAttention(MegatronModule):
     dropout (forked on the model-parallel RNG like megatron), GQA. An explicit mask replaces the causal flag (as
     in megatron's softmax), so it must carry causality itself: packed rows pass a block-diagonal causal mask
     (:mod:`loongforge.data.packing`). Context parallelism (``context_parallel_size > 1``) goes through an
-    all-to-all over heads (:mod:`loongforge.devices.ulysses`), causal masks only. Not supported (raise at
-    construction or call): sliding windows, non-vanilla softmax, THD packed sequences (``packed_seq_params``),
-    attention bias, explicit masks with context parallelism.
+    all-to-all over heads (:mod:`loongforge.devices.ulysses`), causal masks only. Sliding-window attention
+    follows megatron's ``window_size``/``window_attn_skip_freq`` (a band mask on the layers they select) and
+    ``softcap`` ``c`` replaces the scaled scores ``s`` by ``c * tanh(s / c)`` before masking (Gemma-2; SDPA has no
+    hook for it, so those layers compute the scores explicitly). Not supported (raise at construction or call):
+    non-vanilla softmax, THD packed sequences (``packed_seq_params``), attention bias, explicit masks, sliding
+    windows or soft-capping with context parallelism.
     """
 
     def __init__(
@@ -50,10 +54,9 @@ class SDPAttention(MegatronModule):
         softmax_scale: float | None = None,
         cp_comm_type: str | None = None,
         pg_collection: Any = None,
+        softcap: float | None = None,
     ) -> None:
         super().__init__(config=config)
-        if getattr(config, "window_size", None) is not None:
-            raise NotImplementedError("SDPAttention does not support sliding-window attention")
         if getattr(config, "softmax_type", "vanilla") != "vanilla":
             raise NotImplementedError(f"SDPAttention supports only vanilla softmax, not {config.softmax_type}")
         if pg_collection is None:
@@ -74,6 +77,15 @@ class SDPAttention(MegatronModule):
         # inside the fp32 softmax; mathematically the scale is unchanged, so SDPA gets the plain scale.
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(self.head_dim)
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+        #: Tokens before the query this layer attends to (None: all), as megatron's ``window_size[0]``.
+        self.window = (config.window_size[0] if is_layer_window_attention(
+            config.window_size, config.window_attn_skip_freq, layer_number) else None)
+        if self.window is not None and config.window_size[1] != 0:
+            raise NotImplementedError(f"SDPAttention supports causal windows (right size 0), not {config.window_size}")
+        self.softcap = softcap
+        if (self.window is not None or softcap is not None) and self.cp_group is not None:
+            raise NotImplementedError("SDPAttention does not support sliding windows or soft-capping with context "
+                                      "parallelism")
 
     def forward(
         self,
@@ -112,6 +124,10 @@ class SDPAttention(MegatronModule):
         k = key.permute(1, 2, 0, 3)
         v = value.permute(1, 2, 0, 3)
         mask, is_causal = self._sdpa_mask(attention_mask, mask_type, sq, sk, query.device)
+        if self.window is not None or self.softcap is not None:
+            mask, is_causal = self._banded(mask, is_causal, sq, sk, query.device), False
+        if self.softcap is not None:
+            return self._softcapped(q, k, v, mask).permute(2, 0, 1, 3)
         kwargs: dict[str, Any] = {}
         if query.shape[2] != key.shape[2]:
             if _SDPA_HAS_GQA:
@@ -133,6 +149,34 @@ class SDPAttention(MegatronModule):
             )
         # [b, n, sq, d] -> [sq, b, n, d]
         return out.permute(2, 0, 1, 3)
+
+    def _banded(self, mask: torch.Tensor | None, is_causal: bool, sq: int, sk: int,
+                device: torch.device) -> torch.Tensor | None:
+        """``mask`` (``True`` = attend) made explicit and cut to this layer's window."""
+        if mask is None and is_causal:
+            mask = torch.ones(sq, sk, dtype=torch.bool, device=device).tril(diagonal=sk - sq)
+        if self.window is None:
+            return mask
+        query_pos = torch.arange(sk - sq, sk, device=device).unsqueeze(1)
+        band = query_pos - torch.arange(sk, device=device).unsqueeze(0) <= self.window
+        return band if mask is None else mask & band
+
+    def _softcapped(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    mask: torch.Tensor | None) -> torch.Tensor:
+        """Attention with soft-capped scores over ``[b, n, s, d]`` inputs (K/V groups repeated); ``[b, n, sq, d]``."""
+        if q.shape[1] != k.shape[1]:
+            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+            v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+        scores = torch.matmul(q, k.transpose(-1, -2)) * self.softmax_scale
+        scores = torch.tanh(scores / self.softcap) * self.softcap
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        dropout_p = self.dropout_p if self.training else 0.0
+        if dropout_p > 0.0:
+            with tensor_parallel.get_cuda_rng_tracker().fork():
+                probs = F.dropout(probs, p=dropout_p)
+        return torch.matmul(probs, v)
 
     @staticmethod
     def _sdpa_mask(

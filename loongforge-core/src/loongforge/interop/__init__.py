@@ -3,7 +3,7 @@ reshard full weights onto any tensor/pipeline layout, and load/save HF weights d
 
 Importing this package is cheap (torch-free); the modules below import torch and megatron when used:
 
-* :mod:`~loongforge.interop.hf_config` -- ``config.json`` <-> :class:`~loongforge.models.flavor.DecoderFlavor`;
+* :mod:`~loongforge.models.hf_config` -- ``config.json`` <-> :class:`~loongforge.models.flavor.DecoderFlavor`;
 * :mod:`~loongforge.interop.hf_checkpoint` -- safetensors shards, index files, carried tokenizer files;
 * :mod:`~loongforge.interop.sharding` -- full (TP=1, PP=1) tensors <-> this rank's shards, via megatron's
   ``sharded_state_dict``;

@@ -16,7 +16,7 @@ from pathlib import Path
 import loongforge
 from loongforge.checkpoint.layout import find_checkpoint
 from loongforge.config.schema import LoongForgeConfig
-from loongforge.interop.errors import InteropError
+from loongforge.errors import InteropError
 from loongforge.interop.hf_checkpoint import (
     check_hf_tensors,
     index_hf_tensors,
@@ -24,7 +24,6 @@ from loongforge.interop.hf_checkpoint import (
     parse_size,
     write_hf_checkpoint,
 )
-from loongforge.interop.hf_config import flavor_differences, hf_config_dict, read_hf_config
 from loongforge.interop.mcore_checkpoint import (
     HF_SOURCE,
     checkpoint_config,
@@ -35,6 +34,7 @@ from loongforge.interop.mcore_checkpoint import (
     write_model_checkpoint,
 )
 from loongforge.models.flavor import DecoderFlavor
+from loongforge.models.hf_config import flavor_differences, read_hf_config
 
 
 def check_out_dir(out_dir: Path) -> None:
@@ -73,8 +73,7 @@ def hf_to_mcore(hf_dir: str | Path, out_dir: str | Path, *, model: str | None = 
     """Convert the HF checkpoint in ``hf_dir`` to a model-only LoongForge checkpoint; return a summary line."""
     from loongforge.interop.sharding import load_full_state
     from loongforge.interop.world import standalone_world
-    from loongforge.models.builder import build_model, padded_vocab_size
-    from loongforge.models.hf_adapter import hf_to_megatron
+    from loongforge.models.building import build_standalone
 
     hf_dir, out_dir = Path(hf_dir).expanduser(), Path(out_dir).expanduser()
     hf = read_hf_config(hf_dir)
@@ -89,9 +88,8 @@ def hf_to_mcore(hf_dir: str | Path, out_dir: str | Path, *, model: str | None = 
         config.data.tokenizer = f"hf:{out_dir.resolve() / HF_SOURCE}"
     tensors = load_hf_tensors(infos)
     with standalone_world() as backend:
-        megatron_model = build_model(hf.flavor, backend=backend, params_dtype=dtype)
-        load_full_state([megatron_model], hf_to_megatron(tensors, hf.flavor,
-                                                         padded_vocab_size=padded_vocab_size(hf.flavor.vocab_size)))
+        megatron_model = build_standalone(hf.flavor, backend, dtype)
+        load_full_state([megatron_model], hf.flavor.hf_adapter().from_hf(tensors))
         write_model_checkpoint(
             out_dir, megatron_model, config=config, hf_source=hf_dir,
             metadata={"source": str(hf_dir.resolve()), "model": name, "dtype": dtype,
@@ -103,28 +101,37 @@ def hf_to_mcore(hf_dir: str | Path, out_dir: str | Path, *, model: str | None = 
 
 
 def mcore_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_size: str = "5GB") -> str:
-    """Convert a LoongForge checkpoint (any TP/PP layout) to a HF directory; return a summary line."""
+    """Convert a LoongForge checkpoint (any TP/PP layout) to a HF directory; return a summary line.
+
+    The model is rebuilt by its family (``build_chunk`` at TP=PP=1) and exported by the family's
+    ``hf_adapter()``, so a plugin family converts the same way as core's; one without an adapter is refused.
+    """
     from loongforge.interop.sharding import gather_full_state
     from loongforge.interop.world import standalone_world
-    from loongforge.models.builder import build_model
-    from loongforge.models.hf_adapter import megatron_to_hf
+    from loongforge.models.building import build_standalone
     from loongforge.models.lora import apply_lora, merge_lora
+    from loongforge.resolve import model_label
 
     out_dir = Path(out_dir).expanduser()
     path = find_checkpoint(checkpoint)
     config = checkpoint_config(path)
-    flavor = resolve_flavor(config)
+    family = resolve_flavor(config)
+    adapter = family.hf_adapter()
+    if adapter is None:
+        raise InteropError(f"{path}: model '{model_label(config, family)}' has no Hugging Face "
+                           "counterpart to convert to (its family supplies no hf_adapter)")
     dtype = checkpoint_dtype(path, config)
     max_bytes = parse_size(max_shard_size)
     base, carry = hf_side_files(config, path)
-    hf_config = hf_config_dict(flavor, dtype, base)
+    hf_config = adapter.config_json(dtype, base)
     check_out_dir(out_dir)
     with standalone_world() as backend:
-        megatron_model = build_model(flavor, backend=backend, params_dtype=dtype)
+        megatron_model = build_standalone(family, backend, dtype)
         if config.model.lora is not None:  # a LoRA run's checkpoint: load the adapters, export them merged
             apply_lora([megatron_model], config.model.lora, config.run.seed)
         load_model_weights(path, [megatron_model])
         full = gather_full_state([merge_lora(megatron_model)])
-    tensors = megatron_to_hf(full, flavor, per_expert=True)
+    tensors = adapter.to_hf(full)
     write_hf_checkpoint(out_dir, tensors, hf_config, max_shard_bytes=max_bytes, carry_from=carry)
-    return f"wrote {out_dir}: {len(tensors)} tensors ({flavor.hf_architecture}, {dtype}) from {path}"
+    architecture = (hf_config.get("architectures") or [family.family_name])[0]
+    return f"wrote {out_dir}: {len(tensors)} tensors ({architecture}, {dtype}) from {path}"

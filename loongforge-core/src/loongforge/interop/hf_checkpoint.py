@@ -24,9 +24,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from loongforge.interop.errors import InteropError
+from loongforge.errors import InteropError
 from loongforge.models.flavor import DecoderFlavor
 from loongforge.models.hf_adapter import hf_tensor_shapes
+from loongforge.models.hf_names import hf_names, with_base_prefix
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -37,8 +38,9 @@ CARRIED_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json",
     "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json", "generation_config.json",
 )
-#: Buffers some older checkpoints saved; recomputed from config.json, never weights.
-_IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+#: Buffers some older checkpoints saved (RoPE frequencies, GPT-2's causal-mask ``attn.bias``/``attn.masked_bias``);
+#: recomputed from config.json, never weights.
+_IGNORED_SUFFIXES = (".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
 _SAFETENSORS_DTYPES = {"F32": "fp32", "BF16": "bf16", "F16": "fp16"}
 _TORCH_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -113,10 +115,13 @@ def check_hf_tensors(infos: dict[str, TensorInfo], flavor: DecoderFlavor, direct
 
     A tied model's checkpoint may still carry ``lm_head.weight`` (older ``save_pretrained`` did); it is
     ignored because the model reads the embedding. MoE experts may be stored fused or one module per expert.
+    Names are checked with the family's base-model prefix restored where a file omits it (GPT-2).
     """
     fused = any(name.endswith(".mlp.experts.gate_up_proj") for name in infos)
     expected = hf_tensor_shapes(flavor, per_expert=flavor.is_moe and not fused)
-    present = {n: i for n, i in infos.items() if not (flavor.tie_word_embeddings and n == "lm_head.weight")}
+    canonical = with_base_prefix(list(infos), flavor.family)  # GPT-2 files may omit ``transformer.``
+    present = {n: infos[stored] for n, stored in canonical.items()
+               if not (flavor.tie_word_embeddings and n == "lm_head.weight")}
     missing = sorted(set(expected) - set(present))
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -135,13 +140,14 @@ def check_hf_tensors(infos: dict[str, TensorInfo], flavor: DecoderFlavor, direct
                 f"config.json implies {list(shape)}"
             )
     dtypes = {info.dtype for info in present.values()}
-    first = present["model.embed_tokens.weight"].dtype
+    embed = hf_names(flavor.family).embed + ".weight"
+    first = present[embed].dtype
     if first not in _SAFETENSORS_DTYPES.values():
         raise InteropError(f"{directory}: tensor dtype {first} is not supported (use float32, bfloat16 or float16)")
     if len(dtypes) > 1:
         odd = next(n for n, i in sorted(present.items()) if i.dtype != first)
         raise InteropError(
-            f"{present[odd].file}: tensor {odd} is {present[odd].dtype} but model.embed_tokens.weight is {first}; "
+            f"{present[odd].file}: tensor {odd} is {present[odd].dtype} but {embed} is {first}; "
             "mixed dtypes are not supported"
         )
     return first

@@ -28,19 +28,20 @@ from loongforge.checkpoint.manifest import write_manifest
 from loongforge.checkpoint.saver import CONFIG_YAML, METADATA_JSON, MODEL_OPTIM, SyncTorchDistSaveStrategy, unwrap_model
 from loongforge.config.loader import config_to_dict, load_config
 from loongforge.config.schema import LoongForgeConfig
-from loongforge.interop.errors import InteropError
+from loongforge.errors import InteropError
 from loongforge.interop.hf_checkpoint import copy_carried_files, prepare_out, publish
-from loongforge.interop.hf_config import CONFIG_JSON
-from loongforge.models.flavor import DecoderFlavor
+from loongforge.models.family import ModelFamily
+from loongforge.models.hf_config import CONFIG_JSON
 
 #: Directory of a converted checkpoint holding the source ``config.json`` and tokenizer files.
 HF_SOURCE = "hf_source"
 MODEL_ONLY_FORMAT = "loongforge-model-only"
 
 
-def resolve_flavor(config: LoongForgeConfig) -> DecoderFlavor:
-    """The flavor ``config.model`` names (registry name or ``pkg.module:factory``, then overrides)."""
-    from loongforge.config.resolve import resolve_model_flavor
+def resolve_flavor(config: LoongForgeConfig) -> ModelFamily:
+    """The model ``config.model`` describes (registry name or ``pkg.module:factory``, parts, then overrides):
+    the family whose ``build_chunk`` rebuilds the checkpoint's model."""
+    from loongforge.resolve import resolve_model_flavor
 
     return resolve_model_flavor(config)
 

@@ -12,12 +12,10 @@ from typing import Any
 
 import torch.distributed as dist
 
-from loongforge.checkpoint.layout import find_checkpoint
 from loongforge.config.schema import LoongForgeConfig
-from loongforge.interop.errors import InteropError
-from loongforge.interop.hf_config import flavor_differences, hf_config_dict
+from loongforge.errors import InteropError
+from loongforge.interop.load_source import model_load_source
 from loongforge.interop.mcore_checkpoint import (
-    checkpoint_config,
     hf_side_files,
     load_model_weights,
     resolve_flavor,
@@ -42,25 +40,13 @@ def load_initial_weights(model_chunks: list[Any], config: LoongForgeConfig) -> N
     from megatron.core import parallel_state
 
     from loongforge.interop.hf_checkpoint import check_hf_tensors, index_hf_tensors, load_hf_tensors
-    from loongforge.interop.hf_config import read_hf_config
     from loongforge.interop.sharding import load_full_state
     from loongforge.models.builder import padded_vocab_size
     from loongforge.models.hf_adapter import hf_to_megatron
 
     spec = config.model.load or ""
-    where = f"model.load in {config.source}"
     flavor = resolve_flavor(config)
-    if spec.startswith("hf:"):
-        directory = Path(spec[3:]).expanduser()
-        hf = read_hf_config(directory)
-        source = hf.path
-        diffs = flavor_differences(hf.flavor, flavor)
-    else:
-        directory = find_checkpoint(spec)
-        source = directory / "config.yaml"
-        diffs = flavor_differences(resolve_flavor(checkpoint_config(directory)), flavor)
-    if diffs:
-        raise InteropError(f"{where}: {source} does not match model '{config.model.name}': {'; '.join(diffs)}")
+    directory = model_load_source(config, flavor)
     if spec.startswith("hf:"):
         infos = index_hf_tensors(directory)
         check_hf_tensors(infos, flavor, directory)
@@ -80,10 +66,14 @@ def save_hf_copy(trainer: Any, path: str) -> Path | None:
     """Write the trainer's model as a HF directory ``<path>/hf`` (collective; rank 0 writes, returns the dir)."""
     from loongforge.interop.hf_checkpoint import write_hf_checkpoint
     from loongforge.interop.sharding import gather_full_state
-    from loongforge.models.hf_adapter import megatron_to_hf
+    from loongforge.resolve import model_label
 
     config = trainer.config
-    flavor = resolve_flavor(config)
+    family = resolve_flavor(config)
+    adapter = family.hf_adapter()
+    if adapter is None:
+        raise InteropError(f"{config.source}: checkpoint.save_hf is set but model '{model_label(config, family)}' "
+                           "has no Hugging Face counterpart (its family supplies no hf_adapter)")
     full = gather_full_state(trainer.model)
     if _rank() != 0:
         return None
@@ -96,5 +86,4 @@ def save_hf_copy(trainer: Any, path: str) -> Path | None:
     dtype = _DTYPE_NAMES[str(full["embedding.word_embeddings.weight"].dtype)]
     base, carry = hf_side_files(config)
     out = Path(path) / HF_SUBDIR
-    tensors = megatron_to_hf(full, flavor, per_expert=True)
-    return write_hf_checkpoint(out, tensors, hf_config_dict(flavor, dtype, base), carry_from=carry)
+    return write_hf_checkpoint(out, adapter.to_hf(full), adapter.config_json(dtype, base), carry_from=carry)

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory, is_main_replica
 
 from loongforge.checkpoint.saver import unwrap_model
-from loongforge.interop.errors import InteropError
+from loongforge.errors import InteropError
 
 _LAYERS = "decoder.layers."
 

@@ -11,18 +11,19 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from loongforge.interop.errors import InteropError
+from loongforge.errors import InteropError
 
 
 @contextlib.contextmanager
-def standalone_world() -> Iterator[Any]:
-    """Yield the CPU backend with a gloo world of one and megatron at TP=PP=1; tear both down after."""
+def standalone_world(backend: Any = None) -> Iterator[Any]:
+    """Yield the CPU backend (or ``backend``, a CPU-world one such as the ModelFamilySuite's recording backend)
+    with a gloo world of one and megatron at TP=PP=1; tear both down after."""
     from megatron.core import parallel_state, tensor_parallel
 
     from loongforge.devices.cpu import CPUBackend
-    from loongforge.train.distributed import init_distributed, shutdown_distributed
+    from loongforge.parallel.distributed import init_distributed, shutdown_distributed
 
-    backend = CPUBackend()
+    backend = backend or CPUBackend()
     backend.apply_patches()
     info = init_distributed(backend)
     try:

@@ -13,7 +13,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from megatron.core.activations import squared_relu
 from megatron.core.models.gpt import GPTModel
+from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from loongforge.errors import ConfigError
@@ -55,6 +57,16 @@ class ParallelSettings:
             raise ConfigError("sequence_parallel needs tp > 1 (it splits the sequence across TP ranks)")
 
 
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU with the tanh approximation (HF ``gelu_new``/``gelu_pytorch_tanh``; GPT-2, Phi-2, Gemma)."""
+    return F.gelu(x, approximate="tanh")
+
+
+#: ``DecoderFlavor.activation`` -> the function megatron's MLP applies (to the gate half when gated).
+ACTIVATION_FUNCS: dict[str, Any] = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": gelu_tanh, "relu": F.relu,
+                                    "squared_relu": squared_relu}
+
+
 def resolve_dtype(params_dtype: str | torch.dtype) -> torch.dtype:
     """``"fp32"``/``"bf16"``/``"fp16"`` (or a torch dtype) -> torch dtype."""
     if isinstance(params_dtype, torch.dtype):
@@ -75,7 +87,7 @@ def transformer_config(
     flavor: DecoderFlavor, *, params_dtype: str | torch.dtype = "fp32",
     parallel: ParallelSettings | None = None, extra_config: dict[str, Any] | None = None,
 ) -> TransformerConfig:
-    """The megatron ``TransformerConfig`` for ``flavor`` (SwiGLU, RMSNorm, RoPE, GQA, no dropout).
+    """The megatron ``TransformerConfig`` for ``flavor``: its norm, activation, gating and biases, no dropout.
 
     ``extra_config`` holds the device's additions (FP8 recipe, CUDA graphs; see
     ``DeviceBackend.megatron_settings``); they are applied last.
@@ -86,6 +98,9 @@ def transformer_config(
         raise ConfigError(f"num_layers ({flavor.num_layers}) is not divisible by pp ({parallel.pp})")
     if flavor.num_query_groups % parallel.tp:
         raise ConfigError(f"num_query_groups ({flavor.num_query_groups}) is not divisible by tp ({parallel.tp})")
+    if flavor.attn_logit_softcapping is not None and parallel.cp > 1:
+        raise ConfigError(f"attn_logit_softcapping is not supported with context parallelism (cp={parallel.cp}); "
+                          "use cp=1")
     return TransformerConfig(
         **_moe_kwargs(flavor, parallel),
         num_layers=flavor.num_layers,
@@ -94,12 +109,13 @@ def transformer_config(
         num_attention_heads=flavor.num_attention_heads,
         num_query_groups=flavor.num_query_groups,
         kv_channels=flavor.kv_channels,
-        normalization="RMSNorm",
+        normalization=flavor.normalization,
+        layernorm_zero_centered_gamma=flavor.norm_zero_centered,
         layernorm_epsilon=flavor.norm_eps,
-        gated_linear_unit=True,
-        activation_func=F.silu,
-        add_bias_linear=False,
-        add_qkv_bias=flavor.add_qkv_bias,
+        gated_linear_unit=flavor.gated_linear_unit,
+        activation_func=ACTIVATION_FUNCS[flavor.activation],
+        add_bias_linear=flavor.add_bias_linear,
+        add_qkv_bias=flavor.add_qkv_bias or flavor.add_bias_linear,
         qk_layernorm=flavor.qk_layernorm,
         hidden_dropout=0.0,
         attention_dropout=0.0,
@@ -122,8 +138,23 @@ def transformer_config(
         virtual_pipeline_model_parallel_size=parallel.vpp,
         sequence_parallel=parallel.sequence_parallel,
         mrope_section=None if flavor.mrope_section is None else list(flavor.mrope_section),
+        **_attention_kwargs(flavor),
         **(extra_config or {}),
     )
+
+
+def _attention_kwargs(flavor: DecoderFlavor) -> dict[str, Any]:
+    """Megatron's sliding-window and score-scale settings for ``flavor`` (none for full attention).
+
+    ``window_size`` ``(w - 1, 0)``: the query and the ``w - 1`` tokens before it (Hugging Face's window ``w``).
+    """
+    kwargs: dict[str, Any] = {}
+    if flavor.sliding_window is not None:
+        kwargs.update(window_size=(flavor.sliding_window - 1, 0),
+                      window_attn_skip_freq=flavor.sliding_window_full_every)
+    if flavor.query_pre_attn_scalar is not None:
+        kwargs["softmax_scale"] = flavor.query_pre_attn_scalar**-0.5
+    return kwargs
 
 
 def _moe_kwargs(flavor: DecoderFlavor, parallel: ParallelSettings) -> dict[str, Any]:
@@ -180,19 +211,70 @@ def build_model(
     parallel = parallel or ParallelSettings()
     config = transformer_config(flavor, params_dtype=params_dtype, parallel=parallel, extra_config=extra_config)
     provider = backend.spec_provider()
+    position_embedding = flavor.position_embedding
+    if position_embedding == "rope" and flavor.mrope_section is not None:
+        position_embedding = "mrope"
     model = GPTModel(
         config=config,
-        transformer_layer_spec=decoder_block_spec(provider, config, qk_layernorm=flavor.qk_layernorm,
-                                                  vp_stage=vp_stage, num_experts=flavor.num_experts),
+        transformer_layer_spec=decoder_block_spec(provider, config, flavor, vp_stage=vp_stage),
         vocab_size=padded_vocab_size(flavor.vocab_size, parallel.tp),
         max_sequence_length=flavor.max_position_embeddings,
         pre_process=pre_process,
         post_process=post_process,
         share_embeddings_and_output_weights=flavor.tie_word_embeddings,
-        position_embedding_type="rope" if flavor.mrope_section is None else "mrope",
+        position_embedding_type=position_embedding,
+        rotary_percent=flavor.rotary_percent,
         rotary_base=int(flavor.rope_theta),
         vp_stage=vp_stage,
         scatter_embedding_sequence_parallel=scatter_embedding_sequence_parallel,
     )
-    model.rotary_pos_emb.inv_freq = rope_inv_freq(flavor.kv_channels, flavor.rope_theta, flavor.rope_scaling)
+    if flavor.position_embedding == "rope":
+        model.rotary_pos_emb.inv_freq = rope_inv_freq(flavor.rotary_dim, flavor.rope_theta, flavor.rope_scaling)
+    if flavor.output_layer_bias and post_process:
+        _add_output_bias(model.output_layer, config)
+    if flavor.embedding_multiplier is not None and pre_process:
+        model.embedding.register_forward_hook(_EmbeddingScale(flavor.embedding_multiplier))
+    if flavor.final_logit_softcapping is not None and post_process:
+        model.output_layer.register_forward_hook(_LogitSoftcap(flavor.final_logit_softcapping))
     return model
+
+
+def _add_output_bias(output_layer: Any, config: TransformerConfig) -> None:
+    """Give megatron's LM head (built with ``bias=False`` by ``GPTModel``) a vocab-parallel bias (Phi-2).
+
+    ``ColumnParallelLinear`` adds ``self.bias`` when it is set and checkpoints it sharded like the weight's
+    rows, so a zero bias with the tensor-parallel attributes megatron gives its own biases is all it takes.
+    """
+    rows = output_layer.output_size_per_partition
+    output_layer.bias = torch.nn.Parameter(torch.zeros(rows, dtype=config.params_dtype))
+    set_tensor_model_parallel_attributes(output_layer.bias, True, 0, 1)
+    output_layer.bias.allreduce = True
+
+
+class _EmbeddingScale:
+    """Forward hook multiplying the embedding output by a constant (Gemma's ``sqrt(hidden_size)``).
+
+    Megatron's ``LanguageModelEmbedding`` has no multiplier; the constant is cast to the activation dtype
+    first, as Hugging Face does, so bf16 runs round it the same way.
+    """
+
+    def __init__(self, multiplier: float) -> None:
+        self.multiplier = multiplier
+
+    def __call__(self, module: Any, args: Any, output: torch.Tensor) -> torch.Tensor:
+        return output * torch.tensor(self.multiplier, dtype=output.dtype, device=output.device)
+
+
+class _LogitSoftcap:
+    """Forward hook on the LM head: logits ``x`` become ``cap * tanh(x / cap)`` (Gemma-2's final soft-capping).
+
+    Megatron's ``GPTModel`` has no such option; the hook runs before its loss, so training sees the capped
+    logits as Hugging Face's model does.
+    """
+
+    def __init__(self, cap: float) -> None:
+        self.cap = cap
+
+    def __call__(self, module: Any, args: Any, output: tuple[torch.Tensor, Any]) -> tuple[torch.Tensor, Any]:
+        logits, bias = output
+        return torch.tanh(logits / self.cap) * self.cap, bias

@@ -18,17 +18,37 @@ under the torch-native strategies; the flavor supplies :meth:`ModelFamily.make_t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from loongforge.errors import ConfigError
 
 if TYPE_CHECKING:
     from loongforge.config.schema import LoongForgeConfig
+    from loongforge.models.building import ChunkBuild
     from loongforge.models.flavor import DecoderFlavor
     from loongforge.registry import Registry
 
 #: The step engines a family can name in :attr:`ModelFamily.engine`.
 ENGINES: tuple[str, ...] = ("megatron", "task")
+
+
+class HFAdapter(Protocol):
+    """What :meth:`ModelFamily.hf_adapter` returns: one model's Hugging Face layout, both ways.
+
+    State dicts are *full* (TP=PP=1) megatron state dicts as :func:`loongforge.interop.sharding.gather_full_state`
+    returns them from the chunk :meth:`ModelFamily.build_chunk` builds, and Hugging Face tensors as
+    ``save_pretrained`` writes them. Core's decoder families use :class:`loongforge.models.decoder_hf.DecoderHFAdapter`.
+    """
+
+    def config_json(self, dtype: str, base: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The ``config.json`` mapping for weights in ``dtype`` (fp32/bf16/fp16); ``base`` is the source
+        checkpoint's own ``config.json`` (its keys this model does not own are kept), or ``None``."""
+
+    def to_hf(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Hugging Face tensors from a full megatron state dict."""
+
+    def from_hf(self, tensors: dict[str, Any]) -> dict[str, Any]:
+        """A full megatron state dict (what the TP=1 chunk holds, padding included) from Hugging Face tensors."""
 
 
 class ModelFamily:
@@ -72,23 +92,28 @@ class ModelFamily:
         task-engine models. Layout checks (heads, layers, experts against tp/pp/ep) and the planner read it."""
         return None
 
-    def build_chunk(self, build: Any) -> Any:
+    def build_chunk(self, build: ChunkBuild) -> Any:
         """Megatron engine: one model chunk (a ``torch.nn.Module``) for the pipeline stage ``build`` describes.
 
         ``build`` is a :class:`loongforge.models.building.ChunkBuild`: the device backend (its
         ``spec_provider()`` supplies the layer modules), dtype, parallel settings, pre/post-process flags, the
-        virtual stage, the device's extra megatron config and the seed.
+        virtual stage, the device's extra megatron config and the seed. Every command builds through here
+        (:func:`loongforge.models.building.build_model_chunks` for training, ``build_standalone`` for conversion
+        and generation), so layers must come from ``build.backend.spec_provider()`` and weights from
+        ``build.seed`` alone; ``build.decoder_chunk(flavor)`` builds core's decoder that way. The
+        ModelFamilySuite (:mod:`loongforge.testing.family_suite`) fails a family that does otherwise.
         """
         raise ConfigError(f"model {self.family_name} is trained by the {self.engine!r} engine and builds no "
                           "megatron chunks")
 
-    def hf_adapter(self) -> Any | None:
+    def hf_adapter(self) -> HFAdapter | None:
         """The Hugging Face adapter (state-dict names and ``config.json`` both ways), or ``None`` when there is
         no Hugging Face counterpart (``loongforge convert`` then refuses in one line)."""
         return None
 
     def planner_parts(self, config: LoongForgeConfig) -> tuple[Any, ...]:
-        """Memory/compute parts the planner adds outside the decoder (a VLM's vision encoder); default none."""
+        """Memory/compute parts the planner adds outside the decoder (a VLM's vision encoder), sized for ``config``
+        (:class:`loongforge.planner.memory.ComponentModel` objects); default none."""
         return ()
 
     def make_task(self, config: LoongForgeConfig) -> Any:
@@ -101,7 +126,8 @@ def check_family(obj: Any, name: str, where: str) -> ModelFamily:
     """``obj`` if it implements the contract, else a one-line :class:`ConfigError` naming ``name`` and ``where``."""
     if not isinstance(obj, ModelFamily):
         raise ConfigError(f"{where}: '{name}' resolved to {type(obj).__name__}, which is not a "
-                          "loongforge.models.family.ModelFamily (see docs/plugin-authors.md)")
+                          "loongforge.models.family.ModelFamily: not a model to train by itself (a registered part "
+                          "goes under a composed model's part role; see docs/plugin-authors.md)")
     if obj.engine not in ENGINES:
         raise ConfigError(f"{where}: model '{name}' names engine {obj.engine!r}; known: {', '.join(ENGINES)}")
     return obj

@@ -1,10 +1,13 @@
-"""``DecoderFlavor``: the hyperparameters that define one Llama-style decoder size.
+"""``DecoderFlavor``: the hyperparameters that define one decoder-only transformer size.
 
-Families (Llama, Qwen2, Qwen3, and their mixture-of-experts siblings Mixtral and Qwen3-MoE) differ only in a
-few switches -- QKV bias, QK-norm, explicit head_dim, tied embeddings, RoPE scaling, experts in place of the
-MLP -- so one flat, torch-free description serves all of them. Names in the registry
-point at flavors; ``with_overrides`` lets a config shrink or tweak one (``num_layers=2`` for a smoke run)
-without a new table entry.
+Families (Llama, Qwen2, Qwen3, their mixture-of-experts siblings Mixtral and Qwen3-MoE, GPT-2, GPT-NeoX,
+Phi-2, Gemma) differ only in switches -- the norm, the MLP activation and gating, biases, position embedding,
+partial rotary, parallel residual, QK-norm, explicit head_dim, tied embeddings, RoPE scaling, experts in place
+of the MLP -- so one flat, torch-free description serves all of them. Each switch is data that
+:mod:`loongforge.models.builder` maps to megatron-core's own ``TransformerConfig``/``GPTModel`` options; every
+default is the Llama behaviour, so a flavor that names none of them is the Llama decoder it always was.
+Names in the registry point at flavors; ``with_overrides`` lets a config shrink or tweak one (``num_layers=2``
+for a smoke run) without a new table entry.
 """
 
 from __future__ import annotations
@@ -14,14 +17,40 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loongforge.errors import ConfigError
+from loongforge.models.family import ModelFamily
 
 #: RoPE scaling types ``build_model`` implements (Hugging Face ``rope_type`` names).
 ROPE_SCALING_TYPES: tuple[str, ...] = ("llama3", "linear")
+#: ``normalization`` values (megatron's names).
+NORMALIZATIONS: tuple[str, ...] = ("RMSNorm", "LayerNorm")
+#: ``activation`` values: SiLU, exact (erf) GELU, tanh-approximated GELU, ReLU, squared ReLU.
+ACTIVATIONS: tuple[str, ...] = ("silu", "gelu", "gelu_tanh", "relu", "squared_relu")
+#: ``position_embedding`` values (megatron's ``position_embedding_type`` names).
+POSITION_EMBEDDINGS: tuple[str, ...] = ("rope", "learned_absolute", "none")
+#: ``residual`` values: ``x + attn(n1 x)`` then ``+ mlp(n2 .)`` (Llama); ``x + attn(n1 x) + mlp(n2 x)``
+#: (GPT-NeoX); ``x + attn(n x) + mlp(n x)`` with one norm (Phi-2).
+RESIDUALS: tuple[str, ...] = ("sequential", "parallel", "parallel_shared_norm")
 
 
 @dataclass(frozen=True)
-class DecoderFlavor:
-    """A pre-norm decoder: RMSNorm, RoPE, SwiGLU MLP, grouped-query attention.
+class DecoderFlavor(ModelFamily):
+    """A pre-norm decoder; by default RMSNorm, RoPE, SwiGLU MLP, no biases, grouped-query attention (Llama).
+
+    Architecture switches (vocabularies in the module-level tuples): ``normalization`` RMSNorm/LayerNorm (a
+    LayerNorm has a bias); ``norm_zero_centered`` stores norm weights as ``gamma - 1`` and applies ``1 + w``
+    (Gemma); ``activation`` and ``gated_linear_unit`` (SwiGLU = silu gated, GeGLU = gelu_tanh gated, GPT-2 =
+    gelu_tanh ungated); ``add_bias_linear`` puts a bias on every linear (``add_qkv_bias``: QKV only);
+    ``position_embedding`` RoPE / learned absolute / none, ``rotary_percent`` the fraction of each head that
+    RoPE rotates (GPT-NeoX 0.25, Phi-2 0.4); ``residual`` sequential or one of the parallel forms;
+    ``output_layer_bias`` a bias on the LM head (Phi-2); ``embedding_multiplier`` scales the token embeddings
+    (Gemma: ``sqrt(hidden_size)``).
+
+    Gemma-2 switches: ``post_norms`` normalises the attention and MLP outputs before each residual add (its
+    ``post_attention_layernorm``/``post_feedforward_layernorm``); ``attn_logit_softcapping`` /
+    ``final_logit_softcapping`` ``c`` replace attention scores / output logits ``x`` by ``c * tanh(x / c)``;
+    ``sliding_window`` ``w`` lets a token attend to itself and the ``w - 1`` before it, in every layer or, with
+    ``sliding_window_full_every`` ``n``, in all but every ``n``-th layer (megatron's ``window_attn_skip_freq``);
+    ``query_pre_attn_scalar`` ``s`` scales scores by ``s ** -0.5`` instead of ``head_dim ** -0.5``.
 
     ``rope_scaling`` is ``None`` or a Hugging Face style dict with ``rope_type`` ("llama3": ``factor``,
     ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``; "linear": ``factor``).
@@ -62,6 +91,22 @@ class DecoderFlavor:
     moe_aux_loss_coeff: float = 0.0
     moe_norm_topk_prob: bool = True
     mrope_section: tuple[int, int, int] | None = None
+    normalization: str = "RMSNorm"
+    norm_zero_centered: bool = False
+    activation: str = "silu"
+    gated_linear_unit: bool = True
+    add_bias_linear: bool = False
+    position_embedding: str = "rope"
+    rotary_percent: float = 1.0
+    residual: str = "sequential"
+    output_layer_bias: bool = False
+    embedding_multiplier: float | None = None
+    post_norms: bool = False
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
+    sliding_window: int | None = None
+    sliding_window_full_every: int | None = None
+    query_pre_attn_scalar: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
@@ -103,6 +148,42 @@ class DecoderFlavor:
                     f"{self.family} flavor: rope_scaling type {rope_type!r} is not supported; "
                     f"supported: {', '.join(ROPE_SCALING_TYPES)}"
                 )
+        self._check_switches()
+
+    def _check_switches(self) -> None:
+        """Each architecture switch against its vocabulary, in one line naming the switch."""
+        for name, allowed in (("normalization", NORMALIZATIONS), ("activation", ACTIVATIONS),
+                              ("position_embedding", POSITION_EMBEDDINGS), ("residual", RESIDUALS)):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{self.family} flavor: {name} {getattr(self, name)!r} is not supported; "
+                                  f"supported: {', '.join(allowed)}")
+        if not 0.0 < self.rotary_percent <= 1.0:
+            raise ConfigError(f"{self.family} flavor: rotary_percent must be in (0, 1], got {self.rotary_percent}")
+        if self.rotary_percent != 1.0 and self.position_embedding != "rope":
+            raise ConfigError(f"{self.family} flavor: rotary_percent {self.rotary_percent} needs "
+                              f"position_embedding 'rope', not {self.position_embedding!r}")
+        if self.position_embedding == "rope" and int(self.kv_channels * self.rotary_percent) % 2:
+            raise ConfigError(f"{self.family} flavor: rotary_percent {self.rotary_percent} of head_dim "
+                              f"{self.kv_channels} must rotate an even number of dimensions")
+        if self.residual != "sequential" and self.num_experts is not None:
+            raise ConfigError(f"{self.family} flavor: residual {self.residual!r} is not supported with experts "
+                              "(use residual 'sequential')")
+        for name in ("embedding_multiplier", "attn_logit_softcapping", "final_logit_softcapping", "sliding_window",
+                     "query_pre_attn_scalar"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ConfigError(f"{self.family} flavor: {name} must be positive, got {getattr(self, name)}")
+        if self.sliding_window_full_every is not None and (
+            self.sliding_window is None or self.sliding_window_full_every < 2
+        ):
+            raise ConfigError(f"{self.family} flavor: sliding_window_full_every must be >= 2 and needs "
+                              f"sliding_window, got {self.sliding_window_full_every} with {self.sliding_window}")
+        if self.post_norms and (self.residual != "sequential" or self.num_experts is not None):
+            raise ConfigError(f"{self.family} flavor: post_norms needs residual 'sequential' and a dense MLP")
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dimensions of each head that RoPE rotates (0 without RoPE); the rest pass through unchanged."""
+        return int(self.kv_channels * self.rotary_percent) if self.position_embedding == "rope" else 0
 
     @property
     def is_moe(self) -> bool:
@@ -117,6 +198,29 @@ class DecoderFlavor:
     def with_overrides(self, **overrides: Any) -> DecoderFlavor:
         """A copy with some fields replaced; an unknown field name is a :class:`ConfigError`."""
         return replace_fields(self, overrides)
+
+    # -- the model-family contract (loongforge.models.family) -------------------------------------------------
+
+    @property
+    def family_name(self) -> str:
+        return self.family
+
+    @property
+    def decoder(self) -> DecoderFlavor:
+        """An LLM is its own megatron decoder."""
+        return self
+
+    def build_chunk(self, build: Any) -> Any:
+        """Core's ``GPTModel`` chunk, its layers from the device's spec provider (``build.backend``)."""
+        return build.decoder_chunk(self)
+
+    def hf_adapter(self) -> Any:
+        """Core's decoder adapter (``*ForCausalLM`` names and ``config.json``) for the families core knows a
+        Hugging Face format of (:data:`loongforge.models.hf_config.FAMILIES`); ``None`` for any other."""
+        from loongforge.models.decoder_hf import DecoderHFAdapter
+        from loongforge.models.hf_config import FAMILIES
+
+        return DecoderHFAdapter(self) if self.family in FAMILIES else None
 
 
 def replace_fields(flavor: Any, overrides: dict[str, Any], *, what: str = "flavor") -> Any:
@@ -135,20 +239,34 @@ def replace_fields(flavor: Any, overrides: dict[str, Any], *, what: str = "flavo
 
 
 def flavor_num_params(flavor: DecoderFlavor, *, include_embeddings: bool = True) -> int:
-    """Parameter count of ``flavor`` with the unpadded vocabulary, as published model sizes count it."""
+    """Parameter count of ``flavor`` with the unpadded vocabulary, as published model sizes count it.
+
+    Learned position embeddings count as embeddings; a shared-norm parallel layer has one norm.
+    """
     h, f, d = flavor.hidden_size, flavor.ffn_hidden_size, flavor.kv_channels
     q, kv = flavor.num_attention_heads * d, flavor.num_query_groups * d
+    bias = flavor.add_bias_linear
+    fc1_out = 2 if flavor.gated_linear_unit else 1
     if flavor.num_experts is not None:  # experts (gate/up/down each), router, optional shared expert
-        mlp = flavor.num_experts * (3 * h * flavor.moe_ffn_hidden_size + h)
+        mlp = flavor.num_experts * ((fc1_out + 1) * h * flavor.moe_ffn_hidden_size + h)
         mlp += 3 * h * (flavor.moe_shared_expert_intermediate_size or 0)
     else:
-        mlp = 3 * h * f  # gate/up/down
-    layer = h * (q + 2 * kv) + q * h + mlp + 2 * h  # qkv, proj, mlp, two norms
-    if flavor.add_qkv_bias:
+        mlp = (fc1_out + 1) * h * f + (fc1_out * f + h if bias else 0)  # fc1 (gate/up or one), fc2, biases
+    norm = h * (2 if flavor.normalization == "LayerNorm" else 1)
+    norms = 1 if flavor.residual == "parallel_shared_norm" else 2
+    norms += 2 if flavor.post_norms else 0
+    layer = h * (q + 2 * kv) + q * h + mlp + norms * norm  # qkv, proj, mlp, norms
+    if flavor.add_qkv_bias or bias:
         layer += q + 2 * kv
+    if bias:
+        layer += h  # attention output projection
     if flavor.qk_layernorm:
         layer += 2 * d
-    total = flavor.num_layers * layer + h  # + final norm
+    total = flavor.num_layers * layer + norm  # + final norm
+    if flavor.output_layer_bias:
+        total += flavor.vocab_size
     if include_embeddings:
         total += flavor.vocab_size * h * (1 if flavor.tie_word_embeddings else 2)
+        if flavor.position_embedding == "learned_absolute":
+            total += flavor.max_position_embeddings * h
     return total

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from loongforge.models import llama, moe, qwen
+from loongforge.models import gemma, gpt2, llama, moe, neox, phi, qwen
 from loongforge.models.flavor import DecoderFlavor, flavor_num_params
 
-_TABLES = (llama, qwen, moe)
+_TABLES = (llama, qwen, moe, gpt2, neox, phi, gemma)
 
 
 def all_flavors() -> dict[str, DecoderFlavor]:
@@ -20,6 +20,17 @@ def describe(flavor: DecoderFlavor) -> str:
     count = flavor_num_params(flavor)
     size = f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.1f}M"
     extras = [s for s, on in (("qkv-bias", flavor.add_qkv_bias), ("qk-norm", flavor.qk_layernorm),
+                             ("biases", flavor.add_bias_linear), ("LayerNorm", flavor.normalization == "LayerNorm"),
+                             (flavor.residual.replace("_", "-") + " residual", flavor.residual != "sequential"),
+                             (f"rotary {flavor.rotary_percent:g}", flavor.rotary_percent != 1.0),
+                             ("learned positions", flavor.position_embedding == "learned_absolute"),
+                             (f"{flavor.activation}{' gated' if flavor.gated_linear_unit else ''} MLP",
+                              (flavor.activation, flavor.gated_linear_unit) != ("silu", True)),
+                             ("(1 + w) RMSNorm", flavor.norm_zero_centered),
+                             ("post-norms", flavor.post_norms),
+                             (f"sliding window {flavor.sliding_window}", flavor.sliding_window is not None),
+                             ("soft-capping", flavor.attn_logit_softcapping is not None
+                              or flavor.final_logit_softcapping is not None),
                              ("tied", flavor.tie_word_embeddings)) if on]
     heads = f"{flavor.num_attention_heads}/{flavor.num_query_groups} heads"
     parts = [f"{flavor.family} decoder", f"{size} params", f"{flavor.num_layers} layers", f"d{flavor.hidden_size}"]

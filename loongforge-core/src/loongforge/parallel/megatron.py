@@ -9,10 +9,13 @@ also needs the model's sizes and the batch settings.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from loongforge.config.schema import ParallelConfig
 from loongforge.errors import ConfigError
+from loongforge.parallel.strategy import ParallelStrategy
+
+if TYPE_CHECKING:  # annotations only: parallel strategies sit below config, which resolves names to them
+    from loongforge.config.schema import ParallelConfig
 
 #: Megatron token dispatchers that run without Transformer Engine / DeepEP.
 MOE_DISPATCHERS = ("alltoall", "allgather")
@@ -54,10 +57,11 @@ class BatchPlan:
     num_microbatches: int
 
 
-class MegatronStrategy:
+class MegatronStrategy(ParallelStrategy):
     """Tensor, pipeline (optionally interleaved) and data parallelism as megatron-core implements them."""
 
     name = "megatron"
+    engine: ClassVar[str] = "megatron"
 
     @staticmethod
     def validate(parallel: ParallelConfig, world_size: int, source: str = "config") -> Layout:

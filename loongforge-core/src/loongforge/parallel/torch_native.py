@@ -24,13 +24,14 @@ gathers to full tensors on rank 0 for checkpoints, so a checkpoint loads at any 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from loongforge.errors import ConfigError
+from loongforge.parallel.strategy import ParallelStrategy
 
 KINDS = ("ddp", "zero1", "fsdp2", "hsdp")
 _COMM_HOOKS = ("bf16", "fp16")
@@ -61,8 +62,10 @@ class TorchLayout:
         return kind + (f", context parallel {self.cp} (data parallel {self.dp})" if self.cp > 1 else "")
 
 
-class TorchNativeStrategy:
+class TorchNativeStrategy(ParallelStrategy):
     """One of :data:`KINDS`; registered under its kind's name as a parallel strategy."""
+
+    engine: ClassVar[str] = "task"
 
     def __init__(self, kind: str) -> None:
         if kind not in KINDS:

@@ -13,13 +13,13 @@ import copy
 import dataclasses
 from typing import Any
 
-from loongforge.config.resolve import decoder_flavor
 from loongforge.config.schema import LoongForgeConfig, RecomputeConfig
 from loongforge.errors import ConfigError
+from loongforge.models.family import ModelFamily
 from loongforge.planner.calibrate import load_calibration
 from loongforge.planner.hardware import ClusterSpec, device_facts, parse_bytes
 from loongforge.planner.layouts import SearchSpace
-from loongforge.planner.memory import Workload, model_components
+from loongforge.planner.memory import Workload
 from loongforge.planner.planner import Plan, plan
 
 
@@ -44,21 +44,16 @@ def cluster_from_options(options: Any, num_devices: int, facts: dict[str, Any]) 
     return ClusterSpec(num_devices=num_devices, **values)
 
 
-def vision_tokens_per_sample(config: LoongForgeConfig) -> int:
-    """``parallel.planner.vision_tokens_per_sample``, by default half of the sequence (an image-text sample)."""
-    given = config.parallel.planner.vision_tokens_per_sample
-    if given is not None and not 0 <= given <= config.data.seq_length:
-        raise ConfigError(f"{config.source}: parallel.planner.vision_tokens_per_sample must be between 0 and "
-                          f"data.seq_length ({config.data.seq_length}), got {given}")
-    return config.data.seq_length // 2 if given is None else given
-
-
-def workload_for(config: LoongForgeConfig, flavor: Any, kernels: str) -> Workload:
-    """What the planner sizes: the decoder of ``flavor`` (a composed model's ``foundation``) and the parts the
-    flavor reports outside it (a VLM's vision encoder, see :func:`~loongforge.planner.memory.model_components`)."""
-    components = model_components(flavor, vision_tokens_per_sample(config))
-    return Workload(decoder_flavor(flavor), config.data.seq_length, config.training.precision, kernels=kernels,
-                    components=components)
+def workload_for(config: LoongForgeConfig, family: ModelFamily, kernels: str) -> Workload:
+    """What the planner sizes: the megatron decoder of ``family`` (a composed model's language backbone) and the
+    parts the family reports outside it (``planner_parts``: a VLM's vision encoder). A task-engine model has no
+    megatron layout to plan: a one-line :class:`ConfigError`."""
+    decoder = family.decoder
+    if family.engine != "megatron" or decoder is None:
+        raise ConfigError(f"{config.source}: model '{config.model.name}' is trained by the {family.engine} engine; "
+                          "the planner sizes megatron layouts only")
+    return Workload(decoder, config.data.seq_length, config.training.precision, kernels=kernels,
+                    components=tuple(family.planner_parts(config)))
 
 
 def search_space(config: LoongForgeConfig) -> SearchSpace:
@@ -76,8 +71,8 @@ def kernels_of(backend: Any) -> str:
     return "te" if backend.supports("te") else "local"
 
 
-def plan_for_run(config: LoongForgeConfig, flavor: Any, backend: Any, world_size: int) -> Plan:
-    """The plan for this run; ``flavor`` is the resolved model flavor (a composed VLM or a plain decoder)."""
+def plan_for_run(config: LoongForgeConfig, flavor: ModelFamily, backend: Any, world_size: int) -> Plan:
+    """The plan for this run; ``flavor`` is the resolved model (a composed VLM or a plain decoder)."""
     options = config.parallel.planner
     cluster = cluster_from_options(options, world_size, device_facts(backend))
     calibration = load_calibration(options.calibration)

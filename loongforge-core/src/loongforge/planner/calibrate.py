@@ -3,7 +3,7 @@
 A calibration file (JSON) holds :class:`~loongforge.planner.memory.Coefficients` under ``memory`` and
 :class:`~loongforge.planner.timing.TimeCoefficients` under ``time``, plus where they came from; ``loongforge
 plan --calibration FILE`` and ``parallel.planner.calibration`` read it. ``benchmarks/planner_calibration.py``
-measures runs (:mod:`loongforge.planner.measure`) and writes one.
+measures runs (:mod:`loongforge.train.measure`) and writes one.
 
 Both fits are linear least squares with two unknowns:
 

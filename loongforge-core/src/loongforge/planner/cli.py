@@ -29,10 +29,10 @@ GPU_FACTS = {"device_memory": 80 * GIB, "ranks_per_node": 8}
 def plan_command(args: argparse.Namespace) -> int:
     """Print the plan; an impossible request is a :class:`ConfigError` naming the devices/memory that would do."""
     from loongforge.config import load_config
-    from loongforge.config.resolve import resolve_model_flavor
+    from loongforge.resolve import resolve_model_flavor
 
     config = load_config(args.config, args.overrides)
-    flavor = resolve_model_flavor(config)
+    workload = workload_for(config, resolve_model_flavor(config), args.kernels)  # a task model stops here
     options = config.parallel.planner
     flags = {"device_memory": args.device_memory, "ranks_per_node": args.ranks_per_node,
              "device_tflops": args.device_tflops, "intra_node_gbps": args.intra_node_gbps,
@@ -42,7 +42,7 @@ def plan_command(args: argparse.Namespace) -> int:
     cluster = cluster_from_options(options, args.devices, facts)
     print(describe_devices(cluster))
     calibration = load_calibration(options.calibration)
-    result = plan(workload_for(config, flavor, args.kernels), cluster, search_space(config),
+    result = plan(workload, cluster, search_space(config),
                   memory_coefficients=calibration.memory, time_coefficients=calibration.time, margin=options.margin)
     print_plan(result, top=args.top)
     if not result.ranked:

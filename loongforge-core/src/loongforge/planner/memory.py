@@ -84,11 +84,14 @@ class ComponentModel(Protocol):
 
     The planner adds its memory to the first pipeline stage (where such parts are placed), as a term of its
     own named ``name``, and its FLOPs (``flops_per_sample``: forward + backward of one sample, not split by tp)
-    to that stage's compute. A model flavor hands them to the planner from
-    ``flavor.planner_components(vision_tokens_per_sample=...)`` (see :func:`model_components`).
+    to that stage's compute. A model family hands them to the planner from its ``planner_parts(config)`` slot
+    (:class:`loongforge.models.family.ModelFamily`).
     """
 
+    #: The memory term's name (``vision``).
     name: str
+    #: One line for ``loongforge plan`` (what the part is and what it was sized for).
+    description: str
 
     def param_count(self, candidate: Candidate) -> int: ...
 
@@ -277,12 +280,3 @@ def estimate_memory(workload: Workload, cand: Candidate, coeffs: Coefficients | 
     best.per_stage = per_stage
     return best
 
-
-def model_components(flavor: Any, vision_tokens_per_sample: int) -> tuple[Any, ...]:
-    """The parts outside the decoder that a model flavor reports (none for a plain LLM).
-
-    Duck-typed so that core never imports a plugin: a composed flavor answers
-    ``planner_components(vision_tokens_per_sample=...)`` with :class:`ComponentModel` objects.
-    """
-    ask = getattr(flavor, "planner_components", None)
-    return tuple(ask(vision_tokens_per_sample=vision_tokens_per_sample)) if callable(ask) else ()

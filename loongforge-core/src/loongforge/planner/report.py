@@ -49,7 +49,7 @@ def print_plan(plan: Plan, top: int = 5, console: Console | None = None) -> None
     console.print(f"{w.flavor.family} {w.flavor.num_layers} layers, seq {w.seq_length}, {w.precision}, on "
                   f"{c.num_devices} x {format_bytes(c.device_memory)} ({c.ranks_per_node} per node)")
     for part in w.components:  # parts outside the decoder, on the first stage (their memory is the term named so)
-        console.print(f"+ {part.name} on the first stage: {getattr(part, 'description', part.name)}")
+        console.print(f"+ {part.name} on the first stage: {part.description}")
     rows = plan.ranked[:top] if plan.ranked else plan.near_misses
     title = f"Top {len(rows)} layouts" if plan.ranked else "Nearest misses (none fits)"
     table = Table(title=title, title_justify="left")

@@ -15,6 +15,22 @@ idempotent, ``supports`` answers every feature and rejects unknown ones, RNG sta
 memory statistics carry the required keys, streams and events work, the spec provider has megatron's
 ``BackendSpecProvider`` methods, and explicit selection follows the probe.
 
+Passing means the backend trains: :meth:`DeviceBackendSuite.test_trains_one_transformer_layer_one_step` builds one
+transformer layer from the backend's ``spec_provider()`` and ``megatron_settings`` and trains it one step (finite
+loss that drops, a gradient on every parameter, every parameter moved) in a one-process world the backend sets up as
+a run does -- ``configure_env``, ``apply_patches``, ``set_device``, ``torch.distributed`` on its own
+``dist_backend``, megatron's ``initialize_model_parallel(1, 1)`` (:mod:`loongforge.testing.one_step`). It runs in a
+fresh interpreter, so megatron patches another backend applied earlier in the test process cannot make a backend
+that skips its own pass; the interpreter builds the backend from :attr:`DeviceBackendSuite.training_backend` (an
+import path; by default that of ``make_backend()``'s class).
+
+*Limitation, stated rather than skipped:* a suite that wires the backend to a FAKE vendor module on a machine
+without the hardware sets :attr:`DeviceBackendSuite.train_on_device` to False. A fake module runs no kernels and no
+NCCL-style collective exists there, so the step then runs in-process on CPU tensors in a gloo world with the CPU
+backend's megatron patches -- the layer is still built from this backend's spec provider and megatron settings (so a
+spec that is not a module, or settings megatron rejects, still fail), and its ``dist_backend`` must still be a name
+``torch.distributed`` knows; its patches and its device are only trained on the hardware.
+
 Checks that touch the device (RNG, memory, streams, ``set_device``) need a backend whose probe says
 "available". On a machine without the hardware, override :meth:`make_backend` to return the backend wired to a
 fake vendor module -- as loongforge-cuda's and loongforge-xpu's own tests do -- so that the routing through
@@ -25,10 +41,14 @@ unavailable backend fails and says so instead of silently passing.
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import os
 import pickle
+import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -52,6 +72,12 @@ class DeviceBackendSuite:
     patched_module_prefixes: tuple[str, ...] = ("megatron", "torch")
     #: Seconds a (warm) probe may take; ``auto`` selection and ``loongforge doctor`` probe every backend.
     probe_time_limit_s: float = 1.0
+    #: Whether the training check runs on the backend's own device and ``dist_backend`` (see the module docstring
+    #: for what False, for a backend wired to a FAKE vendor module, still checks).
+    train_on_device: bool = True
+    #: ``"module:factory"`` the training check's fresh interpreter builds the backend with; ``""``: the class of
+    #: :meth:`make_backend`'s result (it must then be importable and constructible without arguments).
+    training_backend: str = ""
 
     # -- hooks a vendor may override -----------------------------------------------------------------
 
@@ -241,6 +267,41 @@ class DeviceBackendSuite:
     def test_profiler_range_is_a_context_manager(self, usable_backend: DeviceBackend) -> None:
         with usable_backend.profiler_range("loongforge-suite"):
             pass
+
+    # -- training ------------------------------------------------------------------------------------
+
+    def test_trains_one_transformer_layer_one_step(self, usable_backend: DeviceBackend, tmp_path: Path) -> None:
+        if self.train_on_device:
+            result = _step_in_fresh_interpreter(self.training_backend or _factory_path(usable_backend), tmp_path)
+        else:
+            import torch.distributed as dist
+
+            from loongforge.testing.one_step import run_step
+
+            assert dist.Backend(usable_backend.dist_backend), usable_backend.dist_backend
+            result = dataclasses.asdict(run_step(usable_backend, tmp_path, on_device=False))
+        assert math.isfinite(result["loss"]) and math.isfinite(result["loss_after"]), result
+        assert not result["without_grad"], f"parameters without a gradient: {result['without_grad']}"
+        assert not result["unchanged"], f"parameters the optimizer step did not change: {result['unchanged']}"
+        assert result["loss_after"] < result["loss"], f"one step did not lower the loss: {result}"
+
+
+def _factory_path(backend: DeviceBackend) -> str:
+    cls = type(backend)
+    if "<locals>" in cls.__qualname__:
+        raise AssertionError(f"{cls.__qualname__} is defined inside a function; the training check builds the "
+                             "backend in a fresh interpreter: define it at module level or set training_backend")
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _step_in_fresh_interpreter(factory: str, store_dir: Path) -> dict[str, Any]:
+    """:func:`loongforge.testing.one_step.main` in a new process with this one's import path."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    done = subprocess.run([sys.executable, "-m", "loongforge.testing.one_step", factory, str(store_dir)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    if done.returncode != 0:
+        raise AssertionError(f"{factory} cannot train one step of one transformer layer:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _namespace_fingerprint(prefixes: tuple[str, ...]) -> dict[tuple[str, str], int]:

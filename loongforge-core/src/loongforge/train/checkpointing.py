@@ -23,8 +23,25 @@ from loongforge.config.loader import config_to_dict
 from loongforge.config.schema import LoongForgeConfig
 
 
-def _warn(message: str) -> None:
+def warn(message: str) -> None:
+    """A warning line on stderr (every rank that has one prints it)."""
     print(f"[loongforge] warning: {message}", file=sys.stderr, flush=True)
+
+
+def checkpoint_dir(config: LoongForgeConfig) -> CheckpointDir:
+    """The run's checkpoint root: ``checkpoint.dir``, else ``<run.output_dir>/checkpoints`` (both engines)."""
+    return CheckpointDir(config.checkpoint.dir or Path(config.run.output_dir) / "checkpoints",
+                         config.checkpoint.keep_last)
+
+
+def resume_checkpoint(trainer: Any) -> Path | None:
+    """Restore ``trainer`` through its engine from the checkpoint ``checkpoint.resume`` selects (``auto`` /
+    ``never`` / a path, agreed by all ranks); ``None`` when there is none."""
+    path = choose_resume(trainer.checkpoints, trainer.config.checkpoint.resume, warn)
+    if path is not None:
+        trainer.engine.load(trainer, path)
+        trainer.last_checkpoint = path
+    return path
 
 
 def run_metadata(backend: Any, reason: str, layout: Any, world_size: int, model_name: str) -> dict[str, Any]:
@@ -52,11 +69,11 @@ def run_metadata(backend: Any, reason: str, layout: Any, world_size: int, model_
 
 
 class RunCheckpoints:
-    """Saves a trainer's complete state into ``root`` and restores it from there."""
+    """Saves a megatron-engine trainer's complete state into ``directory`` and restores it from there."""
 
-    def __init__(self, config: LoongForgeConfig, host: Any, backend: Any, metadata: dict[str, Any]) -> None:
-        root = config.checkpoint.dir or Path(config.run.output_dir) / "checkpoints"
-        self.dir = CheckpointDir(root, config.checkpoint.keep_last)
+    def __init__(self, directory: CheckpointDir, config: LoongForgeConfig, host: Any, backend: Any,
+                 metadata: dict[str, Any]) -> None:
+        self.dir = directory
         self.host = host
         self.backend = backend
         self.metadata = metadata
@@ -77,11 +94,8 @@ class RunCheckpoints:
             on_save=lambda path, extra: self.host.on_checkpoint_save(trainer, path, extra),
         )
 
-    def resume(self, trainer: Any, resume: str) -> Path | None:
-        """Restore ``trainer`` from the checkpoint ``resume`` selects (``auto``/``never``/a path); None if none."""
-        path = choose_resume(self.dir, resume, _warn)
-        if path is None:
-            return None
+    def load(self, trainer: Any, path: Path) -> None:
+        """Restore ``trainer`` from the checkpoint at ``path`` (all ranks call this)."""
         rank_state, shared = load_checkpoint(
             path, model_chunks=trainer.model, optimizer=trainer.optimizer, scheduler=trainer.scheduler
         )
@@ -90,7 +104,5 @@ class RunCheckpoints:
         if rank_state:
             restore_rng_state(rank_state["rng"], self.backend)
         else:
-            _warn(f"{path} was saved by fewer processes: this rank's RNG streams start fresh")
+            warn(f"{path} was saved by fewer processes: this rank's RNG streams start fresh")
         self.host.on_checkpoint_load(trainer, str(path), shared.get("extra_state", {}))
-        trainer.last_checkpoint = path
-        return path

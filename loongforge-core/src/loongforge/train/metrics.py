@@ -2,7 +2,8 @@
 
 Every step gets a JSON line with the exact loss (``repr`` round-trips a float), which is what the resume
 test compares bit-for-bit; lines are buffered and flushed only every ``logging.interval`` steps so the
-training loop does no per-step file I/O. TensorBoard gets the logged steps only.
+training loop does no per-step file I/O. TensorBoard gets what the loop logs at those steps: the values averaged
+over the interval (:mod:`loongforge.train.loop`), under ``train/<name>``.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class MetricsWriter:
             self._jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
-        """A logging-interval step: write scalars to TensorBoard and flush both sinks."""
+        """A logging-interval step: write ``metrics``' numbers to TensorBoard and flush both sinks."""
         if self._tb is not None:
             for key, value in metrics.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool):

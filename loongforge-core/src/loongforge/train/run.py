@@ -8,10 +8,12 @@ The order matters and is the point of this module:
    and megatron patches are applied *before* anything is built;
 3. process groups (torchrun or a world of one); the layout, model sizes and batch are validated before
    megatron's parallel groups are made; threads and seeds;
-4. model chunks (flavor by name + overrides, weights independent of the layout) -> ``loongforge_modify_model``
-   -> megatron DDP -> optimizer -> scheduler -> data;
-5. resume (newest valid checkpoint, RNG and data position included), the loop, the final checkpoint and an
-   optional text sample.
+4. the step engine (:mod:`loongforge.train.engines`): for megatron, model chunks (flavor by name + overrides,
+   weights independent of the layout) -> ``loongforge_modify_model`` -> megatron DDP -> optimizer -> data; for a
+   task model, the task's model, data and AdamW (under a torch-native strategy with several processes);
+5. the one learning-rate schedule, resume (newest valid checkpoint, RNG and data position included), the one loop
+   (:mod:`loongforge.train.loop`), the final checkpoint and the engine's after-training work (a text sample, a
+   task's samples and scores).
 """
 
 from __future__ import annotations
@@ -23,24 +25,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from loongforge.config.resolve import decoder_flavor, resolve_model_flavor
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import ConfigError
 from loongforge.plugins import get_host
+from loongforge.resolve import decoder_flavor, registered_family, resolve_model_flavor
+from loongforge.train.preflight import preflight, requested_device
 
 
 def _say(rank: int, message: str) -> None:
     if rank == 0:
         print(f"[loongforge] {message}", flush=True)
-
-
-def requested_device(config: LoongForgeConfig, device: str | None, device_source: str) -> tuple[str, str]:
-    """The device request and where it came from: the CLI flag, then ``LOONGFORGE_DEVICE``, then the config."""
-    if device:
-        return device, device_source
-    if os.environ.get("LOONGFORGE_DEVICE"):
-        return os.environ["LOONGFORGE_DEVICE"], "LOONGFORGE_DEVICE"
-    return config.device or "auto", f"device in {config.source}"
 
 
 def _seed_everything(seed: int, backend: Any) -> None:
@@ -54,53 +48,6 @@ def _seed_everything(seed: int, backend: Any) -> None:
     torch.manual_seed(seed)
     backend.manual_seed(seed)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
-
-
-def _build_model(flavor: Any, config: LoongForgeConfig, backend: Any, layout: Any, settings: Any) -> list[Any]:
-    """This rank's model chunks, one per (virtual) pipeline stage it holds, with layout-independent weights.
-
-    megatron says which stage holds the embedding and the output layer; with virtual stages only the first
-    chunk of the first rank and the last chunk of the last rank do.
-    """
-    from megatron.core import parallel_state
-
-    from loongforge.models.builder import ParallelSettings, build_model
-    from loongforge.models.recompute import recompute_kwargs
-    from loongforge.parallel.init import initialize_layout_independent
-
-    parallel = ParallelSettings(
-        tp=layout.tp, pp=layout.pp, sequence_parallel=layout.sequence_parallel, vpp=layout.vpp,
-        ep=layout.ep, etp=layout.etp, moe_dispatcher=layout.moe_dispatcher, cp=layout.cp,
-    )
-    model_flavor, flavor = flavor, decoder_flavor(flavor)
-    layers_per_stage = flavor.num_layers // (layout.pp * layout.num_chunks)
-    extra_config = {
-        **settings.transformer_config_kwargs(),
-        **recompute_kwargs(config.model.recompute, layers_per_stage, config.source),
-    }
-    if config.training.loss_normalization == "global_tokens":  # the schedule and DDP divide by the global count
-        extra_config["calculate_per_token_loss"] = True
-    chunks = []
-    for index in range(layout.num_chunks):
-        vp_stage = index if layout.vpp else None
-        chunks.append(
-            build_model(
-                flavor,
-                backend=backend,
-                params_dtype=settings.params_dtype,
-                extra_config=extra_config,
-                pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
-                post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
-                parallel=parallel,
-                vp_stage=vp_stage,
-                **getattr(model_flavor, "decoder_build_options", {}),
-            )
-        )
-    initialize_layout_independent(chunks, config.run.seed)
-    compose = getattr(model_flavor, "compose", None)  # a composed model (VLM) wraps each decoder chunk
-    if compose is None:
-        return chunks
-    return [compose(chunk, seed=config.run.seed, params_dtype=settings.params_dtype) for chunk in chunks]
 
 
 def _wrap_ddp(model: list[Any], config: LoongForgeConfig, settings: Any) -> list[Any]:
@@ -132,26 +79,13 @@ def _connect_schedule(model: list[Any], optimizer: Any) -> None:
     model_config.no_sync_func = model[0].no_sync if len(model) == 1 else [chunk.no_sync for chunk in model]
 
 
-def _validate(config: LoongForgeConfig, flavor: Any, tokenizer: Any) -> None:
-    """Raise ConfigError for training settings that cannot work (the layout is the strategy's to check)."""
-    from loongforge.train.trainer import LOSS_NORMALIZATIONS
+def _validate(config: LoongForgeConfig, device: str | None, device_source: str) -> None:
+    """Every pre-flight check -- exactly what ``loongforge check`` runs (:mod:`loongforge.train.preflight`) -- for
+    this process's world, before any optimization, process group or model exists."""
+    import torch.distributed as dist
 
-    t, where = config.training, config.source
-    if t.steps < 1:
-        raise ConfigError(f"{where}: training.steps must be >= 1, got {t.steps}")
-    if t.loss_normalization not in LOSS_NORMALIZATIONS:
-        raise ConfigError(f"{where}: training.loss_normalization must be one of {', '.join(LOSS_NORMALIZATIONS)}, "
-                          f"got '{t.loss_normalization}'")
-    if config.data.seq_length > flavor.max_position_embeddings:
-        raise ConfigError(
-            f"{where}: data.seq_length ({config.data.seq_length}) exceeds the model's max_position_embeddings "
-            f"({flavor.max_position_embeddings})"
-        )
-    if tokenizer.vocab_size > flavor.vocab_size:
-        raise ConfigError(
-            f"{where}: tokenizer '{config.data.tokenizer}' has {tokenizer.vocab_size} ids but model "
-            f"'{config.model.name}' only {flavor.vocab_size} (set model.overrides.vocab_size)"
-        )
+    world_size = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+    preflight(config, nproc=world_size, device=device, device_source=device_source)
 
 
 def run_training(config: LoongForgeConfig, *, device: str | None = None, device_source: str = "--device") -> dict:
@@ -159,13 +93,14 @@ def run_training(config: LoongForgeConfig, *, device: str | None = None, device_
     from loongforge.devices.selection import select_backend
 
     host = get_host()
+    _validate(config, device, device_source)
     enabled = host.enable_optimizations(config.optimizations)
     try:
         host.configure(config)
         request, source = requested_device(config, device, device_source)
         backend, reason = select_backend(request, host.registry("device"), source=source)
         backend.configure_env()
-        from loongforge.train.distributed import init_distributed, shutdown_distributed
+        from loongforge.parallel.distributed import init_distributed, shutdown_distributed
 
         info = init_distributed(backend)
         try:
@@ -178,30 +113,30 @@ def run_training(config: LoongForgeConfig, *, device: str | None = None, device_
 
 
 def _task_of(config: LoongForgeConfig, host: Any) -> Any:
-    """The task of a model kind that brings one (``loongforge.tasks``); ``None`` for megatron decoders."""
-    from loongforge.tasks import task_for
-
-    model = host.registry("model").load(config.model.name, where=f"model.name in {config.source}")
-    task = task_for(model, config)
-    if task is None and config.task:
+    """The task of a model the task engine trains (``engine == "task"``: its ``make_task``); ``None`` for a
+    megatron-engine model, which then must not carry a ``task:`` section."""
+    family = registered_family(config, host)
+    if family.engine == "task":
+        return family.make_task(config)
+    if config.task:
         raise ConfigError(f"{config.source}: task options {sorted(config.task)} are set but model "
-                          f"'{config.model.name}' has no task (only diffusion and VLA models take task:)")
-    return task
+                          f"'{config.model.name}' is trained by the megatron engine, which takes no task: section")
+    return None
 
 
 def _run(config: LoongForgeConfig, host: Any, backend: Any, reason: str, info: Any) -> dict:
+    from loongforge.parallel.strategy import check_strategy
     from loongforge.train.batches import load_tokenizer
 
     _say(info.rank, f"device: {backend.name} ({reason})")
+    backend.apply_patches()  # once, for every engine, before anything is built (a device plugin's patches)
     task = _task_of(config, host)
-    if task is not None:  # a model kind with a task of its own (diffusion, VLA): the plain torch loop
-        from loongforge.train.task_loop import run_task
-
-        return run_task(config, task, backend, host, rank=info.rank, world_size=info.world_size,
-                        say=lambda m: _say(info.rank, m))
-    backend.apply_patches()
+    if task is not None:  # a model with a task of its own: the task engine
+        return _train(_build_task_trainer(config, task, host, backend, info), config, info.rank)
     # Everything that can be wrong with the layout, model sizes and batch fails here, before any group or model.
-    strategy = host.registry("strategy").load(config.parallel.strategy, where=f"parallel.strategy in {config.source}")
+    where = f"parallel.strategy in {config.source}"
+    strategy = check_strategy(host.registry("strategy").load(config.parallel.strategy, where=where),
+                              config.parallel.strategy, "megatron", where, config.model.name)
     config, auto_decision = _resolve_auto_layout(config, host, backend, info)
     layout = strategy.validate(config.parallel, info.world_size, config.source)
     model_flavor = resolve_model_flavor(config, host)
@@ -211,12 +146,11 @@ def _run(config: LoongForgeConfig, host: Any, backend: Any, reason: str, info: A
         raise ConfigError(f"{config.source}: data.pack (block-diagonal attention masks) does not support "
                           "parallel.cp > 1 yet")
     tokenizer = load_tokenizer(host, config)
-    _validate(config, flavor, tokenizer)
     settings = _device_settings(config, backend)
     _init_parallel(strategy, layout, config, backend, info)
     trainer = _build_trainer(config, host, backend, reason, layout, plan, model_flavor, tokenizer, info, settings,
                              auto_decision=auto_decision)
-    return _train(trainer, flavor, tokenizer, config, info.rank)
+    return _train(trainer, config, info.rank)
 
 
 def _resolve_auto_layout(config: LoongForgeConfig, host: Any, backend: Any, info: Any) -> tuple[Any, dict | None]:
@@ -276,22 +210,22 @@ def _build_trainer(
     settings: Any,
     auto_decision: dict | None = None,
 ) -> Any:
-    """Model -> plugins' modify_model -> DDP -> optimizer -> scheduler -> data -> Trainer, resumed if asked."""
+    """Model -> plugins' modify_model -> DDP -> optimizer -> data -> the megatron engine -> Trainer, resumed."""
     from megatron.core import parallel_state
 
+    from loongforge.models.building import build_model_chunks
     from loongforge.train.batches import build_batches
-    from loongforge.train.checkpointing import RunCheckpoints, run_metadata
-    from loongforge.train.optim import build_optimizer, build_scheduler
-    from loongforge.train.trainer import Trainer
+    from loongforge.train.checkpointing import RunCheckpoints, checkpoint_dir, run_metadata
+    from loongforge.train.engines.megatron import MegatronEngine
+    from loongforge.train.optim import build_optimizer
 
     global_batch, num_microbatches = plan.global_batch_size, plan.num_microbatches
-    model = host.modify_model(_build_model(flavor, config, backend, layout, settings), config)
+    model = host.modify_model(build_model_chunks(flavor, config, backend, layout, settings), config)
     model = _wrap_ddp(model, config, settings)
     optimizer = build_optimizer(config, model, params_dtype=settings.params_dtype)
-    ckpt = config.checkpoint
-    scheduler = build_scheduler(config, optimizer, global_batch)
     _connect_schedule(model, optimizer)
     dp_rank = parallel_state.get_data_parallel_rank()
+    decoder = decoder_flavor(flavor)
     data = build_batches(host, config, tokenizer, rank=info.rank, dp_rank=dp_rank, dp_size=layout.dp, model=flavor,
                          num_microbatches=num_microbatches, dp_group=parallel_state.get_data_parallel_group())
     n_params = sum(p.numel() for chunk in model for p in chunk.parameters())
@@ -305,27 +239,58 @@ def _build_trainer(
     metadata = run_metadata(backend, reason, layout, info.world_size, config.model.name)
     if auto_decision is not None:  # what parallel: auto chose and why, next to the device choice
         metadata["parallel_auto"] = auto_decision
-    checkpoints = RunCheckpoints(config, host, backend, metadata)
-    trainer = Trainer(
+    checkpoints = checkpoint_dir(config)
+    engine = MegatronEngine(
         config=config,
-        host=host,
-        backend=backend,
         model=model,
         optimizer=optimizer,
-        scheduler=scheduler,
         data=data,
         num_microbatches=num_microbatches,
         global_batch_size=global_batch,
-        save_checkpoint=checkpoints.save,
+        checkpoints=RunCheckpoints(checkpoints, config, host, backend, metadata),
+        extra_inputs=flavor.extra_inputs,
+        sample=lambda chunks: _sample(chunks, decoder, tokenizer, config, info.rank),
     )
-    resumed = checkpoints.resume(trainer, ckpt.resume)
-    if resumed is not None:
-        _say(info.rank, f"resumed from {resumed} at step {trainer.step}")
+    trainer = _trainer_for(engine, checkpoints, config, host, backend)
+    _resume(trainer, info.rank)
     return trainer
 
 
-def _train(trainer: Any, flavor: Any, tokenizer: Any, config: LoongForgeConfig, rank: int) -> dict:
-    """The loop with its metrics sinks and progress display, then the sample and the closing report."""
+def _build_task_trainer(config: LoongForgeConfig, task: Any, host: Any, backend: Any, info: Any) -> Any:
+    """The task engine (task model, optimizer, data order; a torch-native strategy for several processes) ->
+    Trainer, resumed."""
+    from loongforge.train.checkpointing import checkpoint_dir
+    from loongforge.train.engines.task import TaskEngine
+
+    engine = TaskEngine(config, task, backend, host, rank=info.rank, world_size=info.world_size)
+    trainer = _trainer_for(engine, checkpoint_dir(config), config, host, backend)
+    _resume(trainer, info.rank)
+    _say(info.rank, engine.describe())
+    return trainer
+
+
+def _trainer_for(engine: Any, checkpoints: Any, config: LoongForgeConfig, host: Any, backend: Any) -> Any:
+    """The Trainer hooks see, with the one learning-rate schedule over the engine's parameter groups."""
+    from loongforge.train.optim import build_scheduler
+    from loongforge.train.trainer import Trainer
+
+    scheduler = build_scheduler(config, engine.optimizer, engine.samples_per_step)
+    return Trainer(config=config, host=host, backend=backend, engine=engine, scheduler=scheduler,
+                   checkpoints=checkpoints)
+
+
+def _resume(trainer: Any, rank: int) -> None:
+    from loongforge.train.checkpointing import resume_checkpoint
+
+    resumed = resume_checkpoint(trainer)
+    if resumed is not None:
+        _say(rank, f"resumed from {resumed} at step {trainer.step}")
+
+
+def _train(trainer: Any, config: LoongForgeConfig, rank: int) -> dict:
+    """The loop with its metrics sinks and progress display, the engine's after-training work (a text sample, a
+    task's samples and scores), ``on_train_end`` and the closing report."""
+    from loongforge.train.loop import fit
     from loongforge.train.metrics import MetricsWriter
     from loongforge.train.progress import ProgressDisplay
 
@@ -337,17 +302,18 @@ def _train(trainer: Any, flavor: Any, tokenizer: Any, config: LoongForgeConfig, 
     )
     progress = ProgressDisplay(config.training.steps, start_step=trainer.step, rank=rank, enabled=log.progress)
     try:
-        summary = trainer.fit(metrics, progress)
+        summary = fit(trainer, metrics, progress)
     finally:
         metrics.close()
-    summary["sample"] = _sample(trainer, flavor, tokenizer, config, rank)
+    summary.update(trainer.engine.finish(trainer))
     summary["metrics_file"] = str(metrics.jsonl_path) if log.jsonl else None
     summary["tensorboard_dir"] = str(metrics.tensorboard_dir) if log.tensorboard else None
+    trainer.host.on_train_end(trainer=trainer, metrics=summary)
     _report(summary, rank)
     return summary
 
 
-def _sample(trainer: Any, flavor: Any, tokenizer: Any, config: LoongForgeConfig, rank: int) -> str | None:
+def _sample(model: list[Any], flavor: Any, tokenizer: Any, config: LoongForgeConfig, rank: int) -> str | None:
     """A short continuation of ``training.sample_prompt`` (every TP rank runs the forward; rank 0 prints)."""
     from megatron.core import parallel_state
 
@@ -361,10 +327,10 @@ def _sample(trainer: Any, flavor: Any, tokenizer: Any, config: LoongForgeConfig,
         _say(rank, "sample skipped: text generation does not support context parallelism yet")
         return None
     from loongforge.checkpoint.saver import unwrap_model
-    from loongforge.train.generate import generate_text
+    from loongforge.models.generate import generate_text
 
     text = generate_text(
-        unwrap_model(trainer.model[0]),
+        unwrap_model(model[0]),
         tokenizer,
         config.training.sample_prompt,
         n,
@@ -379,11 +345,10 @@ def _sample(trainer: Any, flavor: Any, tokenizer: Any, config: LoongForgeConfig,
 
 def _report(summary: dict, rank: int) -> None:
     if summary["final_loss"] is not None:
-        _say(
-            rank,
-            f"done: {summary['steps']} steps, loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
-            f"{summary['tokens_per_s']:,.0f} tokens/s",
-        )
+        speed = (f"{summary['tokens_per_s']:,.0f} tokens/s" if "tokens_per_s" in summary
+                 else f"{summary['samples_per_s']:,.1f} samples/s")
+        _say(rank, f"done: {summary['steps']} steps, loss {summary['first_loss']:.4f} -> "
+                   f"{summary['final_loss']:.4f}, {speed}")
     if summary["checkpoint_dir"]:
         _say(rank, f"checkpoint: {summary['checkpoint_dir']}")
     if summary["metrics_file"]:

@@ -18,7 +18,7 @@ from typing import Any
 from loongforge.devices.base import DeviceModuleBackend, check_feature
 
 from loongforge_cuda.capability import feature_supported, installed, te_recipe_classes
-from loongforge_cuda.settings import CUDAMegatronSettings, resolve_settings
+from loongforge_cuda.settings import CUDAMegatronSettings, CUDAOptions, resolve_settings
 
 
 class CUDABackend(DeviceModuleBackend):
@@ -28,6 +28,7 @@ class CUDABackend(DeviceModuleBackend):
     priority = 200
     device_type = "cuda"
     dist_backend = "nccl"
+    options_type = CUDAOptions
 
     def probe(self) -> tuple[bool, str]:
         """Available when torch sees a CUDA device; ``is_available``/``device_count`` create no context."""

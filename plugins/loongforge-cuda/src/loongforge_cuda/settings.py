@@ -8,25 +8,41 @@ facts from the device and calls it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, Literal
 
 from loongforge.devices.base import MegatronSettings
 
 from loongforge_cuda.capability import MIN_CAPABILITY, choose_fp8_recipe
 
-#: Options ``megatron_settings`` accepts, with their defaults.
-OPTIONS: dict[str, Any] = {
-    "layers": "auto",  # auto (Transformer Engine when installed), te, local (megatron-core's own torch layers)
-    "fp8_format": "hybrid",  # megatron TransformerConfig.fp8: "hybrid" (e4m3 fwd, e5m2 grads) or "e4m3"
-    "fp8_recipe": "auto",  # auto, delayed, tensorwise, blockwise, mxfp8
-    "fp8_param": False,  # keep GEMM weights in FP8 (saves memory; TE decides which)
-    "attention": "auto",  # megatron AttnBackend: auto, flash, fused, unfused, local
-    "cuda_graphs": False,  # False/"none", True/"local" (megatron's capture) or "transformer_engine"
-    "tp_comm_overlap": False,  # overlap TP communication with GEMMs (TE userbuffers; needs sequence parallel)
-    "overlap_grad_reduce": False,  # DDP: reduce gradients while the backward pass runs
-    "overlap_param_gather": False,  # DDP: all-gather parameters during the forward pass (distributed optimizer)
-}
+
+@dataclass(frozen=True)
+class CUDAOptions:
+    """The config's ``device_options:`` on cuda (:attr:`CUDABackend.options_type`): keys and types are checked by
+    core when the config is checked; :func:`resolve_settings` then checks them against the GPU and libraries."""
+
+    #: auto (Transformer Engine when installed), te, local (megatron-core's own torch layers).
+    layers: Literal["auto", "te", "local"] = "auto"
+    #: megatron TransformerConfig.fp8: "hybrid" (e4m3 forward, e5m2 gradients) or "e4m3".
+    fp8_format: Literal["hybrid", "e4m3"] = "hybrid"
+    #: auto, delayed, tensorwise, blockwise, mxfp8 (:func:`loongforge_cuda.capability.choose_fp8_recipe`).
+    fp8_recipe: str = "auto"
+    #: Keep GEMM weights in FP8 (saves memory; TE decides which).
+    fp8_param: bool = False
+    #: megatron AttnBackend.
+    attention: Literal["auto", "flash", "fused", "unfused", "local"] = "auto"
+    #: False/"none", True/"local" (megatron's capture) or "transformer_engine".
+    cuda_graphs: bool | Literal["none", "local", "transformer_engine"] = False
+    #: Overlap TP communication with GEMMs (TE userbuffers; needs sequence parallel).
+    tp_comm_overlap: bool = False
+    #: DDP: reduce gradients while the backward pass runs.
+    overlap_grad_reduce: bool = False
+    #: DDP: all-gather parameters during the forward pass (distributed optimizer).
+    overlap_param_gather: bool = False
+
+
+#: Options ``megatron_settings`` accepts, with their defaults (the fields of :class:`CUDAOptions`).
+OPTIONS: dict[str, Any] = {f.name: f.default for f in fields(CUDAOptions)}
 
 _ATTENTION = ("auto", "flash", "fused", "unfused", "local")
 _LAYERS = ("auto", "te", "local")

@@ -15,36 +15,17 @@ sees the timestep ``1000 s``. Which noise levels training visits decides what th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from loongforge.errors import ConfigError
 
-SAMPLING = ("uniform", "logit-normal")
-WEIGHTING = ("none", "cosmap")
+# The objective's settings are a torch-free config section (``task.flow_matching``); re-exported here.
+from loongforge_diffusion.options import SAMPLING as SAMPLING
+from loongforge_diffusion.options import WEIGHTING as WEIGHTING
+from loongforge_diffusion.options import FlowMatchingConfig as FlowMatchingConfig
+
 #: Wan (like most flow models) is trained with timesteps ``1000 * sigma``.
 NUM_TRAIN_TIMESTEPS = 1000
-
-
-@dataclass(frozen=True)
-class FlowMatchingConfig:
-    shift: float = 1.0
-    sampling: str = "uniform"
-    logit_mean: float = 0.0
-    logit_std: float = 1.0
-    weighting: str = "none"
-    sigma_range: tuple[float, float] = (0.0, 1.0)
-
-    def __post_init__(self) -> None:
-        if self.sampling not in SAMPLING:
-            raise ConfigError(f"flow matching: sampling must be one of {SAMPLING}, got {self.sampling!r}")
-        if self.weighting not in WEIGHTING:
-            raise ConfigError(f"flow matching: weighting must be one of {WEIGHTING}, got {self.weighting!r}")
-        if self.shift <= 0 or self.logit_std <= 0:
-            raise ConfigError("flow matching: shift and logit_std must be positive")
-        low, high = self.sigma_range
-        if not 0.0 <= low < high <= 1.0:
-            raise ConfigError(f"flow matching: sigma_range must satisfy 0 <= low < high <= 1, got {self.sigma_range}")
 
 
 def expert_sigma_range(boundary: float, expert: str) -> tuple[float, float]:

@@ -17,3 +17,10 @@ def loongforge_register_models(registry):
     for family in (wan, qwen_image):
         for name, flavor in family.FLAVORS.items():
             registry.register(name, flavor, aliases=family.HF_IDS.get(name, ()), description=family.describe(flavor))
+
+
+@hookimpl
+def loongforge_register_commands(commands):
+    commands.add("sample", help="sample videos/images from a diffusion checkpoint",
+                 configure="loongforge_diffusion.commands:configure_sample",
+                 run="loongforge_diffusion.commands:run_sample")

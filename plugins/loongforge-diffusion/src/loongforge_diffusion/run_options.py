@@ -1,6 +1,6 @@
-"""Plumbing shared by the diffusion tasks that ``loongforge train`` runs (Wan video, Qwen-Image): the flow-matching
-options, ``task.ema`` and ``task.init`` from a LoongForge checkpoint (option checking and per-sample seeds are
-core's, :mod:`loongforge.tasks`, shared with every task kind).
+"""Plumbing shared by the diffusion tasks that ``loongforge train`` runs (Wan video, Qwen-Image): ``task.ema`` and
+``task.init`` from a LoongForge checkpoint (the options are typed in :mod:`loongforge_diffusion.options` and checked
+by core; per-sample seeds are core's, :mod:`loongforge.tasks`, shared with every task kind).
 
 Each family keeps only what differs (model, data, the model call); these pieces must behave identically across
 families, so that a config option means the same thing whichever model it trains.
@@ -9,33 +9,22 @@ families, so that a config option means the same thing whichever model it trains
 from __future__ import annotations
 
 import contextlib
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import torch
 from loongforge.errors import ConfigError
-from loongforge.tasks import checked_options as checked
 
 from loongforge_diffusion.ema import EMA
-from loongforge_diffusion.flow_matching import FlowMatchingConfig
-
-#: ``task.ema`` keys and their defaults.
-EMA_OPTIONS: dict[str, Any] = {"decay": 0.999, "warmup": True}
-
-
-def flow_matching_config(options: dict[str, Any], where: str) -> FlowMatchingConfig:
-    """``task.flow_matching``: the objective's fields by name (unset ones keep their defaults)."""
-    given = checked(dict(options), {f.name: None for f in fields(FlowMatchingConfig)}, where)
-    return FlowMatchingConfig(**{k: v for k, v in given.items() if v is not None})
+from loongforge_diffusion.options import EMAOptions
 
 
 class EMAOption:
     """``task.ema``: an average of the trained weights, made at the first step, kept in the task's checkpoint
-    state and swapped in while sampling. ``options`` is the ``task.ema`` mapping or ``None`` (off)."""
+    state and swapped in while sampling. ``options`` is the typed ``task.ema`` or ``None`` (off)."""
 
-    def __init__(self, options: dict[str, Any] | None, where: str) -> None:
-        self.options = None if options is None else checked(dict(options), EMA_OPTIONS, where)
+    def __init__(self, options: EMAOptions | None) -> None:
+        self.options = options
         self.ema: EMA | None = None
         self._saved: dict[str, Any] | None = None
 
@@ -48,7 +37,7 @@ class EMAOption:
             raise ConfigError("task.ema with parallel.strategy fsdp2/hsdp (sharded parameters) is not supported yet; "
                               "use ddp or zero1")
         if self.ema is None:
-            self.ema = EMA(module, decay=float(self.options["decay"]), warmup=bool(self.options["warmup"]))
+            self.ema = EMA(module, decay=self.options.decay, warmup=self.options.warmup)
             if self._saved is not None:
                 self.ema.load_state_dict(self._saved)
         self.ema.update(module)

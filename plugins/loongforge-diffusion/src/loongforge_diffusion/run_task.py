@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from loongforge.config.plugin_sections import task_options
 from loongforge.errors import ConfigError
-from loongforge.tasks import checked_options as checked
-from loongforge.tasks import sample_generators
+from loongforge.tasks import TaskBase, sample_generators
 
 from loongforge_diffusion.data.latents import INDEX as LATENT_INDEX
 from loongforge_diffusion.data.latents import CachedLatentDataset
@@ -44,13 +44,9 @@ from loongforge_diffusion.data.moving_squares import (
     parse_caption,
 )
 from loongforge_diffusion.media import write_video
+from loongforge_diffusion.options import WanTaskOptions
 from loongforge_diffusion.parallel import ContextParallel, context_parallel_step
-from loongforge_diffusion.run_options import (
-    EMAOption,
-    checkpoint_weights,
-    flow_matching_config,
-    load_init,
-)
+from loongforge_diffusion.run_options import EMAOption, checkpoint_weights, load_init
 from loongforge_diffusion.scoring import score_videos
 from loongforge_diffusion.task import DiffusionTask
 from loongforge_diffusion.wan.checkpoint import load_wan_checkpoint
@@ -58,31 +54,21 @@ from loongforge_diffusion.wan.flavors import WanFlavor
 from loongforge_diffusion.wan.lora import apply_lora
 from loongforge_diffusion.wan.model import WanModel
 
-#: ``task:`` keys and their defaults.
-OPTIONS: dict[str, Any] = {
-    "data": None, "samples": 2048, "frames": 4, "side": 16, "speed": 2, "data_seed": 0, "context_dropout": 0.1,
-    "flow_matching": {}, "sample": {}, "init": None, "lora": None, "ema": None, "recompute": False,
-}
-LORA_OPTIONS: dict[str, Any] = {"rank": 16, "alpha": None, "dropout": 0.0,
-                                "targets": ["self_attn", "cross_attn", "ffn"]}
-SAMPLE_OPTIONS: dict[str, Any] = {"videos": 16, "steps": 20, "guidance": 3.0, "seed": 0}
 
-
-class WanRunTask:
+class WanRunTask(TaskBase):
     """Flow-matching training of one Wan flavor on the configured data; see the module docstring."""
 
+    context_parallel = True  # Ulysses: use_context_parallel below
+
     def __init__(self, flavor: WanFlavor, config: Any) -> None:
-        where = f"task in {config.source}"
-        self.options = checked(dict(config.task), OPTIONS, where)
-        self.sample_options = checked(dict(self.options["sample"]), SAMPLE_OPTIONS, f"task.sample in {config.source}")
-        objective = flow_matching_config(self.options["flow_matching"], f"task.flow_matching in {config.source}")
+        self.options: WanTaskOptions = task_options(flavor, config)
+        self.sample_options = self.options.sample
         self.flavor = flavor.with_overrides(**config.model.overrides) if config.model.overrides else flavor
         self.flavor_name = config.model.name
-        self.geometry = Geometry(self.options["frames"], self.options["side"], self.options["speed"])
-        self.lora = None if self.options["lora"] is None else checked(
-            dict(self.options["lora"]), LORA_OPTIONS, f"task.lora in {config.source}")
-        self.ema = EMAOption(self.options["ema"], f"task.ema in {config.source}")
-        self.task = DiffusionTask(objective=objective, context_dropout=float(self.options["context_dropout"]),
+        self.geometry = Geometry(self.options.frames, self.options.side, self.options.speed)
+        self.lora = self.options.lora
+        self.ema = EMAOption(self.options.ema)
+        self.task = DiffusionTask(objective=self.options.flow_matching, context_dropout=self.options.context_dropout,
                                   seed=config.run.seed)
         #: Training steps taken (with the sample index, it seeds each sample's noise).
         self.steps = 0
@@ -96,14 +82,15 @@ class WanRunTask:
 
     def build_model(self) -> torch.nn.Module:
         """The DiT: fresh, or from ``task.init``'s weights; with LoRA adapters (base frozen) when ``task.lora``."""
-        model = WanModel(self.flavor, recompute=bool(self.options["recompute"]))
-        path = self.options["init"]
+        model = WanModel(self.flavor, recompute=self.options.recompute)
+        path = self.options.init
         if path:
             weights = checkpoint_weights(path)
             load_init(model, load_wan_checkpoint(path).state_dict if weights is None else weights, path,
                       self.flavor_name)
         if self.lora is not None:
-            apply_lora(model, **self.lora)
+            lora = self.lora
+            apply_lora(model, rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout, targets=lora.targets)
         return model
 
     def after_step(self, model: torch.nn.Module) -> None:
@@ -112,11 +99,11 @@ class WanRunTask:
 
     def build_dataset(self) -> Any:
         opts = self.options
-        if opts["data"] is not None and (Path(opts["data"]).expanduser() / LATENT_INDEX).is_file():
-            return CachedLatentDataset(opts["data"], latent_channels=self.flavor.out_channels,
+        if opts.data is not None and (Path(opts.data).expanduser() / LATENT_INDEX).is_file():
+            return CachedLatentDataset(opts.data, latent_channels=self.flavor.out_channels,
                                        text_dim=self.flavor.text_dim)
-        return self.task.build_dataset(opts["data"], length=opts["samples"], text_dim=self.flavor.text_dim,
-                                       seed=opts["data_seed"], frames=self.geometry.frames, side=self.geometry.side,
+        return self.task.build_dataset(opts.data, length=opts.samples, text_dim=self.flavor.text_dim,
+                                       seed=opts.data_seed, frames=self.geometry.frames, side=self.geometry.side,
                                        speed=self.geometry.speed)
 
     def training_step(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -140,27 +127,27 @@ class WanRunTask:
     def finish(self, model: torch.nn.Module, output_dir: Path) -> dict[str, Any]:
         """Sample held-out captions (a data seed never trained on), write GIFs, score them."""
         opts = self.sample_options
-        if opts["videos"] <= 0 or self.options["data"] is not None:
+        if opts.videos <= 0 or self.options.data is not None:
             return {}  # written data or latent caches have no caption encoder here (and latents need the VAE)
-        held_out = MovingSquares(opts["videos"], text_dim=self.flavor.text_dim, seed=self.options["data_seed"] + 7919,
+        held_out = MovingSquares(opts.videos, text_dim=self.flavor.text_dim, seed=self.options.data_seed + 7919,
                                  geometry=self.geometry)
         items = [held_out[i] for i in range(len(held_out))]
         context = torch.stack([item["context"] for item in items])
         labels = torch.stack([item["labels"] for item in items])
         shape = (len(items), *items[0]["video"].shape)
         with self.ema.sampling_weights(model):
-            videos = self.task.sample(model, {"context": context}, opts["steps"], shape=shape,
-                                      guidance=float(opts["guidance"]), seed=int(opts["seed"]))
+            videos = self.task.sample(model, {"context": context}, opts.steps, shape=shape,
+                                      guidance=opts.guidance, seed=opts.seed)
         directory = Path(output_dir) / "samples"
         for index, video in enumerate(videos):
             write_video(video, directory / f"sample-{index:03d}")
-        scores = score_videos(videos, labels) if self.options["data"] is None else {}
+        scores = score_videos(videos, labels) if self.options.data is None else {}
         return {"samples_dir": str(directory), "sample_scores": scores}
 
     def sample_files(self, model: torch.nn.Module, prompts: list[str], out_dir: Path, *, steps: int, guidance: float,
                      seed: int, fmt: str) -> list[Path]:
         """``loongforge sample``: one video per moving-squares caption (``"a red square of size 4 moving right"``)."""
-        if self.options["data"] is not None:
+        if self.options.data is not None:
             raise ConfigError("sampling from prompts needs the captions' text encoder; this run trained on a "
                               "written dataset of precomputed caption states")
         try:

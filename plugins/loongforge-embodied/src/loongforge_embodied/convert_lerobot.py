@@ -11,9 +11,10 @@ Two LeRobot tensors have no counterpart and are dropped on import (listed in the
 the expert's vocabulary). An export therefore lacks both; LeRobot loads it with ``strict=False`` and nothing else
 missing. Commands::
 
-    python -m loongforge_embodied.convert_lerobot lerobot-to-loongforge SRC.safetensors OUT.safetensors \\
-        [--flavor pi05-base] [--set key=value ...]
-    python -m loongforge_embodied.convert_lerobot loongforge-to-lerobot SRC.safetensors OUT.safetensors
+    loongforge convert hf-to-mcore SRC.safetensors OUT.safetensors [--flavor pi05-base] [--set key=value ...]
+    loongforge convert mcore-to-hf SRC.safetensors OUT.safetensors [--openpi]
+
+(``SRC`` may also be a LeRobot checkpoint directory holding ``model.safetensors``.)
 
 Our file records its flavor (the dataclass fields, JSON) in the safetensors metadata, so the way back needs no
 flavor argument.
@@ -29,6 +30,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from loongforge.errors import LoongForgeError
 
+from loongforge_embodied.commands import safetensors_file, safetensors_header
 from loongforge_embodied.policies.pi05_gemma_flavors import FLAVORS, Pi05GemmaFlavor
 
 #: LeRobot's prefix (``PI05Policy.model``); OpenPI's files have none.
@@ -148,36 +150,56 @@ def _flavor(name: str, settings: Sequence[str]) -> Pi05GemmaFlavor:
     return FLAVORS[name].with_overrides(**overrides)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    from safetensors import safe_open
+def configure_from_lerobot(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--flavor", default="pi05-base")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON", help="flavor field override")
+
+
+def configure_to_lerobot(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--openpi", action="store_true", help="no 'model.' prefix (OpenPI's PyTorch layout)")
+
+
+def run_from_lerobot(args: argparse.Namespace) -> int:
+    """LeRobot/OpenPI ``args.source`` (a safetensors file, or a directory holding ``model.safetensors``) ->
+    our safetensors ``args.out``, with the flavor in its metadata."""
     from safetensors.torch import load_file, save_file
 
+    flavor = _flavor(args.flavor, args.set)
+    state, dropped = from_lerobot(load_file(safetensors_file(args.source)), flavor)
+    save_file(state, args.out, metadata={"flavor": json.dumps(dataclasses.asdict(flavor))})
+    print(f"wrote {len(state)} tensors to {args.out}; dropped unused {dropped}")
+    return 0
+
+
+def run_to_lerobot(args: argparse.Namespace) -> int:
+    """Our safetensors ``args.source`` (flavor in its metadata) -> LeRobot's (or OpenPI's) layout at ``args.out``."""
+    from safetensors.torch import load_file, save_file
+
+    fields = json.loads(safetensors_header(args.source).get("__metadata__", {}).get("flavor", "null") or "null")
+    if fields is None:
+        raise LoongForgeError(f"{args.source} has no flavor metadata (write it with lerobot-to-loongforge)")
+    state = to_lerobot(load_file(args.source), Pi05GemmaFlavor(**fields), prefix="" if args.openpi else
+                       LEROBOT_PREFIX)
+    save_file(state, args.out)
+    print(f"wrote {len(state)} tensors to {args.out}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m loongforge_embodied.convert_lerobot``, kept for old scripts; ``loongforge convert`` is the
+    documented way."""
     parser = argparse.ArgumentParser(prog="python -m loongforge_embodied.convert_lerobot", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    inbound = sub.add_parser("lerobot-to-loongforge", help="LeRobot/OpenPI PI05 safetensors -> ours")
-    inbound.add_argument("--flavor", default="pi05-base")
-    inbound.add_argument("--set", action="append", default=[], metavar="KEY=JSON", help="flavor field override")
-    outbound = sub.add_parser("loongforge-to-lerobot", help="ours -> LeRobot PI05Policy safetensors")
-    outbound.add_argument("--openpi", action="store_true", help="no 'model.' prefix (OpenPI's PyTorch layout)")
-    for command in (inbound, outbound):
-        command.add_argument("src")
+    directions = {"lerobot-to-loongforge": (configure_from_lerobot, run_from_lerobot),
+                  "loongforge-to-lerobot": (configure_to_lerobot, run_to_lerobot)}
+    for name, (configure, _) in directions.items():
+        command = sub.add_parser(name)
+        configure(command)
+        command.add_argument("source")
         command.add_argument("out")
     args = parser.parse_args(argv)
-    if args.command == "lerobot-to-loongforge":
-        flavor = _flavor(args.flavor, args.set)
-        state, dropped = from_lerobot(load_file(args.src), flavor)
-        save_file(state, args.out, metadata={"flavor": json.dumps(dataclasses.asdict(flavor))})
-        print(f"wrote {len(state)} tensors to {args.out}; dropped unused {dropped}")
-    else:
-        with safe_open(args.src, "pt") as handle:
-            fields = json.loads((handle.metadata() or {}).get("flavor", "null") or "null")
-        if fields is None:
-            raise LoongForgeError(f"{args.src} has no flavor metadata (write it with lerobot-to-loongforge)")
-        state = to_lerobot(load_file(args.src), Pi05GemmaFlavor(**fields), prefix="" if args.openpi else
-                           LEROBOT_PREFIX)
-        save_file(state, args.out)
-        print(f"wrote {len(state)} tensors to {args.out}")
+    return directions[args.command][1](args)
 
 
 if __name__ == "__main__":

@@ -25,3 +25,10 @@ def loongforge_register_models(registry):
 
     for name, flavor in {**flavors.FLAVORS, **gr00t_flavors.FLAVORS, **pi05_gemma_flavors.FLAVORS}.items():
         registry.register(name, flavor, description=flavor.describe())
+
+
+@hookimpl
+def loongforge_register_commands(commands):
+    from loongforge_embodied.commands import register_commands
+
+    register_commands(commands)

@@ -37,22 +37,18 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from loongforge.config.plugin_sections import task_options
 from loongforge.errors import ConfigError
-from loongforge.tasks import checked_options as checked
-from loongforge.tasks import sample_generators
+from loongforge.tasks import TaskBase, sample_generators
 
 from loongforge_embodied.data.lerobot_dataset import LeRobotDataset
-from loongforge_embodied.data.normalize import MODES, Normalizer
+from loongforge_embodied.data.normalize import Normalizer
 from loongforge_embodied.data.stats import compute_stats
 from loongforge_embodied.policies import flow_matching as fm
 from loongforge_embodied.policies.reach import write_reach_dataset
 from loongforge_embodied.policies.recompute import checkpoint_layers
+from loongforge_embodied.task_options import PolicyTaskOptions
 
-#: ``task:`` keys and their defaults.
-OPTIONS: dict[str, Any] = {"data": None, "synthetic": {}, "held_out_episodes": 8, "action_horizon": 10,
-                           "normalization": "quantiles", "cameras": None, "eval": {}, "recompute": False}
-SYNTHETIC_OPTIONS: dict[str, Any] = {"episodes": 64, "length": 20, "seed": 0}
-EVAL_OPTIONS: dict[str, Any] = {"frames": 128, "steps": 10, "seed": 0}
 STATE, ACTION = "observation.state", "action"
 #: Batch keys that are targets or bookkeeping, not model inputs.
 NOT_INPUTS = ("actions", "action_is_pad", "index")
@@ -97,7 +93,7 @@ def _image(image: np.ndarray, size: int) -> torch.Tensor:
     return out
 
 
-class PolicyTask:
+class PolicyTask(TaskBase):
     """Flow-matching training of one policy flavor on a LeRobotDataset, and acting with the trained policy; see the
     module docstring. The flavor supplies the model (``build_policy``), the per-frame inputs besides images
     (``frame_inputs``) and its flow-matching time convention (``flow_matching``), so this class serves every
@@ -108,14 +104,9 @@ class PolicyTask:
     """
 
     def __init__(self, flavor: Any, config: Any) -> None:
-        where = f"task in {config.source}"
-        self.options = checked(dict(config.task), OPTIONS, where)
-        self.synthetic = checked(dict(self.options["synthetic"]), SYNTHETIC_OPTIONS,
-                                 f"task.synthetic in {config.source}")
-        self.eval_options = checked(dict(self.options["eval"]), EVAL_OPTIONS, f"task.eval in {config.source}")
-        if self.options["normalization"] not in MODES:
-            raise ConfigError(f"{where}: normalization '{self.options['normalization']}' is unknown; choose one of "
-                              f"{', '.join(MODES)}")
+        self.options: PolicyTaskOptions = task_options(flavor, config)
+        self.synthetic = self.options.synthetic
+        self.eval_options = self.options.eval
         self.flavor = flavor.with_overrides(**config.model.overrides) if config.model.overrides else flavor
         self.flow = self.flavor.flow_matching()
         self.seed = config.run.seed
@@ -123,7 +114,7 @@ class PolicyTask:
         self.source = config.source
         #: Training steps taken (with the sample index, it seeds each sample's noise and time).
         self.steps = 0
-        self.action_horizon = int(self.options["action_horizon"])
+        self.action_horizon = self.options.action_horizon
         self.train: PolicyFrames | None = None
         #: Set by build_dataset / load_state_dict: the training split's stats and normaliser, dims and cameras.
         self.stats: dict[str, dict[str, np.ndarray]] | None = None
@@ -134,16 +125,16 @@ class PolicyTask:
 
     # -- data ------------------------------------------------------------------------------------------------
     def _root(self) -> Path:
-        if self.options["data"] is not None:
-            return Path(self.options["data"]).expanduser()
+        if self.options.data is not None:
+            return Path(self.options.data).expanduser()
         s = self.synthetic
-        name = f"reach-{s['episodes']}x{s['length']}-{self.flavor.image_size}px-seed{s['seed']}"
-        return write_reach_dataset(self.output_dir / "data" / name, episodes=s["episodes"], length=s["length"],
-                                   image_size=self.flavor.image_size, seed=s["seed"])
+        name = f"reach-{s.episodes}x{s.length}-{self.flavor.image_size}px-seed{s.seed}"
+        return write_reach_dataset(self.output_dir / "data" / name, episodes=s.episodes, length=s.length,
+                                   image_size=self.flavor.image_size, seed=s.seed)
 
     def _split(self, root: Path) -> tuple[list[int], list[int]]:
         all_episodes = [ep.index for ep in LeRobotDataset(root).episodes]
-        held = int(self.options["held_out_episodes"])
+        held = self.options.held_out_episodes
         if not 0 <= held < len(all_episodes):
             raise ConfigError(f"task.held_out_episodes in {self.source}: {held}, but {root} has "
                               f"{len(all_episodes)} episodes (keep at least one for training)")
@@ -151,7 +142,7 @@ class PolicyTask:
 
     def _frames(self, root: Path, episodes: list[int]) -> PolicyFrames:
         dataset = LeRobotDataset(root, action_horizon=self.action_horizon, episodes=episodes)
-        cameras = list(self.options["cameras"] or dataset.camera_keys[:self.flavor.cameras])
+        cameras = list(self.options.cameras or dataset.camera_keys[:self.flavor.cameras])
         if len(cameras) != self.flavor.cameras or set(cameras) - set(dataset.camera_keys):
             raise ConfigError(f"task.cameras in {self.source}: {cameras}; the flavor takes {self.flavor.cameras} of "
                               f"{root}'s cameras {dataset.camera_keys}")
@@ -168,7 +159,7 @@ class PolicyTask:
                 field = "max_action_dim" if what == "actions" else "max_state_dim"
                 raise ConfigError(f"{root}: {what} have {dim} dimensions, the flavor takes at most {most} "
                                   f"(raise model.overrides.{field})")
-        mode = self.options["normalization"]
+        mode = self.options.normalization
         self._set_inference_state(self.train.stats(), {STATE: mode, ACTION: mode}, state_dim=self.train.state_dim,
                                   action_dim=self.train.action_dim, camera_keys=self.train.cameras)
         self.train.items = [self.training_item(frame) for frame in self.train.frames]
@@ -211,7 +202,7 @@ class PolicyTask:
     def build_model(self) -> torch.nn.Module:
         """The flavor's policy; with ``task.recompute`` its layers recompute their activations in backward."""
         model = self.flavor.build_policy()
-        if self.options["recompute"]:
+        if self.options.recompute:
             checkpoint_layers(model)
         return model
 
@@ -273,15 +264,15 @@ class PolicyTask:
         opts = self.eval_options
         root = self._root()
         _, held_out = self._split(root)
-        if opts["frames"] <= 0 or not held_out:
+        if opts.frames <= 0 or not held_out:
             return {}
         frames = self._frames(root, held_out)
         count = len(frames.frames)
-        picked = np.linspace(0, count - 1, min(int(opts["frames"]), count)).round().astype(int).tolist()
+        picked = np.linspace(0, count - 1, min(opts.frames, count)).round().astype(int).tolist()
         items = [self.training_item(frames.frames[i]) for i in picked]
         batch = {key: torch.stack([item[key] for item in items]) for key in items[0] if key not in NOT_INPUTS}
         model.eval()
-        predicted = torch.as_tensor(self.act(model, batch, steps=int(opts["steps"]), seed=int(opts["seed"])))
+        predicted = torch.as_tensor(self.act(model, batch, steps=opts.steps, seed=opts.seed))
         truth = frames.raw_actions[picked].double()
         valid = ~torch.stack([item["action_is_pad"] for item in items])
         mean = torch.as_tensor(self.stats[ACTION]["mean"])

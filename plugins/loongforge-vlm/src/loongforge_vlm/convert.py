@@ -2,8 +2,8 @@
 
 ::
 
-    python -m loongforge_vlm.convert hf-to-loongforge HF_DIR OUT_DIR [--model qwen2-vl-2b]
-    python -m loongforge_vlm.convert loongforge-to-hf CHECKPOINT OUT_DIR [--max-shard-size 5GB]
+    loongforge convert hf-to-mcore HF_DIR OUT_DIR [--model qwen2-vl-2b]
+    loongforge convert mcore-to-hf CHECKPOINT OUT_DIR [--max-shard-size 5GB]
 
 Both go through the composed model at TP=PP=1 on CPU with core's readers and writers (safetensors index, atomic
 output, manifest-verified checkpoints, ``dist_checkpointing`` so a checkpoint trained at any tp/pp converts): the
@@ -45,9 +45,9 @@ def hf_to_loongforge(hf_dir: str | Path, out_dir: str | Path, *, model: str | No
     from loongforge.interop.mcore_checkpoint import write_model_checkpoint
     from loongforge.interop.sharding import load_full_state
     from loongforge.interop.world import standalone_world
+    from loongforge.models.building import build_standalone
 
     from loongforge_vlm.model.hf_interop import from_hf, read_hf_config
-    from loongforge_vlm.model.vlm import build_vlm
 
     hf_dir, out_dir = Path(hf_dir).expanduser(), Path(out_dir).expanduser()
     flavor = read_hf_config(hf_dir)
@@ -59,7 +59,7 @@ def hf_to_loongforge(hf_dir: str | Path, out_dir: str | Path, *, model: str | No
     config = LoongForgeConfig()
     config.model.name, config.training.precision = name, dtype
     with standalone_world() as backend:
-        vlm = build_vlm(flavor, backend=backend, params_dtype=dtype)
+        vlm = build_standalone(flavor, backend, dtype)
         vlm.encoder.load_state_dict({k[len("encoder."):]: v for k, v in ours.items() if k.startswith("encoder.")})
         load_full_state([vlm.language_model], {k[len("language_model."):]: v for k, v in ours.items()
                                                if k.startswith("language_model.")})
@@ -85,23 +85,24 @@ def loongforge_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_s
     )
     from loongforge.interop.sharding import gather_full_state
     from loongforge.interop.world import standalone_world
+    from loongforge.models.building import build_standalone
+    from loongforge.resolve import model_label
 
     from loongforge_vlm.model.hf_interop import hf_config_dict, saved_layout, to_hf
-    from loongforge_vlm.model.vlm import build_vlm
 
     out_dir = Path(out_dir).expanduser()
     path = find_checkpoint(checkpoint)
     config = checkpoint_config(path)
     flavor = resolve_flavor(config)
     if not isinstance(flavor, VLMFlavor) or flavor.hf_architecture is None:
-        raise LoongForgeError(f"{path}: model '{config.model.name}' has no Hugging Face VLM layout "
+        raise LoongForgeError(f"{path}: model '{model_label(config, flavor)}' has no Hugging Face VLM layout "
                               "(Qwen2-VL / Qwen2.5-VL flavors do)")
     dtype = checkpoint_dtype(path, config)
     max_bytes = parse_size(max_shard_size)
     _, carry = hf_side_files(config, path)
     check_out_dir(out_dir)
     with standalone_world() as backend:
-        vlm = build_vlm(flavor, backend=backend, params_dtype=dtype)
+        vlm = build_standalone(flavor, backend, dtype)
         load_model_weights(path, [vlm])
         language = gather_full_state([vlm.language_model])
         state = {**{f"encoder.{k}": v for k, v in vlm.encoder.state_dict().items()},
@@ -112,27 +113,41 @@ def loongforge_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_s
     return f"wrote {out_dir}: {len(tensors)} tensors ({flavor.hf_architecture}, {dtype}) from {path}"
 
 
+def configure_hf_to_loongforge(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="the registered flavor it must be (default: the one that matches)")
+
+
+def configure_loongforge_to_hf(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-shard-size", default="5GB")
+
+
+def run_hf_to_loongforge(args: argparse.Namespace) -> int:
+    print(hf_to_loongforge(args.source, args.out, model=args.model))
+    return 0
+
+
+def run_loongforge_to_hf(args: argparse.Namespace) -> int:
+    print(loongforge_to_hf(args.source, args.out, max_shard_size=args.max_shard_size))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    """``python -m loongforge_vlm.convert``, kept for old scripts; ``loongforge convert`` is the documented way."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    to_ours = commands.add_parser("hf-to-loongforge", help="a transformers VLM directory -> a LoongForge checkpoint")
-    to_ours.add_argument("hf_dir")
-    to_ours.add_argument("out_dir")
-    to_ours.add_argument("--model", help="the registered flavor it must be (default: the one that matches)")
-    to_theirs = commands.add_parser("loongforge-to-hf", help="a LoongForge VLM checkpoint -> a transformers directory")
-    to_theirs.add_argument("checkpoint")
-    to_theirs.add_argument("out_dir")
-    to_theirs.add_argument("--max-shard-size", default="5GB")
+    directions = {"hf-to-loongforge": (configure_hf_to_loongforge, run_hf_to_loongforge),
+                  "loongforge-to-hf": (configure_loongforge_to_hf, run_loongforge_to_hf)}
+    for name, (configure, _) in directions.items():
+        sub = commands.add_parser(name)
+        sub.add_argument("source")
+        sub.add_argument("out")
+        configure(sub)
     args = parser.parse_args(argv)
     try:
-        if args.command == "hf-to-loongforge":
-            print(hf_to_loongforge(args.hf_dir, args.out_dir, model=args.model))
-        else:
-            print(loongforge_to_hf(args.checkpoint, args.out_dir, max_shard_size=args.max_shard_size))
+        return directions[args.command][1](args)
     except LoongForgeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    return 0
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@ end-of-sequence token, and the answer counts as right when it equals the referen
 synthetic shapes set the questions are of three kinds (colour, shape, count), told apart by the reference
 answer's vocabulary, and chance is a uniform guess within the kind (1/4, 1/3, 1/4). Usage::
 
-    python -m loongforge_vlm.evaluate runs/vlm-shapes/checkpoints            # the shapes set's held-out split
-    python -m loongforge_vlm.evaluate CKPT --data heldout.jsonl --limit 100  # any image-text jsonl/shards
+    loongforge eval runs/vlm-shapes/checkpoints            # the shapes set's held-out split
+    loongforge eval CKPT --data heldout.jsonl --limit 100  # any image-text jsonl/shards
 
 Prints per-kind and overall accuracy next to chance, and writes ``eval.json`` beside the checkpoint.
 """
@@ -74,11 +74,11 @@ def evaluate(checkpoint: str | Path, *, data: list[str] | None = None, limit: in
         resolve_flavor,
     )
     from loongforge.interop.world import standalone_world
+    from loongforge.models.building import build_standalone
     from loongforge.plugins import get_host
     from loongforge.train.batches import load_tokenizer
 
     from loongforge_vlm.data.kind import image_text_dataset, shapes_dataset
-    from loongforge_vlm.model.vlm import build_vlm
 
     path = find_checkpoint(checkpoint)
     config = checkpoint_config(path)
@@ -90,7 +90,7 @@ def evaluate(checkpoint: str | Path, *, data: list[str] | None = None, limit: in
         dataset = shapes_dataset([], tokenizer, split="heldout", model=flavor)
     count = min(len(dataset), limit) if limit else len(dataset)
     with standalone_world() as backend:
-        model = build_vlm(flavor, backend=backend, params_dtype=checkpoint_dtype(path, config)).eval()
+        model = build_standalone(flavor, backend, checkpoint_dtype(path, config)).eval()
         load_model_weights(path, [model])
         references, answers = [], []
         for index in range(count):
@@ -104,17 +104,28 @@ def evaluate(checkpoint: str | Path, *, data: list[str] | None = None, limit: in
     return result
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("checkpoint", help="a checkpoint step directory or a checkpoint root with 'latest'")
+def configure(parser: argparse.ArgumentParser) -> None:
+    """The options of ``loongforge eval CHECKPOINT`` for a VLM checkpoint (and of ``python -m``)."""
     parser.add_argument("--data", nargs="*", help="jsonl files / shards (default: the shapes set's held-out split)")
     parser.add_argument("--limit", type=int, default=0, help="answer at most this many questions (0: all)")
     parser.add_argument("--max-tokens", type=int, default=8)
-    args = parser.parse_args(argv)
-    result = evaluate(args.checkpoint, data=args.data, limit=args.limit, max_tokens=args.max_tokens)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``loongforge eval``: ``args.source`` is the checkpoint; prints per-kind accuracy next to chance."""
+    result = evaluate(args.source, data=args.data, limit=args.limit, max_tokens=args.max_tokens)
     for kind, row in result.items():
         chance = f"{row['chance']:.3f}" if row["chance"] is not None else "-"
         print(f"{kind:8s} n={row['n']:4d}  accuracy {row['accuracy']:.3f}  chance {chance}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("source", metavar="checkpoint",
+                        help="a checkpoint step directory or a checkpoint root with 'latest'")
+    configure(parser)
+    run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -15,8 +15,6 @@ SUMMARY = "vision-language models: Qwen2/2.5-VL and SigLIP encoders, projectors,
 
 @hookimpl
 def loongforge_register_models(registry):
-    from loongforge.config.schema import COMPOSED_MODEL
-
     from loongforge_vlm.encoders import qwen_vit_flavors, siglip_flavors
     from loongforge_vlm.model import flavors as vlm_flavors
     from loongforge_vlm.model.parts import VLMComposer, describe_composer
@@ -26,7 +24,7 @@ def loongforge_register_models(registry):
     for flavors, describe in families:
         for name, flavor in flavors.items():
             registry.register(name, flavor, description=describe(flavor))
-    registry.register(COMPOSED_MODEL, VLMComposer(), description=describe_composer(VLMComposer()))
+    registry.register("vlm", VLMComposer(), description=describe_composer(VLMComposer()))
     for name, flavor in vlm_flavors.FLAVORS.items():
         aliases = vlm_flavors.HF_IDS.get(name, ())
         registry.register(name, flavor, aliases=aliases, description=vlm_flavors.describe(flavor))
@@ -44,3 +42,10 @@ def loongforge_register_datasets(registry):
 def loongforge_register_tokenizers(registry):
     registry.register("byte-vision", "loongforge_vlm.data.tokens:VisionByteTokenizer",
                       description="byte tokenizer + vision tokens (image pad 259, start 260, end 261, video pad 262)")
+
+
+@hookimpl
+def loongforge_register_commands(commands):
+    from loongforge_vlm.commands import register_commands
+
+    register_commands(commands)

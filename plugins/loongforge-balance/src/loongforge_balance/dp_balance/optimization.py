@@ -25,6 +25,8 @@ are saved in checkpoints, so a resumed run does not warm up again.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,6 +34,7 @@ import torch
 import torch.distributed as dist
 from loongforge import hookimpl
 from loongforge.errors import ConfigError
+from loongforge.optimizations import Optimization
 
 from loongforge_balance.dp_balance.balance import rebalance
 from loongforge_balance.dp_balance.cost import CostModel
@@ -39,42 +42,41 @@ from loongforge_balance.dp_balance.fit import fit_from_steps
 from loongforge_balance.dp_balance.solver import CapacityError
 
 NAME = "dp-balance"
-OPTIONS = ("warmup_steps", "cost", "token_cap", "length_key")
 #: Fewer measured steps than about twice the 4 unknowns let a wrong guess of the slowest ranks fit as well.
 MIN_WARMUP = 8
 
 
-def _options(options: dict[str, Any]) -> tuple[int, CostModel | None, int | None, str]:
-    where = f"optimizations.{NAME}"
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise ConfigError(f"{where}: unknown option(s) {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
-    warmup = options.get("warmup_steps", 16)
-    if not isinstance(warmup, int) or warmup < MIN_WARMUP:
-        raise ConfigError(f"{where}.warmup_steps must be an integer >= {MIN_WARMUP} (3 coefficients and a step "
-                          f"overhead are fitted from the slowest rank's times), got {warmup!r}")
-    cost = options.get("cost")
-    if cost is not None:
-        if not isinstance(cost, dict) or set(cost) != {"a", "b", "c"}:
-            raise ConfigError(f"{where}.cost must be a mapping with keys a, b, c, got {cost!r}")
-        try:
-            cost = CostModel(float(cost["a"]), float(cost["b"]), float(cost["c"]))
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{where}.cost: {exc}") from None
-    cap = options.get("token_cap")
-    if cap is not None and (not isinstance(cap, int) or cap < 1):
-        raise ConfigError(f"{where}.token_cap must be a positive integer, got {cap!r}")
-    key = options.get("length_key", "tokens")
-    if not isinstance(key, str) or not key:
-        raise ConfigError(f"{where}.length_key must be a field name, got {key!r}")
-    return warmup, cost, cap, key
+@dataclass(frozen=True)
+class DPBalanceOptions:
+    """``optimizations.dp-balance``: see the module docstring for what each option means."""
+
+    warmup_steps: int = 16
+    #: ``{a, b, c}``: pin the cost model instead of fitting it.
+    cost: CostModel | None = None
+    token_cap: int | None = None
+    length_key: str = "tokens"
+
+    def __post_init__(self) -> None:
+        if self.warmup_steps < MIN_WARMUP:
+            raise ConfigError(f"warmup_steps must be an integer >= {MIN_WARMUP} (3 coefficients and a step overhead "
+                              f"are fitted from the slowest rank's times), got {self.warmup_steps}")
+        if self.token_cap is not None and self.token_cap < 1:
+            raise ConfigError(f"token_cap must be a positive integer, got {self.token_cap}")
+        if not self.length_key:
+            raise ConfigError("length_key must be a field name, got ''")
 
 
-class DPBalanceOptimization:
+class DPBalanceOptimization(Optimization):
     """The plugin object registered for a run: answers ``loongforge_balance_samples``, fits during warm-up."""
 
-    def __init__(self, options: dict[str, Any]) -> None:
-        self.warmup_steps, self.cost, self.token_cap, self.length_key = _options(options)
+    name = NAME
+    options_type = DPBalanceOptions
+
+    def __init__(self, options: Mapping[str, Any] | None = None, *, source: str = "config") -> None:
+        super().__init__(options, source=source)
+        opts: DPBalanceOptions = self.options
+        self.warmup_steps, self.cost, self.token_cap, self.length_key = (opts.warmup_steps, opts.cost,
+                                                                          opts.token_cap, opts.length_key)
         #: (every rank's sample lengths, step time) of the measured warm-up steps.
         self.observations: list[tuple[list[np.ndarray], float]] = []
         #: Predicted ``max / mean`` rank load of the last balanced call, before and after.

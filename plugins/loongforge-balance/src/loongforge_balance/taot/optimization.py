@@ -13,44 +13,48 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from loongforge import hookimpl
 from loongforge.errors import ConfigError, LoongForgeError
+from loongforge.optimizations import Optimization
 
 from loongforge_balance.taot.layer import ReplicaSettings
 
 NAME = "taot"
-OPTIONS = ("spare_slots", "topology_weight", "ranks_per_node")
 
 
-def settings_from_options(options: Mapping[str, Any]) -> ReplicaSettings:
-    """Validated :class:`ReplicaSettings` from the config's ``optimizations.taot`` mapping."""
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise ConfigError(f"optimizations.{NAME}: unknown option(s) {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
-    defaults = ReplicaSettings(ranks_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", 8)))
-    values = {name: options.get(name, getattr(defaults, name)) for name in OPTIONS}
-    for name in ("spare_slots", "ranks_per_node"):
-        if isinstance(values[name], bool) or not isinstance(values[name], int):
-            raise ConfigError(f"optimizations.{NAME}.{name} must be an integer, got {values[name]!r}")
-    if values["spare_slots"] < 1:
-        raise ConfigError(f"optimizations.{NAME}.spare_slots must be >= 1 (spare expert slots per rank), "
-                          f"got {values['spare_slots']}")
-    if values["ranks_per_node"] < 1:
-        raise ConfigError(f"optimizations.{NAME}.ranks_per_node must be >= 1, got {values['ranks_per_node']}")
-    weight = values["topology_weight"]
-    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight < 0:
-        raise ConfigError(f"optimizations.{NAME}.topology_weight must be a number >= 0, got {weight!r}")
-    return ReplicaSettings(spare_slots=values["spare_slots"], topology_weight=float(weight),
-                           ranks_per_node=values["ranks_per_node"])
+@dataclass(frozen=True)
+class TAOTOptions:
+    """``optimizations.taot``: spare expert slots per rank, topology weight, expert-parallel ranks per node."""
+
+    spare_slots: int = 1
+    topology_weight: float = 0.5
+    #: null: torchrun's ``LOCAL_WORLD_SIZE``, else 8.
+    ranks_per_node: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.spare_slots < 1:
+            raise ConfigError(f"spare_slots must be >= 1 (spare expert slots per rank), got {self.spare_slots}")
+        if self.ranks_per_node is not None and self.ranks_per_node < 1:
+            raise ConfigError(f"ranks_per_node must be >= 1, got {self.ranks_per_node}")
+        if self.topology_weight < 0:
+            raise ConfigError(f"topology_weight must be a number >= 0, got {self.topology_weight}")
 
 
-class TAOTOptimization:
+class TAOTOptimization(Optimization):
     """Created from ``optimizations: {taot: {spare_slots, topology_weight, ranks_per_node}}``."""
 
-    def __init__(self, options: Mapping[str, Any]) -> None:
-        self.settings = settings_from_options(options)
+    name = NAME
+    options_type = TAOTOptions
+
+    def __init__(self, options: Mapping[str, Any] | None = None, *, source: str = "config") -> None:
+        super().__init__(options, source=source)
+        opts: TAOTOptions = self.options
+        ranks = opts.ranks_per_node if opts.ranks_per_node is not None else int(os.environ.get("LOCAL_WORLD_SIZE", 8))
+        self.settings = ReplicaSettings(spare_slots=opts.spare_slots, topology_weight=opts.topology_weight,
+                                        ranks_per_node=ranks)
         self.layers: list[Any] = []
 
     @hookimpl

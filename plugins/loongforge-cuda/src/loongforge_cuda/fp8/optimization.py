@@ -20,10 +20,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
 from loongforge import hookimpl
 from loongforge.errors import ConfigError, LoongForgeError
+from loongforge.optimizations import Optimization
 
 from loongforge_cuda.fp8.policy import Policy, load_policy
 from loongforge_cuda.fp8.selection import (
@@ -36,7 +38,20 @@ from loongforge_cuda.fp8.selection import (
 )
 
 NAME = "adaptive-fp8"
-OPTIONS = ("policy", "tokens_per_microbatch")
+
+
+@dataclass(frozen=True)
+class AdaptiveFP8Options:
+    """``optimizations.adaptive-fp8``: the measured policy file, and optionally the tokens per micro-batch to plan
+    for (default: the run's ``micro_batch_size * seq_length``)."""
+
+    #: The JSON file written by ``python -m loongforge_cuda.fp8.measure`` (required).
+    policy: str = ""
+    tokens_per_microbatch: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.policy:
+            raise ConfigError("policy is required: the JSON file written by python -m loongforge_cuda.fp8.measure")
 
 
 def keep_in_bf16(modules: Mapping[str, Any], plan: Mapping[str, bool], bf16_context: Callable[[], Any]) -> list[str]:
@@ -90,19 +105,16 @@ def _te_bf16_context() -> AbstractContextManager:
     return te.fp8_autocast(enabled=False)
 
 
-class AdaptiveFP8Optimization:
+class AdaptiveFP8Optimization(Optimization):
     """Created from ``optimizations: {adaptive-fp8: {policy: <file>, tokens_per_microbatch: <int, optional>}}``."""
 
-    def __init__(self, options: Mapping[str, Any]) -> None:
-        unknown = sorted(set(options) - set(OPTIONS))
-        if unknown:
-            raise ConfigError(f"optimizations.{NAME}: unknown option(s) {', '.join(unknown)}; "
-                              f"known: {', '.join(OPTIONS)}")
-        if not options.get("policy"):
-            raise ConfigError(f"optimizations.{NAME}.policy is required: the JSON file written by "
-                              "python -m loongforge_cuda.fp8.measure")
-        self.policy_path = str(options["policy"])
-        self.tokens_override = options.get("tokens_per_microbatch")
+    name = NAME
+    options_type = AdaptiveFP8Options
+
+    def __init__(self, options: Mapping[str, Any] | None = None, *, source: str = "config") -> None:
+        super().__init__(options, source=source)
+        self.policy_path = self.options.policy
+        self.tokens_override = self.options.tokens_per_microbatch
         self.policy: Policy | None = None
         self.tokens = 0
         self.fp8_modules: list[str] = []

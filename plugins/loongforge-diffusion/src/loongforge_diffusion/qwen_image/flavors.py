@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from loongforge.errors import ConfigError
+from loongforge.models.family import ModelFamily
 from loongforge.models.flavor import replace_fields
+
+from loongforge_diffusion.options import QwenImageTaskOptions
 
 #: Width of the sinusoidal timestep encoding, epsilon of every norm and RoPE base: fixed by the reference model
 #: (diffusers hard-codes them), so they are constants rather than flavor fields that could not be converted.
@@ -29,7 +32,7 @@ FFN_MULT = 4
 
 
 @dataclass(frozen=True)
-class QwenImageFlavor:
+class QwenImageFlavor(ModelFamily):
     """One Qwen-Image MMDiT (double-stream blocks: an image and a text stream that meet in joint attention).
 
     ``in_channels`` counts the *packed* latent channels (VAE channels times ``patch_size ** 2``: the pipeline
@@ -39,6 +42,11 @@ class QwenImageFlavor:
     attention head between the frame, row and column axes of the rotary embedding and must sum to ``head_dim``.
     ``guidance_embeds`` mirrors diffusers' flag, which builds nothing for this model; it must stay off.
     """
+
+    #: Trained by the task engine: ``make_task`` supplies the training step (core builds no megatron chunks).
+    engine: ClassVar[str] = "task"
+    #: The ``task:`` section this model's training takes (checked by core before the run).
+    task_options: ClassVar[type | None] = QwenImageTaskOptions
 
     num_layers: int
     num_heads: int

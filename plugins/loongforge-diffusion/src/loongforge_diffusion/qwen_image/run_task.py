@@ -29,46 +29,36 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from loongforge.config.plugin_sections import task_options
 from loongforge.errors import ConfigError
-from loongforge.tasks import checked_options as checked
-from loongforge.tasks import sample_generators
+from loongforge.tasks import TaskBase, sample_generators
 
 from loongforge_diffusion.data.moving_squares import parse_caption
 from loongforge_diffusion.data.still_squares import StillSquares, still_context
 from loongforge_diffusion.flow_matching import NUM_TRAIN_TIMESTEPS
 from loongforge_diffusion.media import to_frames
+from loongforge_diffusion.options import QwenImageTaskOptions
 from loongforge_diffusion.qwen_image.flavors import QwenImageFlavor
 from loongforge_diffusion.qwen_image.model import QwenImageModel, pack_latents, unpack_latents
-from loongforge_diffusion.run_options import (
-    EMAOption,
-    checkpoint_weights,
-    flow_matching_config,
-    load_init,
-)
+from loongforge_diffusion.run_options import EMAOption, checkpoint_weights, load_init
 from loongforge_diffusion.sampling import euler_sample, guided, sigma_schedule
 from loongforge_diffusion.scoring import score_videos
 from loongforge_diffusion.training import flow_matching_loss, step_inputs
 
-#: ``task:`` keys and their defaults.
-OPTIONS: dict[str, Any] = {
-    "samples": 2048, "side": 16, "data_seed": 0, "context_dropout": 0.1, "flow_matching": {}, "sample": {},
-    "init": None, "ema": None,
-}
-SAMPLE_OPTIONS: dict[str, Any] = {"images": 16, "steps": 20, "guidance": 3.0, "shift": 1.0, "seed": 0}
 #: RGB: the pixel channels a token packs ``patch_size ** 2`` of.
 CHANNELS = 3
 #: Formats ``loongforge sample`` can write an image in.
 IMAGE_FORMATS = ("png", "gif")
 
 
-class QwenImageRunTask:
+class QwenImageRunTask(TaskBase):
     """Flow-matching training of one Qwen-Image flavor on still squares; see the module docstring."""
 
     def __init__(self, flavor: QwenImageFlavor, config: Any) -> None:
         source = config.source
-        self.options = checked(dict(config.task), OPTIONS, f"task in {source}")
-        self.sample_options = checked(dict(self.options["sample"]), SAMPLE_OPTIONS, f"task.sample in {source}")
-        self.objective = flow_matching_config(self.options["flow_matching"], f"task.flow_matching in {source}")
+        self.options: QwenImageTaskOptions = task_options(flavor, config)
+        self.sample_options = self.options.sample
+        self.objective = self.options.flow_matching
         self.flavor = flavor.with_overrides(**config.model.overrides) if config.model.overrides else flavor
         self.flavor_name = config.model.name
         p = self.flavor.patch_size
@@ -77,11 +67,11 @@ class QwenImageRunTask:
                               f"{CHANNELS * p * p} (RGB in {p}x{p} patches) and out_channels {CHANNELS}, the flavor "
                               f"has {self.flavor.in_channels} and {self.flavor.out_channels}; set them in "
                               "model.overrides")
-        self.side = int(self.options["side"])
+        self.side = self.options.side
         if self.side % p:
             raise ConfigError(f"task.side {self.side} in {source} must be a multiple of the patch size {p}")
-        self.context_dropout = float(self.options["context_dropout"])
-        self.ema = EMAOption(self.options["ema"], f"task.ema in {source}")
+        self.context_dropout = self.options.context_dropout
+        self.ema = EMAOption(self.options.ema)
         self.seed = config.run.seed
         #: Training steps taken (with the sample index, it seeds each sample's noise).
         self.steps = 0
@@ -94,7 +84,7 @@ class QwenImageRunTask:
         train exactly as before (no gradient either way) and DDP does not wait for gradients that never come.
         """
         model = QwenImageModel(self.flavor)
-        path = self.options["init"]
+        path = self.options.init
         if path:
             weights = checkpoint_weights(path)
             load_init(model, _released_weights(path, self.flavor) if weights is None else weights, path,
@@ -106,7 +96,7 @@ class QwenImageRunTask:
 
     def build_dataset(self) -> StillSquares:
         opts = self.options
-        return StillSquares(opts["samples"], text_dim=self.flavor.text_dim, seed=opts["data_seed"], side=self.side)
+        return StillSquares(opts.samples, text_dim=self.flavor.text_dim, seed=opts.data_seed, side=self.side)
 
     def training_step(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The flow-matching loss on packed pixel tokens, with each sample's noise level, noise and caption
@@ -134,15 +124,15 @@ class QwenImageRunTask:
     def finish(self, model: torch.nn.Module, output_dir: Path) -> dict[str, Any]:
         """Sample held-out captions (a data seed never trained on), write PNGs, score colour and square-ness."""
         opts = self.sample_options
-        if opts["images"] <= 0:
+        if opts.images <= 0:
             return {}
-        held_out = StillSquares(opts["images"], text_dim=self.flavor.text_dim, seed=self.options["data_seed"] + 7919,
+        held_out = StillSquares(opts.images, text_dim=self.flavor.text_dim, seed=self.options.data_seed + 7919,
                                 side=self.side)
         items = [held_out[i] for i in range(len(held_out))]
         labels = torch.stack([item["labels"] for item in items])
         with self.ema.sampling_weights(model):
-            images = self.sample(model, torch.stack([item["context"] for item in items]), steps=opts["steps"],
-                                 guidance=float(opts["guidance"]), shift=float(opts["shift"]), seed=int(opts["seed"]))
+            images = self.sample(model, torch.stack([item["context"] for item in items]), steps=opts.steps,
+                                 guidance=opts.guidance, shift=opts.shift, seed=opts.seed)
         directory = Path(output_dir) / "samples"
         for index, image in enumerate(images):
             write_image(image, directory / f"sample-{index:03d}.png")
@@ -158,7 +148,7 @@ class QwenImageRunTask:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         images = self.sample(model, still_context(labels, self.flavor.text_dim), steps=steps, guidance=guidance,
-                             shift=float(self.sample_options["shift"]), seed=seed)
+                             shift=self.sample_options.shift, seed=seed)
         return [write_image(image, Path(out_dir) / f"sample-{index:03d}.{fmt}") for index, image in enumerate(images)]
 
     @torch.no_grad()

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from loongforge.errors import ConfigError
+from loongforge.models.family import ModelFamily
 from loongforge.models.flavor import replace_fields
+
+from loongforge_diffusion.options import WanTaskOptions
 
 #: Tasks a flavor is trained for. ``t2v`` text only; ``i2v`` adds an encoded image (extra input channels and,
 #: in Wan 2.1, CLIP image tokens with their own key/value projections); ``ti2v`` (Wan 2.2 5B) conditions on
@@ -22,12 +25,17 @@ TASKS: tuple[str, ...] = ("t2v", "i2v", "ti2v")
 
 
 @dataclass(frozen=True)
-class WanFlavor:
+class WanFlavor(ModelFamily):
     """One Wan DiT. ``image_dim`` is set only for models with the CLIP image branch (Wan 2.1 I2V).
 
     ``expert_boundary`` is set for Wan 2.2 A14B, which is two models of this shape: the high-noise expert
     serves noise levels ``sigma >= expert_boundary`` and the low-noise expert the rest.
     """
+
+    #: Trained by the task engine: ``make_task`` supplies the training step (core builds no megatron chunks).
+    engine: ClassVar[str] = "task"
+    #: The ``task:`` section this model's training takes (checked by core before the run).
+    task_options: ClassVar[type | None] = WanTaskOptions
 
     task: str
     dim: int

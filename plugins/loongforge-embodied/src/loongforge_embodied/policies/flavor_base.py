@@ -12,12 +12,19 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from loongforge.errors import ConfigError
+from loongforge.models.family import ModelFamily
 from loongforge.models.flavor import replace_fields
 
+from loongforge_embodied.task_options import PolicyTaskOptions
 
-class PolicyFlavor:
-    """Mixin of the policy flavor dataclasses (which must have ``image_size``, ``patch_size`` and ``cameras``)."""
 
+class PolicyFlavor(ModelFamily):
+    """Base of the policy flavor dataclasses (which must have ``image_size``, ``patch_size`` and ``cameras``): a
+    model family of the task engine (``make_task`` is the policy task every flavor shares)."""
+
+    engine: ClassVar[str] = "task"
+    #: The ``task:`` section every policy's training takes (checked by core before the run).
+    task_options: ClassVar[type | None] = PolicyTaskOptions
     kind: ClassVar[str] = "policy"
     POSITIVE: ClassVar[tuple[str, ...]] = ()
     NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("cameras",)
@@ -42,6 +49,10 @@ class PolicyFlavor:
     def inputs_summary(self) -> str:
         """What the policy observes, for ``describe``."""
         return f"{self.cameras} camera(s)" if self.cameras else "state only"
+
+    @property
+    def family_name(self) -> str:
+        return self.kind
 
     def with_overrides(self, **overrides: Any) -> Any:
         return replace_fields(self, overrides, what=f"{self.kind} flavor")

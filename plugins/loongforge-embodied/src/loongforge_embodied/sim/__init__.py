@@ -5,12 +5,12 @@ Importing this package is free (no MuJoCo, torch or websockets): the names below
 
 - :mod:`~loongforge_embodied.sim.metaworld_env`: ``MetaWorldEnv`` (episodes that are a function of a seed), task
   texts, Meta-World's scripted experts
-- :mod:`~loongforge_embodied.sim.collect`: ``python -m loongforge_embodied.sim.collect`` expert -> LeRobotDataset
+- :mod:`~loongforge_embodied.sim.collect`: ``loongforge collect`` expert -> LeRobotDataset
 - :mod:`~loongforge_embodied.sim.policy`: ``CheckpointPolicy`` (a trained checkpoint, in process), ``RandomPolicy``
 - :mod:`~loongforge_embodied.sim.protocol`: the server's msgpack messages and array encoding
-- :mod:`~loongforge_embodied.sim.server` / :mod:`~loongforge_embodied.sim.client`: ``python -m
-  loongforge_embodied.sim.server CKPT`` and ``PolicyClient``
-- :mod:`~loongforge_embodied.sim.evaluate`: ``python -m loongforge_embodied.sim.evaluate CKPT`` success rate on
+- :mod:`~loongforge_embodied.sim.server` / :mod:`~loongforge_embodied.sim.client`: ``loongforge serve
+  CKPT`` and ``PolicyClient``
+- :mod:`~loongforge_embodied.sim.evaluate`: ``loongforge eval CKPT`` success rate on
   unseen seeds, in process or through a server
 """
 

@@ -1,6 +1,6 @@
 """Record Meta-World's scripted expert as a LeRobotDataset a policy trains on.
 
-``python -m loongforge_embodied.sim.collect ROOT --env reach-v3 --episodes 50 --seed 0`` plays the expert on seeds
+``loongforge collect ROOT --env reach-v3 --episodes 50 --seed 0`` plays the expert on seeds
 ``seed, seed + 1, ...`` until ``episodes`` of them succeeded and writes those with our LeRobot writer:
 ``observation.state`` (the 39 observation values, float32), ``action`` (4, float32, clipped to [-1, 1]), the task
 text of :func:`~loongforge_embodied.sim.metaworld_env.task_text` and, with ``--cameras``, one video per camera, at
@@ -14,6 +14,7 @@ next to the seeds that were written (evaluate on seeds outside them).
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -116,10 +117,8 @@ def collect(root: str | Path, env_name: str, *, episodes: int, seed: int = 0, ma
     return report
 
 
-def main(argv: Sequence[str] | None = None) -> CollectReport:
-    import argparse
-
-    parser = argparse.ArgumentParser(description="record Meta-World's scripted expert as a LeRobotDataset")
+def configure(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``loongforge collect`` (and of ``python -m``)."""
     parser.add_argument("root", help="output directory (must not hold a dataset yet)")
     parser.add_argument("--env", default="reach-v3", help="Meta-World v3 task (default reach-v3)")
     parser.add_argument("--episodes", type=int, default=50, help="successful episodes to write")
@@ -130,13 +129,24 @@ def main(argv: Sequence[str] | None = None) -> CollectReport:
     parser.add_argument("--cameras", nargs="*", default=[],
                         help="cameras to record as H.264 video (needs MUJOCO_GL=egl or osmesa), e.g. corner")
     parser.add_argument("--image-size", type=int, default=64)
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``loongforge collect``: collect, then print one summary line."""
     report = collect(args.root, args.env, episodes=args.episodes, seed=args.seed, max_steps=args.max_steps,
                      tail=args.tail, version=args.version, cameras=args.cameras, image_size=args.image_size)
     print(f"wrote {len(report.seeds)} {args.env} episodes ({sum(report.lengths)} frames, seeds "
           f"{report.seeds[0]}..{report.seeds[-1]}) to {args.root} in {report.seconds:.1f} s; expert success "
           f"{report.expert_success_rate:.0%} ({len(report.failed_seeds)} failed seeds skipped)")
-    return report
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m loongforge_embodied.sim.collect``, kept for old scripts; ``loongforge collect`` is the
+    documented way."""
+    parser = argparse.ArgumentParser(description="record Meta-World's scripted expert as a LeRobotDataset")
+    configure(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

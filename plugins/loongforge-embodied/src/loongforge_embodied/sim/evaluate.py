@@ -1,18 +1,19 @@
 """Closed-loop success rate of a policy on Meta-World seeds it never trained on.
 
-``python -m loongforge_embodied.sim.evaluate CKPT --env reach-v3 --seeds 20 --first-seed 1000`` runs, for each seed
+``loongforge eval CKPT --env reach-v3 --seeds 20 --first-seed 1000`` runs, for each seed
 ``first_seed ... first_seed + seeds - 1``: reset the seeded episode, ask the policy for an action chunk, execute
 its first ``--replan`` actions (receding horizon), ask again, until the task reports success or ``--max-steps``
-steps have run. The policy is the checkpoint loaded in this process, or with ``--server ws://host:port`` a policy
-server (:mod:`loongforge_embodied.sim.server`); both give the same numbers. ``--baseline random`` also runs
-uniform random actions on the same seeds (chance level). Prints one line per seed and the success rate, and writes
-a JSON report (``--output``).
+steps have run. The policy is the checkpoint loaded in this process, or with ``loongforge eval ws://host:port`` a
+policy server (:mod:`loongforge_embodied.sim.server`); both give the same numbers. ``--baseline random`` also runs
+uniform random actions on the same seeds (chance level); ``loongforge eval random`` runs them alone. Prints one line
+per seed and the success rate, and writes a JSON report (``--output``).
 
 Sampling noise is seeded per chunk from (``--sample-seed``, episode seed, step): a rerun reproduces every action.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -79,26 +80,48 @@ def _images(images: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {CAMERA_PREFIX + cam: image for cam, image in images.items()}
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    import argparse
-
-    parser = argparse.ArgumentParser(description="closed-loop Meta-World success rate of a policy")
-    parser.add_argument("checkpoint", nargs="?", help="policy checkpoint (omit with --server, or for a baseline alone)")
+def configure(parser: argparse.ArgumentParser) -> None:
+    """The options of ``loongforge eval SOURCE`` for a policy (and of ``python -m``)."""
     parser.add_argument("--env", default="reach-v3")
     parser.add_argument("--seeds", type=int, default=20, help="how many seeds")
     parser.add_argument("--first-seed", type=int, default=1000, help="first seed (keep clear of the training seeds)")
-    parser.add_argument("--server", help="ws://host:port of a policy server instead of loading the checkpoint here")
     parser.add_argument("--replan", type=int, default=5, help="actions executed from each chunk before asking again")
     parser.add_argument("--max-steps", type=int, default=200)
     parser.add_argument("--steps", type=int, default=10, help="Euler steps per chunk (in-process policy)")
     parser.add_argument("--sample-seed", type=int, default=0)
     parser.add_argument("--baseline", choices=("random",), help="also evaluate uniform random actions")
     parser.add_argument("--output", default=None, help="JSON report (default metaworld-eval-<env>.json)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``loongforge eval SOURCE``: ``args.source`` is what :func:`loongforge_embodied.commands.claims_eval`
+    accepted: a checkpoint, a policy server's address, or ``random``."""
+    from loongforge_embodied.commands import RANDOM_SOURCE, is_random, is_server
+
+    args.server = args.source if is_server(args.source) else None
+    args.checkpoint = None if is_server(args.source) or is_random(args.source) else args.source
+    args.baseline = RANDOM_SOURCE if is_random(args.source) else args.baseline
+    closed_loop(args)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """``python -m loongforge_embodied.sim.evaluate``, kept for old scripts; ``loongforge eval`` is the documented
+    way."""
+    parser = argparse.ArgumentParser(description="closed-loop Meta-World success rate of a policy")
+    parser.add_argument("checkpoint", nargs="?", help="policy checkpoint (omit with --server, or for a baseline alone)")
+    parser.add_argument("--server", help="ws://host:port of a policy server instead of loading the checkpoint here")
+    configure(parser)
     args = parser.parse_args(argv)
     if args.checkpoint and args.server:
         parser.error("give a checkpoint or --server, not both")
     if not (args.checkpoint or args.server or args.baseline):
         parser.error("nothing to evaluate: give a checkpoint, --server or --baseline random")
+    return closed_loop(args)
+
+
+def closed_loop(args: argparse.Namespace) -> dict[str, Any]:
+    """Evaluate ``args.checkpoint`` or ``args.server`` and/or the random baseline; print and write the report."""
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     say = lambda line: print(line, flush=True)  # noqa: E731
     report: dict[str, Any] = {}

@@ -1,5 +1,5 @@
 """Serve a policy checkpoint over a websocket, so a simulator or robot in another process (or language) can ask
-it for action chunks: ``python -m loongforge_embodied.sim.server CKPT --host 127.0.0.1 --port 8765``.
+it for action chunks: ``loongforge serve CKPT --host 127.0.0.1 --port 8765``.
 
 The messages are in :mod:`loongforge_embodied.sim.protocol` (metadata on connect, then request -> ``{"actions"}``
 or ``{"error"}``). Each connection is served on its own thread; one lock runs one chunk at a time, so several
@@ -8,6 +8,7 @@ clients share the CPU/GPU in turn and get the same numbers as a single client wo
 
 from __future__ import annotations
 
+import argparse
 import logging
 import threading
 from collections.abc import Mapping, Sequence
@@ -92,17 +93,18 @@ def make_server(policy: Any, host: str = "127.0.0.1", port: int = 8765) -> Serve
     return serve(PolicyHandler(policy), host, port, max_size=MAX_MESSAGE_BYTES, compression=None)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    import argparse
-
-    from loongforge_embodied.sim.policy import CheckpointPolicy
-
-    parser = argparse.ArgumentParser(description="serve a policy checkpoint over a websocket (msgpack messages)")
+def configure(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``loongforge serve`` (and of ``python -m``)."""
     parser.add_argument("checkpoint", help="a checkpoint directory, or a checkpoint root (its latest)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--steps", type=int, default=10, help="Euler steps per action chunk")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``loongforge serve``: serve until Ctrl-C."""
+    from loongforge_embodied.sim.policy import CheckpointPolicy
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     policy = CheckpointPolicy(args.checkpoint, steps=args.steps)
     with make_server(policy, args.host, args.port) as server:
@@ -115,6 +117,15 @@ def main(argv: Sequence[str] | None = None) -> None:
             server.serve_forever()
         except KeyboardInterrupt:
             pass
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m loongforge_embodied.sim.server``, kept for old scripts; ``loongforge serve`` is the documented
+    way."""
+    parser = argparse.ArgumentParser(description="serve a policy checkpoint over a websocket (msgpack messages)")
+    configure(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

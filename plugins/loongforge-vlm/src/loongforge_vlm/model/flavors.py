@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from loongforge.errors import ConfigError
+from loongforge.models.family import ModelFamily
 from loongforge.models.flavor import DecoderFlavor, flavor_num_params, replace_fields
 from loongforge.models.llama import FLAVORS as LLAMA_FLAVORS
 
@@ -35,8 +36,15 @@ class MlpProjectorFlavor:
     hidden_dim: int | None = None
 
 
+#: The roles of a VLM's parts (``model: {encoder: ..., projector: ..., foundation: ...}``).
+PART_ROLES: tuple[str, ...] = ("encoder", "projector", "foundation")
+#: Batch keys beside the text that a VLM's forward takes (core's megatron engine passes those a batch has).
+EXTRA_INPUTS: tuple[str, ...] = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
+                                 "second_per_grid_ts")
+
+
 @dataclass(frozen=True)
-class VLMFlavor:
+class VLMFlavor(ModelFamily):
     """Encoder + projector + language backbone, and the token ids that place vision features in the text.
 
     ``image_token_id`` (and ``video_token_id``) mark the placeholder positions that receive one vision feature
@@ -44,7 +52,12 @@ class VLMFlavor:
     need them; chat templates and data pipelines do). ``tokens_per_second`` scales the temporal M-RoPE
     position of video frames (Qwen2.5-VL; ``None``: frame index). ``hf_architecture`` names the transformers
     class a checkpoint of this flavor converts to (``None``: no Hugging Face layout).
+    ``vision_tokens_per_sample`` is what the layout planner assumes of the data: LLM tokens per sample that come
+    from images (``None``: half of ``data.seq_length``; set it with ``model.overrides.vision_tokens_per_sample``).
     """
+
+    part_roles: ClassVar[tuple[str, ...]] = PART_ROLES
+    extra_inputs: ClassVar[tuple[str, ...]] = EXTRA_INPUTS
 
     encoder: QwenViTFlavor | SiglipFlavor
     foundation: DecoderFlavor
@@ -58,6 +71,7 @@ class VLMFlavor:
     #: Recompute the encoder's blocks in the backward, independently of the LLM's ``model.recompute``
     #: (set it with ``model.overrides.encoder_recompute: true``).
     encoder_recompute: bool = False
+    vision_tokens_per_sample: int | None = None
 
     def __post_init__(self) -> None:
         width = self.foundation.hidden_size
@@ -106,23 +120,32 @@ class VLMFlavor:
 
         return compose_parts(self, parts, registry=registry, where=where, defaults={})
 
-    def planner_components(self, *, vision_tokens_per_sample: int) -> tuple[Any, ...]:
-        """The vision encoder + projector as the layout planner's first-stage part (core's
-        ``loongforge.planner.memory.model_components`` asks for it); see :mod:`loongforge_vlm.model.planner_parts`."""
-        from loongforge_vlm.model.planner_parts import planner_components
+    # -- the model-family contract (loongforge.models.family) -------------------------------------------------
 
-        return planner_components(self, vision_tokens_per_sample)
+    @property
+    def family_name(self) -> str:
+        return "vlm"
 
-    #: How core builds the backbone for this model: the embedding returns the whole sequence, so that vision
-    #: features are written in before the sequence-parallel scatter (``VisionLanguageModel.embed`` scatters).
-    decoder_build_options = {"scatter_embedding_sequence_parallel": False}
+    @property
+    def decoder(self) -> DecoderFlavor:
+        """The language backbone: what megatron splits and the layout checks and planner size."""
+        return self.foundation
 
-    def compose(self, language_model: Any, *, seed: int, params_dtype: Any = "fp32") -> Any:
-        """Core's megatron trainer built ``language_model`` (one pipeline chunk) from :attr:`foundation`; wrap it
-        with the vision parts (on the first stage), initialised from ``seed`` alone (the same on every rank)."""
+    def build_chunk(self, build: Any) -> Any:
+        """Core builds the backbone chunk (its embedding returning the whole sequence, so that vision features are
+        written in before the sequence-parallel scatter, which ``VisionLanguageModel.embed`` does); the vision
+        parts join it on the first stage, drawn from ``build.seed`` alone (the same on every rank and layout)."""
         from loongforge_vlm.model.vlm import compose_vlm
 
-        return compose_vlm(self, language_model, seed=seed, params_dtype=params_dtype)
+        language_model = build.decoder_chunk(self.foundation, scatter_embedding_sequence_parallel=False)
+        return compose_vlm(self, language_model, seed=build.seed, params_dtype=build.params_dtype)
+
+    def planner_parts(self, config: Any) -> tuple[Any, ...]:
+        """The vision encoder + projector as the layout planner's first-stage part, sized for
+        :attr:`vision_tokens_per_sample`; see :mod:`loongforge_vlm.model.planner_parts`."""
+        from loongforge_vlm.model.planner_parts import vision_parts
+
+        return vision_parts(self, config)
 
 
 def projector_shapes(flavor: VLMFlavor) -> dict[str, tuple[int, ...]]:

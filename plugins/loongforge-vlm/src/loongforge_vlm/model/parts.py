@@ -11,13 +11,15 @@ change. Torch-free, like the flavors.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 from loongforge.errors import ConfigError
+from loongforge.models.family import ModelFamily
 from loongforge.models.flavor import DecoderFlavor
 
 from loongforge_vlm.encoders.qwen_vit_flavors import QwenViTFlavor
 from loongforge_vlm.encoders.siglip_flavors import SiglipFlavor
+from loongforge_vlm.model.flavors import PART_ROLES
 
 #: Projector names a config may use.
 PROJECTORS = ("mlp", "patch-merger")
@@ -97,8 +99,16 @@ def compose_parts(base: Any, parts: dict[str, Any], *, registry: Any, where: str
 
 
 @dataclasses.dataclass(frozen=True)
-class VLMComposer:
-    """The registered ``vlm`` model: what ``model: {encoder, projector, foundation}`` without a name composes."""
+class VLMComposer(ModelFamily):
+    """The registered ``vlm`` model: what ``model: {encoder, projector, foundation}`` without a name composes
+    (``default_composition``); a :class:`VLMFlavor` once its parts are given."""
+
+    part_roles: ClassVar[tuple[str, ...]] = PART_ROLES
+    default_composition: ClassVar[bool] = True
+
+    @property
+    def family_name(self) -> str:
+        return "vlm"
 
     def with_parts(self, parts: dict[str, Any], *, registry: Any, where: str) -> Any:
         return compose_parts(None, parts, registry=registry, where=where, defaults=DEFAULT_TOKENS)

@@ -1,7 +1,7 @@
 """The vision side of a VLM as the layout planner sees it: parameters, activations and FLOPs per sample.
 
 Core's planner (:mod:`loongforge.planner.memory`) sizes the decoder itself and asks the model flavor for the
-parts outside it (``VLMFlavor.planner_components``). Here the encoder and its projector (a Qwen ViT's patch
+parts outside it (``VLMFlavor.planner_parts``). Here the encoder and its projector (a Qwen ViT's patch
 merger, or SigLIP's MLP projector) are one part, ``vision``, because that is how they run: a plain torch
 module built on the first pipeline stage only, replicated on every rank whatever the decoder's tp (so its
 parameters are never divided by tp), its gradients reduced and its optimizer state sharded over data
@@ -148,6 +148,19 @@ class VisionPart:
         return forward * (4 if self.flavor.encoder_recompute else 3)
 
 
-def planner_components(flavor: Any, vision_tokens_per_sample: int) -> tuple[VisionPart, ...]:
-    """What ``VLMFlavor.planner_components`` returns: the vision part (none for text-only samples)."""
-    return (VisionPart(flavor, vision_tokens_per_sample),) if vision_tokens_per_sample > 0 else ()
+def vision_tokens(flavor: Any, config: Any) -> int:
+    """LLM tokens per sample from images: ``model.overrides.vision_tokens_per_sample``, by default half of the
+    sequence (an image-text sample); a one-line error outside ``0..data.seq_length``."""
+    from loongforge.errors import ConfigError
+
+    given, seq = flavor.vision_tokens_per_sample, config.data.seq_length
+    if given is not None and not 0 <= given <= seq:
+        raise ConfigError(f"{config.source}: model.overrides.vision_tokens_per_sample must be between 0 and "
+                          f"data.seq_length ({seq}), got {given}")
+    return seq // 2 if given is None else given
+
+
+def vision_parts(flavor: Any, config: Any) -> tuple[VisionPart, ...]:
+    """What ``VLMFlavor.planner_parts`` returns: the vision part (none for text-only samples)."""
+    tokens = vision_tokens(flavor, config)
+    return (VisionPart(flavor, tokens),) if tokens > 0 else ()

@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 from loongforge.errors import LoongForgeError
-from loongforge.models.builder import ParallelSettings, build_model, resolve_dtype
+from loongforge.models.builder import ParallelSettings, resolve_dtype
+from loongforge.models.building import ChunkBuild
 from megatron.core import tensor_parallel
 from megatron.core.transformer.module import MegatronModule
 from torch import nn
@@ -70,9 +71,6 @@ class VisionLanguageModel(MegatronModule):
     the backbone's config, so megatron's schedules, DDP and ``sharded_state_dict`` (the vision parts as
     tensors replicated over TP) take it like a ``GPTModel``.
     """
-
-    #: Batch keys beside the text that the forward takes (core's trainer passes those a batch has).
-    extra_inputs = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
 
     def __init__(self, flavor: VLMFlavor, language_model: Any, encoder: nn.Module | None,
                  projector: nn.Module | None) -> None:
@@ -199,13 +197,14 @@ class VisionLanguageModel(MegatronModule):
 
 def build_vlm(flavor: VLMFlavor, *, backend: Any, params_dtype: str | torch.dtype = "fp32",
               parallel: ParallelSettings | None = None, pre_process: bool = True, post_process: bool = True,
-              vp_stage: int | None = None, extra_config: dict[str, Any] | None = None) -> VisionLanguageModel:
-    """The composed model for ``flavor``: core builds the backbone, the vision parts are built on the first
-    pipeline stage only. Megatron's parallel state must be initialised (as for ``build_model``)."""
-    language_model = build_model(flavor.foundation, backend=backend, params_dtype=params_dtype,
-                                 pre_process=pre_process, post_process=post_process, parallel=parallel,
-                                 vp_stage=vp_stage, extra_config=extra_config, **flavor.decoder_build_options)
-    return compose_vlm(flavor, language_model, params_dtype=params_dtype)
+              vp_stage: int | None = None, extra_config: dict[str, Any] | None = None,
+              seed: int | None = None) -> VisionLanguageModel:
+    """The composed model for ``flavor`` through the one builder (``VLMFlavor.build_chunk``): core builds the
+    backbone, the vision parts are built on the first pipeline stage only. ``seed=None`` draws the weights from
+    the current random state. Megatron's parallel state must be initialised (as for ``build_model``)."""
+    return flavor.build_chunk(ChunkBuild(
+        backend=backend, params_dtype=params_dtype, parallel=parallel or ParallelSettings(), pre_process=pre_process,
+        post_process=post_process, vp_stage=vp_stage, extra_config=extra_config or {}, seed=seed))
 
 
 def compose_vlm(flavor: VLMFlavor, language_model: Any, *, seed: int | None = None,

@@ -1,6 +1,8 @@
-"""Measure one training run's peak memory and step time per rank (the calibration's ground truth).
+"""Measure one training run's peak memory and step time per rank (the layout planner's calibration ground truth).
 
-Run under torchrun (or as one process): ``python -m loongforge.planner.measure CONFIG OUT_DIR [KEY=VALUE...]``.
+Run under torchrun (or as one process): ``python -m loongforge.train.measure CONFIG OUT_DIR [KEY=VALUE...]``.
+It lives with the trainer it runs (the planner, :mod:`loongforge.planner.calibrate`, only reads its numbers), so
+the planner does not depend on the training code that depends on it (``parallel: auto``).
 Each rank writes ``OUT_DIR/rank<N>.json`` with its pipeline stage, its peak live tensor bytes and the median
 step time.
 
@@ -89,7 +91,7 @@ def measure(config_path: str, out_dir: str, overrides: list[str], time_steps: in
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m loongforge.planner.measure", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m loongforge.train.measure", description=__doc__.splitlines()[0])
     parser.add_argument("config")
     parser.add_argument("out_dir")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE")

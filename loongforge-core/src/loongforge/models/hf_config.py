@@ -21,29 +21,38 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from loongforge.errors import ConfigError
-from loongforge.interop.errors import InteropError
+from loongforge.errors import ConfigError, InteropError
 from loongforge.models.flavor import DecoderFlavor
+from loongforge.models.hf_names import (
+    ABSENT_KEYS,
+    FAMILIES,
+    FAMILY_ACTIVATION_NAMES,
+    HF_ACTIVATION_NAMES,
+    HF_ACTIVATIONS,
+    config_key,
+)
 
 CONFIG_JSON = "config.json"
 
-#: family -> (``architectures[0]``, ``model_type``, defaults of keys a config.json may omit).
-FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
-    "llama": ("LlamaForCausalLM", "llama", {"max_position_embeddings": 2048, "rms_norm_eps": 1e-6}),
-    "qwen2": ("Qwen2ForCausalLM", "qwen2", {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6}),
-    "qwen3": ("Qwen3ForCausalLM", "qwen3", {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6}),
-    "mixtral": ("MixtralForCausalLM", "mixtral", {"max_position_embeddings": 4096 * 32, "rms_norm_eps": 1e-5,
-                                                  "num_local_experts": 8, "num_experts_per_tok": 2,
-                                                  "router_aux_loss_coef": 0.001}),
-    "qwen3-moe": ("Qwen3MoeForCausalLM", "qwen3_moe", {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
-                                                       "num_experts": 128, "num_experts_per_tok": 8,
-                                                       "moe_intermediate_size": 768, "norm_topk_prob": False,
-                                                       "router_aux_loss_coef": 0.001}),
-}
+#: The ``*ForCausalLM`` families with a Hugging Face format (table in :mod:`loongforge.models.hf_names`).
+LLAMA_FAMILIES = ("llama", "qwen2", "qwen3", "mixtral", "qwen3-moe", "gemma", "gemma2")
 _REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-#: (key, value our models need) for switches the families' configs may carry.
+#: (key, value our models need) for switches the Llama-style families' configs may carry.
 _UNSUPPORTED = (("attention_bias", False), ("mlp_bias", False), ("use_sliding_window", False),
                 ("router_jitter_noise", 0.0), ("decoder_sparse_step", 1), ("mlp_only_layers", []))
+#: The same for the other families: what their transformers model can switch that ours does not.
+_UNSUPPORTED_BY_FAMILY: dict[str, tuple[tuple[str, Any], ...]] = {
+    "gpt2": (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
+             ("reorder_and_upcast_attn", False), ("add_cross_attention", False)),
+    "gpt-neox": (("attention_bias", True),),
+    "phi": (("qk_layernorm", False),),
+}
+#: Keys whose ``null`` switches a feature off rather than asking for the family default (Gemma-2).
+_NULL_MEANS_OFF = ("attn_logit_softcapping", "final_logit_softcapping", "sliding_window")
+#: Keys the Llama-style families' switch tables above do not cover.
+_UNSUPPORTED_GEMMA2 = (("use_bidirectional_attention", None),)
+#: ``hidden_act`` values the Llama-style families read (their MLP is SwiGLU; Gemma's is GeGLU).
+_LLAMA_ACTIVATIONS = {"gemma": ("gelu_pytorch_tanh", "gelu"), "gemma2": ("gelu_pytorch_tanh",)}
 #: Families whose sliding window is a size (``None`` = off) rather than a ``use_sliding_window`` switch.
 _WINDOW_BY_SIZE = ("mixtral",)
 #: Our precision names <-> the ``torch_dtype`` strings of ``config.json``.
@@ -88,18 +97,9 @@ def read_hf_config(directory: str | Path) -> HFConfig:
     if not isinstance(raw, dict):
         raise InteropError(f"{path}: must hold a JSON object")
     family = _family_of(raw, path)
-    for key in _REQUIRED:
-        if not isinstance(raw.get(key), int):
-            raise InteropError(f"{path}: key {key!r} is missing or not an integer")
-    if raw.get("hidden_act", "silu") != "silu":
-        raise InteropError(f"{path}: hidden_act {raw['hidden_act']!r} is not supported (only 'silu')")
-    for key, needed in _UNSUPPORTED:
-        if raw.get(key, needed) != needed:
-            raise InteropError(f"{path}: {key}={raw[key]!r} is not supported for {family} (needs {needed!r})")
-    if family in _WINDOW_BY_SIZE and raw.get("sliding_window") is not None:
-        raise InteropError(f"{path}: sliding_window={raw['sliding_window']!r} is not supported for {family} "
-                           "(needs null: full attention)")
-    values = {**FAMILIES[family][2], "tie_word_embeddings": False, **{k: v for k, v in raw.items() if v is not None}}
+    _check_switches(raw, path, family)
+    given = {k: v for k, v in raw.items() if v is not None or k in _NULL_MEANS_OFF}
+    values = {"tie_word_embeddings": False, **FAMILIES[family][2], **given}
     values["architectures"] = [FAMILIES[family][0]]  # also when the config names only its model_type
     try:
         from loongforge.models.hf_adapter import flavor_from_hf_config
@@ -114,6 +114,29 @@ def read_hf_config(directory: str | Path) -> HFConfig:
     return HFConfig(flavor=flavor, dtype=dtypes[dtype_name], raw=raw, path=path)
 
 
+def _check_switches(raw: dict[str, Any], path: Path, family: str) -> None:
+    """Refuse, naming the file and key, what ``family``'s flavor cannot express."""
+    for name in _REQUIRED:
+        key = config_key(family, name)
+        if not isinstance(raw.get(key), int) and not (family == "gpt2" and name == "intermediate_size"):
+            raise InteropError(f"{path}: key {key!r} is missing or not an integer")
+    act_key = config_key(family, "hidden_act")
+    if family in LLAMA_FAMILIES:
+        allowed = _LLAMA_ACTIVATIONS.get(family, ("silu",))
+        if raw.get(act_key, allowed[0]) not in allowed:
+            raise InteropError(f"{path}: {act_key} {raw[act_key]!r} is not supported for {family} "
+                               f"(only {', '.join(map(repr, allowed))})")
+    unsupported = _UNSUPPORTED if family in LLAMA_FAMILIES else _UNSUPPORTED_BY_FAMILY.get(family, ())
+    if family == "gemma2":
+        unsupported += _UNSUPPORTED_GEMMA2
+    for key, needed in unsupported:
+        if raw.get(key, needed) != needed:
+            raise InteropError(f"{path}: {key}={raw[key]!r} is not supported for {family} (needs {needed!r})")
+    if family in _WINDOW_BY_SIZE and raw.get("sliding_window") is not None:
+        raise InteropError(f"{path}: sliding_window={raw['sliding_window']!r} is not supported for {family} "
+                           "(needs null: full attention)")
+
+
 def flavor_differences(actual: DecoderFlavor, expected: DecoderFlavor) -> list[str]:
     """``field a != b`` for every field where two flavors disagree (empty when they describe one model)."""
     return [
@@ -124,18 +147,20 @@ def flavor_differences(actual: DecoderFlavor, expected: DecoderFlavor) -> list[s
 
 
 def hf_config_dict(flavor: DecoderFlavor, dtype: str, base: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The ``config.json`` of ``flavor`` in ``dtype`` (fp32/bf16/fp16), keeping ``base``'s other keys."""
-    if flavor.family not in FAMILIES:
-        raise InteropError(
-            f"model family {flavor.family!r} has no Hugging Face format; supported: {', '.join(FAMILIES)}"
-        )
-    architecture, model_type, _ = FAMILIES[flavor.family]
+    """The ``config.json`` of ``flavor`` in ``dtype`` (fp32/bf16/fp16), keeping ``base``'s other keys.
+
+    Keys are spelt as ``flavor``'s family spells them (:func:`~loongforge.models.hf_names.config_key`); keys
+    the family does not have (GPT-2's ``num_key_value_heads``) are not written.
+    """
+    family = flavor.family
+    if family not in FAMILIES:
+        raise InteropError(f"model family {family!r} has no Hugging Face format; supported: {', '.join(FAMILIES)}")
+    architecture, model_type, _ = FAMILIES[family]
     out = dict(base or {})
-    for key in ("rope_theta", "rope_scaling", "rope_parameters", "dtype", "torch_dtype", "transformers_version"):
+    for key in ("rope_theta", "rope_scaling", "rope_parameters", "dtype", "torch_dtype", "transformers_version",
+                "partial_rotary_factor", "rotary_pct", "rotary_emb_base"):
         out.pop(key, None)
-    out.update(
-        architectures=[architecture],
-        model_type=model_type,
+    values = dict(
         hidden_size=flavor.hidden_size,
         intermediate_size=flavor.ffn_hidden_size,
         num_hidden_layers=flavor.num_layers,
@@ -145,22 +170,57 @@ def hf_config_dict(flavor: DecoderFlavor, dtype: str, base: dict[str, Any] | Non
         head_dim=None if flavor.head_dim is None and (base or {}).get("head_dim", 0) is None else flavor.kv_channels,
         vocab_size=flavor.vocab_size,
         max_position_embeddings=flavor.max_position_embeddings,
-        rms_norm_eps=flavor.norm_eps,
+        norm_eps=flavor.norm_eps,
         tie_word_embeddings=flavor.tie_word_embeddings,
-        hidden_act="silu",
+        hidden_act=_activation_name(flavor, out.get(config_key(family, "hidden_act"))),
     )
+    if family == "gpt2" and flavor.ffn_hidden_size == 4 * flavor.hidden_size and (base or {}).get("n_inner", 0) is None:
+        values["intermediate_size"] = None  # GPT-2's n_inner: null means 4 * hidden
+    absent = ABSENT_KEYS.get(family, ())
+    out.update(architectures=[architecture], model_type=model_type)
+    out.update({config_key(family, name): value for name, value in values.items() if name not in absent})
     out["dtype" if base is not None and "dtype" in base else "torch_dtype"] = DTYPE_NAMES[dtype]
-    if flavor.family != "qwen2":
+    if family in LLAMA_FAMILIES and family != "qwen2":
         out["attention_bias"] = False
+    if family == "gpt-neox":
+        out.update(use_parallel_residual=flavor.residual == "parallel", attention_bias=True)
     if flavor.is_moe:
         out.update(_moe_config_keys(flavor, out))
-    scaling = dict(flavor.rope_scaling) if flavor.rope_scaling else None
-    if base is not None and "rope_parameters" in base:  # transformers >= 5 style
-        out["rope_parameters"] = {**(scaling or {"rope_type": "default"}), "rope_theta": flavor.rope_theta}
-    else:
-        out["rope_theta"] = flavor.rope_theta
-        out["rope_scaling"] = scaling
+    if family == "gemma2":
+        out.update(_gemma2_keys(flavor))
+    if flavor.position_embedding == "rope":
+        out.update(_rope_keys(flavor, base))
     return out
+
+
+def _gemma2_keys(flavor: DecoderFlavor) -> dict[str, Any]:
+    """Gemma-2's soft-capping, score scale and per-layer attention kinds."""
+    every = flavor.sliding_window_full_every
+    types = ["sliding_attention" if flavor.sliding_window is not None and (every is None or (i + 1) % every)
+             else "full_attention" for i in range(flavor.num_layers)]
+    return dict(attn_logit_softcapping=flavor.attn_logit_softcapping,
+                final_logit_softcapping=flavor.final_logit_softcapping,
+                query_pre_attn_scalar=flavor.query_pre_attn_scalar, sliding_window=flavor.sliding_window,
+                layer_types=types)
+
+
+def _activation_name(flavor: DecoderFlavor, source: str | None) -> str:
+    """The ``hidden_act`` to write: the source's spelling when it means the flavor's activation."""
+    if source is not None and HF_ACTIVATIONS.get(source) == flavor.activation:
+        return source
+    return FAMILY_ACTIVATION_NAMES.get(flavor.family, {}).get(flavor.activation, HF_ACTIVATION_NAMES[flavor.activation])
+
+
+def _rope_keys(flavor: DecoderFlavor, base: dict[str, Any] | None) -> dict[str, Any]:
+    """RoPE theta, scaling and partial-rotary fraction, in the style (transformers >= 5 or older) of ``base``."""
+    scaling = dict(flavor.rope_scaling) if flavor.rope_scaling else None
+    partial = {"partial_rotary_factor": flavor.rotary_percent} if flavor.rotary_percent != 1.0 else {}
+    if base is not None and "rope_parameters" in base:  # transformers >= 5 style
+        return {"rope_parameters": {**(scaling or {"rope_type": "default"}), "rope_theta": flavor.rope_theta,
+                                    **partial}}
+    if flavor.family == "gpt-neox":  # GPT-NeoX's own names before transformers 5
+        return {"rotary_emb_base": flavor.rope_theta, "rotary_pct": flavor.rotary_percent}
+    return {"rope_theta": flavor.rope_theta, "rope_scaling": scaling, **partial}
 
 
 def _moe_config_keys(flavor: DecoderFlavor, base: dict[str, Any]) -> dict[str, Any]:

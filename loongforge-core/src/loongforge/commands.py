@@ -1,0 +1,152 @@
+"""The ``loongforge`` sub-commands plugins add (``loongforge_register_commands``), and the handlers that
+dispatching commands choose from.
+
+A plugin adds a command with ``commands.add(name, help=..., configure=..., run=...)``: ``configure(parser)``
+puts its arguments on an :class:`argparse.ArgumentParser`, ``run(args) -> int`` does the work. Some commands
+apply to many kinds of input -- ``loongforge convert`` (a Hugging Face LLM directory, a Qwen2-VL directory, a
+LeRobot checkpoint ...) and ``loongforge eval`` -- so instead of one provider owning them, each plugin adds a
+*handler* for its kind with ``commands.add_handler(point, name, accepts=..., claims=..., ...)`` and the command
+runs the handler whose ``claims(source)`` says yes. Core declares the points; it never names what a plugin
+handles, and an unclaimed source is refused with one line listing what every handler ``accepts``.
+
+``configure`` and ``run`` may be given as ``"package.module:function"`` strings: a command's module is then
+imported only when that command runs, so registration (and ``loongforge --help``) stays torch-free. What claims
+usually look at -- the model a checkpoint was trained as, a Hugging Face directory's architecture -- is in
+:mod:`loongforge.claims`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from loongforge.errors import LoongForgeError
+from loongforge.registry import DuplicateComponentError, resolve_import_path
+
+Configure = Callable[[argparse.ArgumentParser], None]
+Run = Callable[[argparse.Namespace], int]
+Claims = Callable[[str], bool]
+#: A callable, or its ``"package.module:attribute"`` import path (imported when used).
+Lazy = Callable | str
+
+#: Dispatch points core's commands choose handlers at: point -> what the source argument is.
+DISPATCH_POINTS: dict[str, str] = {
+    "convert hf-to-mcore": "a checkpoint of another framework, converted into a LoongForge checkpoint",
+    "convert mcore-to-hf": "a LoongForge checkpoint, converted into another framework's format",
+    "eval": "a checkpoint (or an address a plugin serves a model at) to evaluate",
+}
+
+
+def _resolve(target: Lazy) -> Callable:
+    return resolve_import_path(target) if isinstance(target, str) else target
+
+
+def _no_options(parser: argparse.ArgumentParser) -> None:
+    """The ``configure`` of a command without arguments."""
+
+
+@dataclass(frozen=True)
+class Command:
+    """One ``loongforge NAME`` sub-command."""
+
+    name: str
+    help: str
+    provider: str
+    configure_target: Lazy
+    run_target: Lazy
+
+    def configure(self, parser: argparse.ArgumentParser) -> None:
+        _resolve(self.configure_target)(parser)
+
+    def run(self, args: argparse.Namespace) -> int:
+        return int(_resolve(self.run_target)(args) or 0)
+
+
+@dataclass(frozen=True)
+class Handler:
+    """One plugin's implementation of a dispatch point (see :data:`DISPATCH_POINTS`).
+
+    ``run`` receives the namespace of the point's own arguments (``source``; ``out`` for conversions) plus
+    those the handler's ``configure`` added.
+    """
+
+    point: str
+    name: str
+    accepts: str
+    provider: str
+    claims_target: Lazy
+    configure_target: Lazy
+    run_target: Lazy
+
+    def claims(self, source: str) -> bool:
+        return bool(_resolve(self.claims_target)(source))
+
+    def configure(self, parser: argparse.ArgumentParser) -> None:
+        _resolve(self.configure_target)(parser)
+
+    def run(self, args: argparse.Namespace) -> int:
+        return int(_resolve(self.run_target)(args) or 0)
+
+
+class CommandRegistry:
+    """What ``loongforge_register_commands(commands)`` receives; ``current_provider`` is set by the plugin host
+    while each plugin's implementation runs, so entries record their distribution."""
+
+    def __init__(self) -> None:
+        self.current_provider = "<unknown>"
+        self._commands: dict[str, Command] = {}
+        self._handlers: dict[tuple[str, str], Handler] = {}
+
+    def add(self, name: str, *, help: str, configure: Lazy = _no_options, run: Lazy) -> None:
+        """Add ``loongforge NAME``; a name already taken raises, naming both providers."""
+        if not name or name != name.strip().lower() or name.startswith("-"):
+            raise LoongForgeError(f"{self.current_provider}: command name {name!r} must be lower-case, no spaces")
+        owner = self._commands.get(name)
+        if owner is not None:
+            raise DuplicateComponentError(
+                f"command '{name}' registered twice: by {owner.provider} and by {self.current_provider}"
+            )
+        self._commands[name] = Command(name, help, self.current_provider, configure, run)
+
+    def add_handler(self, point: str, name: str, *, accepts: str, claims: Lazy, run: Lazy,
+                    configure: Lazy = _no_options) -> None:
+        """Offer handler ``name`` at ``point`` for the sources ``claims(source)`` is true of.
+
+        ``accepts`` is the line the refusal of an unclaimed source shows for this handler.
+        """
+        if point not in DISPATCH_POINTS:
+            raise LoongForgeError(f"{self.current_provider}: unknown dispatch point {point!r}; known: "
+                                  f"{', '.join(DISPATCH_POINTS)}")
+        owner = self._handlers.get((point, name))
+        if owner is not None:
+            raise DuplicateComponentError(f"'{point}' handler '{name}' registered twice: by {owner.provider} and "
+                                          f"by {self.current_provider}")
+        self._handlers[(point, name)] = Handler(point, name, accepts, self.current_provider, claims, configure, run)
+
+    def names(self) -> set[str]:
+        """Command names and ``"point:handler"`` names (what ``loongforge plugins`` lists per plugin)."""
+        return set(self._commands) | {f"{point}:{name}" for point, name in self._handlers}
+
+    def commands(self) -> list[Command]:
+        """Every command, sorted by name."""
+        return [self._commands[name] for name in sorted(self._commands)]
+
+    def command(self, name: str) -> Command | None:
+        return self._commands.get(name)
+
+    def handlers(self, point: str) -> list[Handler]:
+        """Handlers of ``point`` in registration order (the order hooks run, see :mod:`loongforge.hookspecs`)."""
+        return [handler for (at, _), handler in self._handlers.items() if at == point]
+
+    def handler_for(self, point: str, source: str) -> Handler:
+        """The first handler (in registration order) that claims ``source``; else one line saying what each
+        registered handler accepts."""
+        handlers = self.handlers(point)
+        for handler in handlers:
+            if handler.claims(source):
+                return handler
+        offered = "; ".join(f"{h.name} ({h.provider}): {h.accepts}" for h in handlers) or "none registered"
+        raise LoongForgeError(f"loongforge {point}: no registered handler claims '{source}'. "
+                              f"Handlers: {offered}")
+

@@ -1,0 +1,208 @@
+"""A mapping from YAML -> an instance of a config dataclass, checked key by key: core's sections and plugins' alike.
+
+Why one mechanism: a plugin's ``task:``, ``device_options:`` or ``optimizations.<name>:`` section deserves the same
+errors as core's own (unknown key with did-you-mean and the known keys, wrong type, bad choice), each naming the
+file and the full key path, so that a typo fails in one line before a run starts instead of being ignored or
+crashing deep inside a plugin. A section is a dataclass; its field types say what is accepted:
+
+- ``bool``, ``int``, ``float`` (an int or a numeric string such as YAML 1.1's ``3e-4``), ``str``, ``Any``;
+- ``X | None`` and unions (the first alternative that accepts the value wins), ``Literal[...]`` (a choice);
+- ``list[X]`` (a scalar becomes a one-item list), ``tuple[X, ...]`` / ``tuple[X, Y]`` (from a YAML list),
+  ``dict[str, X]``, nested dataclasses.
+
+A field whose metadata has :data:`OTHER_KEYS` set collects the keys that are no field (a composed model's parts
+under ``model:``); it is not a key itself, nor is a field marked :data:`INTERNAL`. ``__post_init__`` may raise
+:class:`ConfigError` (or ``ValueError``) for values the types cannot express; the message is prefixed with the file
+and the section's key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, Literal
+
+from loongforge.errors import ConfigError
+
+#: Field metadata key: the field gathers every key of the mapping that is not a field (see the module docstring).
+OTHER_KEYS = "loongforge_other_keys"
+#: Field metadata key: the field's value (when set) names a file or directory that must exist before a run starts;
+#: ``loongforge check`` and ``train`` look for it (see :func:`path_field`).
+EXISTING_PATH = "loongforge_existing_path"
+
+#: Field metadata key: the field is set by code (where a config was read from), never by a key of the mapping.
+INTERNAL = "loongforge_internal"
+
+#: ``normalize(cls, data) -> data``: rewrites a section's raw value before it is checked (core's shorthands).
+Normalizer = Callable[[type, Any], Any]
+
+
+def build_section(cls: type, data: Any, source: str, key: str = "", normalize: Normalizer | None = None) -> Any:
+    """An instance of the dataclass ``cls`` from ``data``; ``key`` is the section's dotted path (``""``: the top
+    level, ``"task"``, ``"optimizations.dp-balance"``) and ``source`` the file, both named in every error."""
+    if normalize is not None:
+        data = normalize(cls, data)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: '{key or '<top>'}' must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = [f for f in dataclasses.fields(cls) if f.init and not f.metadata.get(INTERNAL)]
+    named = {f.name: f for f in fields if not f.metadata.get(OTHER_KEYS)}
+    rest = next((f.name for f in fields if f.metadata.get(OTHER_KEYS)), None)
+    prefix = f"{key}." if key else ""
+    unknown = [str(k) for k in data if k not in named]
+    if unknown and rest is None:
+        raise unknown_key_error(f"{prefix}{unknown[0]}", unknown[0], list(named), source)
+    missing = [name for name, f in named.items() if name not in data
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"{source}: '{prefix}{missing[0]}' is required (in '{key or '<top>'}')")
+    kwargs = {name: convert(hints[name], value, source, f"{prefix}{name}", normalize)
+              for name, value in data.items() if name in named}
+    if rest is not None:
+        kwargs[rest] = {str(k): v for k, v in data.items() if k not in named}
+    try:
+        return cls(**kwargs)
+    except (ConfigError, ValueError) as exc:
+        raise ConfigError(f"{source}: {key or '<top>'}: {exc}") from None
+
+
+def path_field(default: str | None = None) -> Any:
+    """A dataclass field (``str | None``) naming a file or directory that must exist when set: a plugin marks its
+    data and weights paths with it so a missing one fails the pre-flight check in one line."""
+    return dataclasses.field(default=default, metadata={EXISTING_PATH: True})
+
+
+def named_paths(section: Any, key: str) -> list[tuple[str, str]]:
+    """``(key path, value)`` of every :func:`path_field` set in the section instance ``section`` (nested too)."""
+    found = []
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if f.metadata.get(EXISTING_PATH) and value:
+            found.append((f"{key}.{f.name}", str(value)))
+        elif dataclasses.is_dataclass(value):
+            found.extend(named_paths(value, f"{key}.{f.name}"))
+    return found
+
+
+def unknown_key_error(path: str, name: str, known: list[str], source: str) -> ConfigError:
+    """``unknown key 'a.b' (known keys here: ...)``, with a did-you-mean when one known key is close."""
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    return ConfigError(f"{source}: unknown key '{path}' (known keys here: {', '.join(known) or 'none'}){hint}")
+
+
+def section_to_dict(obj: Any) -> Any:
+    """Plain data for a section instance, the inverse of :func:`build_section` (:data:`OTHER_KEYS` fields are
+    spread back into their section), so a saved config loads again."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(obj):
+            value = section_to_dict(getattr(obj, f.name))
+            if f.metadata.get(OTHER_KEYS):
+                out.update(value)
+            elif f.init and not f.metadata.get(INTERNAL):
+                out[f.name] = value
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [section_to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: section_to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def convert(hint: Any, value: Any, source: str, key: str, normalize: Normalizer | None = None) -> Any:
+    """``value`` checked (and coerced where YAML is loose) against the type ``hint`` of the key ``key``."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return _convert_union(args, value, source, key, normalize)
+    if origin is Literal:
+        if value in args and type(value) is type(args[args.index(value)]):
+            return value
+        close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1, cutoff=0.6)
+        hint_text = f"; did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(f"{source}: '{key}' must be one of {', '.join(map(str, args))}, got {value!r}{hint_text}")
+    if dataclasses.is_dataclass(hint):
+        return build_section(hint, value, source, key, normalize)
+    if origin is list or hint is list:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            value = [value]
+        if not isinstance(value, list):
+            raise ConfigError(f"{source}: '{key}' must be a list, got {value!r}")
+        return [convert(args[0], v, source, key, normalize) for v in value] if args else value
+    if origin is tuple:
+        return _convert_tuple(args, value, source, key, normalize)
+    if origin is dict or hint is dict:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{source}: '{key}' must be a mapping, got {value!r}")
+        if len(args) == 2:
+            return {k: convert(args[1], v, source, f"{key}.{k}", normalize) for k, v in value.items()}
+        return value
+    return _convert_scalar(hint, value, source, key)
+
+
+def _convert_union(args: tuple[Any, ...], value: Any, source: str, key: str, normalize: Normalizer | None) -> Any:
+    if value is None and type(None) in args:
+        return None
+    alternatives = [a for a in args if a is not type(None)]
+    errors = []
+    for alternative in alternatives:
+        try:
+            return convert(alternative, value, source, key, normalize)
+        except ConfigError as exc:
+            errors.append(exc)
+    if len(errors) == 1:
+        raise errors[0]
+    raise ConfigError(f"{source}: '{key}' must be {' or '.join(_type_name(a) for a in alternatives)}, got {value!r}")
+
+
+def _convert_tuple(args: tuple[Any, ...], value: Any, source: str, key: str, normalize: Normalizer | None) -> tuple:
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{source}: '{key}' must be a list, got {value!r}")
+    if len(args) == 2 and args[1] is Ellipsis:
+        return tuple(convert(args[0], v, source, key, normalize) for v in value)
+    if args and len(args) != len(value):
+        raise ConfigError(f"{source}: '{key}' must be a list of {len(args)} values, got {value!r}")
+    return tuple(convert(a, v, source, key, normalize) for a, v in zip(args, value, strict=True)) if args else value
+
+
+def _convert_scalar(hint: Any, value: Any, source: str, key: str) -> Any:
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{source}: '{key}' must be true or false, got {value!r}")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{source}: '{key}' must be an integer, got {value!r}")
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)  # YAML 1.1 reads "3e-4" as a string
+            except ValueError:
+                pass
+        raise ConfigError(f"{source}: '{key}' must be a number, got {value!r}")
+    if hint is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{source}: '{key}' must be a string, got {value!r}")
+    return value
+
+
+def _type_name(hint: Any) -> str:
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    if hint in names:
+        return names[hint]
+    if typing.get_origin(hint) is Literal:
+        return f"one of {', '.join(map(str, typing.get_args(hint)))}"
+    if dataclasses.is_dataclass(hint) or typing.get_origin(hint) is dict:
+        return "a mapping"
+    return "a list" if typing.get_origin(hint) in (list, tuple) else getattr(hint, "__name__", str(hint))

@@ -1,0 +1,36 @@
+"""What ``model.load`` names, checked against the run's model: shared by the pre-flight check and the run.
+
+Its own module so that ``loongforge check`` can check a Hugging Face directory without importing megatron-core
+(only a LoongForge checkpoint source needs the checkpoint reader, imported when one is named).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from loongforge.checkpoint.layout import find_checkpoint
+from loongforge.config.schema import LoongForgeConfig
+from loongforge.errors import InteropError
+from loongforge.models.hf_config import flavor_differences, read_hf_config
+
+
+def model_load_source(config: LoongForgeConfig, flavor: Any) -> Path:
+    """The directory ``model.load`` names (``hf:DIR`` or a LoongForge checkpoint), after checking that it describes
+    ``flavor`` (every differing field named)."""
+    spec = config.model.load or ""
+    if spec.startswith("hf:"):
+        directory = Path(spec[3:]).expanduser()
+        hf = read_hf_config(directory)
+        source = hf.path
+        diffs = flavor_differences(hf.flavor, flavor)
+    else:
+        from loongforge.interop.mcore_checkpoint import checkpoint_config, resolve_flavor
+
+        directory = find_checkpoint(spec)
+        source = directory / "config.yaml"
+        diffs = flavor_differences(resolve_flavor(checkpoint_config(directory)), flavor)
+    if diffs:
+        raise InteropError(f"model.load in {config.source}: {source} does not match model '{config.model.name}': "
+                           f"{'; '.join(diffs)}")
+    return directory

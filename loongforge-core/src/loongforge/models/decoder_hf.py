@@ -1,0 +1,42 @@
+"""Core's Hugging Face adapter for its decoder families: the :class:`~loongforge.models.family.HFAdapter` that
+``DecoderFlavor.hf_adapter()`` returns.
+
+It only binds one flavor to the functions that already do the work -- state-dict names both ways
+(:mod:`loongforge.models.hf_adapter`) and ``config.json`` (:mod:`loongforge.models.hf_config`) -- so commands
+that convert any family (``loongforge convert``, ``checkpoint.save_hf``, the ModelFamilySuite) call the same
+three methods whatever the family, and a plugin family can hand back this adapter for a flavor of a family core
+knows (a GPT-2-shaped plugin decoder: ``DecoderHFAdapter(dataclasses.replace(flavor, family="gpt2"))``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from loongforge.models.flavor import DecoderFlavor
+
+
+@dataclass(frozen=True)
+class DecoderHFAdapter:
+    """``*ForCausalLM`` tensors and ``config.json`` of one decoder flavor (TP=PP=1 full state dicts)."""
+
+    flavor: DecoderFlavor
+
+    def config_json(self, dtype: str, base: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The ``config.json`` mapping in ``dtype`` (fp32/bf16/fp16), keeping ``base``'s other keys."""
+        from loongforge.models.hf_config import hf_config_dict
+
+        return hf_config_dict(self.flavor, dtype, base)
+
+    def to_hf(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Hugging Face tensors (as ``save_pretrained`` writes them) from a full megatron state dict."""
+        from loongforge.models.hf_adapter import megatron_to_hf
+
+        return megatron_to_hf(state, self.flavor, per_expert=True)
+
+    def from_hf(self, tensors: dict[str, Any]) -> dict[str, Any]:
+        """The full megatron state dict (vocabulary padded as a TP=1 model holds it) from Hugging Face tensors."""
+        from loongforge.models.builder import padded_vocab_size
+        from loongforge.models.hf_adapter import hf_to_megatron
+
+        return hf_to_megatron(tensors, self.flavor, padded_vocab_size=padded_vocab_size(self.flavor.vocab_size))

@@ -1,0 +1,171 @@
+"""The megatron step engine: megatron-core's forward/backward schedule, gradient finalisation and optimizer step.
+
+The hot path does what a plain PyTorch loop does plus megatron's gradient finalisation: one ``.item()`` for the
+loss per step (the optimizer's grad-norm already synchronises), no file I/O and collectives only when a group has
+> 1 rank. Everything is built by :mod:`loongforge.train.run`; this class only steps, checkpoints and samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.pipeline_parallel import get_forward_backward_func
+
+from loongforge.config.schema import LoongForgeConfig
+from loongforge.parallel import context
+from loongforge.parallel.chunk_feeds import chunk_feeds
+from loongforge.train.engines.base import StepEngine, StepResult
+from loongforge.train.moe_stats import MoEStats
+
+if TYPE_CHECKING:
+    from loongforge.train.checkpointing import RunCheckpoints
+    from loongforge.train.trainer import Trainer
+
+def _masked_mean_loss(loss_mask: torch.Tensor, per_token_loss: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """Mean cross-entropy over the tokens ``loss_mask`` selects.
+
+    The reported copy is cloned: megatron divides the returned loss by the micro-batch count *in place*.
+    """
+    mask = loss_mask.reshape(-1)
+    loss = torch.sum(per_token_loss.float().reshape(-1) * mask) / mask.sum().clamp(min=1)
+    return loss, {"loss": loss.detach().clone()}
+
+
+def _token_sum_loss(loss_mask: torch.Tensor, per_token_loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Summed cross-entropy over the tokens ``loss_mask`` selects, and how many they are (megatron's per-token loss).
+
+    With ``calculate_per_token_loss`` the schedule adds up the counts of all micro-batches and
+    ``finalize_model_grads`` all-reduces them over the data-parallel (and context-parallel) ranks and divides the
+    summed gradients by the total, so every target token of the global batch weighs the same wherever it is trained.
+    The report is ``[sum, count]``, summed over micro-batches and ranks before dividing.
+    """
+    mask = loss_mask.reshape(-1)
+    total = torch.sum(per_token_loss.float().reshape(-1) * mask)
+    count = mask.sum()
+    return total, count.to(torch.int), {"loss": torch.stack([total.detach(), count.detach().float()]).double()}
+
+
+class MegatronEngine(StepEngine):
+    """Model chunks (megatron DDP), megatron's optimizer and the batch iterator, stepped by the schedule.
+
+    ``extra_inputs`` are the batch keys the model's forward takes beside the text (a VLM's pixels); ``sample``
+    writes the after-training text sample (``None`` when there is none).
+    """
+
+    name: ClassVar[str] = "megatron"
+
+    def __init__(self, *, config: LoongForgeConfig, model: list[Any], optimizer: Any, data: Any,
+                 num_microbatches: int, global_batch_size: int, checkpoints: RunCheckpoints,
+                 extra_inputs: tuple[str, ...], sample: Callable[[Any], str | None]) -> None:
+        self.config = config
+        self.model = model
+        self.optimizer = optimizer
+        self.data = data
+        self.num_microbatches = num_microbatches
+        self.samples_per_step = global_batch_size
+        self.tokens_per_step = global_batch_size * config.data.seq_length
+        self._checkpoints = checkpoints
+        self._sample = sample
+        self._extra_inputs = extra_inputs
+        self._forward_backward = get_forward_backward_func()
+        self._dp_group = parallel_state.get_data_parallel_group()
+        self._dp_size = parallel_state.get_data_parallel_world_size()
+        self._pp_group = parallel_state.get_pipeline_model_parallel_group()
+        self._pp_size = parallel_state.get_pipeline_model_parallel_world_size()
+        self._last_stage = parallel_state.is_pipeline_last_stage()
+        self._cp_group = parallel_state.get_context_parallel_group()
+        self._cp_size = parallel_state.get_context_parallel_world_size()
+        self._cp_rank = parallel_state.get_context_parallel_rank()
+        self._per_token = config.training.loss_normalization == "global_tokens"
+        # The token count is all-reduced over data- and context-parallel ranks together (finalize_model_grads does).
+        self._token_group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+        self._token_group_size = parallel_state.get_data_parallel_world_size(with_context_parallel=True)
+        model_config = model[0].config
+        self._moe = MoEStats(model, model_config) if model_config.num_moe_experts else None
+        # The interleaved schedule wants one iterator per model chunk, all yielding the same micro-batches.
+        self._data_iterator = chunk_feeds(data, len(model)) if len(model) > 1 else data
+
+    # -- one step --------------------------------------------------------------------------------
+
+    def _forward_step(self, data_iterator: Any, model: Any) -> tuple[torch.Tensor, Callable]:
+        batch = next(data_iterator)
+        if self._cp_size > 1:  # this rank's chunks of every sequence
+            batch = context.split_for_rank(batch, self._cp_rank, self._cp_size)
+        if self._per_token:  # local sums and counts; megatron normalises by the global count
+            loss_func = partial(_token_sum_loss, batch["loss_mask"])
+        elif self._cp_size > 1:  # the loss is the mean over all cp ranks' tokens
+            loss_func = partial(context.global_mean_loss, self._cp_group, batch["loss_mask"])
+        else:
+            loss_func = partial(_masked_mean_loss, batch["loss_mask"])
+        extra = {key: batch[key] for key in self._extra_inputs if key in batch}  # images, grids (VLMs)
+        per_token_loss = model(
+            batch["tokens"], batch["position_ids"], batch.get("attention_mask"), labels=batch["labels"], **extra
+        )
+        return per_token_loss, loss_func
+
+    def _reduce_loss(self, reduced: list[dict]) -> float:
+        """This step's loss averaged over microbatches and data-parallel ranks, known on every rank."""
+        if self._per_token:
+            return self._reduce_token_loss(reduced)
+        if self._last_stage:
+            loss = torch.stack([r["loss"] for r in reduced]).mean()
+        else:
+            loss = torch.zeros((), dtype=torch.float32)
+        if self._dp_size > 1:
+            dist.all_reduce(loss, group=self._dp_group)
+            loss /= self._dp_size
+        if self._pp_size > 1:  # only the last stage computed it; the others contributed zero
+            dist.all_reduce(loss, group=self._pp_group)
+        return loss.item()
+
+    def _reduce_token_loss(self, reduced: list[dict]) -> float:
+        """``global_tokens``: the summed token loss over the summed token count of every micro-batch and rank."""
+        if self._last_stage:
+            totals = torch.stack([r["loss"] for r in reduced]).sum(0)
+        else:
+            totals = torch.zeros(2, dtype=torch.float64)
+        if self._token_group_size > 1:
+            dist.all_reduce(totals, group=self._token_group)
+        if self._pp_size > 1:
+            dist.all_reduce(totals, group=self._pp_group)
+        return (totals[0] / totals[1].clamp(min=1)).item()
+
+    def train_step(self) -> StepResult:
+        """One optimizer step over ``num_microbatches`` micro-batches."""
+        for chunk in self.model:
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        reduced = self._forward_backward(
+            forward_step_func=self._forward_step,
+            data_iterator=self._data_iterator,
+            model=self.model if len(self.model) > 1 else self.model[0],
+            num_microbatches=self.num_microbatches,
+            seq_length=self.config.data.seq_length,
+            micro_batch_size=self.config.training.micro_batch_size,
+            forward_only=False,
+        )
+        update_successful, grad_norm, _ = self.optimizer.step()
+        loss = self._reduce_loss(reduced)
+        extra: dict[str, Any] = {}
+        if self._moe is not None:
+            aux, self.expert_tokens = self._moe.collect(self.num_microbatches)
+            if aux is not None:
+                extra["moe_aux_loss"] = aux
+        return StepResult(loss=loss, grad_norm=grad_norm, skipped=not update_successful, extra=extra)
+
+    # -- checkpoints and the end of the run -----------------------------------------------------------
+
+    def save(self, trainer: Trainer) -> Path:
+        return self._checkpoints.save(trainer)
+
+    def load(self, trainer: Trainer, path: Path) -> None:
+        self._checkpoints.load(trainer, path)
+
+    def finish(self, trainer: Trainer) -> dict[str, Any]:
+        return {"sample": self._sample(self.model)}

@@ -1,0 +1,254 @@
+"""Every check a run's config must pass before anything is built: what ``loongforge check`` reports and what
+``loongforge train`` runs first, so that the two can never disagree.
+
+Why one module: a wrong setting should fail in one line naming the file and key while nothing heavy exists yet --
+not after minutes of model building, and not as a traceback from deep inside megatron-core. The checks build no
+model and no process group and do not import megatron-core (torch only where a registered object's module needs
+it: a torch-native strategy, a tokenizer). In order:
+
+1. loop settings (:func:`loongforge.train.loop.validate_loop_settings`) and the loss normalisation;
+2. the model family resolves, with its parts and ``model.overrides`` (unknown fields with did-you-mean, types);
+3. every name the run uses resolves (device, strategy, dataset and tokenizer for megatron models, optimizations);
+4. the plugin-owned sections against their declared dataclasses (:mod:`loongforge.config.plugin_sections`):
+   ``task:``, ``device_options:`` (for the selected device backend), ``optimizations.<name>:``;
+5. the layout against the world size through the strategy (heads, query groups, layers, experts against
+   tp/pp/cp/ep, batch sizes), precision and device options through the device backend, LoRA limits;
+6. files and directories the config names exist (``data.paths``, ``model.load`` -- a Hugging Face directory must
+   describe this model --, ``checkpoint.resume``, a task's paths), the tokenizer fits the vocabulary and
+   ``data.seq_length`` the positions.
+
+Part of :mod:`loongforge.train` (whose run calls it first) rather than of :mod:`loongforge.config`: it asks the
+strategies, devices, the loop and the tokenizers, all of which read the config, so inside ``config`` it would tie the
+subpackages into an import cycle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from loongforge.config.plugin_sections import device_options, task_options
+from loongforge.config.schema import LOSS_NORMALIZATIONS, LoongForgeConfig
+from loongforge.config.sections import convert, named_paths, unknown_key_error
+from loongforge.errors import ConfigError, LoongForgeError
+from loongforge.optimizations import check_optimization, optimization_options
+from loongforge.parallel.strategy import check_strategy
+from loongforge.plugins import get_host
+from loongforge.resolve import resolve_model_flavor
+
+#: Precisions the task engine trains in (parameters in fp32, bf16 autocast or FSDP2 mixed precision).
+TASK_PRECISIONS = ("fp32", "bf16")
+
+if TYPE_CHECKING:
+    from loongforge.devices.base import DeviceBackend, MegatronSettings
+    from loongforge.models.family import ModelFamily
+    from loongforge.plugins import PluginHost
+
+
+def preflight(config: LoongForgeConfig, *, nproc: int | None = None, device: str | None = None,
+              device_source: str = "--device") -> list[str]:
+    """Run every check for a world of ``nproc`` processes (default 1); return what was resolved, one line each.
+    ``device`` is a request from ``device_source`` (else ``LOONGFORGE_DEVICE``, else the config's ``device:``)."""
+    from loongforge.devices.selection import select_backend
+    from loongforge.resolve import resolve_names
+
+    host = get_host()
+    _located(config, lambda: resolve_names(config))  # every name given must resolve, used or not (as train's CLI)
+    request, source = requested_device(config, device, device_source)
+    backend, _ = _located(config, lambda: select_backend(request, host.registry("device"), source=source))
+    return check_run(config, world_size=nproc or 1, backend=backend, host=host)
+
+
+def requested_device(config: LoongForgeConfig, device: str | None, device_source: str) -> tuple[str, str]:
+    """The device request and where it came from: the CLI flag, then ``LOONGFORGE_DEVICE``, then the config."""
+    if device:
+        return device, device_source
+    if os.environ.get("LOONGFORGE_DEVICE"):
+        return os.environ["LOONGFORGE_DEVICE"], "LOONGFORGE_DEVICE"
+    return config.device or "auto", f"device in {config.source}"
+
+
+def check_run(config: LoongForgeConfig, *, world_size: int, backend: DeviceBackend,
+              host: PluginHost | None = None) -> list[str]:
+    """Every check for ``world_size`` processes on ``backend`` (what resolved, one line each); a one-line
+    :class:`ConfigError` naming the file for the first that fails."""
+    host = host or get_host()
+    return _located(config, lambda: _check(config, world_size, backend, host))
+
+
+def _check(config: LoongForgeConfig, world_size: int, backend: DeviceBackend, host: PluginHost) -> list[str]:
+    from loongforge.train.loop import validate_loop_settings
+
+    validate_loop_settings(config)
+    _check_loss_normalization(config)
+    if config.model.overrides:  # against the model they apply to: the family with its parts, before overrides
+        bare = dataclasses.replace(config, model=dataclasses.replace(config.model, overrides={}))
+        _check_override_types(resolve_model_flavor(bare, host), config)
+    family = resolve_model_flavor(config, host)
+    lines = _names(config, family, backend, host)
+    _check_optimizations(config, host)
+    paths = [(f"data.paths[{i}]", p) for i, p in enumerate(config.data.paths)] if family.engine == "megatron" else []
+    if family.engine == "task":
+        options = task_options(family, config)
+        paths += named_paths(options, "task") if options is not None else []
+        device_options(backend, config)
+        lines.append(_check_task_layout(config, world_size, host))
+    else:
+        task_options(family, config)
+        lines += _check_megatron(config, world_size, family, backend, host)
+    _check_paths(config, paths)
+    return lines
+
+
+def _located(config: LoongForgeConfig, run: Any) -> Any:
+    """``run()``, with a failure that does not name the config file (a plugin's own message) prefixed by it."""
+    try:
+        return run()
+    except LoongForgeError as exc:
+        if config.source in str(exc):
+            raise
+        raise ConfigError(f"{config.source}: {exc}") from None
+
+
+def _keyed(config: LoongForgeConfig, key: str, run: Any) -> Any:
+    """``run()``, with a failure that does not name ``key`` prefixed by the file and the key."""
+    try:
+        return run()
+    except LoongForgeError as exc:
+        if key in str(exc):
+            raise
+        raise ConfigError(f"{config.source}: {key}: {exc}") from None
+
+
+def _check_loss_normalization(config: LoongForgeConfig) -> None:
+    value = config.training.loss_normalization
+    if value not in LOSS_NORMALIZATIONS:
+        raise ConfigError(f"{config.source}: training.loss_normalization must be one of "
+                          f"{', '.join(LOSS_NORMALIZATIONS)}, got '{value}'")
+
+
+def _check_override_types(family: ModelFamily, config: LoongForgeConfig) -> None:
+    """``model.overrides``: each key a field of the family's dataclass (did-you-mean), each value of its type."""
+    overrides = config.model.overrides
+    if not dataclasses.is_dataclass(family):
+        return
+    names = [f.name for f in dataclasses.fields(family)]
+    unknown = [key for key in overrides if key not in names]
+    if unknown:
+        raise unknown_key_error(f"model.overrides.{unknown[0]}", str(unknown[0]), names, config.source)
+    hints = typing.get_type_hints(type(family))
+    for key, value in overrides.items():
+        convert(hints[key], value, config.source, f"model.overrides.{key}")
+
+
+def _names(config: LoongForgeConfig, family: ModelFamily, backend: DeviceBackend, host: PluginHost) -> list[str]:
+    """``kind: name (from provider)`` for each component the run uses (a task model reads no data.* names)."""
+    from loongforge.resolve import resolve_names
+
+    entry = host.registry("device").entry(backend.name, where=f"device in {config.source}")
+    lines = [f"device: {entry.name} (from {entry.provider})"]
+    return lines + [line for line in resolve_names(config, engine=family.engine) if not line.startswith("device:")]
+
+
+def _check_optimizations(config: LoongForgeConfig, host: PluginHost) -> None:
+    registry = host.registry("optimization")
+    for name, options in config.optimizations.items():
+        where = f"optimizations.{name} in {config.source}"
+        cls = check_optimization(registry.load(name, where=where), name, where)
+        optimization_options(cls, options, config.source, f"optimizations.{name}")
+
+
+def _check_task_layout(config: LoongForgeConfig, world_size: int, host: PluginHost) -> str:
+    """A task model's settings and torch-native layout (``parallel.strategy`` left at ``megatron``, which splits
+    decoder layers, means ``ddp`` for it)."""
+    t, where = config.training, config.source
+    if t.precision not in TASK_PRECISIONS:
+        raise ConfigError(f"{where}: training.precision '{t.precision}' is not supported for model "
+                          f"'{config.model.name}' ({', '.join(TASK_PRECISIONS)})")
+    if t.loss_normalization != "micro_batch":
+        raise ConfigError(f"{where}: training.loss_normalization '{t.loss_normalization}' applies to token-level "
+                          f"(megatron) models; model '{config.model.name}' trains a task whose loss is a mean over "
+                          "samples (leave it at micro_batch)")
+    if t.micro_batch_size < 1:
+        raise ConfigError(f"{where}: training.micro_batch_size must be >= 1, got {t.micro_batch_size}")
+    if config.optimizer.name.lower() not in ("adamw", "adam"):
+        raise ConfigError(f"{where}: optimizer.name '{config.optimizer.name}' is not supported (use adamw)")
+    name = "ddp" if config.parallel.strategy == "megatron" else config.parallel.strategy
+    located = f"parallel.strategy in {where}"
+    strategy = check_strategy(host.registry("strategy").load(name, where=located), name, "task", located,
+                              config.model.name or "")
+    layout = strategy.validate(config.parallel, world_size, where)
+    return f"parallel: {layout.describe()}"
+
+
+def _check_megatron(config: LoongForgeConfig, world_size: int, family: ModelFamily, backend: DeviceBackend,
+                    host: PluginHost) -> list[str]:
+    """Layout, batch, precision, LoRA, ``model.load`` and the data of a megatron-engine model; what resolved."""
+    decoder, lines = family.decoder, []
+    where = f"parallel.strategy in {config.source}"
+    strategy = check_strategy(host.registry("strategy").load(config.parallel.strategy, where=where),
+                              config.parallel.strategy, "megatron", where, config.model.name or family.family_name)
+    if config.parallel.auto:
+        lines.append(f"parallel: auto (the planner chooses the layout for {world_size} process(es) at train time)")
+    else:
+        layout = strategy.validate(config.parallel, world_size, config.source)
+        plan = strategy.check_model(layout, decoder, config.training, config.source,
+                                    seq_length=config.data.seq_length)
+        if layout.cp > 1 and config.data.pack:
+            raise ConfigError(f"{config.source}: data.pack (block-diagonal attention masks) does not support "
+                              "parallel.cp > 1 yet")
+        lines.append(f"parallel: tp={layout.tp} pp={layout.pp} cp={layout.cp} ep={layout.ep} dp={layout.dp} "
+                     f"for {world_size} process(es), {plan.num_microbatches} micro-batch(es) per step")
+    settings = _device_settings(config, backend)
+    lines.append(f"precision: {config.training.precision} on {backend.name} (parameters {settings.params_dtype})")
+    if config.model.lora is not None:
+        from loongforge.models.lora import check_lora_settings
+
+        check_lora_settings(config.model.lora, config.parallel.tp, config.source)
+    if config.model.load:
+        from loongforge.interop.load_source import model_load_source
+
+        lines.append(f"model.load: {_keyed(config, 'model.load', lambda: model_load_source(config, family))}")
+    _check_data(config, decoder, host)
+    return lines
+
+
+def _device_settings(config: LoongForgeConfig, backend: DeviceBackend) -> MegatronSettings:
+    """``training.precision`` and ``device_options`` through the device (which owns precision recipes and its
+    switches): an unsupported request fails here with the device's reason."""
+    options = device_options(backend, config)
+    try:
+        return backend.megatron_settings(config.training.precision, **options)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{config.source}: training.precision / device_options: {exc}") from None
+
+
+def _check_data(config: LoongForgeConfig, decoder: Any, host: PluginHost) -> None:
+    from loongforge.train.batches import PHASES, load_tokenizer
+
+    where = config.source
+    if config.training.phase not in PHASES:
+        raise ConfigError(f"{where}: training.phase must be one of {', '.join(PHASES)}, got '{config.training.phase}'")
+    if config.data.seq_length < 1:
+        raise ConfigError(f"{where}: data.seq_length must be >= 1, got {config.data.seq_length}")
+    if config.data.seq_length > decoder.max_position_embeddings:
+        raise ConfigError(f"{where}: data.seq_length ({config.data.seq_length}) exceeds the model's "
+                          f"max_position_embeddings ({decoder.max_position_embeddings})")
+    tokenizer = _keyed(config, "data.tokenizer", lambda: load_tokenizer(host, config))
+    if tokenizer.vocab_size > decoder.vocab_size:
+        raise ConfigError(f"{where}: tokenizer '{config.data.tokenizer}' has {tokenizer.vocab_size} ids but model "
+                          f"'{config.model.name}' only {decoder.vocab_size} (set model.overrides.vocab_size)")
+
+
+def _check_paths(config: LoongForgeConfig, paths: list[tuple[str, str]]) -> None:
+    """Each named path exists (a data path may also be a prefix of files, as memory-mapped datasets are named)."""
+    resume = config.checkpoint.resume
+    if resume not in ("auto", "never"):
+        paths.append(("checkpoint.resume", resume))
+    for key, value in paths:
+        path = Path(value).expanduser()
+        if not (path.exists() or any(path.parent.glob(f"{path.name}.*"))):
+            raise ConfigError(f"{config.source}: '{key}' names {value}, which does not exist")

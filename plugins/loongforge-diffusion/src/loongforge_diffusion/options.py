@@ -1,0 +1,114 @@
+"""The diffusion tasks' ``task:`` sections as typed dataclasses (``task_options`` of the Wan and Qwen-Image flavors).
+
+Torch-free, because the flavors name these classes and are registered (and listed) without torch; core validates a
+config's ``task:`` against them before a run starts (unknown keys with did-you-mean, types, the checks in
+``__post_init__``), and the tasks read the typed values. Every default is the one the tasks always had.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from loongforge.config.sections import path_field
+from loongforge.errors import ConfigError
+
+SAMPLING = ("uniform", "logit-normal")
+WEIGHTING = ("none", "cosmap")
+
+
+@dataclass(frozen=True)
+class FlowMatchingConfig:
+    """``task.flow_matching``: the rectified-flow objective (see :mod:`loongforge_diffusion.flow_matching`)."""
+
+    shift: float = 1.0
+    sampling: str = "uniform"
+    logit_mean: float = 0.0
+    logit_std: float = 1.0
+    weighting: str = "none"
+    sigma_range: tuple[float, float] = (0.0, 1.0)
+
+    def __post_init__(self) -> None:
+        if self.sampling not in SAMPLING:
+            raise ConfigError(f"flow matching: sampling must be one of {SAMPLING}, got {self.sampling!r}")
+        if self.weighting not in WEIGHTING:
+            raise ConfigError(f"flow matching: weighting must be one of {WEIGHTING}, got {self.weighting!r}")
+        if self.shift <= 0 or self.logit_std <= 0:
+            raise ConfigError("flow matching: shift and logit_std must be positive")
+        low, high = self.sigma_range
+        if not 0.0 <= low < high <= 1.0:
+            raise ConfigError(f"flow matching: sigma_range must satisfy 0 <= low < high <= 1, got {self.sigma_range}")
+
+
+@dataclass(frozen=True)
+class EMAOptions:
+    """``task.ema``: an average of the trained weights that samples use."""
+
+    decay: float = 0.999
+    warmup: bool = True
+
+
+@dataclass(frozen=True)
+class WanLoRAOptions:
+    """``task.lora`` (Wan): adapters on the named block layers, base weights frozen; ``alpha`` null = ``rank``."""
+
+    rank: int = 16
+    alpha: float | None = None
+    dropout: float = 0.0
+    targets: list[str] = field(default_factory=lambda: ["self_attn", "cross_attn", "ffn"])
+
+
+@dataclass(frozen=True)
+class WanSampleOptions:
+    """``task.sample`` (Wan): videos sampled for held-out captions after training (``videos: 0`` skips it)."""
+
+    videos: int = 16
+    steps: int = 20
+    guidance: float = 3.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class WanTaskOptions:
+    """``task:`` of a Wan flavor (see :mod:`loongforge_diffusion.run_task` for what each option does)."""
+
+    #: A .pt of moving squares, a latent cache directory, or null (moving squares generated on the fly).
+    data: str | None = path_field()
+    samples: int = 2048
+    frames: int = 4
+    side: int = 16
+    speed: int = 2
+    data_seed: int = 0
+    context_dropout: float = 0.1
+    flow_matching: FlowMatchingConfig = field(default_factory=FlowMatchingConfig)
+    sample: WanSampleOptions = field(default_factory=WanSampleOptions)
+    #: Weights to start from: a LoongForge checkpoint of this task or a released Wan DiT directory.
+    init: str | None = path_field()
+    lora: WanLoRAOptions | None = None
+    ema: EMAOptions | None = None
+    recompute: bool = False
+
+
+@dataclass(frozen=True)
+class QwenImageSampleOptions:
+    """``task.sample`` (Qwen-Image): images sampled for held-out captions after training (``images: 0`` skips)."""
+
+    images: int = 16
+    steps: int = 20
+    guidance: float = 3.0
+    shift: float = 1.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class QwenImageTaskOptions:
+    """``task:`` of a Qwen-Image flavor (see :mod:`loongforge_diffusion.qwen_image.run_task`)."""
+
+    samples: int = 2048
+    side: int = 16
+    data_seed: int = 0
+    context_dropout: float = 0.1
+    flow_matching: FlowMatchingConfig = field(default_factory=FlowMatchingConfig)
+    sample: QwenImageSampleOptions = field(default_factory=QwenImageSampleOptions)
+    #: A LoongForge checkpoint of this task or a diffusers QwenImageTransformer2DModel directory.
+    init: str | None = path_field()
+    ema: EMAOptions | None = None

@@ -1,0 +1,89 @@
+"""What the ``embodied`` plugin adds to the ``loongforge`` command line.
+
+- ``loongforge collect ROOT``: Meta-World's scripted expert recorded as a LeRobotDataset (:mod:`.sim.collect`);
+- ``loongforge serve CKPT``: a policy checkpoint behind a websocket (:mod:`.sim.server`);
+- ``loongforge eval SOURCE``: closed-loop Meta-World success rate of a policy checkpoint, of a policy server
+  (``ws://host:port``) or of uniform random actions (``random``) (:mod:`.sim.evaluate`);
+- ``loongforge convert``: Pi0.5 weights from LeRobot / OpenPI safetensors into ours, and back
+  (:mod:`.convert_lerobot`).
+
+Torch-free and simulator-free: ``loongforge eval`` and ``convert`` ask every plugin's claims about a source, so the
+claims here read only a checkpoint's saved config or a safetensors header; the commands load when they run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from loongforge.claims import checkpoint_model
+from loongforge.commands import CommandRegistry
+
+#: ``loongforge eval random``: the uniform-random baseline alone.
+RANDOM_SOURCE = "random"
+#: Where LeRobot / OpenPI keep the Pi0.5 weights in a state dict (after LeRobot's optional ``model.`` prefix).
+_LEROBOT_PREFIX, _PI05_ROOT = "model.", "paligemma_with_expert."
+
+
+def is_server(source: str) -> bool:
+    return source.startswith(("ws://", "wss://"))
+
+
+def is_random(source: str) -> bool:
+    return source == RANDOM_SOURCE and not Path(source).exists()
+
+
+def claims_eval(source: str) -> bool:
+    """A policy server's address, ``random``, or a LoongForge checkpoint of a policy."""
+    from loongforge_embodied.policies.flavor_base import PolicyFlavor
+
+    return is_server(source) or is_random(source) or isinstance(checkpoint_model(source), PolicyFlavor)
+
+
+def safetensors_file(source: str | Path) -> Path:
+    """``source`` itself, or the ``model.safetensors`` of a checkpoint directory (LeRobot's ``pretrained_model``)."""
+    path = Path(source).expanduser()
+    return path / "model.safetensors" if path.is_dir() else path
+
+
+def safetensors_header(source: str | Path) -> dict[str, Any]:
+    """The JSON header of a safetensors file (tensor names, ``__metadata__``), read without torch; ``{}`` when
+    ``source`` is not one."""
+    try:
+        with safetensors_file(source).open("rb") as handle:
+            size = int.from_bytes(handle.read(8), "little")
+            header = json.loads(handle.read(size)) if 0 < size < 1 << 27 else {}
+    except (OSError, ValueError):
+        return {}
+    return header if isinstance(header, dict) else {}
+
+
+def claims_lerobot(source: str) -> bool:
+    """LeRobot / OpenPI Pi0.5 weights: tensor names under ``paligemma_with_expert.`` (``model.``-prefixed or not)."""
+    return any(name.removeprefix(_LEROBOT_PREFIX).startswith(_PI05_ROOT) for name in safetensors_header(source))
+
+
+def claims_ours(source: str) -> bool:
+    """Our Pi0.5 safetensors: the flavor recorded in the metadata by the import."""
+    return "flavor" in safetensors_header(source).get("__metadata__", {})
+
+
+def register_commands(commands: CommandRegistry) -> None:
+    module = "loongforge_embodied"
+    commands.add("collect", help="record Meta-World's scripted expert as a LeRobotDataset",
+                 configure=f"{module}.sim.collect:configure", run=f"{module}.sim.collect:run")
+    commands.add("serve", help="serve a policy checkpoint over a websocket (msgpack messages)",
+                 configure=f"{module}.sim.server:configure", run=f"{module}.sim.server:run")
+    commands.add_handler("eval", "metaworld-closed-loop", claims=claims_eval,
+                         accepts="a LoongForge policy checkpoint, a policy server ws://HOST:PORT, or 'random' "
+                                 "(Meta-World success rate)",
+                         configure=f"{module}.sim.evaluate:configure", run=f"{module}.sim.evaluate:run")
+    commands.add_handler("convert hf-to-mcore", "lerobot-pi05", claims=claims_lerobot,
+                         accepts="LeRobot / OpenPI Pi0.5 safetensors (a file, or a directory with model.safetensors)",
+                         configure=f"{module}.convert_lerobot:configure_from_lerobot",
+                         run=f"{module}.convert_lerobot:run_from_lerobot")
+    commands.add_handler("convert mcore-to-hf", "pi05-to-lerobot", claims=claims_ours,
+                         accepts="our Pi0.5 safetensors (written by the LeRobot import, flavor in its metadata)",
+                         configure=f"{module}.convert_lerobot:configure_to_lerobot",
+                         run=f"{module}.convert_lerobot:run_to_lerobot")

@@ -1,0 +1,34 @@
+"""``loongforge plan`` answers for every shipped recipe: a ranked layout for megatron-engine models (LLMs, VLMs),
+a one-line refusal (exit 2, no traceback) for models the task engine trains, which have no megatron layout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from loongforge.cli import main
+from loongforge.config import load_config
+from loongforge.resolve import resolve_model_flavor
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+pytestmark = pytest.mark.needs_plugins  # the recipes name the first-party plugins' models
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_plan_answers_every_recipe(path, capsys):
+    family = resolve_model_flavor(load_config(path))
+    code = main(["plan", str(path), "--devices", "8", "--device-memory", "80GiB"])
+    out, err = capsys.readouterr()
+    if family.engine == "megatron":
+        assert code == 0, err
+        assert "chose tp" in out and "Traceback" not in err
+    else:
+        assert code == 2 and out == ""
+        assert err.strip().splitlines() == [
+            f"error: {path}: model '{load_config(path).model.name}' is trained by the task engine; the planner "
+            "sizes megatron layouts only"]
+
+
+def test_recipes_cover_both_engines():
+    engines = {resolve_model_flavor(load_config(path)).engine for path in CONFIGS}
+    assert engines == {"megatron", "task"}
