@@ -1,8 +1,8 @@
 """The ``sft`` and ``shipped-chat`` dataset kinds: chat ``.jsonl`` files, tokenized with their loss masks.
 
 A chat dataset is not a token stream, so it does not become a :class:`~loongforge.data.gpt_dataset.GPTSampleDataset`;
-instead it offers :meth:`ChatDataset.split_samples`, which the trainer's data builder calls for any dataset that
-has it (the extension point for kinds with their own sample layout). Tokenizing happens on load: chat sets
+instead it is a :class:`~loongforge.data.contracts.SampleDataset` (the extension point for kinds with their own
+sample layout), whose :meth:`ChatDataset.split_samples` the trainer's data builder calls. Tokenizing happens on load: chat sets
 are small next to pre-training corpora, and the masks depend on the template, so there is no cache.
 """
 
@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from loongforge.data.chat_template import chat_template_for
+from loongforge.data.contracts import SampleDataset
 from loongforge.data.errors import DataError
 from loongforge.data.packing import ChatRowDataset
 from loongforge.data.sft import ChatSample, read_conversations, tokenize_conversation
 from loongforge.data.tokenizers import Tokenizer
 
 
-class ChatDataset:
+class ChatDataset(SampleDataset):
     """Tokenized conversations of one or more chat files, in file and line order."""
 
     def __init__(self, paths: Sequence[str | Path], tokenizer: Tokenizer) -> None:

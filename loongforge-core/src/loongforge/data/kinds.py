@@ -6,8 +6,8 @@ Every kind is a factory with one signature, so the trainer treats them alike and
 
 ``cache_dir`` is where kinds that tokenize on the fly keep their result (the run's output directory, or the
 user cache when ``None``). A kind whose samples are not windows of a token stream (chat data,
-:mod:`loongforge.data.chat_dataset`) returns instead an object with ``split_samples(data_config) -> (train,
-valid)``, each a dataset with ``len()`` and ``batch(indices)``.
+:mod:`loongforge.data.chat_dataset`) returns instead a :class:`loongforge.data.contracts.SampleDataset`, whose
+``split_samples(data_config) -> (train, valid)`` gives datasets with ``len()`` and ``batch(indices)``.
 """
 
 from __future__ import annotations

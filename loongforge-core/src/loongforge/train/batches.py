@@ -9,6 +9,7 @@ from typing import Any
 import torch.distributed as dist
 
 from loongforge.config.schema import LoongForgeConfig
+from loongforge.data.contracts import BalancedRows, SampleDataset
 from loongforge.errors import ConfigError
 
 #: Values of ``training.phase``.
@@ -50,7 +51,7 @@ def build_batches(host: Any, config: LoongForgeConfig, tokenizer: Any, *, rank: 
     if rank != 0:
         dataset = tokens()
     train, _ = _split(dataset, config)
-    if hasattr(train, "balanced_batches") and host.pm.hook.loongforge_balance_samples.get_hookimpls():
+    if isinstance(train, BalancedRows) and host.implements("loongforge_balance_samples"):
         return train.balanced_batches(
             partial(host.balance_samples, dp_group=dp_group), micro_batch_size=config.training.micro_batch_size,
             num_microbatches=num_microbatches, seed=config.run.seed, dp_rank=dp_rank, dp_size=dp_size,
@@ -71,7 +72,7 @@ def _split(dataset: Any, config: LoongForgeConfig) -> tuple[Any, Any]:
     phase, where = config.training.phase, config.source
     if phase not in PHASES:
         raise ConfigError(f"{where}: training.phase must be one of {', '.join(PHASES)}, got '{phase}'")
-    chat = hasattr(dataset, "split_samples")
+    chat = isinstance(dataset, SampleDataset)
     if chat != (phase == "sft"):
         raise ConfigError(
             f"{where}: data.dataset '{config.data.dataset}' is {'chat' if chat else 'plain-text'} data but "

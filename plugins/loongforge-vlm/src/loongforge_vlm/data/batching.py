@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from loongforge.data.contracts import BalancedRows
 from loongforge.data.errors import DataError
 from loongforge.data.packing import block_causal_mask, pack_rows
 
@@ -98,7 +99,7 @@ def collate(rows: Sequence[Sequence[VisionSample]], seq_length: int, pad_id: int
     return batch
 
 
-class VisionRowDataset:
+class VisionRowDataset(BalancedRows):
     """Training rows over some samples of a :class:`VisionChatDataset`; ``batch(indices)`` is a micro-batch.
 
     ``rows`` lists the dataset indices in each row; with ``pack`` several samples share a row.

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 from loongforge.data.chat_template import chat_template_for
+from loongforge.data.contracts import SampleDataset
 from loongforge.data.errors import DataError
 from loongforge.data.sft import ChatSample
 from loongforge.data.tokenizers import Tokenizer
@@ -67,7 +68,7 @@ class _Skip(Exception):
         self.reason, self.where, self.detail = reason, where, detail
 
 
-class VisionChatDataset:
+class VisionChatDataset(SampleDataset):
     """Checked image-text samples of one or more sources (:mod:`loongforge_vlm.data.sources`), in source order."""
 
     def __init__(self, sources: Sequence[Any], tokenizer: Tokenizer, processor: ImageProcessor | None = None, *,
