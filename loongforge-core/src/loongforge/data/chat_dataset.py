@@ -2,8 +2,8 @@
 
 A chat dataset is not a token stream, so it does not become a :class:`~loongforge.data.gpt_dataset.GPTSampleDataset`;
 instead it is a :class:`~loongforge.data.contracts.SampleDataset` (the extension point for kinds with their own
-sample layout), whose :meth:`ChatDataset.split_samples` the trainer's data builder calls. Tokenizing happens on load: chat sets
-are small next to pre-training corpora, and the masks depend on the template, so there is no cache.
+sample layout), whose :meth:`ChatDataset.split_samples` the trainer's data builder calls. Tokenizing happens on
+load: chat sets are small next to pre-training corpora, and the masks depend on the template, so there is no cache.
 """
 
 from __future__ import annotations
