@@ -20,6 +20,9 @@ import pytest
 import yaml
 from loongforge.cli import main
 
+# The set is generated from every shipped recipe, most of them the plugins' models (and a dp-balance section).
+pytestmark = pytest.mark.needs_plugins
+
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "configs").glob("*.yaml"))
 #: A value of the wrong type for each kind of leaf value a recipe holds.
@@ -86,12 +89,17 @@ def _runnable(data: dict) -> dict:
     return data
 
 
-def _engine(recipe: Path) -> str:
-    """The step engine of the recipe's model (what decides which settings the run reads)."""
+def _engine(recipe: Path) -> str | None:
+    """The step engine of the recipe's model (what decides which settings the run reads); ``None`` when the plugin
+    that provides it is not installed (``nox -s tests_core``, which deselects this module, still collects it)."""
     from loongforge.config import load_config
+    from loongforge.registry import UnknownComponentError
     from loongforge.resolve import registered_family
 
-    return registered_family(load_config(recipe)).engine
+    try:
+        return registered_family(load_config(recipe)).engine
+    except UnknownComponentError:
+        return None
 
 
 def malformed() -> list[tuple[str, str]]:

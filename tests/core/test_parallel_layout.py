@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections import Counter
 from dataclasses import replace
 
 import pytest
@@ -104,3 +105,23 @@ def test_nproc_checks_the_layout_before_starting_processes(tmp_path):
         f"error: {config}: tp*pp*cp*dp must equal the 2 processes started; got tp=3, pp=1, cp=1 "
         "(tp*pp*cp=3 does not divide 2)"
     ]
+
+
+@pytest.mark.parametrize(("overrides", "blocker"), [
+    ({}, "attn_logit_softcapping"),  # gemma2-tiny soft-caps and windows: the first reason is named
+    ({"attn_logit_softcapping": None}, "sliding_window"),
+])
+def test_context_parallel_refuses_decoders_whose_attention_needs_whole_sequences(overrides, blocker):
+    from loongforge.models.gemma import FLAVORS as GEMMA
+    from loongforge.planner.layouts import SearchSpace, enumerate_layouts
+
+    flavor = replace(GEMMA["gemma2-tiny"], **overrides)
+    with pytest.raises(ConfigError, match=rf"run.yaml: parallel.cp=2: the model's {blocker} is not supported"):
+        MegatronStrategy.check_model(MegatronStrategy.validate(ParallelConfig(cp=2), 2, "run.yaml"), flavor,
+                                     TrainingConfig(micro_batch_size=1), "run.yaml", seq_length=64)
+    # the planner never proposes what check would refuse; without the blocker it does propose cp=2
+    rejected: Counter = Counter()
+    layouts = list(enumerate_layouts(flavor, 2, 64, 8, SearchSpace(), rejected))
+    assert layouts and all(c.cp == 1 for c in layouts) and rejected[f"cp with {blocker}"] > 0
+    plain = replace(flavor, attn_logit_softcapping=None, sliding_window=None, sliding_window_full_every=None)
+    assert any(c.cp == 2 for c in enumerate_layouts(plain, 2, 64, 8, SearchSpace(), Counter()))

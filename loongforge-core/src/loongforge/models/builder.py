@@ -98,9 +98,9 @@ def transformer_config(
         raise ConfigError(f"num_layers ({flavor.num_layers}) is not divisible by pp ({parallel.pp})")
     if flavor.num_query_groups % parallel.tp:
         raise ConfigError(f"num_query_groups ({flavor.num_query_groups}) is not divisible by tp ({parallel.tp})")
-    if flavor.attn_logit_softcapping is not None and parallel.cp > 1:
-        raise ConfigError(f"attn_logit_softcapping is not supported with context parallelism (cp={parallel.cp}); "
-                          "use cp=1")
+    if flavor.context_parallel_blocker is not None and parallel.cp > 1:
+        raise ConfigError(f"{flavor.context_parallel_blocker} is not supported with context parallelism "
+                          f"(cp={parallel.cp}); use cp=1")
     return TransformerConfig(
         **_moe_kwargs(flavor, parallel),
         num_layers=flavor.num_layers,

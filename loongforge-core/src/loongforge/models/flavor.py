@@ -191,6 +191,16 @@ class DecoderFlavor(ModelFamily):
         return self.num_experts is not None
 
     @property
+    def context_parallel_blocker(self) -> str | None:
+        """Why this decoder cannot split its sequences over context-parallel ranks, or ``None`` when it can: core's
+        attention soft-caps logits and applies sliding windows over whole sequences only."""
+        if self.attn_logit_softcapping is not None:
+            return "attn_logit_softcapping"
+        if self.sliding_window is not None:
+            return "sliding_window"
+        return None
+
+    @property
     def kv_channels(self) -> int:
         """Per-head dimension (megatron's ``kv_channels``)."""
         return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_attention_heads

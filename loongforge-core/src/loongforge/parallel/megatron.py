@@ -133,6 +133,10 @@ class MegatronStrategy(ParallelStrategy):
             )
         if layout.cp > 1:
             _check_context_parallel(layout, heads, groups, seq_length, source)
+            blocker = flavor.context_parallel_blocker
+            if blocker is not None:
+                raise ConfigError(f"{source}: parallel.cp={layout.cp}: the model's {blocker} is not supported with "
+                                  "context parallelism; use cp=1")
         stages = layout.pp * layout.num_chunks
         if layers % stages:
             raise ConfigError(

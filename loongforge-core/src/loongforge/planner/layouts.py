@@ -139,6 +139,9 @@ def enumerate_layouts(
             for cp in _divisors(num_devices // (tp * pp)):
                 if cp > space.max_cp:
                     continue
+                if cp > 1 and flavor.context_parallel_blocker is not None:
+                    rejected[f"cp with {flavor.context_parallel_blocker}"] += 1
+                    continue
                 if cp > 1 and (heads % (tp * cp) or groups % (tp * cp) or seq_length % (2 * cp * tp)):
                     rejected["cp does not divide heads per tp rank or the sequence"] += 1
                     continue
