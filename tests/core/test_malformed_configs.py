@@ -93,12 +93,12 @@ def _engine(recipe: Path) -> str | None:
     """The step engine of the recipe's model (what decides which settings the run reads); ``None`` when the plugin
     that provides it is not installed (``nox -s tests_core``, which deselects this module, still collects it)."""
     from loongforge.config import load_config
-    from loongforge.registry import UnknownComponentError
+    from loongforge.errors import LoongForgeError
     from loongforge.resolve import registered_family
 
     try:
         return registered_family(load_config(recipe)).engine
-    except UnknownComponentError:
+    except LoongForgeError:  # its model (or the family composing its parts) is not registered
         return None
 
 

@@ -114,14 +114,9 @@ def run_training(config: LoongForgeConfig, *, device: str | None = None, device_
 
 def _task_of(config: LoongForgeConfig, host: Any) -> Any:
     """The task of a model the task engine trains (``engine == "task"``: its ``make_task``); ``None`` for a
-    megatron-engine model, which then must not carry a ``task:`` section."""
+    megatron-engine model (whose config pre-flight has refused any ``task:`` section)."""
     family = registered_family(config, host)
-    if family.engine == "task":
-        return family.make_task(config)
-    if config.task:
-        raise ConfigError(f"{config.source}: task options {sorted(config.task)} are set but model "
-                          f"'{config.model.name}' is trained by the megatron engine, which takes no task: section")
-    return None
+    return family.make_task(config) if family.engine == "task" else None
 
 
 def _run(config: LoongForgeConfig, host: Any, backend: Any, reason: str, info: Any) -> dict:
