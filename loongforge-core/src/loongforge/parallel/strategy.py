@@ -10,21 +10,22 @@ by another engine fails in one line before anything is built. Torch-free, like e
 
 from __future__ import annotations
 
+import abc
 from typing import Any, ClassVar
 
 from loongforge.errors import ConfigError
 
 
-class ParallelStrategy:
+class ParallelStrategy(abc.ABC):
     """Base of every registered strategy (a subclass, or an instance of one)."""
 
     #: The step engine whose models this strategy lays out: ``"megatron"`` or ``"task"`` (the names of
     #: ``loongforge.models.family.ENGINES``). Every subclass sets it; the empty default is refused.
     engine: ClassVar[str] = ""
 
+    @abc.abstractmethod
     def validate(self, parallel: Any, world_size: int, source: str) -> Any:
         """The validated layout for ``world_size`` processes; a one-line :class:`ConfigError` if impossible."""
-        raise NotImplementedError
 
 
 def check_strategy(strategy: Any, name: str, engine: str, where: str, model: str) -> ParallelStrategy:

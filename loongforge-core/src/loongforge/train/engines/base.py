@@ -9,6 +9,7 @@ every model.
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -29,7 +30,7 @@ class StepResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class StepEngine:
+class StepEngine(abc.ABC):
     """Base of the step engines; subclasses set the attributes in ``__init__`` and implement the methods."""
 
     #: ``"megatron"`` or ``"task"`` (:data:`loongforge.models.family.ENGINES`).
@@ -51,17 +52,17 @@ class StepEngine:
         """The optimizer's parameter groups: the schedule writes each step's ``lr`` into them."""
         return self.optimizer.param_groups
 
+    @abc.abstractmethod
     def train_step(self) -> StepResult:
         """One optimizer step over one global batch (forward, backward, gradient reduction, update)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def save(self, trainer: Trainer) -> Path:
         """Write a checkpoint of ``trainer.step`` into ``trainer.checkpoints`` (collective); return its directory."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def load(self, trainer: Trainer, path: Path) -> None:
         """Restore the state ``save`` wrote at ``path`` (collective), setting ``trainer.step``."""
-        raise NotImplementedError
 
     def finish(self, trainer: Trainer) -> dict[str, Any]:
         """After the last step: what the engine adds to the run summary (a text sample, a task's scores)."""
