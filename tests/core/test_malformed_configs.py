@@ -38,6 +38,9 @@ BAD_VALUES = [
     ("model.name", "no-such-model"), ("optimizations.no-such-opt", {}), ("device_options.bogus", 1),
     ("checkpoint.resume", "/nonexistent/step-0000001"), ("model.overrides.num_layerz", 2),
     ("task.bogus", 1), ("model.lora.rank", "low"),
+    ("optimizer.lr", float("inf")), ("optimizer.lr", -1e-3), ("optimizer.min_lr", -1e-5), ("optimizer.beta2", 1.0),
+    ("optimizer.eps", 0.0), ("optimizer.grad_clip", float("nan")), ("scheduler.warmup_steps", -1),
+    ("scheduler.decay_steps", 0),
 ]
 #: Settings only megatron models read (a task model builds its own data and has no experts to dispatch); names
 #: (``data.dataset`` ...) must resolve whether the run reads them or not.

@@ -21,3 +21,8 @@ class PluginLoadError(LoongForgeError):
 
 class InteropError(LoongForgeError):
     """A checkpoint or config that cannot be converted; the message names the file, key or tensor."""
+
+
+class TrainingDivergedError(LoongForgeError):
+    """A step's loss or gradient norm was not finite (``training.on_nonfinite: stop``); the message names the step,
+    the value and the newest checkpoint saved before it, which is where a fixed run resumes from."""

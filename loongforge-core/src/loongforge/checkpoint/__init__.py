@@ -10,6 +10,8 @@ Layout of a checkpoint root (``checkpoint.dir``)::
       metadata.json         versions, device backend and why it was chosen, parallel layout, time
       manifest.json         written last: every file with its size and sha256
     .tmp-step-0000009/      a save in progress (or killed); never loaded, removed by the next save
+    step-0000008.corrupt/   failed verification when the resume scan or the pruner looked at it: quarantined
+                            (never listed, counted, loaded or deleted; remove it yourself)
     latest                  name of the newest complete checkpoint (replaced atomically)
 
 This package's top level stays torch-free: the directory/manifest logic is usable by ``loongforge`` commands

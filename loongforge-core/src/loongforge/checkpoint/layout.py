@@ -3,6 +3,11 @@
 A save writes into ``.tmp-step-N``; only after every file (manifest last) is fsynced is the directory
 renamed to ``step-N`` and the ``latest`` pointer replaced. A process killed at any moment therefore leaves
 either the previous checkpoints untouched or a ``.tmp-*`` directory that no load ever looks at.
+
+A checkpoint that fails verification when the resume scan or the pruner looks at it is *quarantined*: renamed in
+place to ``step-N.corrupt`` (a rename within the root is atomic and cannot fail for lack of space, the step stays
+readable in ``ls``, and the name no longer matches ``step-N`` so nothing lists, counts, loads or prunes it). It is
+never deleted: the user decides whether it is evidence or rubbish.
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from loongforge.checkpoint.manifest import MANIFEST, CheckpointCorruptError, verify_manifest
@@ -26,6 +33,7 @@ CONFIG_YAML = "config.yaml"
 METADATA_JSON = "metadata.json"
 _TMP_PREFIX = ".tmp-"
 _STEP_RE = re.compile(r"^step-(\d{7,})$")
+QUARANTINE_SUFFIX = ".corrupt"
 
 
 def step_dir_name(step: int) -> str:
@@ -58,12 +66,24 @@ def fsync_tree(root: Path) -> None:
         _fsync_path(Path(dirpath))
 
 
-class CheckpointDir:
-    """One checkpoint root: begin a save, commit it, prune old ones, and pick one to resume from."""
+def warn(message: str) -> None:
+    """A warning line on stderr (every rank that has one prints it)."""
+    print(f"[loongforge] warning: {message}", file=sys.stderr, flush=True)
 
-    def __init__(self, root: str | os.PathLike, keep_last: int = 2) -> None:
+
+class CheckpointDir:
+    """One checkpoint root: begin a save, commit it, prune old ones, and pick one to resume from.
+
+    ``warn`` receives one line per checkpoint quarantined by the pruner (the resume scan returns its lines).
+    """
+
+    def __init__(self, root: str | os.PathLike, keep_last: int = 2,
+                 warn: Callable[[str], None] = warn) -> None:
         self.root = Path(root)
         self.keep_last = keep_last
+        self.warn = warn
+        #: Names of checkpoints this process verified or wrote itself: the pruner does not hash them again.
+        self._verified: set[str] = set()
 
     def tmp_path(self, step: int) -> Path:
         """Where the save of ``step`` is written before it becomes visible."""
@@ -87,24 +107,78 @@ class CheckpointDir:
             os.rename(final, old)
             shutil.rmtree(old)
         os.rename(tmp, final)
-        pointer_tmp = self.root / f"{_TMP_PREFIX}{LATEST}"
-        with open(pointer_tmp, "w", encoding="utf-8") as handle:
-            handle.write(final.name + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(pointer_tmp, self.root / LATEST)
-        _fsync_path(self.root)
-        self.prune()
+        self._point_latest(final)
+        self._verified.add(final.name)  # its manifest was just hashed from these very files
+        self.prune(current=final)
         return final
 
-    def prune(self) -> list[Path]:
-        """Delete all but the newest ``keep_last`` checkpoints (0 keeps everything); return what was removed."""
+    def prune(self, current: Path | None = None) -> list[Path]:
+        """Delete all but the newest ``keep_last`` *verified* checkpoints (0 keeps everything); return what was
+        removed.
+
+        ``current`` (the checkpoint just committed) is never a candidate: it is verified and counted first, so
+        ``keep_last=1`` keeps just it even beside a newer step from an earlier run. The others are
+        walked newest step first; each one that would be kept is verified unless this process already verified or
+        wrote it (so a steady run hashes nothing here), and one that fails is quarantined with a warning instead of
+        being counted -- a corrupt newest checkpoint can no longer push the good ones out. Checkpoints beyond
+        ``keep_last`` are deleted without hashing: they go either way.
+        """
         if self.keep_last <= 0:
             return []
-        removed = list_checkpoints(self.root)[self.keep_last :]
-        for path in removed:
-            shutil.rmtree(path, ignore_errors=True)
+        kept = 0 if current is None else 1
+        removed = []
+        for path in list_checkpoints(self.root):
+            if current is not None and path.name == current.name:
+                continue
+            if kept >= self.keep_last:
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+            elif self._verifies(path, on_fail=self.warn, cached=True):
+                kept += 1
         return removed
+
+    def _verifies(self, path: Path, on_fail: Callable[[str], None], *, cached: bool) -> bool:
+        """Whether ``path`` verifies (``cached``: trust this process's earlier verdict); a failure quarantines it
+        and reports one line."""
+        if cached and path.name in self._verified:
+            return True
+        try:
+            verify_manifest(path)
+        except CheckpointCorruptError as exc:
+            on_fail(f"{exc}; quarantined as {self.quarantine(path).name}, not counted or loaded")
+            return False
+        self._verified.add(path.name)
+        return True
+
+    def quarantine(self, path: Path) -> Path:
+        """Rename ``path`` to ``step-N.corrupt`` (``.corrupt-2``, ... if taken); if ``latest`` named it, point
+        ``latest`` at the newest remaining checkpoint (or remove it), so the pointer never names a bad one."""
+        target = path.with_name(path.name + QUARANTINE_SUFFIX)
+        index = 1
+        while target.exists():
+            index += 1
+            target = path.with_name(f"{path.name}{QUARANTINE_SUFFIX}-{index}")
+        pointed = self.latest() == path
+        os.rename(path, target)
+        self._verified.discard(path.name)
+        if pointed:
+            remaining = list_checkpoints(self.root)
+            self._point_latest(remaining[0] if remaining else None)
+        return target
+
+    def _point_latest(self, final: Path | None) -> None:
+        """Replace the ``latest`` pointer atomically (``None`` removes it)."""
+        pointer = self.root / LATEST
+        if final is None:
+            pointer.unlink(missing_ok=True)
+        else:
+            pointer_tmp = self.root / f"{_TMP_PREFIX}{LATEST}"
+            with open(pointer_tmp, "w", encoding="utf-8") as handle:
+                handle.write(final.name + "\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(pointer_tmp, pointer)
+        _fsync_path(self.root)
 
     def latest(self) -> Path | None:
         """The checkpoint the ``latest`` pointer names, if the pointer and the directory exist."""
@@ -115,15 +189,13 @@ class CheckpointDir:
         return path if _STEP_RE.match(path.name) and path.is_dir() else None
 
     def find_valid(self) -> tuple[Path | None, list[str]]:
-        """The newest checkpoint whose manifest verifies, plus one warning per newer checkpoint that failed."""
-        warnings = []
+        """The newest checkpoint whose manifest verifies, plus one warning per newer checkpoint that failed (each
+        of which is quarantined, so neither a later scan nor the pruner counts it again)."""
+        warnings: list[str] = []
         for path in list_checkpoints(self.root):
-            try:
-                verify_manifest(path)
-            except CheckpointCorruptError as exc:
-                warnings.append(f"{exc}; falling back to an older checkpoint")
-                continue
-            return path, warnings
+            if self._verifies(path, on_fail=lambda line: warnings.append(f"{line}; falling back to an older one"),
+                              cached=False):  # about to be loaded: always hashed
+                return path, warnings
         return None, warnings
 
 

@@ -226,6 +226,10 @@ class TrainingConfig:
     #: ``global_tokens`` makes the gradient independent of which rank trains which sample, so ranks may hold
     #: different token counts (``dp-balance`` needs it). The reported loss is a per-token mean either way.
     loss_normalization: str = "micro_batch"
+    #: What a step whose loss or gradient norm is NaN or infinite does: ``stop`` ends the run with an error naming
+    #: the step and the value (exit status 2) before anything is saved for that step or after it, so the newest
+    #: checkpoint is the last healthy one. Checked every step (both are numbers on the host already).
+    on_nonfinite: Literal["stop"] = "stop"
 
 
 #: Values of :attr:`TrainingConfig.loss_normalization`.
@@ -240,7 +244,8 @@ class CheckpointConfig:
     dir: str | None = None
     #: Save every N steps (0: only at the end).
     interval: int = 0
-    #: Keep the newest N checkpoints (older ones are deleted after a successful save).
+    #: Keep the newest N verified checkpoints (older ones are deleted after a successful save; one that fails
+    #: verification is renamed step-N.corrupt, left in place and never counted). 0 keeps every checkpoint.
     keep_last: int = 2
     #: ``auto`` resumes from the newest valid checkpoint in ``dir`` if one exists; ``never`` starts fresh;
     #: a path resumes from that checkpoint.

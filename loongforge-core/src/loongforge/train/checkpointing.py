@@ -7,7 +7,6 @@ which lifecycle hooks are called around a save or a load.
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,16 +15,11 @@ import torch
 import yaml
 
 import loongforge
-from loongforge.checkpoint.layout import CheckpointDir
+from loongforge.checkpoint.layout import CheckpointDir, warn
 from loongforge.checkpoint.rng import capture_rng_state, restore_rng_state
 from loongforge.checkpoint.saver import choose_resume, load_checkpoint, save_checkpoint
 from loongforge.config.loader import config_to_dict
 from loongforge.config.schema import LoongForgeConfig
-
-
-def warn(message: str) -> None:
-    """A warning line on stderr (every rank that has one prints it)."""
-    print(f"[loongforge] warning: {message}", file=sys.stderr, flush=True)
 
 
 def checkpoint_dir(config: LoongForgeConfig) -> CheckpointDir:

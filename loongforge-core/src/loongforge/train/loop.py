@@ -8,17 +8,21 @@ section gives the same learning rates, whichever engine trains.
 
 Per step the loop does no file I/O: every step's metrics are buffered as a JSONL line (the exact loss, which the
 resume tests compare bit for bit) and every ``logging.interval`` steps the sinks are flushed and TensorBoard gets
-the values averaged over the interval. Torch-free: ``loongforge check`` imports :func:`validate_loop_settings`.
+the values averaged over the interval; before every checkpoint the sinks are synced to disk, so the metrics of a
+saved step survive a crash. Every step's loss and gradient norm must be finite (``training.on_nonfinite``): a
+diverged run stops with its bad step recorded and nothing saved from that step on. Torch-free: ``loongforge
+check`` imports :func:`validate_loop_settings`.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from numbers import Real
 from typing import TYPE_CHECKING, Any
 
 from loongforge.config.schema import LoongForgeConfig
-from loongforge.errors import ConfigError
+from loongforge.errors import ConfigError, TrainingDivergedError
 
 if TYPE_CHECKING:
     from loongforge.train.metrics import MetricsWriter
@@ -61,19 +65,22 @@ def fit(trainer: Trainer, metrics: MetricsWriter, progress: ProgressDisplay) -> 
             history.append(row)
             unlogged.append(row)
             metrics.record(trainer.step, row)
-            logged = trainer.step % log_every == 0 or trainer.step == total
+            diverged = _nonfinite(row)
+            logged = trainer.step % log_every == 0 or trainer.step == total or diverged is not None
             shown = row
             if logged:
                 shown, unlogged = _log(metrics, trainer.step, unlogged), []
             progress.update(trainer.step, shown, logged=logged)
+            if diverged is not None:  # raised before any save: no checkpoint holds this step or a later one
+                raise _diverged(trainer, diverged, row[diverged])
             host.on_step_end(trainer=trainer, step=trainer.step, metrics=row)
             if save_every and trainer.step % save_every == 0:
-                trainer.last_checkpoint, saved_step = trainer.engine.save(trainer), trainer.step
+                saved_step = _save(trainer, metrics)
                 progress.message(f"saved checkpoint {trainer.last_checkpoint}")
         if unlogged:  # stopped between two logging steps: the partial interval still reaches the sinks
             _log(metrics, trainer.step, unlogged)
         if config.checkpoint.save_at_end and trainer.step > start_step and saved_step != trainer.step:
-            trainer.last_checkpoint = trainer.engine.save(trainer)
+            _save(trainer, metrics)
     finally:
         progress.close()
     return _summary(trainer, history, start_step)
@@ -95,6 +102,30 @@ def _step(trainer: Trainer) -> dict[str, Any]:
         row["tokens_per_s"] = engine.tokens_per_step / step_time
     row.update(step_time=step_time, skipped=result.skipped)
     return row
+
+
+def _save(trainer: Trainer, metrics: MetricsWriter) -> int:
+    """Sync the metrics up to this step to disk, then save the checkpoint; return the saved step."""
+    metrics.sync()
+    trainer.last_checkpoint = trainer.engine.save(trainer)
+    return trainer.step
+
+
+#: The step metrics that must be finite (``grad_norm`` is ``None`` when clipping is off or the update was skipped).
+_MUST_BE_FINITE = ("loss", "grad_norm")
+
+
+def _nonfinite(row: dict[str, Any]) -> str | None:
+    """The first of :data:`_MUST_BE_FINITE` whose value in ``row`` is NaN or infinite, else ``None``."""
+    return next((key for key in _MUST_BE_FINITE if row[key] is not None and not math.isfinite(row[key])), None)
+
+
+def _diverged(trainer: Trainer, key: str, value: float) -> TrainingDivergedError:
+    """The one-line error for ``training.on_nonfinite: stop``, pointing at the checkpoint to resume from."""
+    newest = trainer.last_checkpoint
+    where = f"the newest checkpoint before it is {newest}" if newest else "no checkpoint was saved before it"
+    return TrainingDivergedError(f"step {trainer.step}: {key} is {value} (training.on_nonfinite: "
+                                 f"{trainer.config.training.on_nonfinite}); {where}")
 
 
 def _log(metrics: MetricsWriter, step: int, rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -1,14 +1,19 @@
 """Metrics sinks: ``<output_dir>/metrics.jsonl`` and TensorBoard, written by rank 0 only.
 
 Every step gets a JSON line with the exact loss (``repr`` round-trips a float), which is what the resume
-test compares bit-for-bit; lines are buffered and flushed only every ``logging.interval`` steps so the
-training loop does no per-step file I/O. TensorBoard gets what the loop logs at those steps: the values averaged
-over the interval (:mod:`loongforge.train.loop`), under ``train/<name>``.
+test compares bit-for-bit; a NaN or infinite value is written as ``null`` so every line is valid JSON. Lines are
+buffered and flushed every ``logging.interval`` steps so the training loop does no per-step file I/O, and synced to
+disk before each checkpoint is saved (:meth:`MetricsWriter.sync`): a run killed after a save has every line up to
+the saved step, so its resume (which drops lines past the checkpoint) leaves neither holes nor duplicates.
+TensorBoard gets what the loop logs at logging steps: the values averaged over the interval
+(:mod:`loongforge.train.loop`), under ``train/<name>``.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +57,7 @@ class MetricsWriter:
     def record(self, step: int, metrics: dict[str, Any]) -> None:
         """Buffer one step's metrics (numbers only go to TensorBoard; everything JSON-able to the JSONL)."""
         if self._jsonl is not None:
-            self._jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
+            self._jsonl.write(json.dumps(_json_safe({"step": step, **metrics}), allow_nan=False) + "\n")
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """A logging-interval step: write ``metrics``' numbers to TensorBoard and flush both sinks."""
@@ -60,6 +65,16 @@ class MetricsWriter:
             for key, value in metrics.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     self._tb.add_scalar(f"train/{key}", value, step)
+        self._flush()
+
+    def sync(self) -> None:
+        """Everything recorded so far onto disk (called right before a checkpoint is saved)."""
+        self._flush()
+        if self._jsonl is not None:
+            os.fsync(self._jsonl.fileno())
+
+    def _flush(self) -> None:
+        if self._tb is not None:
             self._tb.flush()
         if self._jsonl is not None:
             self._jsonl.flush()
@@ -71,6 +86,17 @@ class MetricsWriter:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` with every NaN and infinity replaced by ``None`` (JSON has no such numbers; ``null`` parses)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(item) for item in value]
+    return value
 
 
 def _step_of(line: str) -> float:

@@ -6,7 +6,8 @@ not after minutes of model building, and not as a traceback from deep inside meg
 model and no process group and do not import megatron-core (torch only where a registered object's module needs
 it: a torch-native strategy, a tokenizer). In order:
 
-1. loop settings (:func:`loongforge.train.loop.validate_loop_settings`) and the loss normalisation;
+1. loop settings (:func:`loongforge.train.loop.validate_loop_settings`), the loss normalisation and the optimizer
+   and schedule values (a NaN, infinite or negative learning rate would train garbage rather than fail);
 2. the model family resolves, with its parts and ``model.overrides`` (unknown fields with did-you-mean, types);
 3. every name the run uses resolves (device, strategy, dataset and tokenizer for megatron models, optimizations);
 4. the plugin-owned sections against their declared dataclasses (:mod:`loongforge.config.plugin_sections`):
@@ -25,6 +26,7 @@ subpackages into an import cycle.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import typing
 from pathlib import Path
@@ -84,6 +86,7 @@ def _check(config: LoongForgeConfig, world_size: int, backend: DeviceBackend, ho
 
     validate_loop_settings(config)
     _check_loss_normalization(config)
+    _check_hyperparameters(config)
     if config.model.overrides:  # against the model they apply to: the family with its parts, before overrides
         bare = dataclasses.replace(config, model=dataclasses.replace(config.model, overrides={}))
         _check_override_types(resolve_model_flavor(bare, host), config)
@@ -128,6 +131,27 @@ def _check_loss_normalization(config: LoongForgeConfig) -> None:
     if value not in LOSS_NORMALIZATIONS:
         raise ConfigError(f"{config.source}: training.loss_normalization must be one of "
                           f"{', '.join(LOSS_NORMALIZATIONS)}, got '{value}'")
+
+
+def _check_hyperparameters(config: LoongForgeConfig) -> None:
+    """Optimizer and schedule values in range (the types are checked when the config loads)."""
+    opt, sched = config.optimizer, config.scheduler
+    rules = (  # (key, value, within range -- given it is a finite number --, what it must be)
+        ("optimizer.lr", opt.lr, opt.lr > 0, "a finite number > 0"),
+        ("optimizer.min_lr", opt.min_lr, 0 <= opt.min_lr <= opt.lr, f"a finite number >= 0 and <= optimizer.lr "
+                                                                      f"({opt.lr})"),
+        ("optimizer.weight_decay", opt.weight_decay, opt.weight_decay >= 0, "a finite number >= 0"),
+        ("optimizer.beta1", opt.beta1, 0 <= opt.beta1 < 1, "in [0, 1)"),
+        ("optimizer.beta2", opt.beta2, 0 <= opt.beta2 < 1, "in [0, 1)"),
+        ("optimizer.eps", opt.eps, opt.eps > 0, "a finite number > 0"),
+        ("optimizer.grad_clip", opt.grad_clip, opt.grad_clip >= 0, "a finite number >= 0 (0 disables clipping)"),
+        ("scheduler.warmup_steps", sched.warmup_steps, sched.warmup_steps >= 0, "an integer >= 0"),
+        ("scheduler.decay_steps", sched.decay_steps, sched.decay_steps is None or sched.decay_steps >= 1,
+         "an integer >= 1 (or unset: training.steps)"),
+    )
+    for key, value, in_range, what in rules:
+        if not in_range or (value is not None and not math.isfinite(value)):
+            raise ConfigError(f"{config.source}: {key} must be {what}, got {value!r}")
 
 
 def _check_override_types(family: ModelFamily, config: LoongForgeConfig) -> None:
