@@ -82,8 +82,8 @@ BROKEN = [
     (QUICKSTART, ["logging.interval=0"], "logging.interval must be an integer >= 1"),
     (QUICKSTART, ["data.seq_length=100000"], "data.seq_length (100000) exceeds the model's max_position_embeddings"),
     (QUICKSTART, ["training.on_nonfinite=rewind"], "'training.on_nonfinite' must be one of stop, got 'rewind'"),
-    (QUICKSTART, ["optimizer.lr=.inf"], "optimizer.lr must be a finite number > 0, got inf"),
-    (QUICKSTART, ["optimizer.lr=0"], "optimizer.lr must be a finite number > 0, got 0"),
+    (QUICKSTART, ["optimizer.lr=.inf"], "optimizer.lr must be a finite number >= 0, got inf"),
+    (QUICKSTART, ["optimizer.lr=-0.1"], "optimizer.lr must be a finite number >= 0, got -0.1"),
     (QUICKSTART, ["optimizer.min_lr=1e-2"], "optimizer.min_lr must be a finite number >= 0 and <= optimizer.lr "
                                             "(0.002), got 0.01"),
     (QUICKSTART, ["optimizer.weight_decay=-0.1"], "optimizer.weight_decay must be a finite number >= 0, got -0.1"),
@@ -95,7 +95,7 @@ BROKEN = [
     (QUICKSTART, ["scheduler.warmup_steps=-1"], "scheduler.warmup_steps must be an integer >= 0, got -1"),
     (QUICKSTART, ["scheduler.decay_steps=0"], "scheduler.decay_steps must be an integer >= 1 (or unset: "
                                               "training.steps), got 0"),
-    ("configs/diffusion-moving-squares.yaml", ["optimizer.lr=-1"], "optimizer.lr must be a finite number > 0"),
+    ("configs/diffusion-moving-squares.yaml", ["optimizer.lr=-1"], "optimizer.lr must be a finite number >= 0"),
     (EMBODIED, ["task.bogus=1"], "unknown key 'task.bogus' (known keys here: data, synthetic, held_out_episodes"),
     (EMBODIED, ["task.action_horizon=abc"], "'task.action_horizon' must be an integer, got 'abc'"),
     (EMBODIED, ["task.eval.frame=3"], "unknown key 'task.eval.frame' (known keys here: frames, steps, seed); did you "

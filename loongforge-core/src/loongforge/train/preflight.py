@@ -137,7 +137,7 @@ def _check_hyperparameters(config: LoongForgeConfig) -> None:
     """Optimizer and schedule values in range (the types are checked when the config loads)."""
     opt, sched = config.optimizer, config.scheduler
     rules = (  # (key, value, within range -- given it is a finite number --, what it must be)
-        ("optimizer.lr", opt.lr, opt.lr > 0, "a finite number > 0"),
+        ("optimizer.lr", opt.lr, opt.lr >= 0, "a finite number >= 0"),  # 0: weights stay (parity and load checks)
         ("optimizer.min_lr", opt.min_lr, 0 <= opt.min_lr <= opt.lr, f"a finite number >= 0 and <= optimizer.lr "
                                                                       f"({opt.lr})"),
         ("optimizer.weight_decay", opt.weight_decay, opt.weight_decay >= 0, "a finite number >= 0"),
