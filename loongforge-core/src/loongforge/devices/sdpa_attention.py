@@ -22,6 +22,7 @@ from megatron.core.transformer.utils import is_layer_window_attention
 from megatron.core.utils import divide
 
 from loongforge.devices import ulysses
+from loongforge.errors import ConfigError
 
 #: ``enable_gqa`` appeared in torch 2.5; older torch gets K/V repeated explicitly.
 _SDPA_HAS_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
@@ -81,11 +82,11 @@ class SDPAttention(MegatronModule):
         self.window = (config.window_size[0] if is_layer_window_attention(
             config.window_size, config.window_attn_skip_freq, layer_number) else None)
         if self.window is not None and config.window_size[1] != 0:
-            raise NotImplementedError(f"SDPAttention supports causal windows (right size 0), not {config.window_size}")
+            raise ConfigError(f"SDPAttention supports causal windows (right size 0), not {config.window_size}")
         self.softcap = softcap
         if (self.window is not None or softcap is not None) and self.cp_group is not None:
-            raise NotImplementedError("SDPAttention does not support sliding windows or soft-capping with context "
-                                      "parallelism")
+            raise ConfigError("SDPAttention does not support sliding windows or soft-capping with context "
+                              "parallelism (parallel.cp > 1); use cp=1")
 
     def forward(
         self,
