@@ -33,3 +33,15 @@ def installed_example(name: str, workdir: Path) -> Iterator[Path]:
         yield source
     finally:
         pip("uninstall", "--yes", name)
+
+
+def plugin_site(root: Path, module: str, source: str) -> Path:
+    """``root`` holding the one-module plugin ``module`` (``source``) as an installed distribution -- a
+    ``.dist-info`` with a ``loongforge`` entry point -- so that every process with ``root`` on ``PYTHONPATH``
+    discovers it the way it discovers a pip-installed plugin (the ranks torchrun starts included)."""
+    (root / f"{module}.py").write_text(source)
+    info = root / f"{module}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module.replace('_', '-')}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[loongforge]\n{module} = {module}\n")
+    return root

@@ -82,7 +82,8 @@ def test_the_checkpoint_being_written_is_never_a_candidate(tmp_path):
 def test_a_steady_run_hashes_nothing_when_pruning(tmp_path, monkeypatch):
     calls: list[str] = []
     real = layout_module.verify_manifest
-    monkeypatch.setattr(layout_module, "verify_manifest", lambda path: calls.append(Path(path).name) or real(path))
+    monkeypatch.setattr(layout_module, "verify_manifest",
+                        lambda path, **how: calls.append(Path(path).name) or real(path, **how))
     ckpt = CheckpointDir(tmp_path, keep_last=2)
     for step in (2, 4, 6, 8):
         _save(ckpt, step)

@@ -23,7 +23,7 @@ class Hello:
     def loongforge_register_commands(self, commands):
         commands.add("hello", help="greet someone", configure=self.configure, run=self.run)
         commands.add_handler("convert hf-to-mcore", "hello-files", accepts="a *.hello file",
-                             claims=lambda source: source.endswith(".hello"), configure=self.configure,
+                             claims=lambda source, trust_code: source.endswith(".hello"), configure=self.configure,
                              run=self.run)
 
     @staticmethod

@@ -1,16 +1,24 @@
 """Numerical health and metrics that survive a crash (issue 17): a diverging run stops at its first NaN/Inf step
 with one line and exit status 2, keeps only the healthy checkpoints saved before it, and writes metrics.jsonl as
 valid JSON (``null`` for NaN); the metrics of a saved step are on disk when its checkpoint is, and a resumed run
-appends after it without holes or duplicates."""
+appends after it without holes or duplicates.
+
+The recovering policies run through the CLI with a plugin that corrupts chosen forwards of the real model
+(:class:`Fault`): ``skip_step`` leaves the bad update out in both engines (weights, Adam's moments and step count,
+the schedule and a task's EMA are what they were before the step), ``rewind`` goes back to the newest checkpoint and
+on with the batches after the bad one, ``max_recoveries`` bounds both, and a loss spike is a bad step too."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import re
+import statistics
 from pathlib import Path
 
 import pytest
+import torch
 from loongforge import hookimpl, load_config
 from loongforge.cli import main
 from loongforge.errors import TrainingDivergedError
@@ -70,8 +78,8 @@ class Poison:
         self.at, self.field, self.value, self.calls = at, field, value, 0
 
     def wrap(self, train_step):
-        def poisoned(engine):
-            result = train_step(engine)
+        def poisoned(engine, screen=None):
+            result = train_step(engine, screen)
             self.calls += 1
             return dataclasses.replace(result, **{self.field: self.value}) if self.calls == self.at else result
         return poisoned
@@ -139,3 +147,236 @@ def test_metrics_of_a_saved_step_are_on_disk_and_resume_appends_after_it(tmp_pat
     assert [row["step"] for row in rows] == [1, 2, 3, 4, 5, 6]
     assert rows[:3] == first[:3]
     assert rows[3]["loss"] == first[3]["loss"]  # the resumed step 4 repeats the lost one bit for bit
+
+
+# -- the recovering policies ------------------------------------------------------------------------------------------
+
+#: A short run of the tiny LLM with no text sample at the end.
+SHORT_LLM = [*TINY_LLM, "training.sample_tokens=0", "logging.interval=1"]
+
+
+class Fault:
+    """A plugin that, through ``loongforge_modify_model`` as any plugin may, corrupts chosen forwards of the model.
+
+    ``nan`` multiplies the forward's output by NaN (loss and gradients NaN); ``grad_inf`` keeps the output but
+    makes the gradient flowing back through it infinite (a finite loss over non-finite gradients); ``spike``
+    multiplies the output by 50 (a finite loss far above the others). Forwards are counted over the run -- one per
+    step here -- so a step trained again after a rewind is not corrupted again. ``inputs`` keeps each forward's
+    first input (the batch's tokens, showing the data order); ``states`` each step's weights, optimizer state and
+    task state at ``on_step_end``; ``loaded`` the same right after a checkpoint was loaded.
+    """
+
+    def __init__(self, kind: str, at: set[int]) -> None:
+        self.kind = kind
+        self.restart(at)
+
+    def restart(self, at: set[int]) -> None:
+        """Count afresh, for another run, corrupting the forwards ``at``."""
+        self.at = at
+        self.forwards = 0
+        self.inputs: list[torch.Tensor] = []
+        self.states: dict[int, dict] = {}
+        self.loaded: dict | None = None
+
+    @hookimpl
+    def loongforge_modify_model(self, model):
+        (model[0] if isinstance(model, list) else model).register_forward_hook(self._forward)
+
+    def _forward(self, module, args, output):
+        self.forwards += 1
+        self.inputs.append(args[0].detach().clone())
+        if self.forwards not in self.at:
+            return None
+        if self.kind == "grad_inf":
+            output.register_hook(lambda grad: grad * float("inf"))
+            return None
+        return output * (float("nan") if self.kind == "nan" else 50.0)
+
+    @hookimpl
+    def loongforge_on_step_end(self, trainer, step):
+        self.states[step] = _state(trainer)
+
+    @hookimpl
+    def loongforge_on_checkpoint_load(self, trainer):
+        self.loaded = _state(trainer)
+
+
+def _state(trainer) -> dict:
+    """What an update changes: weights and optimizer state (moments, step counts); and a task's own state."""
+    chunks = trainer.model if isinstance(trainer.model, list) else [trainer.model]
+    state = {"weights": {f"{i}.{name}": p.detach().clone() for i, chunk in enumerate(chunks)
+                         for name, p in chunk.named_parameters()},
+             "optimizer": copy.deepcopy(trainer.optimizer.state_dict())}
+    task = {"task": copy.deepcopy(trainer.engine.task.state_dict())} if trainer.engine.name == "task" else {}
+    return {**state, **task}
+
+
+def _equal(a, b) -> bool:
+    """Exactly equal, tensors bit for bit, through nested dicts and lists."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(_equal, a, b))
+    return a == b
+
+
+def _train_cli(capsys, out: Path, *overrides: str) -> tuple[int, list[str]]:
+    """``loongforge train`` of the tiny LLM (in this process, as the console script runs it); exit status and the
+    stderr lines."""
+    code = main(["train", QUICKSTART, *SHORT_LLM, f"run.output_dir={out}", *overrides])
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def _assert_skipped(fault: Fault, rows: list[dict], step: int) -> None:
+    """Step ``step`` left the weights and the optimizer as the step before it left them, and training went on."""
+    for part in ("weights", "optimizer"):
+        assert _equal(fault.states[step][part], fault.states[step - 1][part]), part
+    assert not _equal(fault.states[step + 1]["weights"], fault.states[step]["weights"])
+    # The schedule stood still for the skipped update (it moves every step during warmup otherwise).
+    assert rows[step]["lr"] == rows[step - 1]["lr"] != rows[step - 2]["lr"]
+
+
+@pytest.mark.parametrize(("kind", "what"), [("nan", "loss is nan"), ("grad_inf", "gradients are not finite (nan)")])
+def test_skip_step_leaves_the_bad_update_out_llm(tmp_path, capsys, register_plugin, kind, what):
+    out = tmp_path / "run"
+    fault = register_plugin(Fault(kind, at={3}), "fault")
+    code, err = _train_cli(capsys, out, "training.steps=5", "training.on_nonfinite=skip_step")
+
+    assert code == 0, err
+    rows = _rows(out)
+    assert [row["step"] for row in rows] == [1, 2, 3, 4, 5]
+    bad = rows[2]
+    assert (bad["bad"], bad["action"], bad["skipped"]) == ("nonfinite", "skip_step", True)
+    assert (bad["loss"] is None) == (kind == "nan")  # grad_inf: the loss itself was finite
+    assert [row for row in rows if "bad" in row] == [bad]
+    _assert_skipped(fault, rows, 3)
+    assert all(torch.isfinite(w).all() for w in fault.states[5]["weights"].values())
+    assert _saved_steps(out) == [5]
+    assert [line for line in err if "warning" in line] == [
+        f"[loongforge] warning: step 3: {what}; its update was left out (recovery 1 of training.max_recoveries 3) "
+        "(training.on_nonfinite: skip_step)"]
+
+
+@pytest.mark.needs_plugins  # the task recipe's model is a plugin's
+def test_skip_step_leaves_the_bad_update_out_task(tmp_path, capsys, register_plugin):
+    out = tmp_path / "run"
+    fault = register_plugin(Fault("nan", at={3}), "fault")
+    code = main(["train", "configs/diffusion-moving-squares.yaml", f"run.output_dir={out}",
+                 "model.overrides.num_layers=1", "task.samples=16", "task.sample={videos: 0}",
+                 "training.micro_batch_size=2", "training.threads=1", "logging.progress=false",
+                 "logging.tensorboard=false", "logging.interval=1", "training.steps=5", "checkpoint.interval=0",
+                 "training.on_nonfinite=skip_step"])
+    err = capsys.readouterr().err
+
+    assert code == 0, err
+    rows = _rows(out)
+    assert [row["step"] for row in rows] == [1, 2, 3, 4, 5]
+    assert (rows[2]["bad"], rows[2]["action"], rows[2]["loss"]) == ("nonfinite", "skip_step", None)
+    _assert_skipped(fault, rows, 3)
+    # The task's after-step work did not run either: its EMA of the weights is as after step 2. (Its noise draws
+    # moved on with the data: ``steps`` counts the batches drawn.)
+    before, after = fault.states[2]["task"]["ema"], fault.states[3]["task"]["ema"]
+    assert after["num_updates"] == before["num_updates"] == 2 and _equal(after["shadow"], before["shadow"])
+    assert fault.states[4]["task"]["ema"]["num_updates"] == 3
+    assert "step 3: loss is nan; its update was left out" in err
+
+
+def test_rewind_reloads_the_newest_checkpoint_and_goes_on_after_the_bad_batch(tmp_path, capsys, register_plugin):
+    fault = register_plugin(Fault("nan", at=set()), "fault")
+    assert _train_cli(capsys, tmp_path / "straight", "training.steps=10", "checkpoint.interval=0")[0] == 0
+    uninterrupted = fault.inputs
+
+    out = tmp_path / "run"
+    fault.restart(at={5})
+    code, err = _train_cli(capsys, out, "training.steps=8", "checkpoint.interval=3", "checkpoint.keep_last=0",
+                           "training.on_nonfinite=rewind")
+
+    assert code == 0, err
+    rows = _rows(out)
+    newest = out / "checkpoints" / "step-0000003"
+    assert [row["step"] for row in rows] == [1, 2, 3, 4, 5, 4, 5, 6, 7, 8]  # steps 4 and 5 trained again
+    bad = rows[4]
+    assert (bad["bad"], bad["action"], bad["checkpoint"]) == ("nonfinite", "rewind", str(newest))
+    assert [row for row in rows if "bad" in row] == [bad]
+    # Training went on from the checkpoint's weights, optimizer state and schedule ...
+    assert _equal(fault.loaded, fault.states[3])
+    assert rows[5]["lr"] == rows[3]["lr"]
+    # ... but not with the same batches: the data went on after the bad batch, as in the run without a fault.
+    assert len(fault.inputs) == 10
+    assert all(torch.equal(a, b) for a, b in zip(fault.inputs, uninterrupted, strict=True))
+    assert _saved_steps(out) == [3, 6, 8]
+    assert f"[loongforge] warning: step 5: loss is nan; rewound to {newest} (step 3), going on with the batches " \
+           "after this one (recovery 1 of training.max_recoveries 3) (training.on_nonfinite: rewind)" in err, err
+
+
+def test_rewind_without_a_checkpoint_stops(tmp_path, capsys, register_plugin):
+    register_plugin(Fault("nan", at={2}), "fault")
+    code, err = _train_cli(capsys, tmp_path / "run", "training.steps=4", "checkpoint.interval=0",
+                           "training.on_nonfinite=rewind")
+    assert code == 2
+    assert err == ["error: step 2: loss is nan (training.on_nonfinite: rewind; no checkpoint to rewind to yet); no "
+                   "checkpoint was saved before it"]
+    rows = _rows(tmp_path / "run")
+    assert [(row["step"], row.get("action")) for row in rows] == [(1, None), (2, "stop")]
+
+
+def test_recoveries_beyond_max_recoveries_stop(tmp_path, capsys, register_plugin):
+    out = tmp_path / "run"
+    register_plugin(Fault("nan", at={2, 4}), "fault")
+    code, err = _train_cli(capsys, out, "training.steps=6", "checkpoint.interval=3",
+                           "training.on_nonfinite=skip_step", "training.max_recoveries=1")
+    assert code == 2
+    assert err[-1] == (f"error: step 4: loss is nan (training.on_nonfinite: skip_step; bad step 2, over "
+                       f"training.max_recoveries 1); the newest checkpoint before it is {out}/checkpoints/step-0000003")
+    assert [(row["step"], row.get("action")) for row in _rows(out)] == [
+        (1, None), (2, "skip_step"), (3, None), (4, "stop")]
+    assert _saved_steps(out) == [3]
+
+
+#: Spike detection over a short window: the tiny LLM's loss never triples from one step to the next on its own.
+SPIKES = ["training.spike_factor=3", "training.spike_window=3"]
+
+
+@pytest.mark.parametrize("policy", ["stop", "skip_step"])
+def test_a_loss_spike_is_a_bad_step(tmp_path, capsys, register_plugin, policy):
+    out = tmp_path / "run"
+    fault = register_plugin(Fault("spike", at={5}), "fault")
+    code, err = _train_cli(capsys, out, "training.steps=6", *SPIKES, f"training.on_nonfinite={policy}")
+
+    rows = _rows(out)
+    spike, median = rows[4]["loss"], statistics.median(row["loss"] for row in rows[1:4])
+    assert spike > 3 * median  # a real forward, 50 times louder: finite, and above the factor
+    assert (rows[4]["bad"], rows[4]["action"]) == ("spike", policy)
+    what = f"loss spike: {spike!r} > 3.0 x {median!r} (the median loss of the previous 3 steps)"
+    if policy == "stop":
+        assert code == 2 and [row["step"] for row in rows] == [1, 2, 3, 4, 5]
+        assert err == [f"error: step 5: {what} (training.on_nonfinite: stop); no checkpoint was saved before it"]
+    else:
+        assert code == 0 and [row["step"] for row in rows] == [1, 2, 3, 4, 5, 6]
+        assert "bad" not in rows[5]  # the spike's loss stayed out of the window
+        assert _equal(fault.states[5]["weights"], fault.states[4]["weights"])
+        assert f"[loongforge] warning: step 5: {what}; its update was left out (recovery 1 of " \
+               "training.max_recoveries 3) (training.on_nonfinite: skip_step)" in err
+
+
+def test_spike_detection_leaves_a_healthy_run_alone(tmp_path, capsys):
+    out = tmp_path / "run"
+    code, err = _train_cli(capsys, out, "training.steps=12", *SPIKES, "training.on_nonfinite=skip_step")
+    assert code == 0, err
+    rows = _rows(out)
+    assert len(rows) == 12 and not any("bad" in row or row["skipped"] for row in rows)
+    assert not any("warning" in line for line in err), err
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("training.spike_factor=1", "training.spike_factor must be a number > 1 (or null: no spike detection), got 1.0"),
+    ("training.spike_factor=.nan", "training.spike_factor must be a number > 1 (or null: no spike detection), "
+                                   "got nan"),
+    ("training.spike_window=0", "training.spike_window must be an integer >= 1, got 0"),
+    ("training.max_recoveries=-1", "training.max_recoveries must be an integer >= 0, got -1"),
+])
+def test_health_settings_out_of_range_are_one_line(capsys, override, message):
+    assert main(["check", QUICKSTART, override]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: {QUICKSTART}: {message}"]

@@ -17,7 +17,7 @@ def test_core_and_first_party_plugins_are_discovered():
     host = PluginHost()
     assert FIRST_PARTY <= set(host.plugins)
     assert host.plugins["vlm"].distribution == "loongforge-vlm"
-    assert host.plugins["core"].version == "0.2.0"
+    assert host.plugins["core"].version == "0.3.0"
 
 
 def test_core_registers_through_its_own_hooks():

@@ -18,7 +18,7 @@ from loongforge.data.packing import ChatRowDataset, pack_rows
 from loongforge.data.sft import read_conversations, render_spans, tokenize_conversation
 from loongforge.data.tokenizers import ByteTokenizer, HFTokenizer
 from loongforge.errors import ConfigError
-from loongforge.train.batches import _split
+from loongforge.train.batches import split_dataset
 
 BYTE = ByteTokenizer()
 CHATML = (
@@ -169,8 +169,8 @@ def test_packed_rows_restart_positions_confine_attention_and_keep_every_target()
 def test_phase_must_match_the_data(tmp_path):
     chat = shipped_chat([], BYTE)
     with pytest.raises(ConfigError, match="'shipped-chat' is chat data but training.phase is 'pretrain'"):
-        _split(chat, load_config(None, ["data.dataset=shipped-chat"]))
+        split_dataset(chat, load_config(None, ["data.dataset=shipped-chat"]))
     with pytest.raises(ConfigError, match="training.phase must be one of pretrain, sft, got 'rlhf'"):
-        _split(chat, load_config(None, ["training.phase=rlhf"]))
-    train, valid = _split(chat, load_config(None, ["training.phase=sft", "data.valid_fraction=0.1"]))
+        split_dataset(chat, load_config(None, ["training.phase=rlhf"]))
+    train, valid = split_dataset(chat, load_config(None, ["training.phase=sft", "data.valid_fraction=0.1"]))
     assert isinstance(train, ChatRowDataset) and (len(train), len(valid)) == (360, 40)

@@ -1,14 +1,21 @@
-"""A broken LeRobotDataset fails when opened (or read) with one line naming the file and the episode."""
+"""A broken LeRobotDataset fails when opened (or read) with one line naming the file and the episode: through the
+reader, and through ``loongforge check`` and ``loongforge train`` on the embodied recipe (every fault of
+:mod:`lerobot_faults`), never as a traceback."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from lerobot_faults import FAULTS, RECIPE, run_overrides
+from loongforge.cli import main
+from loongforge.errors import LoongForgeError
 from loongforge_embodied.data.lerobot_dataset import LeRobotDataset
 from loongforge_embodied.data.lerobot_format import LeRobotFormatError
 from loongforge_embodied.data.synthetic import write_synthetic_dataset
@@ -147,3 +154,74 @@ def test_ragged_list_column(pristine, tmp_path):
     message = _open_error(root)
     assert "episode_000001.parquet: column 'action'" in message and "different lengths" in message
     assert "(episode 1)" in message
+
+
+# -- every fault of lerobot_faults, through each entry point ---------------------------------------------------------
+def test_the_faults_are_distinct_and_many():
+    assert len(FAULTS) >= 25
+    assert len({f.name for f in FAULTS}) == len(FAULTS)
+
+
+def test_a_format_error_is_one_the_cli_prints_as_one_line():
+    assert issubclass(LeRobotFormatError, LoongForgeError) and issubclass(LeRobotFormatError, ValueError)
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.name)
+def test_the_reader_names_the_fault(fault, tmp_path):
+    root = fault.make(tmp_path)
+    with pytest.raises(LeRobotFormatError) as caught:
+        LeRobotDataset(root).check_videos()
+    message = str(caught.value)
+    assert "\n" not in message and fault.expected in message and str(root) in message
+
+
+def test_check_videos_opens_every_file_or_a_spread_sample(pristine, tmp_path):
+    root = shutil.copytree(pristine["v2.1"], tmp_path / "dataset")
+    assert LeRobotDataset(root).check_videos() == (3, 3)
+    middle = root / f"videos/chunk-000/{CAM}/episode_000001.mp4"
+    middle.write_bytes(bytes(middle.stat().st_size))
+    dataset = LeRobotDataset(root)
+    assert dataset.check_videos(max_files=2) == (2, 3)  # episodes 0 and 2: the zeroed file in between is not opened
+    with pytest.raises(LeRobotFormatError, match="episode_000001.mp4: episode 1 .*not a readable video"):
+        dataset[12]  # ... and fails, in one line, when read
+    with pytest.raises(LeRobotFormatError, match="episode_000001.mp4: episode 1"):
+        dataset.check_videos()
+
+
+def _cli(argv, capsys) -> tuple[int, list[str], str]:
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, [line for line in captured.err.splitlines() if line.strip()], captured.out
+
+
+def test_check_and_train_accept_the_pristine_dataset(tmp_path, capsys):
+    root, _ = write_synthetic_dataset(tmp_path / "dataset", version="v3.0")
+    code, err, out = _cli(["check", RECIPE, *run_overrides(root, tmp_path / "run")], capsys)
+    assert code == 0, err
+    assert (f"task.data: {root}: LeRobot v3.0, 3 episodes, 37 frames at 10 fps, cameras ['{CAM}']; 2 of 2 video "
+            "file(s) opened") in out
+    code, err, out = _cli(["train", RECIPE, *run_overrides(root, tmp_path / "run")], capsys)
+    assert code == 0, err
+    assert (tmp_path / "run/checkpoints/step-0000001/model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("command", ["check", "train"])
+@pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.name)
+def test_check_and_train_refuse_the_fault_in_one_line(fault, command, tmp_path, capsys):
+    root = fault.make(tmp_path)
+    code, err, out = _cli([command, RECIPE, *run_overrides(root, tmp_path / "run")], capsys)
+    assert code == 2, out
+    assert len(err) == 1 and err[0].startswith("error: ") and fault.expected in err[0], err
+    assert not list(tmp_path.glob("run/checkpoints/step-*"))  # nothing trained
+
+
+def test_the_commands_as_processes_print_one_line(tmp_path):
+    """What a user sees: ``loongforge check`` / ``train`` on a dataset with a corrupt video, exit 2, no traceback."""
+    fault = next(f for f in FAULTS if f.name == "corrupt-video")
+    root = fault.make(tmp_path)
+    for command in ("check", "train"):
+        done = subprocess.run([sys.executable, "-m", "loongforge.cli", command, RECIPE,
+                               *run_overrides(root, tmp_path / "run")], capture_output=True, text=True, timeout=300)
+        errors = [line for line in done.stderr.splitlines() if line.strip()]
+        assert done.returncode == 2 and len(errors) == 1 and fault.expected in errors[0], done.stderr
+        assert "Traceback" not in done.stderr + done.stdout

@@ -118,11 +118,11 @@ def test_protocol_keeps_arrays_exact():
 
 
 def test_server_answers_like_the_policy_and_reports_errors():
-    policy = RandomPolicy(horizon=6)
-    policy.metadata["state_dim"] = 39
+    policy = RandomPolicy(horizon=6, state_dim=39)
     state = np.linspace(0, 1, 39)
-    with serving(policy) as url, PolicyClient(url) as client:
-        assert client.metadata == {**policy.metadata}
+    with serving(policy) as url, PolicyClient(url) as client:  # the limits: 8 x a float64 state + 64 KiB, 4 clients
+        assert client.metadata == {**policy.metadata,
+                                   "limits": {"max_message_bytes": 8 * 8 * 39 + 64 * 1024, "max_connections": 4}}
         chunk = client.act("reach the goal", state, seed=7)
         assert chunk.shape == (6, 4)
         np.testing.assert_array_equal(chunk, policy.act("reach the goal", state, seed=7))

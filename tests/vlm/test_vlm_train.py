@@ -81,8 +81,9 @@ def test_mismatched_vision_tokens_fail_in_one_line(tmp_path):
     from loongforge.errors import LoongForgeError
     from loongforge.train.run import run_training
 
-    with pytest.raises(LoongForgeError, match=r"^tokenizer 'byte-vision' writes vision token ids that the model does "
-                                              r"not use: image pad 259 \(model: 380\)"):
+    # found when the data is opened, in pre-flight: the line names the config it comes from
+    with pytest.raises(LoongForgeError, match=r"^\S*configs/vlm-shapes\.yaml: tokenizer 'byte-vision' writes vision "
+                                              r"token ids that the model does not use: image pad 259 \(model: 380\)"):
         run_training(_config(tmp_path / "run", "model.name=qwen2-vl-tiny", "model.encoder=null",
                              "model.projector=null", "model.foundation=null", "training.steps=1"))
 

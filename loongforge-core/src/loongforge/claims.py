@@ -10,20 +10,21 @@ import json
 from pathlib import Path
 
 from loongforge.checkpoint.layout import CONFIG_YAML, CheckpointNotFoundError, find_checkpoint
-from loongforge.config.loader import load_config
+from loongforge.config.loader import load_checkpoint_config
 from loongforge.models.family import ModelFamily
 from loongforge.resolve import resolve_model_flavor
 
 
-def checkpoint_model(source: str) -> ModelFamily | None:
+def checkpoint_model(source: str, *, trust_code: bool) -> ModelFamily | None:
     """The model a LoongForge checkpoint ``source`` (a step directory or a checkpoint root) was trained as, or
     ``None`` when ``source`` is no LoongForge checkpoint: what handlers' ``claims`` look at to tell their
-    checkpoints apart (an unknown model name in it still raises, naming the plugin that may provide it)."""
+    checkpoints apart (an unknown model name in it still raises, naming the plugin that may provide it).
+    ``trust_code`` is what the claims received: a ``pkg.module:attr`` model name imports only with it."""
     try:
         path = find_checkpoint(source)
     except CheckpointNotFoundError:
         return None
-    return resolve_model_flavor(load_config(path / CONFIG_YAML))
+    return resolve_model_flavor(load_checkpoint_config(path / CONFIG_YAML, trust_code=trust_code))
 
 
 def hf_config_names(source: str) -> tuple[str | None, str | None]:

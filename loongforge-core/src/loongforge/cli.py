@@ -4,7 +4,7 @@ Every command -- core's too -- is registered through ``loongforge_register_comma
 only the chosen command's arguments are configured, so ``plugins``, ``list`` and ``doctor`` never import torch
 and answer in well under two seconds.
 Errors that are the user's to fix (:class:`LoongForgeError`) are printed as one line, without a traceback,
-and exit with status 2.
+and exit with status 2; a ``train`` preempted by SIGTERM/SIGUSR1 saves, says so in one line and exits with 3.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import warnings
 from collections.abc import Sequence
 
 from loongforge import __version__ as loongforge_version
-from loongforge.commands import DISPATCH_POINTS, CommandRegistry
-from loongforge.errors import ConfigError, LoongForgeError
+from loongforge.commands import DISPATCH_POINTS, CommandRegistry, add_trust_code_option
+from loongforge.errors import ConfigError, LoongForgeError, TrainingPreempted
 from loongforge.plugins import CORE_PLUGIN, PluginHost, get_host
 from loongforge.registry import REGISTRY_KINDS, UnknownComponentError, missing_provider_hint, plural
 
@@ -32,6 +32,15 @@ def _configure_train(train: argparse.ArgumentParser) -> None:
     train.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. training.steps=50")
     train.add_argument("--device", help="device backend name or 'auto' (beats LOONGFORGE_DEVICE and the config)")
     train.add_argument("--nproc", type=int, help="start this many local processes (as torchrun would)")
+    train.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                       help="with --nproc: when a process dies, restart all of them up to N times; they resume "
+                            "from the newest checkpoint (needs checkpoint.resume: auto)")
+    add_trust_code_option(train, checkpoint="the checkpoint model.load names (sets run.trust_code)")
+
+
+def _overrides(args: argparse.Namespace) -> list[str]:
+    """The ``key=value`` overrides, with ``--trust-code`` (``train``, ``check``) as ``run.trust_code=true``."""
+    return [*args.overrides, *(["run.trust_code=true"] if args.trust_code else [])]
 
 
 def _configure_list(lister: argparse.ArgumentParser) -> None:
@@ -63,6 +72,7 @@ def _configure_check(check: argparse.ArgumentParser) -> None:
     check.add_argument("config")
     check.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     check.add_argument("--nproc", type=int, default=1, help="world size the layout must fit (default 1)")
+    add_trust_code_option(check, checkpoint="the checkpoint model.load names (sets run.trust_code)")
 
 
 def _configure_preprocess(prep: argparse.ArgumentParser) -> None:
@@ -80,6 +90,7 @@ def _configure_convert(convert: argparse.ArgumentParser) -> None:
         sub = direction.add_parser(name, help=what, description=f"{what}. {_handlers_text(point)}",
                                    epilog="Options after SOURCE OUT belong to the handler that claims SOURCE "
                                           f"(loongforge {point} SOURCE OUT --help shows them).")
+        add_trust_code_option(sub)
         sub.add_argument("source", help=DISPATCH_POINTS[point])
         sub.add_argument("out", help="new output directory (or file, where the handler writes one)")
         sub.add_argument("options", nargs=argparse.REMAINDER, help="the claiming handler's options")
@@ -87,6 +98,7 @@ def _configure_convert(convert: argparse.ArgumentParser) -> None:
 
 def _configure_eval(evaluate: argparse.ArgumentParser) -> None:
     evaluate.description = f"Evaluate a checkpoint with the evaluator of its model. {_handlers_text('eval')}"
+    add_trust_code_option(evaluate)
     evaluate.add_argument("source", help=DISPATCH_POINTS["eval"])
     evaluate.add_argument("options", nargs=argparse.REMAINDER, help="the claiming evaluator's options")
 
@@ -100,6 +112,7 @@ def _configure_generate(gen: argparse.ArgumentParser) -> None:
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0 = off)")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--tokenizer", help="override the checkpoint's tokenizer: byte or hf:/dir")
+    add_trust_code_option(gen)
 
 
 def _handlers_text(point: str) -> str:
@@ -201,17 +214,29 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from loongforge.config import load_config
     from loongforge.resolve import resolve_names
 
-    config = load_config(args.config, args.overrides)
+    overrides = _overrides(args)
+    config = load_config(args.config, overrides)
     resolve_names(config)  # fail on a misspelled name before torch and megatron load
     if args.nproc is not None:
         from loongforge.parallel.launch import launch_local
 
         device = ["--device", args.device] if args.device else []
-        return launch_local(config, args.nproc, ["train", args.config, *args.overrides, *device])
+        return launch_local(config, args.nproc, ["train", args.config, *overrides, *device],
+                            max_restarts=args.max_restarts)
+    if args.max_restarts:
+        raise ConfigError("--max-restarts restarts the processes that --nproc starts; under torchrun, give torchrun "
+                          "its own --max-restarts")
 
     from loongforge.train.run import run_training
 
-    run_training(config, device=args.device)
+    try:
+        run_training(config, device=args.device)
+    except TrainingPreempted as exc:  # saved and stopped on a signal: not an error, a status to requeue on
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"[loongforge] {exc}", file=sys.stderr, flush=True)
+        else:
+            time.sleep(2)  # as for errors: rank 0 prints before the launcher sees this exit and stops the others
+        return exc.exit_status
     return 0
 
 
@@ -239,7 +264,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
     if args.nproc < 1:
         raise ConfigError(f"--nproc must be >= 1, got {args.nproc}")
-    config = load_config(args.config, args.overrides)
+    config = load_config(args.config, _overrides(args))
     for line in preflight(config, nproc=args.nproc):
         print(line)
     print(f"{args.config}: OK")
@@ -283,23 +308,28 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    return _run_handler(f"convert {args.direction}", args.options, source=args.source, out=args.out)
+    return _run_handler(f"convert {args.direction}", args, source=args.source, out=args.out)
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    return _run_handler("eval", args.options, source=args.source)
+    return _run_handler("eval", args, source=args.source)
 
 
-def _run_handler(point: str, options: list[str], **fixed: str) -> int:
-    """Run the handler of ``point`` that claims ``fixed["source"]``, with its own options parsed from ``options``
-    and the point's arguments (``source``, ``out``) set on the namespace it receives."""
-    handler = get_host().commands().handler_for(point, fixed["source"])
+def _run_handler(point: str, point_args: argparse.Namespace, **fixed: str) -> int:
+    """Run the handler of ``point`` that claims ``fixed["source"]``, with its own options parsed from
+    ``point_args.options`` and the point's arguments (``source``, ``out``, ``trust_code``) set on the namespace it
+    receives. ``--trust-code`` is the point's wherever it stands, before SOURCE or among the handler's options: the
+    claims need it before the handler is known."""
+    options = [option for option in point_args.options if option != "--trust-code"]
+    trust_code = point_args.trust_code or len(options) < len(point_args.options)
+    handler = get_host().commands().handler_for(point, fixed["source"], trust_code=trust_code)
     parser = argparse.ArgumentParser(prog=f"loongforge {point} {' '.join(k.upper() for k in fixed)}",
                                      description=f"{handler.name} ({handler.provider}): {handler.accepts}")
     handler.configure(parser)
     args = parser.parse_args(options)
     for key, value in fixed.items():
         setattr(args, key, value)
+    args.trust_code = trust_code
     return handler.run(args)
 
 
@@ -308,7 +338,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     print(generate_from_checkpoint(
         args.checkpoint, args.prompt, tokens=args.tokens, temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, seed=args.seed, tokenizer=args.tokenizer,
+        top_p=args.top_p, seed=args.seed, tokenizer=args.tokenizer, trust_code=args.trust_code,
     ))
     return 0
 

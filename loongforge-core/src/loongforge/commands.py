@@ -6,8 +6,13 @@ puts its arguments on an :class:`argparse.ArgumentParser`, ``run(args) -> int`` 
 apply to many kinds of input -- ``loongforge convert`` (a Hugging Face LLM directory, a Qwen2-VL directory, a
 LeRobot checkpoint ...) and ``loongforge eval`` -- so instead of one provider owning them, each plugin adds a
 *handler* for its kind with ``commands.add_handler(point, name, accepts=..., claims=..., ...)`` and the command
-runs the handler whose ``claims(source)`` says yes. Core declares the points; it never names what a plugin
-handles, and an unclaimed source is refused with one line listing what every handler ``accepts``.
+runs the handler whose ``claims(source, trust_code=...)`` says yes. Core declares the points; it never names what a
+plugin handles, and an unclaimed source is refused with one line listing what every handler ``accepts``.
+
+Every command that reads a checkpoint takes ``--trust-code`` (:func:`add_trust_code_option`): a checkpoint's
+recorded config may name its model as ``pkg.module:attr``, and importing that module executes it, so it happens
+only when the user says the checkpoint is theirs to trust. Dispatch points parse the flag themselves and hand it to
+``claims`` (which pass it to :func:`loongforge.claims.checkpoint_model`) and to ``run`` as ``args.trust_code``.
 
 ``configure`` and ``run`` may be given as ``"package.module:function"`` strings: a command's module is then
 imported only when that command runs, so registration (and ``loongforge --help``) stays torch-free. What claims
@@ -20,13 +25,22 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from loongforge.errors import LoongForgeError
 from loongforge.registry import DuplicateComponentError, resolve_import_path
 
 Configure = Callable[[argparse.ArgumentParser], None]
 Run = Callable[[argparse.Namespace], int]
-Claims = Callable[[str], bool]
+
+
+class Claims(Protocol):
+    """``claims(source, *, trust_code) -> bool``: whether a handler takes ``source``; ``trust_code`` is the user's
+    ``--trust-code``, for :func:`loongforge.claims.checkpoint_model`."""
+
+    def __call__(self, source: str, *, trust_code: bool) -> bool: ...
+
+
 #: A callable, or its ``"package.module:attribute"`` import path (imported when used).
 Lazy = Callable | str
 
@@ -44,6 +58,14 @@ def _resolve(target: Lazy) -> Callable:
 
 def _no_options(parser: argparse.ArgumentParser) -> None:
     """The ``configure`` of a command without arguments."""
+
+
+def add_trust_code_option(parser: argparse.ArgumentParser, *, checkpoint: str = "the checkpoint") -> None:
+    """``--trust-code``, for every command that reads a checkpoint (core's and plugins' alike); ``checkpoint`` says
+    which one in the help."""
+    parser.add_argument("--trust-code", action="store_true",
+                        help=f"let a pkg.module:attr name in the config.yaml of {checkpoint} import that module, "
+                             "which runs its code: only for checkpoints you trust")
 
 
 @dataclass(frozen=True)
@@ -67,8 +89,8 @@ class Command:
 class Handler:
     """One plugin's implementation of a dispatch point (see :data:`DISPATCH_POINTS`).
 
-    ``run`` receives the namespace of the point's own arguments (``source``; ``out`` for conversions) plus
-    those the handler's ``configure`` added.
+    ``run`` receives the namespace of the point's own arguments (``source``; ``out`` for conversions;
+    ``trust_code``) plus those the handler's ``configure`` added.
     """
 
     point: str
@@ -79,8 +101,8 @@ class Handler:
     configure_target: Lazy
     run_target: Lazy
 
-    def claims(self, source: str) -> bool:
-        return bool(_resolve(self.claims_target)(source))
+    def claims(self, source: str, *, trust_code: bool) -> bool:
+        return bool(_resolve(self.claims_target)(source, trust_code=trust_code))
 
     def configure(self, parser: argparse.ArgumentParser) -> None:
         _resolve(self.configure_target)(parser)
@@ -111,7 +133,7 @@ class CommandRegistry:
 
     def add_handler(self, point: str, name: str, *, accepts: str, claims: Lazy, run: Lazy,
                     configure: Lazy = _no_options) -> None:
-        """Offer handler ``name`` at ``point`` for the sources ``claims(source)`` is true of.
+        """Offer handler ``name`` at ``point`` for the sources ``claims(source, trust_code=...)`` is true of.
 
         ``accepts`` is the line the refusal of an unclaimed source shows for this handler.
         """
@@ -139,12 +161,12 @@ class CommandRegistry:
         """Handlers of ``point`` in registration order (the order hooks run, see :mod:`loongforge.hookspecs`)."""
         return [handler for (at, _), handler in self._handlers.items() if at == point]
 
-    def handler_for(self, point: str, source: str) -> Handler:
+    def handler_for(self, point: str, source: str, *, trust_code: bool = False) -> Handler:
         """The first handler (in registration order) that claims ``source``; else one line saying what each
         registered handler accepts."""
         handlers = self.handlers(point)
         for handler in handlers:
-            if handler.claims(source):
+            if handler.claims(source, trust_code=trust_code):
                 return handler
         offered = "; ".join(f"{h.name} ({h.provider}): {h.accepts}" for h in handlers) or "none registered"
         raise LoongForgeError(f"loongforge {point}: no registered handler claims '{source}'. "

@@ -13,7 +13,7 @@ from loongforge.claims import checkpoint_model, hf_config_names
 from loongforge.commands import CommandRegistry
 
 
-def claims_hf_decoder(source: str) -> bool:
+def claims_hf_decoder(source: str, *, trust_code: bool) -> bool:
     """A Hugging Face directory whose ``config.json`` names a decoder family core reads (by architecture, or by
     ``model_type`` when it names no architecture)."""
     from loongforge.models.hf_names import FAMILIES
@@ -24,11 +24,11 @@ def claims_hf_decoder(source: str) -> bool:
     return model_type in {row[1] for row in FAMILIES.values()}
 
 
-def claims_decoder_checkpoint(source: str) -> bool:
+def claims_decoder_checkpoint(source: str, *, trust_code: bool) -> bool:
     """A LoongForge checkpoint of a megatron decoder LLM (a :class:`~loongforge.models.flavor.DecoderFlavor`)."""
     from loongforge.models.flavor import DecoderFlavor
 
-    return isinstance(checkpoint_model(source), DecoderFlavor)
+    return isinstance(checkpoint_model(source, trust_code=trust_code), DecoderFlavor)
 
 
 def _hf_decoder_accepts() -> str:
@@ -55,7 +55,7 @@ def run_hf_to_mcore(args: argparse.Namespace) -> int:
 def run_mcore_to_hf(args: argparse.Namespace) -> int:
     from loongforge.interop.convert import mcore_to_hf
 
-    print(mcore_to_hf(args.source, args.out, max_shard_size=args.max_shard_size))
+    print(mcore_to_hf(args.source, args.out, max_shard_size=args.max_shard_size, trust_code=args.trust_code))
     return 0
 
 

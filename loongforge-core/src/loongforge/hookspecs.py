@@ -107,8 +107,9 @@ def loongforge_register_commands(commands: CommandRegistry) -> None:
 
     :param commands: ``commands.add(name, help=..., configure=fn(parser), run=fn(args) -> int)`` adds
         ``loongforge NAME``; ``configure`` adds its arguments to an :class:`argparse.ArgumentParser` and ``run``
-        receives the parsed namespace and returns the exit status. ``commands.add_converter(...)`` offers a
-        converter to ``loongforge convert``, which picks the one whose ``claims(source)`` is true.
+        receives the parsed namespace and returns the exit status. ``commands.add_handler(point, name, claims=...,
+        ...)`` offers a handler to ``loongforge convert`` / ``eval``, which run the first whose
+        ``claims(source, trust_code=...)`` is true (:mod:`loongforge.commands`).
         A name taken twice raises, naming both providers.
     """
 

@@ -8,10 +8,16 @@ a lazy ``"package.module:attribute"`` string: registering must stay cheap and to
 Resolution failures raise :class:`UnknownComponentError` with the known names, a did-you-mean, and, when
 the name belongs to a first-party plugin that is not installed, the ``pip install`` line that provides it (from
 the catalog ``first_party_plugins.json``), or that the plugin providing it is disabled.
+
+A config may also name a component outside every registry as ``pkg.module:attr`` (:func:`resolve_import_path`).
+That escape hatch *executes code*: importing a module runs it. It is right for a config the user wrote (their file,
+like a script) and wrong for one that came with a checkpoint, so names from a checkpoint's config resolve through
+:meth:`Registry.without_imports`, which refuses import paths unless the user passed ``--trust-code``.
 """
 
 from __future__ import annotations
 
+import copy
 import difflib
 import functools
 import importlib
@@ -22,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from loongforge.errors import LoongForgeError
+from loongforge.errors import LoongForgeError, UntrustedCheckpointError
 
 #: The catalog of first-party distributions and the names they provide (a data file; see its ``about``).
 FIRST_PARTY_CATALOG = "first_party_plugins.json"
@@ -58,7 +64,10 @@ class Entry:
 
 
 def resolve_import_path(path: str) -> Any:
-    """Import ``"package.module:attribute"`` (the escape hatch for components outside any registry)."""
+    """Import ``"package.module:attribute"`` (the escape hatch for components outside any registry).
+
+    Importing runs the module's code: call this only for names the user (or an installed plugin) chose.
+    """
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
         raise LoongForgeError(f"'{path}' is not an import path of the form package.module:attribute")
@@ -88,6 +97,16 @@ class Registry:
         self.current_provider = "<unknown>"
         #: Installed plugins not loaded here: plugin name -> (distribution, the variable that disabled it).
         self.disabled: dict[str, tuple[str, str]] = {}
+        #: Whether :meth:`load` imports ``pkg.module:attr`` names; false in a :meth:`without_imports` view.
+        self.imports_allowed = True
+
+    def without_imports(self) -> Registry:
+        """These names, for resolving a config the user did not write (a checkpoint's config.yaml read without
+        ``--trust-code``): :meth:`load` refuses a ``pkg.module:attr`` name instead of importing, that is running,
+        its module. Registered entries still load; their code is an installed plugin's."""
+        view = copy.copy(self)  # shares the entries: a view, not a second registry
+        view.imports_allowed = False
+        return view
 
     def register(
         self, name: str, target: Any, *, aliases: tuple[str, ...] | list[str] = (), description: str = ""
@@ -127,8 +146,15 @@ class Registry:
         raise UnknownComponentError(self.unknown_message(name, where))
 
     def load(self, name: str, *, where: str = "") -> Any:
-        """Resolve ``name`` to its target; ``pkg.module:attr`` names are imported directly."""
+        """Resolve ``name`` to its target; ``pkg.module:attr`` names are imported directly (which runs the module's
+        code), unless this is a :meth:`without_imports` view, where they raise :class:`UntrustedCheckpointError`."""
         if ":" in name and name not in self:
+            if not self.imports_allowed:
+                raise UntrustedCheckpointError(
+                    f"{where or self.kind}: '{name}' is an import path in a config that came with a checkpoint, and "
+                    "importing it would run that module's code; pass --trust-code (or set run.trust_code: true) "
+                    "only for checkpoints you trust"
+                )
             return resolve_import_path(name)
         return self.entry(name, where=where).load()
 

@@ -2,6 +2,10 @@
 
 Running this first means a misspelled name fails in a fraction of a second with the registry's one-line
 message (known names, did-you-mean, install hint) rather than after torch and megatron have loaded.
+
+Names resolve through :func:`config_registry`: a ``pkg.module:factory`` name imports its module -- executing its
+code -- only when the config may do that (:attr:`LoongForgeConfig.code_trusted`): always for a config the user
+passed, for a checkpoint's recorded config only with ``--trust-code``.
 """
 
 from __future__ import annotations
@@ -13,17 +17,25 @@ from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import ConfigError
 from loongforge.models.family import ModelFamily, check_family
 from loongforge.plugins import get_host
+from loongforge.registry import Registry
+
+
+def config_registry(config: LoongForgeConfig, kind: str, host: Any = None) -> Registry:
+    """The registry of ``kind`` that ``config``'s names resolve in: as registered when the config may import code,
+    else its view that refuses ``pkg.module:attr`` names (:meth:`~loongforge.registry.Registry.without_imports`)."""
+    registry = (host or get_host()).registry(kind)
+    return registry if config.code_trusted else registry.without_imports()
 
 
 def registered_family(config: LoongForgeConfig, host: Any = None) -> ModelFamily:
     """The model family ``config.model.name`` names, as registered (no parts or overrides applied yet).
 
     A ``pkg.module:factory`` name (the escape hatch for a model outside every registry) may point at a family or
-    at a callable returning one. Anything else is a one-line :class:`ConfigError`: core only ever calls the
+    at a callable returning one; importing it executes the module, so a checkpoint's config needs ``--trust-code``
+    for it (:func:`config_registry`). Anything else is a one-line :class:`ConfigError`: core only ever calls the
     slots of :class:`~loongforge.models.family.ModelFamily`.
     """
-    host = host or get_host()
-    registry = host.registry("model")
+    registry = config_registry(config, "model", host)
     name, where = config.model.name, f"model.name in {config.source}"
     if not name:
         return _default_composition(registry, config)
@@ -41,7 +53,8 @@ def resolve_model_flavor(config: LoongForgeConfig, host: Any = None) -> ModelFam
     parts = {role: value for role, value in config.model.parts.items() if value is not None}  # null: part unset
     if parts:
         _check_roles(family, parts, config)
-        family = check_family(family.with_parts(parts, registry=host.registry("model"), where=config.source),
+        family = check_family(family.with_parts(parts, registry=config_registry(config, "model", host),
+                                                where=config.source),
                               config.model.name or family.family_name, f"model parts in {config.source}")
     if family.engine == "megatron" and family.decoder is None:  # e.g. a bare composition named without its parts
         raise ConfigError(f"{config.source}: model '{config.model.name}' is composed from parts; set model."

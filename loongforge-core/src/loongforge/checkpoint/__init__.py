@@ -8,8 +8,10 @@ Layout of a checkpoint root (``checkpoint.dir``)::
       trainer.json          step, scheduler state, plugin extra_state
       config.yaml           the resolved run config
       metadata.json         versions, device backend and why it was chosen, parallel layout, time
-      manifest.json         written last: every file with its size and sha256
-    .tmp-step-0000009/      a save in progress (or killed); never loaded, removed by the next save
+      manifest.json         written last: every file with its size, sha256 and block hashes (hashed by the
+                            rank that wrote it, merged by rank 0)
+    .tmp-step-0000009/      a save in progress -- written in the background with checkpoint.async_save -- or
+                            killed; never loaded, removed by the next save
     step-0000008.corrupt/   failed verification when the resume scan or the pruner looked at it: quarantined
                             (never listed, counted, loaded or deleted; remove it yourself)
     latest                  name of the newest complete checkpoint (replaced atomically)

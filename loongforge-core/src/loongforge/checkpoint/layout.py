@@ -8,6 +8,10 @@ A checkpoint that fails verification when the resume scan or the pruner looks at
 place to ``step-N.corrupt`` (a rename within the root is atomic and cannot fail for lack of space, the step stays
 readable in ``ls``, and the name no longer matches ``step-N`` so nothing lists, counts, loads or prunes it). It is
 never deleted: the user decides whether it is evidence or rubbish.
+
+How thoroughly a checkpoint is verified before it is loaded or counted is the root's ``verify`` mode
+(``checkpoint.verify``: ``full``, ``sampled`` or ``none``; see :mod:`loongforge.checkpoint.manifest`). Commands that
+load a checkpoint given by path (``generate``, ``convert``, ``sample`` ...) verify in full.
 """
 
 from __future__ import annotations
@@ -78,10 +82,12 @@ class CheckpointDir:
     """
 
     def __init__(self, root: str | os.PathLike, keep_last: int = 2,
-                 warn: Callable[[str], None] = warn) -> None:
+                 warn: Callable[[str], None] = warn, verify: str = "full") -> None:
         self.root = Path(root)
         self.keep_last = keep_last
         self.warn = warn
+        #: How checkpoints are verified before they are loaded or counted (``checkpoint.verify``).
+        self.verify = verify
         #: Names of checkpoints this process verified or wrote itself: the pruner does not hash them again.
         self._verified: set[str] = set()
 
@@ -131,11 +137,20 @@ class CheckpointDir:
             if current is not None and path.name == current.name:
                 continue
             if kept >= self.keep_last:
-                shutil.rmtree(path, ignore_errors=True)
+                self._delete(path)
                 removed.append(path)
             elif self._verifies(path, on_fail=self.warn, cached=True):
                 kept += 1
         return removed
+
+    def _delete(self, path: Path) -> None:
+        """Remove checkpoint ``path`` so that no kill can leave it half deleted under its ``step-N`` name: it is
+        renamed out of those names first (atomic), and a kill during the deletion leaves a ``.tmp-*`` directory,
+        which the next :meth:`begin` sweeps, instead of a visible checkpoint with files missing."""
+        doomed = self.root / f"{_TMP_PREFIX}deleting-{path.name}"
+        os.rename(path, doomed)
+        _fsync_path(self.root)
+        shutil.rmtree(doomed, ignore_errors=True)
 
     def _verifies(self, path: Path, on_fail: Callable[[str], None], *, cached: bool) -> bool:
         """Whether ``path`` verifies (``cached``: trust this process's earlier verdict); a failure quarantines it
@@ -143,7 +158,7 @@ class CheckpointDir:
         if cached and path.name in self._verified:
             return True
         try:
-            verify_manifest(path)
+            verify_manifest(path, mode=self.verify)
         except CheckpointCorruptError as exc:
             on_fail(f"{exc}; quarantined as {self.quarantine(path).name}, not counted or loaded")
             return False
@@ -194,13 +209,22 @@ class CheckpointDir:
         warnings: list[str] = []
         for path in list_checkpoints(self.root):
             if self._verifies(path, on_fail=lambda line: warnings.append(f"{line}; falling back to an older one"),
-                              cached=False):  # about to be loaded: always hashed
-                return path, warnings
+                              cached=False):  # about to be loaded: always checked
+                return path, warnings + unchecked_content(path, self.verify)
         return None, warnings
 
 
-def find_checkpoint(path: str | os.PathLike) -> Path:
-    """``path`` itself if it is a checkpoint, else the one a checkpoint root's ``latest`` names; verified.
+def unchecked_content(path: Path, mode: str) -> list[str]:
+    """The warning for a checkpoint about to be loaded after verification ``mode`` (none unless ``none``)."""
+    if mode != "none":
+        return []
+    return [f"checkpoint.verify is none: only the sizes of {path}'s files were checked, so corruption inside a "
+            "file goes unnoticed"]
+
+
+def find_checkpoint(path: str | os.PathLike, verify: str = "full") -> Path:
+    """``path`` itself if it is a checkpoint, else the one a checkpoint root's ``latest`` names; verified as
+    ``verify`` says (``none`` prints a warning).
 
     Here, torch-free, so that commands acting on a checkpoint (a policy server, ``loongforge sample``) do not
     import megatron just to find it.
@@ -213,5 +237,7 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
                 f"{path}: not a LoongForge checkpoint (no {MANIFEST}) nor a checkpoint root with a 'latest' pointer"
             )
         path = latest
-    verify_manifest(path)
+    verify_manifest(path, mode=verify)
+    for line in unchecked_content(path, verify):
+        warn(line)
     return path

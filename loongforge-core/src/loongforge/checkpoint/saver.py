@@ -8,12 +8,14 @@ Why these pieces:
   the distributed optimizer alike.
 * megatron's default ``torch_dist`` writer forks worker processes and starts a ``spawn`` multiprocessing
   manager, which breaks scripts without a ``__main__`` guard and costs seconds per save. We write the same
-  format synchronously in-process (:class:`SyncTorchDistSaveStrategy`); megatron's default loader reads it.
+  format in-process (:mod:`loongforge.checkpoint.torch_dist`); megatron's default loader reads it.
 * ``trainer-rankNNNNN.pt`` holds what differs per rank (RNG streams, the data position); ``trainer.json``
   what is shared (step, scheduler, plugin ``extra_state``), readable without torch.
 
-Every rank calls :func:`save_checkpoint` and :func:`load_checkpoint`; rank 0 alone writes shared files, the
-manifest and commits. Saves are made visible atomically by :class:`loongforge.checkpoint.layout.CheckpointDir`.
+Every rank calls :func:`save_checkpoint` and :func:`load_checkpoint`. Each rank writes and hashes its own files;
+rank 0 writes the shared files, merges the hashes into the manifest and commits
+(:mod:`loongforge.checkpoint.writer`, which also runs background saves). Saves are made visible atomically by
+:class:`loongforge.checkpoint.layout.CheckpointDir`.
 """
 
 from __future__ import annotations
@@ -30,16 +32,12 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from megatron.core import dist_checkpointing
 from megatron.core.dist_checkpointing.mapping import CheckpointingException
-from megatron.core.dist_checkpointing.strategies.torch import (
-    MCoreSavePlanner,
-    TorchDistSaveShardedStrategy,
-    _replace_state_dict_keys_with_sharded_keys,
-    mcore_to_pyt_state_dict,
-)
 
-from loongforge.checkpoint.layout import CONFIG_YAML, METADATA_JSON, CheckpointDir, step_dir_name
-from loongforge.checkpoint.manifest import CheckpointCorruptError, verify_manifest, write_manifest
+from loongforge.checkpoint.layout import CONFIG_YAML, METADATA_JSON, CheckpointDir, unchecked_content
+from loongforge.checkpoint.manifest import CheckpointCorruptError, verify_manifest
 from loongforge.checkpoint.optim_state import adam_step, load_optimizer_state, optimizer_sharded_state
+from loongforge.checkpoint.torch_dist import InProcessTorchDistSaveStrategy
+from loongforge.checkpoint.writer import CheckpointWriter, RankShare
 from loongforge.errors import LoongForgeError
 
 MODEL_OPTIM = "model_optim"
@@ -48,20 +46,6 @@ TRAINER_JSON = "trainer.json"
 
 def rank_file(rank: int) -> str:
     return f"trainer-rank{rank:05d}.pt"
-
-
-class SyncTorchDistSaveStrategy(TorchDistSaveShardedStrategy):
-    """megatron's ``torch_dist`` checkpoint format, written synchronously in this process (no fork, no spawn)."""
-
-    def save(self, sharded_state_dict: Any, checkpoint_dir: Path | str) -> None:
-        state, _, _ = _replace_state_dict_keys_with_sharded_keys(sharded_state_dict, self.keep_only_main_replica)
-        dcp.save(
-            mcore_to_pyt_state_dict(state, False),
-            storage_writer=dcp.FileSystemWriter(checkpoint_dir, thread_count=1, sync_files=True),
-            planner=MCoreSavePlanner(
-                dedup_replicated_tensors=not self.keep_only_main_replica, flatten_state_dict=False
-            ),
-        )
 
 
 @contextlib.contextmanager
@@ -93,11 +77,6 @@ def unwrap_model(module: Any) -> Any:
     return module
 
 
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
-
-
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
@@ -107,6 +86,7 @@ def _write_json(path: Path, data: Any) -> None:
 
 
 def save_checkpoint(
+    writer: CheckpointWriter,
     ckpt_dir: CheckpointDir,
     step: int,
     *,
@@ -118,31 +98,30 @@ def save_checkpoint(
     config_yaml: str,
     metadata: dict[str, Any],
     on_save: Callable[[str, dict], None] | None = None,
-) -> Path:
-    """Write checkpoint ``step`` atomically; returns the final ``step-N`` directory.
+) -> Path | None:
+    """Save checkpoint ``step`` through ``writer``; return the ``step-N`` directory once it is committed, or ``None``
+    while it is written in the background (``writer.complete`` commits it).
 
     ``rank_state`` (tensors/ints/tuples) goes to this rank's file; ``shared_state`` (JSON) and the plugin
-    ``extra_state`` that ``on_save(tmp_path, extra_state)`` fills go to ``trainer.json`` from rank 0.
+    ``extra_state`` that ``on_save(tmp_path, extra_state)`` fills go to ``trainer.json`` from rank 0. Everything is
+    taken now: a background save writes the model and optimizer from a host copy made here.
     """
     rank = _rank()
     optimizer_steps = adam_step(optimizer)
-    tmp = ckpt_dir.tmp_path(step)
-    if rank == 0:
-        tmp = ckpt_dir.begin(step)
-        (tmp / MODEL_OPTIM).mkdir()
-    _barrier()
+    tmp = writer.begin(ckpt_dir, step)
+    (tmp / MODEL_OPTIM).mkdir(exist_ok=True)
+    strategy = InProcessTorchDistSaveStrategy("torch_dist", 1, stage=writer.background)
     with _quiet_deprecations():
-        dist_checkpointing.save(
+        request = dist_checkpointing.save(
             _sharded_state(model_chunks, optimizer, is_loading=False),
             str(tmp / MODEL_OPTIM),
-            sharded_strategy=SyncTorchDistSaveStrategy("torch_dist", 1),
+            sharded_strategy=strategy,
+            async_sharded_save=True,
         )
     torch.save(rank_state, tmp / rank_file(rank))
     extra_state: dict[str, Any] = {}
     if on_save is not None:
         on_save(str(tmp), extra_state)
-    _barrier()
-    final = ckpt_dir.root / step_dir_name(step)
     if rank == 0:
         _write_json(
             tmp / TRAINER_JSON,
@@ -156,17 +135,20 @@ def save_checkpoint(
         )
         (tmp / CONFIG_YAML).write_text(config_yaml, encoding="utf-8")
         _write_json(tmp / METADATA_JSON, metadata)
-        write_manifest(tmp, step=step)
-        final = ckpt_dir.commit(tmp, step)
-    _barrier()
-    return final
+
+    def finalize() -> None:
+        for finish in request.finalize_fns:  # DCP's .metadata, then megatron's metadata.json
+            finish()
+
+    own = [rank_file(rank), f"{MODEL_OPTIM}/{strategy.last_save.data_file}"]
+    return writer.submit(RankShare(files=own, write=request.async_fn, finalize=finalize))
 
 
 def choose_resume(ckpt_dir: CheckpointDir, resume: str, warn: Callable[[str], None]) -> Path | None:
     """The checkpoint to resume from, agreed by all ranks (rank 0 verifies; the result is broadcast).
 
     ``resume``: ``never``; ``auto`` (newest valid checkpoint, falling back past corrupt ones with a warning,
-    or none); or a checkpoint path, which must verify.
+    or none); or a checkpoint path, which must verify. Verification is ``ckpt_dir.verify`` (``checkpoint.verify``).
     """
     if resume == "never":
         return None
@@ -179,7 +161,9 @@ def choose_resume(ckpt_dir: CheckpointDir, resume: str, warn: Callable[[str], No
                     warn(line)
                 choice[0] = str(path) if path is not None else None
             else:
-                verify_manifest(resume)
+                verify_manifest(resume, mode=ckpt_dir.verify)
+                for line in unchecked_content(Path(resume), ckpt_dir.verify):
+                    warn(line)
                 choice[0] = str(resume)
         except CheckpointCorruptError as exc:
             choice[0] = exc
@@ -198,13 +182,23 @@ def _root_cause(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
-def load_checkpoint(path: Path, *, model_chunks: list[Any], optimizer: Any, scheduler: Any) -> tuple[dict, dict]:
-    """Load model, optimizer and scheduler state in place; return ``(rank_state, shared_state)``.
+def read_trainer_json(path: Path) -> dict[str, Any]:
+    """A checkpoint's shared trainer state (step, schedule, data position, recorded settings), torch-free."""
+    return json.loads((path / TRAINER_JSON).read_text(encoding="utf-8"))
+
+
+def load_checkpoint(path: Path, *, model_chunks: list[Any], optimizer: Any, scheduler: Any | None) -> tuple[dict, dict]:
+    """Load model, optimizer and scheduler state in place (``scheduler=None`` leaves the schedule as built: the
+    caller moves it on itself); return ``(rank_state, shared_state)``.
 
     ``rank_state`` is ``{}`` when this rank has no file of its own (the checkpoint was written by more
     processes): weights and optimizer state reshard and the data position is global, but this rank's RNG
-    streams cannot be restored.
+    streams cannot be restored. Nothing is unpickled before :func:`~loongforge.checkpoint.trust.check_dist_checkpoint`
+    has found that reading ``model_optim/`` runs no code.
     """
+    from loongforge.checkpoint.trust import check_dist_checkpoint
+
+    check_dist_checkpoint(path / MODEL_OPTIM)
     try:
         with _quiet_deprecations():
             state = dist_checkpointing.load(
@@ -216,9 +210,10 @@ def load_checkpoint(path: Path, *, model_chunks: list[Any], optimizer: Any, sche
         ) from exc
     for i, chunk in enumerate(model_chunks):
         unwrap_model(chunk).load_state_dict(state[_model_key(i, len(model_chunks))])
-    shared = json.loads((path / TRAINER_JSON).read_text(encoding="utf-8"))
+    shared = read_trainer_json(path)
     load_optimizer_state(optimizer, model_chunks, state["optimizer"], shared["optimizer_steps"])
-    scheduler.load_state_dict(shared["scheduler"])
+    if scheduler is not None:
+        scheduler.load_state_dict(shared["scheduler"])
     own = path / rank_file(_rank())
     rank_state = torch.load(own, map_location="cpu", weights_only=True) if own.is_file() else {}
     return rank_state, shared

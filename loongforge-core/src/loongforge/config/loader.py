@@ -1,7 +1,9 @@
 """YAML files and ``key=value`` overrides -> a validated :class:`LoongForgeConfig`.
 
 Validation is strict on purpose: an unknown key is almost always a typo that would otherwise silently
-fall back to a default and waste a training run. Every error names the file and the dotted key path.
+fall back to a default and waste a training run. Every error names the file and the dotted key path. The YAML
+itself is read by :mod:`loongforge.config.strict_yaml` (``safe_load`` that also refuses duplicate keys, deep
+nesting and runaway aliases), for files and for override values alike, and must be UTF-8.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from loongforge.config import strict_yaml
 from loongforge.config.schema import MODEL_KEYS, LoongForgeConfig, ModelConfig, ParallelConfig
 from loongforge.config.sections import build_section, section_to_dict
 from loongforge.errors import ConfigError
@@ -35,12 +38,38 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     return config
 
 
+def load_checkpoint_config(path: str | Path, *, trust_code: bool) -> LoongForgeConfig:
+    """The run config a checkpoint recorded (``path``: its config.yaml).
+
+    Whoever made the checkpoint wrote this file, so its ``pkg.module:attr`` names may import (run) their module only
+    when the user trusts the checkpoint: ``trust_code`` comes from the user (``--trust-code``, or ``run.trust_code``
+    in their own config), never from the file, whose recorded ``run.trust_code`` is ignored. The decision travels
+    with the config as :attr:`LoongForgeConfig.code_trusted`, which name resolution (:mod:`loongforge.resolve`) obeys.
+    """
+    config = load_config(path)
+    config.code_trusted = trust_code
+    return config
+
+
 def read_yaml_mapping(path: Path) -> dict[str, Any]:
     """Parse a YAML file that must hold a mapping, with one-line errors for the usual mistakes."""
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config file: {exc.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
+                          "save the file as UTF-8") from None
+    try:
+        data = strict_yaml.load(text)
+    except strict_yaml.YAMLRefusal as exc:
+        where = f":{exc.line}" if exc.line is not None else ""
+        raise ConfigError(f"{path}{where}: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
@@ -63,8 +92,14 @@ def _apply_override(raw: dict[str, Any], item: str, source: str) -> None:
     if not sep or not key:
         raise ConfigError(f"{source}: override {item!r}: expected key=value, e.g. training.steps=100")
     try:
-        value = yaml.safe_load(text) if text else ""
-    except yaml.YAMLError:
+        item.encode("utf-8")
+    except UnicodeEncodeError:  # argv bytes that were not UTF-8 arrive as lone surrogates
+        raise ConfigError(f"{source}: override {item!r}: not valid UTF-8") from None
+    try:
+        value = strict_yaml.load(text) if text else ""
+    except strict_yaml.YAMLRefusal as exc:
+        raise ConfigError(f"{source}: override {item!r}: {exc}") from None
+    except yaml.YAMLError:  # not YAML: the text itself (a prompt such as "Q: why?")
         value = text
     parts = key.split(".")
     node = raw

@@ -24,6 +24,13 @@ class RunConfig:
     output_dir: str = "runs/run"
     #: Seed for model initialisation, data order and dropout; a resumed run restores RNG state instead.
     seed: int = 1234
+    #: Trust the checkpoints this run reads (``model.load`` of a LoongForge checkpoint): ``pkg.module:attr`` names in
+    #: their recorded config.yaml then import that module, which executes its code -- whatever the checkpoint's
+    #: author put there -- so leave it off for checkpoints you did not make. ``train``/``check --trust-code`` set it;
+    #: commands that read a checkpoint without a run config (``generate``, ``convert``, ``eval``, ``sample``,
+    #: ``serve``) take ``--trust-code``. A checkpoint's own recorded value is never read, and names in the config you
+    #: pass yourself always import (it is your file, like a script). See docs/reliability.md.
+    trust_code: bool = False
 
 
 @dataclass
@@ -226,10 +233,23 @@ class TrainingConfig:
     #: ``global_tokens`` makes the gradient independent of which rank trains which sample, so ranks may hold
     #: different token counts (``dp-balance`` needs it). The reported loss is a per-token mean either way.
     loss_normalization: str = "micro_batch"
-    #: What a step whose loss or gradient norm is NaN or infinite does: ``stop`` ends the run with an error naming
-    #: the step and the value (exit status 2) before anything is saved for that step or after it, so the newest
-    #: checkpoint is the last healthy one. Checked every step (both are numbers on the host already).
-    on_nonfinite: Literal["stop"] = "stop"
+    #: What a bad step -- loss or gradient norm NaN or infinite, or a loss spike (``spike_factor``) -- does:
+    #: ``stop`` ends the run with an error naming the step and the value (exit status 2) before anything is saved
+    #: for that step or after it, so the newest checkpoint is the last healthy one; ``skip_step`` discards that
+    #: step's update (weights, optimizer state and schedule stay as before it; the step still counts) and goes on
+    #: with the next batch; ``rewind`` reloads the newest checkpoint and goes on from there with the batches after
+    #: the bad one (the steps after that checkpoint are trained, and logged, again). Both recoveries give up (as
+    #: ``stop``) after ``max_recoveries`` bad steps in one run. A bad step is never saved; metrics.jsonl marks it
+    #: (``"bad": "nonfinite"`` or ``"spike"``, and the ``"action"``) and a warning names it.
+    on_nonfinite: Literal["stop", "skip_step", "rewind"] = "stop"
+    #: A step whose loss exceeds this factor (> 1) times the median loss of the previous ``spike_window`` healthy
+    #: steps is a bad step too (handled by ``on_nonfinite``; a median at or below 0 never flags one); null turns
+    #: spike detection off. The window starts empty in every run, resumed ones included.
+    spike_factor: float | None = None
+    #: Steps the running median of ``spike_factor`` looks back over (detection starts once it has them all).
+    spike_window: int = 20
+    #: Bad steps ``skip_step`` / ``rewind`` recover from in one run before the run stops as ``stop`` would.
+    max_recoveries: int = 3
 
 
 #: Values of :attr:`TrainingConfig.loss_normalization`.
@@ -251,6 +271,23 @@ class CheckpointConfig:
     #: a path resumes from that checkpoint.
     resume: str = "auto"
     save_at_end: bool = True
+    #: A resumed run compares the checkpoint's optimizer and schedule settings (lr, min_lr, warmup, decay, weight
+    #: decay, betas, eps, clipping, global batch size) with this config and refuses a difference in one line
+    #: listing the keys; ``true`` accepts the new values instead: the schedule is rebuilt from this config and
+    #: continues at the resumed step.
+    override_schedule: bool = False
+    #: Write checkpoints in the background: the step that saves only copies the state to host memory, training
+    #: goes on while the files are written and hashed, and the checkpoint becomes visible (``latest``) when they
+    #: are complete. The files are byte-identical to a synchronous save.
+    async_save: bool = False
+    #: How a checkpoint is verified against its manifest when it is loaded: ``full`` hashes every file,
+    #: ``sampled`` checks every file's size and hashes a sample of its blocks, ``none`` checks sizes only
+    #: (for checkpoints too large to hash at every resume; corruption inside a file then goes unnoticed).
+    verify: Literal["full", "sampled", "none"] = "full"
+    #: On SIGTERM or SIGUSR1 (Slurm's pre-termination signal) save a checkpoint at the next step boundary and
+    #: exit with status 3 (one rank's signal is enough: all ranks save that step); false leaves the signals'
+    #: default actions.
+    save_on_signal: bool = True
     #: Also write each checkpoint in Hugging Face format (``<checkpoint>/hf``: safetensors + config.json).
     save_hf: bool = False
 
@@ -294,3 +331,6 @@ class LoongForgeConfig:
     task: dict[str, Any] = field(default_factory=dict)
     #: Where this config was read from (set by the loader, used in error messages).
     source: str = field(default="<defaults>", metadata={INTERNAL: True})
+    #: Whether this config's ``pkg.module:attr`` names may import: false for a checkpoint's recorded config that the
+    #: user did not trust (:func:`loongforge.config.loader.load_checkpoint_config`), whose import paths are refused.
+    code_trusted: bool = field(default=True, metadata={INTERNAL: True})

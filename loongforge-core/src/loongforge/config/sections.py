@@ -182,8 +182,13 @@ def _convert_scalar(hint: Any, value: Any, source: str, key: str) -> Any:
             return value
         raise ConfigError(f"{source}: '{key}' must be an integer, got {value!r}")
     if hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+        if isinstance(value, float):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            try:
+                return float(value)
+            except OverflowError:  # an integer beyond any float
+                raise ConfigError(f"{source}: '{key}' must be a number a float can hold, got {value!r}") from None
         if isinstance(value, str):
             try:
                 return float(value)  # YAML 1.1 reads "3e-4" as a string

@@ -80,6 +80,10 @@ def train_valid_split(
     if not 0.0 <= valid_fraction < 1.0:
         raise DataError(f"valid_fraction must be in [0, 1), got {valid_fraction}")
     full = GPTSampleDataset(tokens, seq_length)
+    if len(full) == 0:
+        raise DataError(f"{tokens.prefix}: no training samples: {tokens.num_tokens} token(s) are too few for one "
+                        f"sample of seq_length {seq_length} (it needs {seq_length + 1}); use more text or a shorter "
+                        "data.seq_length")
     if valid_fraction == 0.0:
         return full, None
     num_valid = max(1, round(len(full) * valid_fraction))

@@ -10,8 +10,10 @@ A dataset at ``PREFIX`` is three files:
 - ``PREFIX.idx.json``: the small human-readable header (format, dtype, counts, tokenizer name).
 
 Why verify on open: a truncated copy or a ``.bin`` from another build would otherwise train on garbage
-without any error. The reader checks the ``.bin`` size and the boundaries against the header and fails with
-one line naming the file. The writer streams documents to temporary files and renames them into place with
+without any error. The reader checks every header key, the ``.bin`` size and the boundaries against the header
+and fails with one line naming the file (and the key). Token ids are checked against a vocabulary by
+:meth:`MMapTokenDataset.check_token_ids` -- all of a small file, an evenly spread sample of a large one, so that
+opening stays cheap at any size. The writer streams documents to temporary files and renames them into place with
 the header last, so an interrupted build never leaves a dataset that opens.
 """
 
@@ -31,6 +33,12 @@ from loongforge.data.errors import DataError
 FORMAT = "loongforge-tokens"
 FORMAT_VERSION = 1
 _DTYPES = {"uint16": np.dtype("<u2"), "int32": np.dtype("<i4")}
+#: Header keys holding counts, with the least value each may take.
+_COUNTS = {"vocab_size": 1, "num_documents": 1, "num_tokens": 1}
+#: :meth:`MMapTokenDataset.check_token_ids` reads token files up to this size whole; of a larger one it reads
+#: :data:`_SAMPLE_BLOCKS` evenly spaced blocks of this size in total (the first and the last block included).
+_CHECKED_BYTES = 8 << 20
+_SAMPLE_BLOCKS = 64
 
 
 def token_dtype(vocab_size: int) -> str:
@@ -140,15 +148,7 @@ class MMapTokenDataset:
         bin_path, docs_path, idx_path = dataset_files(self.prefix)
         if not idx_path.is_file():
             raise DataError(f"token dataset not found: {idx_path} (build it with `loongforge preprocess`)")
-        try:
-            header = json.loads(idx_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise DataError(f"{idx_path}: unreadable dataset header: {exc}") from None
-        if not isinstance(header, dict) or header.get("format") != FORMAT:
-            raise DataError(f"{idx_path}: not a {FORMAT} header")
-        if header.get("version") != FORMAT_VERSION or header.get("dtype") not in _DTYPES:
-            raise DataError(f"{idx_path}: unsupported version {header.get('version')} / dtype {header.get('dtype')}"
-                            f" (this LoongForge reads version {FORMAT_VERSION}); rebuild the dataset")
+        header = _read_header(idx_path)
         self.header = header
         self.num_tokens: int = header["num_tokens"]
         self.num_documents: int = header["num_documents"]
@@ -181,6 +181,22 @@ class MMapTokenDataset:
                             f"{self.num_tokens} tokens; rebuild the dataset")
         return docs
 
+    def check_token_ids(self, vocabularies: dict[str, int]) -> None:
+        """Fail with one line if a token id is negative or not below every size in ``vocabularies`` (``{"model
+        'x'": 384, "tokenizer 'byte'": 259}``, named in the message): all ids of a file up to ``_CHECKED_BYTES``,
+        else a deterministic sample of that many bytes."""
+        limit = min(vocabularies.values())
+        bin_path = dataset_files(self.prefix)[0]
+        for start, stop in _sample_spans(self.num_tokens, _CHECKED_BYTES // self.dtype.itemsize):
+            block = self.tokens[start:stop]
+            if int(block.max()) < limit and int(block.min()) >= 0:
+                continue
+            offset = start + int(np.flatnonzero((block >= limit) | (block < 0))[0])
+            sizes = ", ".join(f"{name}: {size} ids" for name, size in vocabularies.items())
+            raise DataError(f"{bin_path}: token id {int(self.tokens[offset])} at token {offset} is outside the "
+                            f"vocabulary ({sizes}); the file is damaged or was built for another tokenizer, rebuild "
+                            "it with `loongforge preprocess`")
+
     def __len__(self) -> int:
         return self.num_documents
 
@@ -205,3 +221,38 @@ class MMapTokenDataset:
     def __repr__(self) -> str:
         return (f"MMapTokenDataset({str(self.prefix)!r}, documents={self.num_documents}, "
                 f"tokens={self.num_tokens}, tokenizer={self.tokenizer_name!r})")
+
+
+def _read_header(idx_path: Path) -> dict[str, Any]:
+    """The ``.idx.json`` header, every key present and of its type (one line naming the file and key if not)."""
+    try:
+        header = json.loads(idx_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise DataError(f"{idx_path}: unreadable dataset header: {type(exc).__name__}: {exc}") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise DataError(f"{idx_path}: not a {FORMAT} header")
+    if header.get("version") != FORMAT_VERSION or header.get("dtype") not in _DTYPES:
+        raise DataError(f"{idx_path}: unsupported version {header.get('version')!r} / dtype {header.get('dtype')!r}"
+                        f" (this LoongForge reads version {FORMAT_VERSION}); rebuild the dataset")
+    for key, least in {**_COUNTS, "eos_id": 0}.items():
+        if key not in header:
+            raise DataError(f"{idx_path}: key '{key}' is missing; rebuild the dataset with `loongforge preprocess`")
+        value = header[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise DataError(f"{idx_path}: '{key}' must be an integer >= {least}, got {value!r}")
+    if header["eos_id"] >= header["vocab_size"]:
+        raise DataError(f"{idx_path}: 'eos_id' {header['eos_id']} is outside the vocabulary of "
+                        f"{header['vocab_size']} ids")
+    if not isinstance(header.get("tokenizer"), str):
+        raise DataError(f"{idx_path}: 'tokenizer' must be the name of a tokenizer, got {header.get('tokenizer')!r}")
+    return header
+
+
+def _sample_spans(length: int, budget: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` spans covering ``length`` items whole when it is at most ``budget``, else
+    :data:`_SAMPLE_BLOCKS` evenly spaced blocks of ``budget`` items in total, from the first item to the last."""
+    if length <= budget:
+        return [(0, length)]
+    block = max(1, budget // _SAMPLE_BLOCKS)
+    starts = np.linspace(0, length - block, _SAMPLE_BLOCKS, dtype=np.int64)
+    return [(int(start), int(start) + block) for start in starts]

@@ -57,6 +57,8 @@ def _messages(line: str, where: str) -> list[Message]:
         record = json.loads(line)
     except ValueError as exc:
         raise DataError(f"{where}: invalid JSON: {exc}") from None
+    except RecursionError:
+        raise DataError(f"{where}: invalid JSON: nested too deeply to read") from None
     messages = record.get("messages") if isinstance(record, dict) else None
     if not isinstance(messages, list) or not messages:
         raise DataError(f"{where}: expected {{\"messages\": [...]}} with at least one message")

@@ -61,6 +61,8 @@ def _iter_jsonl(path: Path, text_key: str) -> Iterator[tuple[str, int]]:
                 record = json.loads(line)
             except ValueError as exc:
                 raise DataError(f"{path}:{lineno}: invalid JSON: {exc}") from None
+            except RecursionError:
+                raise DataError(f"{path}:{lineno}: invalid JSON: nested too deeply to read") from None
             text = record.get(text_key) if isinstance(record, dict) else None
             if not isinstance(text, str):
                 raise DataError(f"{path}:{lineno}: no string field {text_key!r} in this JSON line")

@@ -100,11 +100,13 @@ def hf_to_mcore(hf_dir: str | Path, out_dir: str | Path, *, model: str | None = 
     return f"wrote {out_dir}: {len(tensors)} Hugging Face tensors as model '{shown}' ({dtype})"
 
 
-def mcore_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_size: str = "5GB") -> str:
+def mcore_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_size: str = "5GB",
+                trust_code: bool = False) -> str:
     """Convert a LoongForge checkpoint (any TP/PP layout) to a HF directory; return a summary line.
 
     The model is rebuilt by its family (``build_chunk`` at TP=PP=1) and exported by the family's
     ``hf_adapter()``, so a plugin family converts the same way as core's; one without an adapter is refused.
+    ``trust_code`` lets a ``pkg.module:attr`` model name in the checkpoint's config import its module.
     """
     from loongforge.interop.sharding import gather_full_state
     from loongforge.interop.world import standalone_world
@@ -114,7 +116,7 @@ def mcore_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_size: 
 
     out_dir = Path(out_dir).expanduser()
     path = find_checkpoint(checkpoint)
-    config = checkpoint_config(path)
+    config = checkpoint_config(path, trust_code=trust_code)
     family = resolve_flavor(config)
     adapter = family.hf_adapter()
     if adapter is None:

@@ -33,7 +33,7 @@ def _open_hf(path: Path) -> tuple[Any, str, Callable[[Any], None], str | None]:
     return flavor, dtype, load, f"hf:{path}" if (path / "tokenizer.json").is_file() else None
 
 
-def _open_checkpoint(path: Path) -> tuple[Any, str, Callable[[Any], None], str | None]:
+def _open_checkpoint(path: Path, trust_code: bool) -> tuple[Any, str, Callable[[Any], None], str | None]:
     from loongforge.checkpoint.layout import find_checkpoint
     from loongforge.interop.mcore_checkpoint import (
         HF_SOURCE,
@@ -45,7 +45,7 @@ def _open_checkpoint(path: Path) -> tuple[Any, str, Callable[[Any], None], str |
     from loongforge.resolve import model_label
 
     path = find_checkpoint(path)
-    config = checkpoint_config(path)
+    config = checkpoint_config(path, trust_code=trust_code)
     own = path / HF_SOURCE
     tokenizer = f"hf:{own}" if (own / "tokenizer.json").is_file() else config.data.tokenizer
     family = resolve_flavor(config)
@@ -79,15 +79,17 @@ def generate_from_checkpoint(
     top_p: float = 1.0,
     seed: int = 0,
     tokenizer: str | None = None,
+    trust_code: bool = False,
 ) -> str:
-    """``prompt`` and its continuation by the model in ``path`` (greedy unless ``temperature > 0``)."""
+    """``prompt`` and its continuation by the model in ``path`` (greedy unless ``temperature > 0``); ``trust_code``
+    lets a ``pkg.module:attr`` model name in a LoongForge checkpoint's config import its module."""
     from loongforge.interop.world import standalone_world
     from loongforge.models.building import build_standalone
     from loongforge.models.generate import generate_text
 
     path = Path(path).expanduser()
     is_hf = (path / CONFIG_JSON).is_file() and not (path / MANIFEST).is_file()
-    family, dtype, load, own_tokenizer = _open_hf(path) if is_hf else _open_checkpoint(path)
+    family, dtype, load, own_tokenizer = _open_hf(path) if is_hf else _open_checkpoint(path, trust_code)
     if (tokenizer or own_tokenizer) is None:
         raise InteropError(f"{path}: no tokenizer.json; pass --tokenizer (byte or hf:/dir)")
     tok = _tokenizer(tokenizer or own_tokenizer)

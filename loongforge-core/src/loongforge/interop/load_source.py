@@ -17,7 +17,8 @@ from loongforge.models.hf_config import flavor_differences, read_hf_config
 
 def model_load_source(config: LoongForgeConfig, flavor: Any) -> Path:
     """The directory ``model.load`` names (``hf:DIR`` or a LoongForge checkpoint), after checking that it describes
-    ``flavor`` (every differing field named)."""
+    ``flavor`` (every differing field named). The checkpoint's recorded config imports a ``pkg.module:attr`` name
+    only if this run trusts it (``run.trust_code``)."""
     spec = config.model.load or ""
     if spec.startswith("hf:"):
         directory = Path(spec[3:]).expanduser()
@@ -29,7 +30,8 @@ def model_load_source(config: LoongForgeConfig, flavor: Any) -> Path:
 
         directory = find_checkpoint(spec)
         source = directory / "config.yaml"
-        diffs = flavor_differences(resolve_flavor(checkpoint_config(directory)), flavor)
+        recorded = checkpoint_config(directory, trust_code=config.run.trust_code)
+        diffs = flavor_differences(resolve_flavor(recorded), flavor)
     if diffs:
         raise InteropError(f"model.load in {config.source}: {source} does not match model '{config.model.name}': "
                            f"{'; '.join(diffs)}")

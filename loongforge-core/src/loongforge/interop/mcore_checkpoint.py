@@ -25,8 +25,10 @@ from megatron.core.dist_checkpointing.mapping import CheckpointingException
 
 from loongforge.checkpoint.layout import fsync_tree
 from loongforge.checkpoint.manifest import write_manifest
-from loongforge.checkpoint.saver import CONFIG_YAML, METADATA_JSON, MODEL_OPTIM, SyncTorchDistSaveStrategy, unwrap_model
-from loongforge.config.loader import config_to_dict, load_config
+from loongforge.checkpoint.saver import CONFIG_YAML, METADATA_JSON, MODEL_OPTIM, unwrap_model
+from loongforge.checkpoint.torch_dist import InProcessTorchDistSaveStrategy
+from loongforge.checkpoint.trust import check_dist_checkpoint
+from loongforge.config.loader import config_to_dict, load_checkpoint_config
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import InteropError
 from loongforge.interop.hf_checkpoint import copy_carried_files, prepare_out, publish
@@ -46,9 +48,10 @@ def resolve_flavor(config: LoongForgeConfig) -> ModelFamily:
     return resolve_model_flavor(config)
 
 
-def checkpoint_config(path: Path) -> LoongForgeConfig:
-    """The run config saved in checkpoint ``path``."""
-    return load_config(path / CONFIG_YAML)
+def checkpoint_config(path: Path, *, trust_code: bool = False) -> LoongForgeConfig:
+    """The run config saved in checkpoint ``path``; its ``pkg.module:attr`` names import only with ``trust_code``
+    (the user's ``--trust-code``, see :func:`~loongforge.config.loader.load_checkpoint_config`)."""
+    return load_checkpoint_config(path / CONFIG_YAML, trust_code=trust_code)
 
 
 def checkpoint_dtype(path: Path, config: LoongForgeConfig) -> str:
@@ -84,7 +87,9 @@ def _template(model_chunks: list[Any]) -> dict[str, Any]:
 
 
 def load_model_weights(path: Path, model_chunks: list[Any]) -> None:
-    """Load the model weights of checkpoint ``path`` into ``model_chunks`` (any layout; optimizer state is not read)."""
+    """Load the model weights of checkpoint ``path`` into ``model_chunks`` (any layout; optimizer state is not read),
+    after :func:`~loongforge.checkpoint.trust.check_dist_checkpoint` has found that reading them runs no code."""
+    check_dist_checkpoint(path / MODEL_OPTIM)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
@@ -116,7 +121,7 @@ def write_model_checkpoint(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             dist_checkpointing.save(
-                _template([model]), str(tmp / MODEL_OPTIM), sharded_strategy=SyncTorchDistSaveStrategy("torch_dist", 1)
+                _template([model]), str(tmp / MODEL_OPTIM), sharded_strategy=InProcessTorchDistSaveStrategy()
             )
         (tmp / HF_SOURCE).mkdir()
         copy_carried_files(hf_source, tmp / HF_SOURCE)

@@ -116,6 +116,12 @@ class ModelFamily:
         (:class:`loongforge.planner.memory.ComponentModel` objects); default none."""
         return ()
 
+    def check_task(self, config: LoongForgeConfig, options: Any) -> list[str]:
+        """Task engine: the pre-flight of what the typed ``task:`` ``options`` name (a dataset, a checkpoint), run by
+        ``loongforge check`` and ``train`` before anything is built; one summary line per thing checked. A problem
+        raises a :class:`~loongforge.errors.LoongForgeError` naming the file. Default: nothing to check."""
+        return []
+
     def make_task(self, config: LoongForgeConfig) -> Any:
         """Task engine: the :class:`loongforge.tasks.Task` that trains this model under ``config``."""
         raise ConfigError(f"{config.source}: model '{config.model.name}' is trained by the megatron engine and "

@@ -275,10 +275,11 @@ def _save_and_load_megatron(saved: Any, restored: Any, directory: Path) -> None:
     ``restored`` the way every command reads one (:func:`loongforge.interop.mcore_checkpoint.load_model_weights`)."""
     from megatron.core import dist_checkpointing
 
-    from loongforge.checkpoint.saver import MODEL_OPTIM, SyncTorchDistSaveStrategy
+    from loongforge.checkpoint.saver import MODEL_OPTIM
+    from loongforge.checkpoint.torch_dist import InProcessTorchDistSaveStrategy
     from loongforge.interop.mcore_checkpoint import load_model_weights
 
     (directory / MODEL_OPTIM).mkdir()
     dist_checkpointing.save({"model0": saved.sharded_state_dict()}, str(directory / MODEL_OPTIM),
-                            sharded_strategy=SyncTorchDistSaveStrategy("torch_dist", 1))
+                            sharded_strategy=InProcessTorchDistSaveStrategy())
     load_model_weights(directory, [restored])

@@ -38,11 +38,8 @@ def build_batches(host: Any, config: LoongForgeConfig, tokenizer: Any, *, rank: 
     """
     from loongforge.data.sampler import TrainBatchIterator
 
-    factory = host.registry("dataset").load(config.data.dataset, where=f"data.dataset in {config.source}")
-    extra = {"model": model} if model is not None and "model" in inspect.signature(factory).parameters else {}
-
     def tokens() -> Any:
-        return factory(config.data.paths, tokenizer, text_key=config.data.text_key, progress=rank == 0, **extra)
+        return open_dataset(host, config, tokenizer, model=model, progress=rank == 0)
 
     if rank == 0:
         dataset = tokens()
@@ -50,7 +47,7 @@ def build_batches(host: Any, config: LoongForgeConfig, tokenizer: Any, *, rank: 
         dist.barrier()
     if rank != 0:
         dataset = tokens()
-    train, _ = _split(dataset, config)
+    train, _ = split_dataset(dataset, config)
     if isinstance(train, BalancedRows) and host.implements("loongforge_balance_samples"):
         return train.balanced_batches(
             partial(host.balance_samples, dp_group=dp_group), micro_batch_size=config.training.micro_batch_size,
@@ -61,7 +58,30 @@ def build_batches(host: Any, config: LoongForgeConfig, tokenizer: Any, *, rank: 
     )
 
 
-def _split(dataset: Any, config: LoongForgeConfig) -> tuple[Any, Any]:
+def open_dataset(host: Any, config: LoongForgeConfig, tokenizer: Any, *, model: Any = None,
+                 progress: bool = False) -> Any:
+    """The dataset ``data.dataset`` names, opened by its kind's factory (which checks what it reads); a token stream
+    also has its ids checked against the vocabulary -- a sample of a large file, all of a small one -- because an
+    id past the model's embedding table fails only inside the forward pass, as an ``IndexError``.
+
+    ``model`` is the run's model family: a factory that takes a ``model`` keyword gets it (an image-text kind picks
+    the vision encoder's processor and checks the tokenizer's vision tokens against it), and its decoder's
+    vocabulary bounds the ids. Pre-flight (``loongforge check``) and training open the data through this one call.
+    """
+    from loongforge.data.indexed import MMapTokenDataset
+
+    factory = host.registry("dataset").load(config.data.dataset, where=f"data.dataset in {config.source}")
+    extra = {"model": model} if model is not None and "model" in inspect.signature(factory).parameters else {}
+    dataset = factory(config.data.paths, tokenizer, text_key=config.data.text_key, progress=progress, **extra)
+    if isinstance(dataset, MMapTokenDataset):
+        vocabularies = {f"tokenizer '{tokenizer.name}'": tokenizer.vocab_size}
+        if model is not None and model.decoder is not None:
+            vocabularies[f"model '{config.model.name or model.family_name}'"] = model.decoder.vocab_size
+        dataset.check_token_ids(vocabularies)
+    return dataset
+
+
+def split_dataset(dataset: Any, config: LoongForgeConfig) -> tuple[Any, Any]:
     """Train/valid samples: the dataset's own ``split_samples`` (chat data) or windows of a token stream.
 
     ``training.phase`` must agree with the data: ``sft`` trains on chat data with loss masks, ``pretrain`` on

@@ -17,15 +17,18 @@ import yaml
 import loongforge
 from loongforge.checkpoint.layout import CheckpointDir, warn
 from loongforge.checkpoint.rng import capture_rng_state, restore_rng_state
-from loongforge.checkpoint.saver import choose_resume, load_checkpoint, save_checkpoint
+from loongforge.checkpoint.saver import choose_resume, load_checkpoint, read_trainer_json, save_checkpoint
+from loongforge.checkpoint.writer import CheckpointWriter
 from loongforge.config.loader import config_to_dict
 from loongforge.config.schema import LoongForgeConfig
+from loongforge.train.resume_settings import SETTINGS_KEY, check_resume_settings, schedule_settings
 
 
 def checkpoint_dir(config: LoongForgeConfig) -> CheckpointDir:
-    """The run's checkpoint root: ``checkpoint.dir``, else ``<run.output_dir>/checkpoints`` (both engines)."""
+    """The run's checkpoint root: ``checkpoint.dir``, else ``<run.output_dir>/checkpoints`` (both engines),
+    verifying as ``checkpoint.verify`` says."""
     return CheckpointDir(config.checkpoint.dir or Path(config.run.output_dir) / "checkpoints",
-                         config.checkpoint.keep_last)
+                         config.checkpoint.keep_last, verify=config.checkpoint.verify)
 
 
 def resume_checkpoint(trainer: Any) -> Path | None:
@@ -71,28 +74,46 @@ class RunCheckpoints:
         self.host = host
         self.backend = backend
         self.metadata = metadata
+        self.config = config
         self.config_yaml = yaml.safe_dump(config_to_dict(config), sort_keys=False)
+        self.writer = CheckpointWriter(background=config.checkpoint.async_save)
 
-    def save(self, trainer: Any) -> Path:
-        """Checkpoint ``trainer`` at its current step (all ranks call this); returns the new directory."""
+    def save(self, trainer: Any) -> Path | None:
+        """Checkpoint ``trainer`` at its current step (all ranks call this); returns the new directory, or ``None``
+        while it is written in the background (``checkpoint.async_save``; :meth:`complete_save` commits it)."""
         return save_checkpoint(
+            self.writer,
             self.dir,
             trainer.step,
             model_chunks=trainer.model,
             optimizer=trainer.optimizer,
             scheduler=trainer.scheduler,
             rank_state={"rng": capture_rng_state(self.backend)},
-            shared_state={"data": trainer.data.state_dict()},
+            shared_state={"data": trainer.data.state_dict(),
+                          SETTINGS_KEY: schedule_settings(self.config, trainer.engine.samples_per_step)},
             config_yaml=self.config_yaml,
             metadata={**self.metadata, "step": trainer.step, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
             on_save=lambda path, extra: self.host.on_checkpoint_save(trainer, path, extra),
         )
 
+    def complete_save(self, *, wait: bool) -> Path | None:
+        """Commit a background save once every rank wrote it (:meth:`CheckpointWriter.complete`)."""
+        return self.writer.complete(wait=wait)
+
     def load(self, trainer: Any, path: Path) -> None:
-        """Restore ``trainer`` from the checkpoint at ``path`` (all ranks call this)."""
+        """Restore ``trainer`` from the checkpoint at ``path`` (all ranks call this); the optimizer and schedule
+        settings must match the checkpoint's (:mod:`loongforge.train.resume_settings`), and with
+        ``checkpoint.override_schedule`` the schedule built from this config continues at the resumed step."""
+        recorded = read_trainer_json(path).get(SETTINGS_KEY)
+        rebuild = check_resume_settings(recorded, self.config, trainer.engine.samples_per_step, path)
         rank_state, shared = load_checkpoint(
-            path, model_chunks=trainer.model, optimizer=trainer.optimizer, scheduler=trainer.scheduler
+            path, model_chunks=trainer.model, optimizer=trainer.optimizer,
+            scheduler=None if rebuild else trainer.scheduler,
         )
+        if rebuild:
+            trainer.scheduler.step(increment=int(shared["scheduler"]["num_steps"]))
+            warn(f"{path}: optimizer/schedule settings differ from the checkpoint's; continuing with this config's "
+                 "(checkpoint.override_schedule)")
         trainer.data.load_state_dict(shared["data"])
         trainer.step = int(shared["step"])
         if rank_state:

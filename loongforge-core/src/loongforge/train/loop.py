@@ -9,9 +9,17 @@ section gives the same learning rates, whichever engine trains.
 Per step the loop does no file I/O: every step's metrics are buffered as a JSONL line (the exact loss, which the
 resume tests compare bit for bit) and every ``logging.interval`` steps the sinks are flushed and TensorBoard gets
 the values averaged over the interval; before every checkpoint the sinks are synced to disk, so the metrics of a
-saved step survive a crash. Every step's loss and gradient norm must be finite (``training.on_nonfinite``): a
-diverged run stops with its bad step recorded and nothing saved from that step on. Torch-free: ``loongforge
-check`` imports :func:`validate_loop_settings`.
+saved step survive a crash.
+
+Every step is judged (:mod:`loongforge.train.health`): a NaN or infinite loss or gradient norm, or a loss spike,
+makes a bad step, which is recorded in metrics.jsonl (``"bad"``, ``"action"``), never saved, and handled as
+``training.on_nonfinite`` says: ``stop`` raises before anything else happens; ``skip_step`` goes on (the engine left
+the update out); ``rewind`` reloads the newest checkpoint and goes on with the batches after the bad one. After a
+rewind the steps after that checkpoint are trained (and recorded) again.
+
+A preemption signal (:mod:`loongforge.train.preemption`) ends the loop at the next healthy step boundary with a
+checkpoint of that step and :class:`~loongforge.errors.TrainingPreempted`. Torch-free: ``loongforge check``
+imports :func:`validate_loop_settings`.
 """
 
 from __future__ import annotations
@@ -21,11 +29,17 @@ import time
 from numbers import Real
 from typing import TYPE_CHECKING, Any
 
+from loongforge.checkpoint.layout import warn
 from loongforge.config.schema import LoongForgeConfig
-from loongforge.errors import ConfigError, TrainingDivergedError
+from loongforge.errors import ConfigError, TrainingDivergedError, TrainingPreempted
+from loongforge.train.health import BadStep, StepHealth
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from loongforge.train.engines.base import StepResult
     from loongforge.train.metrics import MetricsWriter
+    from loongforge.train.preemption import PreemptionWatch
     from loongforge.train.progress import ProgressDisplay
     from loongforge.train.trainer import Trainer
 
@@ -43,56 +57,83 @@ def validate_loop_settings(config: LoongForgeConfig) -> None:
         ("logging.interval", config.logging.interval, 1, ""),
         ("checkpoint.interval", config.checkpoint.interval, 0, " (0 saves only at the end)"),
         ("checkpoint.keep_last", config.checkpoint.keep_last, 0, " (0 keeps every checkpoint)"),
+        ("training.spike_window", config.training.spike_window, 1, ""),
+        ("training.max_recoveries", config.training.max_recoveries, 0, ""),
     )
     for key, value, least, meaning in limits:
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ConfigError(f"{config.source}: {key} must be an integer >= {least}{meaning}, got {value!r}")
+    factor = config.training.spike_factor
+    if factor is not None and not (_is_number(factor) and math.isfinite(factor) and factor > 1):
+        raise ConfigError(f"{config.source}: training.spike_factor must be a number > 1 (or null: no spike "
+                          f"detection), got {factor!r}")
 
 
-def fit(trainer: Trainer, metrics: MetricsWriter, progress: ProgressDisplay) -> dict[str, Any]:
-    """Step until ``training.steps`` (or until a plugin sets ``trainer.should_stop``), logging, checkpointing and
-    calling lifecycle hooks; return the summary."""
+def fit(trainer: Trainer, metrics: MetricsWriter, progress: ProgressDisplay,
+        preemption: PreemptionWatch | None = None) -> dict[str, Any]:
+    """Step until ``training.steps`` (or until a plugin sets ``trainer.should_stop``), logging, checkpointing,
+    judging each step and calling lifecycle hooks; return the summary. Raises
+    :class:`~loongforge.errors.TrainingDivergedError` for a bad step it does not recover from and
+    :class:`~loongforge.errors.TrainingPreempted` after saving at the boundary that follows a preemption signal."""
     config, host = trainer.config, trainer.host
     total, log_every, save_every = config.training.steps, config.logging.interval, config.checkpoint.interval
-    start_step, saved_step = trainer.step, None
+    health = StepHealth(config.training)
+    start_step, saved_step, preempted_by = trainer.step, None, None
     history: list[dict[str, Any]] = []
     unlogged: list[dict[str, Any]] = []
     host.on_train_start(trainer=trainer)
     try:
         while trainer.step < total and not trainer.should_stop:
-            row = _step(trainer)
+            result, row = _step(trainer, health)
             trainer.step += 1
+            bad = result.bad or health.judge(result.loss, result.grad_norm)
+            if bad is not None:  # a background save in flight is the newest checkpoint to name or rewind to
+                _complete_save(trainer, progress, wait=True)
+            action, why = _judged(trainer, health, result, bad, row)
             history.append(row)
             unlogged.append(row)
             metrics.record(trainer.step, row)
-            diverged = _nonfinite(row)
-            logged = trainer.step % log_every == 0 or trainer.step == total or diverged is not None
+            logged = trainer.step % log_every == 0 or trainer.step == total or bad is not None
             shown = row
             if logged:
                 shown, unlogged = _log(metrics, trainer.step, unlogged), []
             progress.update(trainer.step, shown, logged=logged)
-            if diverged is not None:  # raised before any save: no checkpoint holds this step or a later one
-                raise _diverged(trainer, diverged, row[diverged])
+            if bad is not None and action == "stop":  # raised before any save: no checkpoint holds this step
+                raise _diverged(trainer, bad, why)
             host.on_step_end(trainer=trainer, step=trainer.step, metrics=row)
+            if bad is not None:  # recovered: never saved, and a preemption waits for a healthy boundary
+                _recover(trainer, bad, action, health)
+                continue
+            _complete_save(trainer, progress, wait=False)  # a background save becomes visible once written
             if save_every and trainer.step % save_every == 0:
-                saved_step = _save(trainer, metrics)
-                progress.message(f"saved checkpoint {trainer.last_checkpoint}")
+                saved_step = _save(trainer, metrics, progress)
+            preempted_by = preemption.requested() if preemption is not None else None
+            if preempted_by is not None:
+                break
         if unlogged:  # stopped between two logging steps: the partial interval still reaches the sinks
             _log(metrics, trainer.step, unlogged)
+        if preempted_by is not None:
+            if saved_step != trainer.step:
+                _save(trainer, metrics, progress)
+            _complete_save(trainer, progress, wait=True)
+            raise TrainingPreempted(f"preempted by {preempted_by} at step {trainer.step} of {total}: saved "
+                                    f"{trainer.last_checkpoint}; the same command resumes from it")
         if config.checkpoint.save_at_end and trainer.step > start_step and saved_step != trainer.step:
-            _save(trainer, metrics)
+            _save(trainer, metrics, progress)
+        _complete_save(trainer, progress, wait=True)
     finally:
         progress.close()
     return _summary(trainer, history, start_step)
 
 
-def _step(trainer: Trainer) -> dict[str, Any]:
-    """One optimizer step and its metrics; the schedule moves on after every update the optimizer made."""
+def _step(trainer: Trainer, health: StepHealth) -> tuple[StepResult, dict[str, Any]]:
+    """One optimizer step (screened by ``health`` when bad updates must be left out) and its metrics; the
+    schedule moves on after every update the optimizer made."""
     engine = trainer.engine
     start = time.perf_counter()
     trainer.step_metrics = {}
     lr = engine.param_groups[0]["lr"]
-    result = engine.train_step()
+    result = engine.train_step(health if health.screens_updates else None)
     if not result.skipped:
         trainer.scheduler.step(increment=engine.samples_per_step)
     step_time = time.perf_counter() - start
@@ -101,31 +142,67 @@ def _step(trainer: Trainer) -> dict[str, Any]:
     if engine.tokens_per_step is not None:
         row["tokens_per_s"] = engine.tokens_per_step / step_time
     row.update(step_time=step_time, skipped=result.skipped)
-    return row
+    return result, row
 
 
-def _save(trainer: Trainer, metrics: MetricsWriter) -> int:
-    """Sync the metrics up to this step to disk, then save the checkpoint; return the saved step."""
+def _judged(trainer: Trainer, health: StepHealth, result: StepResult, bad: BadStep | None,
+            row: dict[str, Any]) -> tuple[str | None, str]:
+    """A healthy step's loss joins the spike window; a bad one gets its action (and, for ``stop`` although the
+    policy recovers, why) and both go into its metrics row."""
+    if bad is None:
+        health.accept(result.loss)
+        return None, ""
+    action, why = health.decide(discarded=result.bad is not None, can_rewind=trainer.last_checkpoint is not None)
+    row.update(bad=bad.kind, action=action)
+    if action == "rewind":
+        row["checkpoint"] = str(trainer.last_checkpoint)
+    return action, why
+
+
+def _recover(trainer: Trainer, bad: BadStep, action: str, health: StepHealth) -> None:
+    """Warn about a recovered bad step; for ``rewind``, reload the newest checkpoint (weights, optimizer, schedule,
+    RNG) but keep the data position, so that the batches after the bad one come next rather than the same ones."""
+    step, used = trainer.step, f"recovery {health.bad_steps} of training.max_recoveries {health.max_recoveries}"
+    if action == "skip_step":
+        message = f"its update was left out ({used})"
+    else:
+        position = trainer.engine.data_position()
+        path = trainer.last_checkpoint
+        trainer.scheduler.num_steps = 0  # a load moves the schedule on by the checkpoint's count: count from zero
+        trainer.engine.load(trainer, path)
+        trainer.engine.seek_data(position)
+        message = f"rewound to {path} (step {trainer.step}), going on with the batches after this one ({used})"
+    if trainer.rank == 0:
+        warn(f"step {step}: {bad.describe()}; {message} (training.on_nonfinite: {action})")
+
+
+def _save(trainer: Trainer, metrics: MetricsWriter, progress: ProgressDisplay) -> int:
+    """Sync the metrics up to this step to disk, then save the checkpoint (a background save still pending is
+    committed first); return the saved step."""
+    _complete_save(trainer, progress, wait=True)
     metrics.sync()
-    trainer.last_checkpoint = trainer.engine.save(trainer)
+    _saved(trainer, progress, trainer.engine.save(trainer))  # None: written in the background (checkpoint.async_save)
     return trainer.step
 
 
-#: The step metrics that must be finite (``grad_norm`` is ``None`` when clipping is off or the update was skipped).
-_MUST_BE_FINITE = ("loss", "grad_norm")
+def _complete_save(trainer: Trainer, progress: ProgressDisplay, *, wait: bool) -> None:
+    """Commit a background save once every rank has written it (``wait``: block until then)."""
+    _saved(trainer, progress, trainer.engine.complete_save(trainer, wait=wait))
 
 
-def _nonfinite(row: dict[str, Any]) -> str | None:
-    """The first of :data:`_MUST_BE_FINITE` whose value in ``row`` is NaN or infinite, else ``None``."""
-    return next((key for key in _MUST_BE_FINITE if row[key] is not None and not math.isfinite(row[key])), None)
+def _saved(trainer: Trainer, progress: ProgressDisplay, path: Path | None) -> None:
+    """A committed checkpoint (``path``; ``None``: none now) is the newest one of the run."""
+    if path is not None:
+        trainer.last_checkpoint = path
+        progress.message(f"saved checkpoint {path}")
 
 
-def _diverged(trainer: Trainer, key: str, value: float) -> TrainingDivergedError:
-    """The one-line error for ``training.on_nonfinite: stop``, pointing at the checkpoint to resume from."""
+def _diverged(trainer: Trainer, bad: BadStep, why: str) -> TrainingDivergedError:
+    """The one-line error for a bad step the run does not recover from, pointing at the checkpoint to resume from."""
     newest = trainer.last_checkpoint
     where = f"the newest checkpoint before it is {newest}" if newest else "no checkpoint was saved before it"
-    return TrainingDivergedError(f"step {trainer.step}: {key} is {value} (training.on_nonfinite: "
-                                 f"{trainer.config.training.on_nonfinite}); {where}")
+    return TrainingDivergedError(f"step {trainer.step}: {bad.describe()} (training.on_nonfinite: "
+                                 f"{trainer.config.training.on_nonfinite}{why}); {where}")
 
 
 def _log(metrics: MetricsWriter, step: int, rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -6,8 +6,9 @@ not after minutes of model building, and not as a traceback from deep inside meg
 model and no process group and do not import megatron-core (torch only where a registered object's module needs
 it: a torch-native strategy, a tokenizer). In order:
 
-1. loop settings (:func:`loongforge.train.loop.validate_loop_settings`), the loss normalisation and the optimizer
-   and schedule values (a NaN, infinite or negative learning rate would train garbage rather than fail);
+1. loop settings (:func:`loongforge.train.loop.validate_loop_settings`), the loss normalisation, the optimizer
+   and schedule values (a NaN, infinite or negative learning rate would train garbage rather than fail) and the
+   run's other numbers (seed, threads, batch sizes, sample length, validation share);
 2. the model family resolves, with its parts and ``model.overrides`` (unknown fields with did-you-mean, types);
 3. every name the run uses resolves (device, strategy, dataset and tokenizer for megatron models, optimizations);
 4. the plugin-owned sections against their declared dataclasses (:mod:`loongforge.config.plugin_sections`):
@@ -16,7 +17,10 @@ it: a torch-native strategy, a tokenizer). In order:
    tp/pp/cp/ep, batch sizes), precision and device options through the device backend, LoRA limits;
 6. files and directories the config names exist (``data.paths``, ``model.load`` -- a Hugging Face directory must
    describe this model --, ``checkpoint.resume``, a task's paths), the tokenizer fits the vocabulary and
-   ``data.seq_length`` the positions.
+   ``data.seq_length`` the positions; for a megatron model the data opens as training opens it
+   (:func:`loongforge.train.batches.open_dataset`: headers, sizes, malformed lines, token ids against the
+   vocabulary) and holds a training sample; the output and checkpoint directories can be written
+   (:mod:`loongforge.train.writable`).
 
 Part of :mod:`loongforge.train` (whose run calls it first) rather than of :mod:`loongforge.config`: it asks the
 strategies, devices, the loop and the tokenizers, all of which read the config, so inside ``config`` it would tie the
@@ -28,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,9 +45,12 @@ from loongforge.optimizations import check_optimization, optimization_options
 from loongforge.parallel.strategy import check_strategy
 from loongforge.plugins import get_host
 from loongforge.resolve import resolve_model_flavor
+from loongforge.train.writable import check_writable
 
 #: Precisions the task engine trains in (parameters in fp32, bf16 autocast or FSDP2 mixed precision).
 TASK_PRECISIONS = ("fp32", "bf16")
+#: ``run.seed`` is below this: numpy's seeding takes 32-bit values and each pipeline stage adds 100 to the seed.
+MAX_SEED = 2**31
 
 if TYPE_CHECKING:
     from loongforge.devices.base import DeviceBackend, MegatronSettings
@@ -94,15 +102,19 @@ def _check(config: LoongForgeConfig, world_size: int, backend: DeviceBackend, ho
     lines = _names(config, family, backend, host)
     _check_optimizations(config, host)
     paths = [(f"data.paths[{i}]", p) for i, p in enumerate(config.data.paths)] if family.engine == "megatron" else []
+    options = task_options(family, config)
     if family.engine == "task":
-        options = task_options(family, config)
         paths += named_paths(options, "task") if options is not None else []
         device_options(backend, config)
         lines.append(_check_task_layout(config, world_size, host))
     else:
-        task_options(family, config)
         lines += _check_megatron(config, world_size, family, backend, host)
     _check_paths(config, paths)
+    if family.engine == "megatron":
+        lines.append(_check_dataset(config, family, host))
+    else:
+        lines += family.check_task(config, options)
+    check_writable(config, create=False)  # run.output_dir and the checkpoint root, without creating them
     return lines
 
 
@@ -134,8 +146,11 @@ def _check_loss_normalization(config: LoongForgeConfig) -> None:
 
 
 def _check_hyperparameters(config: LoongForgeConfig) -> None:
-    """Optimizer and schedule values in range (the types are checked when the config loads)."""
-    opt, sched = config.optimizer, config.scheduler
+    """Optimizer, schedule and run values in range (the types are checked when the config loads): each would
+    otherwise be ignored, train garbage, or fail deep inside torch or numpy."""
+    opt, sched, t = config.optimizer, config.scheduler, config.training
+    if opt.name.lower() not in ("adamw", "adam"):
+        raise ConfigError(f"{config.source}: optimizer.name '{opt.name}' is not supported (use adamw)")
     rules = (  # (key, value, within range -- given it is a finite number --, what it must be)
         ("optimizer.lr", opt.lr, opt.lr >= 0, "a finite number >= 0"),  # 0: weights stay (parity and load checks)
         ("optimizer.min_lr", opt.min_lr, 0 <= opt.min_lr <= opt.lr, f"a finite number >= 0 and <= optimizer.lr "
@@ -148,9 +163,25 @@ def _check_hyperparameters(config: LoongForgeConfig) -> None:
         ("scheduler.warmup_steps", sched.warmup_steps, sched.warmup_steps >= 0, "an integer >= 0"),
         ("scheduler.decay_steps", sched.decay_steps, sched.decay_steps is None or sched.decay_steps >= 1,
          "an integer >= 1 (or unset: training.steps)"),
+        ("training.micro_batch_size", t.micro_batch_size, t.micro_batch_size >= 1, "an integer >= 1"),
+        ("training.global_batch_size", t.global_batch_size, t.global_batch_size is None or t.global_batch_size >= 1,
+         "an integer >= 1 (or unset: micro_batch_size * dp)"),
+        ("training.threads", t.threads, t.threads is None or 1 <= t.threads < 2**31,
+         "an integer >= 1 (or unset: torch's default)"),
+        ("training.sample_tokens", t.sample_tokens, t.sample_tokens >= 0, "an integer >= 0 (0: no sample)"),
+        ("run.seed", config.run.seed, 0 <= config.run.seed < MAX_SEED, f"an integer in [0, {MAX_SEED})"),
+        ("data.valid_fraction", config.data.valid_fraction, 0 <= config.data.valid_fraction < 1, "in [0, 1)"),
+        ("parallel.ddp_bucket_mb", config.parallel.ddp_bucket_mb, config.parallel.ddp_bucket_mb > 0,
+         "a finite number > 0"),
+        ("parallel.fsdp_shard_size", config.parallel.fsdp_shard_size,
+         config.parallel.fsdp_shard_size is None or config.parallel.fsdp_shard_size >= 1, "an integer >= 1 (or unset)"),
+        ("parallel.planner.margin", config.parallel.planner.margin, 0 <= config.parallel.planner.margin < 1,
+         "in [0, 1)"),
     )
+    if config.model.lora is not None:  # its other limits: loongforge.models.lora.check_lora_settings
+        rules += (("model.lora.alpha", config.model.lora.alpha, config.model.lora.alpha > 0, "a finite number > 0"),)
     for key, value, in_range, what in rules:
-        if not in_range or (value is not None and not math.isfinite(value)):
+        if not in_range or (isinstance(value, float) and not math.isfinite(value)):
             raise ConfigError(f"{config.source}: {key} must be {what}, got {value!r}")
 
 
@@ -196,10 +227,6 @@ def _check_task_layout(config: LoongForgeConfig, world_size: int, host: PluginHo
         raise ConfigError(f"{where}: training.loss_normalization '{t.loss_normalization}' applies to token-level "
                           f"(megatron) models; model '{config.model.name}' trains a task whose loss is a mean over "
                           "samples (leave it at micro_batch)")
-    if t.micro_batch_size < 1:
-        raise ConfigError(f"{where}: training.micro_batch_size must be >= 1, got {t.micro_batch_size}")
-    if config.optimizer.name.lower() not in ("adamw", "adam"):
-        raise ConfigError(f"{where}: optimizer.name '{config.optimizer.name}' is not supported (use adamw)")
     name = "ddp" if config.parallel.strategy == "megatron" else config.parallel.strategy
     located = f"parallel.strategy in {where}"
     strategy = check_strategy(host.registry("strategy").load(name, where=located), name, "task", located,
@@ -210,7 +237,7 @@ def _check_task_layout(config: LoongForgeConfig, world_size: int, host: PluginHo
 
 def _check_megatron(config: LoongForgeConfig, world_size: int, family: ModelFamily, backend: DeviceBackend,
                     host: PluginHost) -> list[str]:
-    """Layout, batch, precision, LoRA, ``model.load`` and the data of a megatron-engine model; what resolved."""
+    """Layout, batch, precision, LoRA and ``model.load`` of a megatron-engine model; what resolved."""
     decoder, lines = family.decoder, []
     where = f"parallel.strategy in {config.source}"
     strategy = check_strategy(host.registry("strategy").load(config.parallel.strategy, where=where),
@@ -226,6 +253,9 @@ def _check_megatron(config: LoongForgeConfig, world_size: int, family: ModelFami
                               "parallel.cp > 1 yet")
         lines.append(f"parallel: tp={layout.tp} pp={layout.pp} cp={layout.cp} ep={layout.ep} dp={layout.dp} "
                      f"for {world_size} process(es), {plan.num_microbatches} micro-batch(es) per step")
+        from loongforge.models.recompute import recompute_kwargs  # megatron's own checks come after process groups
+
+        recompute_kwargs(config.model.recompute, decoder.num_layers // (layout.pp * layout.num_chunks), config.source)
     settings = _device_settings(config, backend)
     lines.append(f"precision: {config.training.precision} on {backend.name} (parameters {settings.params_dtype})")
     if config.model.lora is not None:
@@ -236,7 +266,6 @@ def _check_megatron(config: LoongForgeConfig, world_size: int, family: ModelFami
         from loongforge.interop.load_source import model_load_source
 
         lines.append(f"model.load: {_keyed(config, 'model.load', lambda: model_load_source(config, family))}")
-    _check_data(config, decoder, host)
     return lines
 
 
@@ -250,7 +279,21 @@ def _device_settings(config: LoongForgeConfig, backend: DeviceBackend) -> Megatr
         raise ConfigError(f"{config.source}: training.precision / device_options: {exc}") from None
 
 
-def _check_data(config: LoongForgeConfig, decoder: Any, host: PluginHost) -> None:
+def _check_dataset(config: LoongForgeConfig, family: ModelFamily, host: PluginHost) -> str:
+    """The data of a megatron model, opened and split as training does (after the names, settings and paths it
+    needs are known good); what it holds, one line."""
+    from loongforge.train.batches import open_dataset, split_dataset
+
+    tokenizer = _check_data(config, family.decoder, host)
+    # Raw text is tokenized (and cached for training) here: show progress where someone watches, on one rank.
+    progress = sys.stderr.isatty() and int(os.environ.get("RANK", "0")) == 0
+    train, valid = split_dataset(open_dataset(host, config, tokenizer, model=family, progress=progress), config)
+    held_out = f", {len(valid)} held out" if valid is not None else ""
+    return f"data: {config.data.dataset}: {len(train)} training sample(s){held_out}"
+
+
+def _check_data(config: LoongForgeConfig, decoder: Any, host: PluginHost) -> Any:
+    """Phase, sequence length and tokenizer against the model; the tokenizer."""
     from loongforge.train.batches import PHASES, load_tokenizer
 
     where = config.source
@@ -265,6 +308,7 @@ def _check_data(config: LoongForgeConfig, decoder: Any, host: PluginHost) -> Non
     if tokenizer.vocab_size > decoder.vocab_size:
         raise ConfigError(f"{where}: tokenizer '{config.data.tokenizer}' has {tokenizer.vocab_size} ids but model "
                           f"'{config.model.name}' only {decoder.vocab_size} (set model.overrides.vocab_size)")
+    return tokenizer
 
 
 def _check_paths(config: LoongForgeConfig, paths: list[tuple[str, str]]) -> None:

@@ -4,16 +4,18 @@ The order matters and is the point of this module:
 
 1. optimizations named in the config are registered for the run, then plugins (those included) adjust the
    config (``loongforge_configure``);
-2. the device backend is chosen (``--device`` > ``LOONGFORGE_DEVICE`` > ``device:``) and its environment
-   and megatron patches are applied *before* anything is built;
+2. the output and checkpoint directories are created and proved writable (:mod:`loongforge.train.writable`);
+   the device backend is chosen (``--device`` > ``LOONGFORGE_DEVICE`` > ``device:``) and its environment and
+   megatron patches are applied *before* anything is built;
 3. process groups (torchrun or a world of one); the layout, model sizes and batch are validated before
    megatron's parallel groups are made; threads and seeds;
 4. the step engine (:mod:`loongforge.train.engines`): for megatron, model chunks (flavor by name + overrides,
    weights independent of the layout) -> ``loongforge_modify_model`` -> megatron DDP -> optimizer -> data; for a
    task model, the task's model, data and AdamW (under a torch-native strategy with several processes);
 5. the one learning-rate schedule, resume (newest valid checkpoint, RNG and data position included), the one loop
-   (:mod:`loongforge.train.loop`), the final checkpoint and the engine's after-training work (a text sample, a
-   task's samples and scores).
+   (:mod:`loongforge.train.loop`) with SIGTERM/SIGUSR1 turned into a checkpoint and a stop while it runs
+   (:mod:`loongforge.train.preemption`), the final checkpoint and the engine's after-training work (a text
+   sample, a task's samples and scores).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from loongforge.errors import ConfigError
 from loongforge.plugins import get_host
 from loongforge.resolve import decoder_flavor, registered_family, resolve_model_flavor
 from loongforge.train.preflight import preflight, requested_device
+from loongforge.train.writable import check_writable
 
 
 def _say(rank: int, message: str) -> None:
@@ -97,6 +100,7 @@ def run_training(config: LoongForgeConfig, *, device: str | None = None, device_
     enabled = host.enable_optimizations(config.optimizations)
     try:
         host.configure(config)
+        check_writable(config, create=True)  # plugins may have moved them; every rank writes checkpoint files
         request, source = requested_device(config, device, device_source)
         backend, reason = select_backend(request, host.registry("device"), source=source)
         backend.configure_env()
@@ -127,7 +131,7 @@ def _run(config: LoongForgeConfig, host: Any, backend: Any, reason: str, info: A
     backend.apply_patches()  # once, for every engine, before anything is built (a device plugin's patches)
     task = _task_of(config, host)
     if task is not None:  # a model with a task of its own: the task engine
-        return _train(_build_task_trainer(config, task, host, backend, info), config, info.rank)
+        return _train(_build_task_trainer(config, task, host, backend, info), config, info)
     # Everything that can be wrong with the layout, model sizes and batch fails here, before any group or model.
     where = f"parallel.strategy in {config.source}"
     strategy = check_strategy(host.registry("strategy").load(config.parallel.strategy, where=where),
@@ -145,7 +149,7 @@ def _run(config: LoongForgeConfig, host: Any, backend: Any, reason: str, info: A
     _init_parallel(strategy, layout, config, backend, info)
     trainer = _build_trainer(config, host, backend, reason, layout, plan, model_flavor, tokenizer, info, settings,
                              auto_decision=auto_decision)
-    return _train(trainer, config, info.rank)
+    return _train(trainer, config, info)
 
 
 def _resolve_auto_layout(config: LoongForgeConfig, host: Any, backend: Any, info: Any) -> tuple[Any, dict | None]:
@@ -246,7 +250,7 @@ def _build_trainer(
         extra_inputs=flavor.extra_inputs,
         sample=lambda chunks: _sample(chunks, decoder, tokenizer, config, info.rank),
     )
-    trainer = _trainer_for(engine, checkpoints, config, host, backend)
+    trainer = _trainer_for(engine, checkpoints, config, host, backend, info.rank)
     _resume(trainer, info.rank)
     return trainer
 
@@ -258,20 +262,21 @@ def _build_task_trainer(config: LoongForgeConfig, task: Any, host: Any, backend:
     from loongforge.train.engines.task import TaskEngine
 
     engine = TaskEngine(config, task, backend, host, rank=info.rank, world_size=info.world_size)
-    trainer = _trainer_for(engine, checkpoint_dir(config), config, host, backend)
+    trainer = _trainer_for(engine, checkpoint_dir(config), config, host, backend, info.rank)
     _resume(trainer, info.rank)
     _say(info.rank, engine.describe())
     return trainer
 
 
-def _trainer_for(engine: Any, checkpoints: Any, config: LoongForgeConfig, host: Any, backend: Any) -> Any:
+def _trainer_for(engine: Any, checkpoints: Any, config: LoongForgeConfig, host: Any, backend: Any,
+                 rank: int) -> Any:
     """The Trainer hooks see, with the one learning-rate schedule over the engine's parameter groups."""
     from loongforge.train.optim import build_scheduler
     from loongforge.train.trainer import Trainer
 
     scheduler = build_scheduler(config, engine.optimizer, engine.samples_per_step)
     return Trainer(config=config, host=host, backend=backend, engine=engine, scheduler=scheduler,
-                   checkpoints=checkpoints)
+                   checkpoints=checkpoints, rank=rank)
 
 
 def _resume(trainer: Any, rank: int) -> None:
@@ -282,12 +287,15 @@ def _resume(trainer: Any, rank: int) -> None:
         _say(rank, f"resumed from {resumed} at step {trainer.step}")
 
 
-def _train(trainer: Any, config: LoongForgeConfig, rank: int) -> dict:
-    """The loop with its metrics sinks and progress display, the engine's after-training work (a text sample, a
-    task's samples and scores), ``on_train_end`` and the closing report."""
+def _train(trainer: Any, config: LoongForgeConfig, info: Any) -> dict:
+    """The loop with its metrics sinks, progress display and preemption signals, the engine's after-training work
+    (a text sample, a task's samples and scores), ``on_train_end`` and the closing report."""
     from loongforge.train.loop import fit
     from loongforge.train.metrics import MetricsWriter
+    from loongforge.train.preemption import PreemptionWatch
     from loongforge.train.progress import ProgressDisplay
+
+    rank = info.rank
 
     if trainer.step >= config.training.steps:
         _say(rank, f"nothing to do: already at step {trainer.step} of {config.training.steps}")
@@ -296,8 +304,11 @@ def _train(trainer: Any, config: LoongForgeConfig, rank: int) -> dict:
         config.run.output_dir, rank=rank, jsonl=log.jsonl, tensorboard=log.tensorboard, start_step=trainer.step
     )
     progress = ProgressDisplay(config.training.steps, start_step=trainer.step, rank=rank, enabled=log.progress)
+    watch = PreemptionWatch(enabled=config.checkpoint.save_on_signal, world_size=info.world_size,
+                            device=trainer.backend.device(info.local_rank))
     try:
-        summary = fit(trainer, metrics, progress)
+        with watch:
+            summary = fit(trainer, metrics, progress, watch)
     finally:
         metrics.close()
     summary.update(trainer.engine.finish(trainer))

@@ -17,17 +17,19 @@ from loongforge.checkpoint.layout import CONFIG_YAML, find_checkpoint
 from loongforge.errors import ConfigError
 
 
-def load_task_model(checkpoint: str | Path) -> tuple[Any, Any, Path]:
+def load_task_model(checkpoint: str | Path, *, trust_code: bool = False) -> tuple[Any, Any, Path]:
     """``(task, model, checkpoint dir)`` from a task checkpoint (or a checkpoint root's ``latest``), verified.
 
     The task's own state (``state.pt``, e.g. a policy's normaliser and dimensions) is restored too, so the task
-    can use the model at once without rebuilding its dataset."""
-    from loongforge.config.loader import load_config
+    can use the model at once without rebuilding its dataset. Nothing here unpickles (safetensors, and
+    ``torch.load(weights_only=True)``); a ``pkg.module:attr`` model name in the checkpoint's config imports its
+    module only with ``trust_code`` (the user's ``--trust-code``)."""
+    from loongforge.config.loader import load_checkpoint_config
     from loongforge.plugins import get_host
     from loongforge.resolve import registered_family
 
     path = find_checkpoint(checkpoint)
-    config = load_config(path / CONFIG_YAML)
+    config = load_checkpoint_config(path / CONFIG_YAML, trust_code=trust_code)
     family = registered_family(config, get_host())
     if family.engine != "task":
         raise ConfigError(f"{path}: model '{config.model.name}' is not a task model (use `loongforge generate`)")

@@ -38,7 +38,9 @@ class Trainer:
     * ``scheduler`` -- the learning-rate schedule (megatron-core's ``OptimizerParamScheduler``, for both engines);
     * ``data`` -- where batches come from: the megatron engine's batch iterator (resumable, ``state_dict``), the
       task engine's dataset;
-    * ``step`` -- optimizer steps completed (during ``on_step_end``, the step just taken);
+    * ``step`` -- optimizer steps completed (during ``on_step_end``, the step just taken; a step whose update was
+      left out, ``training.on_nonfinite: skip_step``, counts too; ``rewind`` sets it back to the checkpoint's);
+    * ``rank`` -- this process's global rank (0 in a single-process run);
     * ``output_dir`` -- ``run.output_dir`` as a ``Path``; ``checkpoints`` -- the run's checkpoint directory;
     * ``last_checkpoint`` -- the newest checkpoint this run saved or resumed from (``None`` before one);
     * ``expert_tokens`` -- MoE models (megatron engine): the last step's tokens routed to each expert,
@@ -50,7 +52,7 @@ class Trainer:
     """
 
     def __init__(self, *, config: LoongForgeConfig, host: PluginHost, backend: DeviceBackend, engine: StepEngine,
-                 scheduler: Any, checkpoints: CheckpointDir) -> None:
+                 scheduler: Any, checkpoints: CheckpointDir, rank: int = 0) -> None:
         self.config = config
         self.host = host
         self.backend = backend
@@ -58,6 +60,7 @@ class Trainer:
         self.scheduler = scheduler
         self.checkpoints = checkpoints
         self.step = 0
+        self.rank = rank
         self.output_dir = Path(config.run.output_dir)
         self.last_checkpoint: Path | None = None
         self.should_stop = False

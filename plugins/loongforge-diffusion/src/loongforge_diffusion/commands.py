@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from loongforge.commands import add_trust_code_option
+
 
 def configure_sample(sample: argparse.ArgumentParser) -> None:
     sample.add_argument("checkpoint", help="task checkpoint (or its checkpoints root)")
@@ -20,12 +22,13 @@ def configure_sample(sample: argparse.ArgumentParser) -> None:
     sample.add_argument("--seed", type=int, default=0)
     sample.add_argument("--format", choices=("gif", "mp4", "png"), default="gif",
                         help="gif (default), mp4 (needs PyAV) or png frames")
+    add_trust_code_option(sample)
 
 
 def run_sample(args: argparse.Namespace) -> int:
     from loongforge.train.task_loop import load_task_model
 
-    task, model, _ = load_task_model(args.checkpoint)
+    task, model, _ = load_task_model(args.checkpoint, trust_code=args.trust_code)
     written = task.sample_files(model, args.prompt, Path(args.out), steps=args.steps, guidance=args.guidance,
                                 seed=args.seed, fmt=args.format)
     for prompt, file in zip(args.prompt, written, strict=True):

@@ -34,11 +34,12 @@ def is_random(source: str) -> bool:
     return source == RANDOM_SOURCE and not Path(source).exists()
 
 
-def claims_eval(source: str) -> bool:
+def claims_eval(source: str, *, trust_code: bool) -> bool:
     """A policy server's address, ``random``, or a LoongForge checkpoint of a policy."""
     from loongforge_embodied.policies.flavor_base import PolicyFlavor
 
-    return is_server(source) or is_random(source) or isinstance(checkpoint_model(source), PolicyFlavor)
+    return is_server(source) or is_random(source) or isinstance(checkpoint_model(source, trust_code=trust_code),
+                                                                  PolicyFlavor)
 
 
 def safetensors_file(source: str | Path) -> Path:
@@ -59,12 +60,12 @@ def safetensors_header(source: str | Path) -> dict[str, Any]:
     return header if isinstance(header, dict) else {}
 
 
-def claims_lerobot(source: str) -> bool:
+def claims_lerobot(source: str, *, trust_code: bool) -> bool:
     """LeRobot / OpenPI Pi0.5 weights: tensor names under ``paligemma_with_expert.`` (``model.``-prefixed or not)."""
     return any(name.removeprefix(_LEROBOT_PREFIX).startswith(_PI05_ROOT) for name in safetensors_header(source))
 
 
-def claims_ours(source: str) -> bool:
+def claims_ours(source: str, *, trust_code: bool) -> bool:
     """Our Pi0.5 safetensors: the flavor recorded in the metadata by the import."""
     return "flavor" in safetensors_header(source).get("__metadata__", {})
 

@@ -9,6 +9,7 @@ the one the task always had.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from loongforge.config.sections import path_field
 from loongforge.errors import ConfigError
@@ -56,3 +57,12 @@ class PolicyTaskOptions:
 
         if self.normalization not in MODES:
             raise ConfigError(f"normalization '{self.normalization}' is unknown; choose one of {', '.join(MODES)}")
+
+    def split(self, episodes: list[int], root: Path | str, source: str) -> tuple[list[int], list[int]]:
+        """``episodes`` (a dataset's indices, in order) as (training, held-out): the last ``held_out_episodes``
+        are held out, and at least one must be left to train on."""
+        held = self.held_out_episodes
+        if not 0 <= held < len(episodes):
+            raise ConfigError(f"task.held_out_episodes in {source}: {held}, but {root} has {len(episodes)} episodes "
+                              "(keep at least one for training)")
+        return episodes[:len(episodes) - held], episodes[len(episodes) - held:]

@@ -133,12 +133,7 @@ class PolicyTask(TaskBase):
                                    image_size=self.flavor.image_size, seed=s.seed)
 
     def _split(self, root: Path) -> tuple[list[int], list[int]]:
-        all_episodes = [ep.index for ep in LeRobotDataset(root).episodes]
-        held = self.options.held_out_episodes
-        if not 0 <= held < len(all_episodes):
-            raise ConfigError(f"task.held_out_episodes in {self.source}: {held}, but {root} has "
-                              f"{len(all_episodes)} episodes (keep at least one for training)")
-        return all_episodes[:len(all_episodes) - held], all_episodes[len(all_episodes) - held:]
+        return self.options.split([ep.index for ep in LeRobotDataset(root).episodes], root, self.source)
 
     def _frames(self, root: Path, episodes: list[int]) -> PolicyFrames:
         dataset = LeRobotDataset(root, action_horizon=self.action_horizon, episodes=episodes)

@@ -11,7 +11,7 @@ from loongforge.claims import checkpoint_model, hf_config_names
 from loongforge.commands import CommandRegistry
 
 
-def claims_hf_vlm(source: str) -> bool:
+def claims_hf_vlm(source: str, *, trust_code: bool) -> bool:
     """A transformers directory of a vision-language architecture :mod:`loongforge_vlm.model.hf_interop` reads."""
     from loongforge_vlm.model.hf_interop import ARCHITECTURES
 
@@ -21,11 +21,11 @@ def claims_hf_vlm(source: str) -> bool:
     return model_type in {row[1] for row in ARCHITECTURES.values()}
 
 
-def claims_vlm_checkpoint(source: str) -> bool:
+def claims_vlm_checkpoint(source: str, *, trust_code: bool) -> bool:
     """A LoongForge checkpoint of a composed vision-language model."""
     from loongforge_vlm.model.flavors import VLMFlavor
 
-    return isinstance(checkpoint_model(source), VLMFlavor)
+    return isinstance(checkpoint_model(source, trust_code=trust_code), VLMFlavor)
 
 
 def register_commands(commands: CommandRegistry) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import loongforge
 import torch
+from loongforge.commands import add_trust_code_option
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import LoongForgeError
 from loongforge.interop.convert import check_out_dir
@@ -72,8 +73,10 @@ def hf_to_loongforge(hf_dir: str | Path, out_dir: str | Path, *, model: str | No
     return f"wrote {out_dir}: {len(tensors)} Hugging Face tensors as model '{name}' ({dtype})"
 
 
-def loongforge_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_size: str = "5GB") -> str:
-    """Convert a LoongForge VLM checkpoint (any tp/pp it was trained at) to a transformers directory."""
+def loongforge_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_size: str = "5GB",
+                     trust_code: bool = False) -> str:
+    """Convert a LoongForge VLM checkpoint (any tp/pp it was trained at) to a transformers directory;
+    ``trust_code`` lets a ``pkg.module:attr`` name in its config.yaml import its module."""
     from loongforge.checkpoint.layout import find_checkpoint
     from loongforge.interop.hf_checkpoint import parse_size, write_hf_checkpoint
     from loongforge.interop.mcore_checkpoint import (
@@ -92,7 +95,7 @@ def loongforge_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_s
 
     out_dir = Path(out_dir).expanduser()
     path = find_checkpoint(checkpoint)
-    config = checkpoint_config(path)
+    config = checkpoint_config(path, trust_code=trust_code)
     flavor = resolve_flavor(config)
     if not isinstance(flavor, VLMFlavor) or flavor.hf_architecture is None:
         raise LoongForgeError(f"{path}: model '{model_label(config, flavor)}' has no Hugging Face VLM layout "
@@ -127,7 +130,7 @@ def run_hf_to_loongforge(args: argparse.Namespace) -> int:
 
 
 def run_loongforge_to_hf(args: argparse.Namespace) -> int:
-    print(loongforge_to_hf(args.source, args.out, max_shard_size=args.max_shard_size))
+    print(loongforge_to_hf(args.source, args.out, max_shard_size=args.max_shard_size, trust_code=args.trust_code))
     return 0
 
 
@@ -141,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         sub = commands.add_parser(name)
         sub.add_argument("source")
         sub.add_argument("out")
+        add_trust_code_option(sub)
         configure(sub)
     args = parser.parse_args(argv)
     try:

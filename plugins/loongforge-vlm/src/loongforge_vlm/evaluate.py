@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from loongforge.commands import add_trust_code_option
 
 from loongforge_vlm.data import shapes
 
@@ -64,8 +65,9 @@ def score(references: list[str], answers: list[str]) -> dict[str, Any]:
 
 
 def evaluate(checkpoint: str | Path, *, data: list[str] | None = None, limit: int = 0,
-             max_tokens: int = 8) -> dict[str, Any]:
-    """Load ``checkpoint`` (TP=PP=1, CPU), answer the held-out questions, return :func:`score`'s result."""
+             max_tokens: int = 8, trust_code: bool = False) -> dict[str, Any]:
+    """Load ``checkpoint`` (TP=PP=1, CPU), answer the held-out questions, return :func:`score`'s result;
+    ``trust_code`` lets a ``pkg.module:attr`` name in its config.yaml import its module."""
     from loongforge.checkpoint.layout import find_checkpoint
     from loongforge.interop.mcore_checkpoint import (
         checkpoint_config,
@@ -81,7 +83,7 @@ def evaluate(checkpoint: str | Path, *, data: list[str] | None = None, limit: in
     from loongforge_vlm.data.kind import image_text_dataset, shapes_dataset
 
     path = find_checkpoint(checkpoint)
-    config = checkpoint_config(path)
+    config = checkpoint_config(path, trust_code=trust_code)
     flavor = resolve_flavor(config)
     tokenizer = load_tokenizer(get_host(), config)
     if data:
@@ -113,7 +115,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``loongforge eval``: ``args.source`` is the checkpoint; prints per-kind accuracy next to chance."""
-    result = evaluate(args.source, data=args.data, limit=args.limit, max_tokens=args.max_tokens)
+    result = evaluate(args.source, data=args.data, limit=args.limit, max_tokens=args.max_tokens,
+                      trust_code=args.trust_code)
     for kind, row in result.items():
         chance = f"{row['chance']:.3f}" if row["chance"] is not None else "-"
         print(f"{kind:8s} n={row['n']:4d}  accuracy {row['accuracy']:.3f}  chance {chance}")
@@ -124,6 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("source", metavar="checkpoint",
                         help="a checkpoint step directory or a checkpoint root with 'latest'")
+    add_trust_code_option(parser)
     configure(parser)
     run(parser.parse_args(argv))
 

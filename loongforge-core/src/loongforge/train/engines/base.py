@@ -1,10 +1,10 @@
 """The interface between the loop and a step engine.
 
 An engine supplies only what differs between model kinds: one optimizer step, saving and loading its state,
-the optimizer's parameter groups, the counts the summary needs and its after-training work. Everything else --
-step cadence, lifecycle hooks, ``should_stop``, the learning-rate schedule's stepping, metrics, progress,
-checkpoint cadence and the summary -- is the loop's (:mod:`loongforge.train.loop`), so it behaves the same for
-every model.
+its position in the data, the optimizer's parameter groups, the counts the summary needs and its after-training
+work. Everything else -- step cadence, lifecycle hooks, ``should_stop``, the learning-rate schedule's stepping,
+metrics, progress, checkpoint cadence, the summary and what a bad step does (:mod:`loongforge.train.health`) --
+is the loop's (:mod:`loongforge.train.loop`), so it behaves the same for every model.
 """
 
 from __future__ import annotations
@@ -15,19 +15,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
+    from loongforge.train.health import BadStep, StepHealth
     from loongforge.train.trainer import Trainer
 
 
 @dataclass
 class StepResult:
     """What one optimizer step reports: the loss (averaged over the global batch, known on every rank), the
-    gradient norm (``None`` when clipping is off), whether the optimizer skipped the update (loss-scale overflow)
-    and engine-specific numbers (``extra``, e.g. the MoE auxiliary loss) recorded with the step."""
+    gradient norm (``None`` when clipping is off or it was not computed), whether the update was left out (a
+    loss-scale overflow, or ``bad``), why the screen made the engine leave it out (``bad``; see
+    :meth:`StepEngine.train_step`) and engine-specific numbers (``extra``, e.g. the MoE auxiliary loss) recorded
+    with the step."""
 
     loss: float
     grad_norm: float | None
     skipped: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    bad: BadStep | None = None
 
 
 class StepEngine(abc.ABC):
@@ -53,16 +57,43 @@ class StepEngine(abc.ABC):
         return self.optimizer.param_groups
 
     @abc.abstractmethod
-    def train_step(self) -> StepResult:
-        """One optimizer step over one global batch (forward, backward, gradient reduction, update)."""
+    def train_step(self, screen: StepHealth | None = None) -> StepResult:
+        """One optimizer step over one global batch (forward, backward, gradient reduction, update).
+
+        With a ``screen`` (``training.on_nonfinite: skip_step``), ask ``screen.screen`` after backward and before
+        the optimizer step; when it returns a :class:`~loongforge.train.health.BadStep`, leave the update out --
+        weights, optimizer moments and step count, and any after-step work (an EMA) stay as they were -- and
+        return ``skipped=True`` with that ``bad``. Without one, check nothing beyond what the step reports."""
 
     @abc.abstractmethod
-    def save(self, trainer: Trainer) -> Path:
-        """Write a checkpoint of ``trainer.step`` into ``trainer.checkpoints`` (collective); return its directory."""
+    def save(self, trainer: Trainer) -> Path | None:
+        """Write a checkpoint of ``trainer.step`` into ``trainer.checkpoints`` (collective); return its directory.
+
+        With ``checkpoint.async_save`` only snapshot the state (a host copy) and return ``None``: the files are
+        written in the background and :meth:`complete_save` commits them. A save still pending when this is
+        called is committed first."""
+
+    @abc.abstractmethod
+    def complete_save(self, trainer: Trainer, *, wait: bool) -> Path | None:
+        """Commit the background save :meth:`save` left pending once every rank has written its part (``wait``:
+        block until then); return the committed directory, ``None`` when nothing was committed. The loop calls this
+        at every step boundary and with ``wait=True`` before training ends. Collective (all ranks call it at the
+        same points); without a pending save it returns ``None`` at once."""
 
     @abc.abstractmethod
     def load(self, trainer: Trainer, path: Path) -> None:
-        """Restore the state ``save`` wrote at ``path`` (collective), setting ``trainer.step``."""
+        """Restore the state ``save`` wrote at ``path`` (collective), setting ``trainer.step``. The schedule is
+        moved on from wherever ``trainer.scheduler`` stands by the checkpoint's count (megatron's convention), so
+        the loop hands a mid-run load a schedule counted back to zero."""
+
+    @abc.abstractmethod
+    def data_position(self) -> Any:
+        """Where the next batch comes from, as a checkpoint stores it (``training.on_nonfinite: rewind`` keeps
+        it across the reload, so that the batches after the bad one come next)."""
+
+    @abc.abstractmethod
+    def seek_data(self, position: Any) -> None:
+        """Continue the data from a :meth:`data_position`."""
 
     def finish(self, trainer: Trainer) -> dict[str, Any]:
         """After the last step: what the engine adds to the run summary (a text sample, a task's scores)."""

@@ -25,6 +25,7 @@ from loongforge.train.moe_stats import MoEStats
 
 if TYPE_CHECKING:
     from loongforge.train.checkpointing import RunCheckpoints
+    from loongforge.train.health import StepHealth
     from loongforge.train.trainer import Trainer
 
 def _masked_mean_loss(loss_mask: torch.Tensor, per_token_loss: torch.Tensor) -> tuple[torch.Tensor, dict]:
@@ -82,6 +83,7 @@ class MegatronEngine(StepEngine):
         self._cp_group = parallel_state.get_context_parallel_group()
         self._cp_size = parallel_state.get_context_parallel_world_size()
         self._cp_rank = parallel_state.get_context_parallel_rank()
+        self._world_size = dist.get_world_size()
         self._per_token = config.training.loss_normalization == "global_tokens"
         # The token count is all-reduced over data- and context-parallel ranks together (finalize_model_grads does).
         self._token_group = parallel_state.get_data_parallel_group(with_context_parallel=True)
@@ -136,8 +138,21 @@ class MegatronEngine(StepEngine):
             dist.all_reduce(totals, group=self._pp_group)
         return (totals[0] / totals[1].clamp(min=1)).item()
 
-    def train_step(self) -> StepResult:
-        """One optimizer step over ``num_microbatches`` micro-batches."""
+    def _gradient_sum(self) -> float:
+        """The sum of every gradient in the megatron-DDP buffers over all ranks: finite exactly when every gradient
+        is (one pass over the buffers, one all-reduce of one number).
+
+        Over all ranks because each holds part of the truth: a tensor-/pipeline-parallel shard of the weights and,
+        with the distributed optimizer, the reduced gradients of its own slice only."""
+        total = torch.stack([buffer.grad_data.sum(dtype=torch.float32) for chunk in self.model
+                             for buffer in chunk.buffers + chunk.expert_parallel_buffers]).sum()
+        if self._world_size > 1:
+            dist.all_reduce(total)
+        return total.item()
+
+    def train_step(self, screen: StepHealth | None = None) -> StepResult:
+        """One optimizer step over ``num_microbatches`` micro-batches; with a ``screen``, none when it finds the
+        step bad (decided before ``optimizer.step()``, which would apply a NaN gradient)."""
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
@@ -150,22 +165,38 @@ class MegatronEngine(StepEngine):
             micro_batch_size=self.config.training.micro_batch_size,
             forward_only=False,
         )
-        update_successful, grad_norm, _ = self.optimizer.step()
         loss = self._reduce_loss(reduced)
+        bad = screen.screen(loss, self._gradient_sum) if screen is not None else None
+        if bad is not None:  # left out: weights, Adam's moments and step count stay as they are
+            return StepResult(loss=loss, grad_norm=None, skipped=True, extra=self._step_extra(), bad=bad)
+        update_successful, grad_norm, _ = self.optimizer.step()
+        return StepResult(loss=loss, grad_norm=grad_norm, skipped=not update_successful, extra=self._step_extra())
+
+    def _step_extra(self) -> dict[str, Any]:
+        """The step's MoE numbers: the auxiliary loss for the metrics, tokens per expert for ``expert_tokens``."""
         extra: dict[str, Any] = {}
         if self._moe is not None:
             aux, self.expert_tokens = self._moe.collect(self.num_microbatches)
             if aux is not None:
                 extra["moe_aux_loss"] = aux
-        return StepResult(loss=loss, grad_norm=grad_norm, skipped=not update_successful, extra=extra)
+        return extra
 
     # -- checkpoints and the end of the run -----------------------------------------------------------
 
-    def save(self, trainer: Trainer) -> Path:
+    def save(self, trainer: Trainer) -> Path | None:
         return self._checkpoints.save(trainer)
+
+    def complete_save(self, trainer: Trainer, *, wait: bool) -> Path | None:
+        return self._checkpoints.complete_save(wait=wait)
 
     def load(self, trainer: Trainer, path: Path) -> None:
         self._checkpoints.load(trainer, path)
+
+    def data_position(self) -> dict[str, Any]:
+        return self.data.state_dict()
+
+    def seek_data(self, position: dict[str, Any]) -> None:
+        self.data.load_state_dict(position)
 
     def finish(self, trainer: Trainer) -> dict[str, Any]:
         return {"sample": self._sample(self.model)}

@@ -12,19 +12,25 @@ with ``weights_only=True``), ``trainer.json``, per-rank ``rng-<rank>.pt`` and th
 
 from __future__ import annotations
 
+import io
 import json
+import random
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import yaml
 from safetensors.torch import load_file, save_file
+from safetensors.torch import save as safetensors_bytes
 from torch import nn
+from torch.distributed.tensor import DTensor
 
-from loongforge.checkpoint.layout import CONFIG_YAML, step_dir_name
-from loongforge.checkpoint.manifest import write_manifest
+from loongforge.checkpoint.layout import CONFIG_YAML
 from loongforge.checkpoint.rng import capture_rng_state, restore_rng_state
+from loongforge.checkpoint.writer import CheckpointWriter, RankShare, write_blobs
 from loongforge.config.loader import config_to_dict
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import ConfigError
@@ -32,8 +38,10 @@ from loongforge.parallel.strategy import check_strategy
 from loongforge.tasks import TaskBase
 from loongforge.train.checkpointing import warn
 from loongforge.train.engines.base import StepEngine, StepResult
+from loongforge.train.resume_settings import SETTINGS_KEY, check_resume_settings, schedule_settings
 
 if TYPE_CHECKING:
+    from loongforge.train.health import StepHealth
     from loongforge.train.trainer import Trainer
 
 
@@ -86,6 +94,30 @@ def fused_adamw_applies(params: list[nn.Parameter]) -> bool:
         type(p.data) is torch.Tensor and p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
 
 
+#: What rank 0 writes from the model, the optimizer and the task's state (beside ``trainer.json`` and the config).
+_STATE_FILES = ("model.safetensors", "optimizer.pt", "state.pt")
+
+
+def _write_state_files(tmp: Path, model_state: dict, optim_state: dict, state: dict) -> None:
+    """:data:`_STATE_FILES` from the live state (a synchronous save). ``torch.save`` gets streams, as in
+    :func:`_state_blobs`: it names the archive inside after a path, so a path would give different bytes."""
+    save_file({k: t.detach().contiguous() for k, t in model_state.items()}, str(tmp / "model.safetensors"))
+    for name, value in (("optimizer.pt", optim_state), ("state.pt", state)):
+        with open(tmp / name, "wb") as handle:
+            torch.save(value, handle)
+
+
+def _state_blobs(model_state: dict, optim_state: dict, state: dict) -> dict[str, bytes | memoryview]:
+    """The bytes of :data:`_STATE_FILES`, the same :func:`_write_state_files` writes: a background save's snapshot."""
+    blobs: dict[str, bytes | memoryview] = {
+        "model.safetensors": safetensors_bytes({k: t.detach().contiguous() for k, t in model_state.items()})}
+    for name, value in (("optimizer.pt", optim_state), ("state.pt", state)):
+        buffer = io.BytesIO()
+        torch.save(value, buffer)
+        blobs[name] = buffer.getbuffer()
+    return blobs
+
+
 def _strategy(config: LoongForgeConfig, world_size: int, host: Any) -> tuple[Any, Any]:
     """The torch-native strategy and layout of a multi-process task run (``(None, None)`` for one process).
 
@@ -130,6 +162,8 @@ class TaskEngine(StepEngine):
             task.use_context_parallel(strategy.context_parallel_group(layout))
         self.device = backend.device()
         torch.manual_seed(config.run.seed)  # the same initial weights on every rank
+        random.seed(config.run.seed)  # and the same streams in every run: a checkpoint records them all
+        np.random.seed(config.run.seed)
         model = host.modify_model(task.build_model().to(self.device), config)
         #: Parameter count of the whole model, taken before a strategy shards it.
         self.num_params = sum(p.numel() for p in model.parameters())
@@ -146,6 +180,7 @@ class TaskEngine(StepEngine):
         adamw = dict(lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, weight_decay=opt.weight_decay,
                      fused=fused_adamw_applies(params))
         self.optimizer = strategy.optimizer(params, **adamw) if strategy else torch.optim.AdamW(params, **adamw)
+        self._saves = CheckpointWriter(background=config.checkpoint.async_save)
 
     def describe(self) -> str:
         """One line for the run log: size, data and layout."""
@@ -161,7 +196,9 @@ class TaskEngine(StepEngine):
             self.task.training_step(model, _collate([self.data[0]], [0], self.device))
         self.task.load_state_dict(task_state)
 
-    def train_step(self) -> StepResult:
+    def train_step(self, screen: StepHealth | None = None) -> StepResult:
+        """One AdamW step on the next global batch; with a ``screen``, none (and no ``after_step``, e.g. no EMA
+        update) when it finds the step bad."""
         mbs = self.config.training.micro_batch_size
         indices = self.order.next()[self.dp_rank * mbs : (self.dp_rank + 1) * mbs]
         batch = _collate([self.data[i] for i in indices], indices, self.device)
@@ -177,13 +214,27 @@ class TaskEngine(StepEngine):
         if clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
             grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor
-        self.optimizer.step()
-        self.task.after_step(self.model)
         loss = loss.detach().clone()
         if self.world_size > 1:
             dist.all_reduce(loss)
             loss /= self.world_size
+        if screen is not None:
+            bad = screen.screen(float(loss), self._gradient_sum if grad_norm is None else lambda: grad_norm)
+            if bad is not None:  # left out: weights, AdamW's moments and step count, the task's state stay
+                return StepResult(loss=float(loss), grad_norm=grad_norm, skipped=True, bad=bad)
+        self.optimizer.step()
+        self.task.after_step(self.model)
         return StepResult(loss=float(loss), grad_norm=grad_norm)
+
+    def _gradient_sum(self) -> float:
+        """The sum of every gradient over all ranks (FSDP2: of each rank's shard): finite exactly when every
+        gradient is. For ``skip_step`` without clipping, where no gradient norm exists to tell."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        sums = [(g.to_local() if isinstance(g, DTensor) else g).sum(dtype=torch.float32) for g in grads]
+        total = torch.stack(sums).sum() if sums else torch.zeros((), device=self.device)
+        if self.world_size > 1:
+            dist.all_reduce(total)
+        return float(total)
 
     # -- checkpoints -------------------------------------------------------------------------------------------
     def full_state(self) -> tuple[dict, dict] | None:
@@ -195,42 +246,59 @@ class TaskEngine(StepEngine):
             return full
         return full[0], _named_optimizer_state(full[1], self.param_names)
 
-    def save(self, trainer: Trainer) -> Path:
-        """Rank 0 writes model, optimizer, trainer state and config; every rank its own RNG streams."""
-        directory, step = trainer.checkpoints, trainer.step
+    def save(self, trainer: Trainer) -> Path | None:
+        """Rank 0 writes model, optimizer, task state, trainer state and config; every rank its own RNG streams, and
+        hashes what it wrote. With ``checkpoint.async_save`` the model, optimizer and task state are serialised
+        into memory here and written (and hashed) in the background; :meth:`complete_save` commits them."""
+        step = trainer.step
+        tmp = self._saves.begin(trainer.checkpoints, step)
         full = self.full_state()
-        tmp = directory.tmp_path(step)
-        if self.rank == 0:
-            directory.begin(step)
-        self._barrier()
-        torch.save(capture_rng_state(self.backend), tmp / f"rng-{self.rank}.pt")
-        self._barrier()
-        final = directory.root / step_dir_name(step)
-        if self.rank == 0:
-            model_state, optim_state = full
-            save_file({k: t.detach().contiguous() for k, t in model_state.items()}, str(tmp / "model.safetensors"))
-            torch.save(optim_state, tmp / "optimizer.pt")
-            torch.save({"task": self.task.state_dict(), "data_position": self.order.position}, tmp / "state.pt")
-            extra_state: dict[str, Any] = {}
-            self.host.on_checkpoint_save(trainer, str(tmp), extra_state)
-            meta = {"step": step, "model": self.config.model.name, "world_size": self.world_size,
-                    "extra_state": extra_state}
-            (tmp / "trainer.json").write_text(json.dumps(meta, indent=1))
-            config_text = yaml.safe_dump(config_to_dict(self.config), sort_keys=False)
-            (tmp / CONFIG_YAML).write_text(config_text, encoding="utf-8")
-            write_manifest(tmp, step=step)
-            final = directory.commit(tmp, step)
-        self._barrier()
-        return final
+        rng = f"rng-{self.rank}.pt"
+        torch.save(capture_rng_state(self.backend), tmp / rng)
+        if self.rank != 0:
+            return self._saves.submit(RankShare(files=[rng]))
+        model_state, optim_state = full
+        state = {"task": self.task.state_dict(), "data_position": self.order.position}
+        write = None
+        if self._saves.background:  # bytes now: training goes on changing the live tensors
+            write = partial(write_blobs, tmp, _state_blobs(model_state, optim_state, state))
+        else:
+            _write_state_files(tmp, model_state, optim_state, state)
+        extra_state: dict[str, Any] = {}
+        self.host.on_checkpoint_save(trainer, str(tmp), extra_state)
+        meta = {"step": step, "model": self.config.model.name, "world_size": self.world_size,
+                "extra_state": extra_state,
+                SETTINGS_KEY: schedule_settings(self.config, self.samples_per_step),
+                "scheduler_samples": trainer.scheduler.num_steps}
+        (tmp / "trainer.json").write_text(json.dumps(meta, indent=1))
+        config_text = yaml.safe_dump(config_to_dict(self.config), sort_keys=False)
+        (tmp / CONFIG_YAML).write_text(config_text, encoding="utf-8")
+        return self._saves.submit(RankShare(files=[rng, *_STATE_FILES], write=write))
+
+    def complete_save(self, trainer: Trainer, *, wait: bool) -> Path | None:
+        return self._saves.complete(wait=wait)
+
+    def data_position(self) -> int:
+        return self.order.position
+
+    def seek_data(self, position: int) -> None:
+        self.order.position = position
 
     def load(self, trainer: Trainer, path: Path) -> None:
         """Restore a checkpoint written at any world size (a rank without its RNG file starts fresh streams).
 
-        The schedule is a function of the step (no skipped updates here), so it is moved to the restored step."""
+        The schedule moves on to the samples it had counted (fewer than step x batch when updates were skipped). The
+        optimizer and schedule settings must match the checkpoint's (:mod:`loongforge.train.resume_settings`); the
+        hyper-parameters in the optimizer's param groups are this config's either way (equal unless
+        ``checkpoint.override_schedule`` accepted new ones), the moments the checkpoint's."""
         meta = json.loads((path / "trainer.json").read_text(encoding="utf-8"))
         if meta.get("model") != self.config.model.name:
             raise ConfigError(f"checkpoint {path} is of model '{meta.get('model')}', the run is "
                               f"'{self.config.model.name}' (set checkpoint.resume: never to start fresh)")
+        if check_resume_settings(meta.get(SETTINGS_KEY), self.config, self.samples_per_step, path):
+            warn(f"{path}: optimizer/schedule settings differ from the checkpoint's; continuing with this config's "
+                 "(checkpoint.override_schedule)")
+        configured = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
         model_state = load_file(str(path / "model.safetensors"), device=str(self.device))
         optim_state = torch.load(path / "optimizer.pt", weights_only=True)
         if self.strategy is not None and self.strategy.kind in ("fsdp2", "hsdp"):
@@ -241,11 +309,13 @@ class TaskEngine(StepEngine):
         else:
             self.model.load_state_dict(model_state)
             self.optimizer.load_state_dict(_indexed_optimizer_state(optim_state, self.param_names))
+        for group, settings in zip(self.optimizer.param_groups, configured, strict=True):
+            group.update(settings)
         state = torch.load(path / "state.pt", weights_only=True)
         self.task.load_state_dict(state["task"])
         self.order.position = state["data_position"]
         trainer.step = meta["step"]
-        trainer.scheduler.step(increment=trainer.step * self.samples_per_step)
+        trainer.scheduler.step(increment=int(meta.get("scheduler_samples", trainer.step * self.samples_per_step)))
         rng = path / f"rng-{self.rank}.pt"
         if rng.is_file():
             restore_rng_state(torch.load(rng, weights_only=True), self.backend)
@@ -253,10 +323,6 @@ class TaskEngine(StepEngine):
             warn(f"{path} was written by {meta.get('world_size')} rank(s): rank {self.rank} starts fresh random "
                  "streams (the continuation is not bit-exact)")
         self.host.on_checkpoint_load(trainer, str(path), meta.get("extra_state", {}))
-
-    def _barrier(self) -> None:
-        if self.world_size > 1:
-            dist.barrier()
 
     # -- after training ------------------------------------------------------------------------------------------
     def finish(self, trainer: Trainer) -> dict[str, Any]:

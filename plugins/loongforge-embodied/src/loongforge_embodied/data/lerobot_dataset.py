@@ -8,34 +8,44 @@ action. Keys and conventions follow LeRobot (images float32 CHW in [0, 1], ``<ke
 padded) so policies ported from LeRobot read our items unchanged.
 
 The parquet columns are read into memory when the dataset is opened (they are small next to the videos),
-and checked there: missing files, episode indices that disagree with the metadata, NaN/inf values and
-dropped frames fail at once with the file and the episode.
+and checked there, as are the metadata and the shipped stats: unreadable or missing files, missing keys and
+columns, columns of the wrong type or width, episode indices out of range or disagreeing with the data, task
+indices without a task, NaN/inf values and dropped frames fail at once with one
+:class:`~loongforge_embodied.data.lerobot_format.LeRobotFormatError` naming the file and the episode. Videos are
+opened when first read; :meth:`LeRobotDataset.check_videos` opens them up front (all, or a spread sample of a large
+set), as ``loongforge check`` does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from loongforge_embodied.data import lerobot_checks as checks
 from loongforge_embodied.data.images import decode_image
 from loongforge_embodied.data.lerobot_format import (
     INDEX_COLUMNS,
+    TASKS_JSONL,
+    TASKS_PARQUET,
     V21,
+    EpisodeEntry,
     LeRobotFormatError,
     read_episodes,
     read_info,
+    read_parquet,
     read_tasks,
 )
-from loongforge_embodied.data.stats import Stats, compute_stats, read_dataset_stats
-from loongforge_embodied.data.video import ContainerCache, FrameLookupError, decode_frames
+from loongforge_embodied.data.stats import Stats, compute_stats, read_dataset_stats, stats_file
+from loongforge_embodied.data.video import ContainerCache, FrameLookupError, VideoFileError, decode_frames
 
 VIDEO_BACKENDS = ("pyav",)
+#: Video files :meth:`LeRobotDataset.check_videos` opens at most (an evenly spread sample beyond that).
+VIDEO_PROBES = 256
 
 
 class LeRobotDataset:
@@ -66,12 +76,18 @@ class LeRobotDataset:
         self.info = read_info(self.root)
         self.fps = self.info.fps
         self.episodes = read_episodes(self.root, self.info)
+        checks.check_episode_table(self.root, self.info, self.episodes)
         self.tasks = read_tasks(self.root, self.info)
         checks.check_files_exist(self.root, self.info, self.episodes)
         self.columns, self._image_cells = self._load_columns()
         checks.check_episode_rows(self.root, self.episodes, self.columns["episode_index"], self.columns["index"])
+        checks.check_task_indices(self.root, self.episodes, self.columns["task_index"], self.tasks,
+                                  TASKS_JSONL if self.info.version == V21 else TASKS_PARQUET)
         checks.check_finite(self.root, {k: self.columns[k] for k in self.info.data_keys}, self.episodes)
         checks.check_timestamps(self.root, self.columns["timestamp"], self.episodes, self.fps, tolerance_s)
+        # the shipped stats, when there are any: a corrupt file fails here, not when a normaliser first asks
+        self._stats: Stats | None = (read_dataset_stats(self.root, self.info)
+                                     if stats_file(self.root, self.info).is_file() else None)
         self.delta_timestamps = _resolve_deltas(action_horizon, delta_timestamps, self.fps)
         unknown = sorted(set(self.delta_timestamps) - set(self.columns) - set(self.camera_keys))
         if unknown:
@@ -81,7 +97,6 @@ class LeRobotDataset:
         self._rows = self._selected_rows(episodes)
         self.tolerance_s = tolerance_s
         self._containers = ContainerCache()
-        self._stats: Stats | None = None
 
     @property
     def video_keys(self) -> list[str]:
@@ -133,6 +148,30 @@ class LeRobotDataset:
                     and np.issubdtype(self.columns[k].dtype, np.floating)]
         return {key: compute_stats(self.columns[key]) for key in keys}
 
+    def check_videos(self, max_files: int = VIDEO_PROBES) -> tuple[int, int]:
+        """Open video files the episodes name and decode the first frame each holds, so a corrupt or truncated
+        file fails now, naming it and an episode it holds, rather than when its frames are first read. All of them
+        up to ``max_files``; beyond that an evenly spread sample of ``max_files`` (first and last included: a v2.1
+        set has one file per episode and camera, and opening each costs milliseconds) -- a file left out still
+        fails, in one line, when it is read. Returns (files opened, files named)."""
+        files: dict[tuple[str, str], EpisodeEntry] = {}
+        for key in self.video_keys:
+            for ep in self.episodes:
+                files.setdefault((key, ep.videos[key].path), ep)
+        named = list(files.items())
+        picks = np.unique(np.linspace(0, len(named) - 1, min(len(named), max_files)).round().astype(int))
+        for (key, path), ep in (named[i] for i in picks):
+            with self._video_errors(path, ep, key):
+                decode_frames(self._containers.get(self.root / path), [ep.videos[key].from_timestamp],
+                              tolerance_s=self.tolerance_s)
+        return len(picks), len(named)
+
+    def describe(self) -> str:
+        """One line: version, episodes, frames, fps and cameras."""
+        frames = sum(ep.length for ep in self.episodes)
+        return (f"{self.root}: LeRobot {self.info.version}, {self.num_episodes} episodes, {frames} frames at "
+                f"{self.fps} fps, cameras {self.camera_keys}")
+
     def close(self) -> None:
         """Close the video files this thread opened."""
         self._containers.close()
@@ -158,33 +197,44 @@ class LeRobotDataset:
                 raise LeRobotFormatError(f"{self.root / ep.data_path}: episode {ep.index} ({key}): {err}") from None
         span = ep.videos[key]
         timestamps = span.from_timestamp + self.columns["timestamp"][rows].astype(np.float64)
-        try:
+        with self._video_errors(span.path, ep, key):
             return decode_frames(self._containers.get(self.root / span.path), timestamps, tolerance_s=self.tolerance_s)
-        except FrameLookupError as err:
-            raise LeRobotFormatError(f"{self.root / span.path}: episode {ep.index} ({key}): {err}") from None
+
+    @contextmanager
+    def _video_errors(self, path: str, ep: EpisodeEntry, key: str) -> Iterator[None]:
+        """A video that does not open or decode, or lacks a wanted frame, as a format error naming the file."""
+        try:
+            yield
+        except (FrameLookupError, VideoFileError) as err:
+            raise LeRobotFormatError(f"{self.root / path}: episode {ep.index} ({key}): {err}") from None
 
     def _load_columns(self) -> tuple[dict[str, np.ndarray], dict[str, pa.ChunkedArray]]:
         """Every numeric parquet column as a numpy array over all frames, in episode order; image columns stay
         arrow arrays of encoded cells (decoded per item)."""
         parts, cells = [], []
-        for ep in self.episodes if self.info.version == V21 else _first_per_file(self.episodes):
-            path = self.root / ep.data_path
-            table = pq.read_table(path)
-            if self.info.version == V21 and table.num_rows != ep.length:
-                raise LeRobotFormatError(
-                    f"{path}: {table.num_rows} rows but meta/episodes.jsonl gives episode {ep.index} length {ep.length}"
-                )
+        for group in _by_data_file(self.episodes):
+            ep, path = group[0], self.root / group[0].data_path
+            table = read_parquet(path, episode=ep.index)
+            checks.check_file_rows(self.root, path, group, table.num_rows)
             missing = [c for c in (*INDEX_COLUMNS, *self.info.data_keys, *self.info.image_keys)
                        if c not in table.column_names]
             if missing:
                 raise LeRobotFormatError(f"{path}: columns {missing} are missing (episode {ep.index})")
             numeric = [name for name in table.column_names if name not in self.info.image_keys]
             try:
-                parts.append({name: _named_column(table, name) for name in numeric})
-            except ValueError as err:
+                part = {name: _named_column(table, name) for name in numeric}
+            except (ValueError, pa.ArrowException) as err:
                 raise LeRobotFormatError(f"{path}: {err} (episode {ep.index})") from None
+            checks.check_columns(path, ep, part, self.info)
+            parts.append(part)
             cells.append({key: table.column(key) for key in self.info.image_keys})
-        columns = {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+        columns = {}
+        for name in [n for n in parts[0] if all(n in part for part in parts)]:
+            try:
+                columns[name] = np.concatenate([part[name] for part in parts])
+            except ValueError:
+                raise LeRobotFormatError(f"{self.root / 'data'}: column '{name}' has different widths in different "
+                                         "data files") from None
         images = {key: pa.chunked_array([chunk for part in cells for chunk in part[key].chunks])
                   for key in self.info.image_keys}
         return columns, images
@@ -204,15 +254,16 @@ def column_to_numpy(chunked: pa.ChunkedArray) -> np.ndarray:
 def _named_column(table: pa.Table, name: str) -> np.ndarray:
     try:
         return column_to_numpy(table.column(name))
-    except ValueError as err:
-        raise ValueError(f"column '{name}': {err}") from None
+    except (ValueError, pa.ArrowException) as err:
+        raise ValueError(f"column '{name}': {' '.join(str(err).split())}") from None
 
 
-def _first_per_file(episodes):
-    seen: dict[str, Any] = {}
+def _by_data_file(episodes: Sequence[EpisodeEntry]) -> list[list[EpisodeEntry]]:
+    """The episodes grouped by data file (one each in v2.1, several in v3.0), files in order of their first."""
+    files: dict[str, list[EpisodeEntry]] = {}
     for ep in episodes:
-        seen.setdefault(ep.data_path, ep)
-    return list(seen.values())
+        files.setdefault(ep.data_path, []).append(ep)
+    return list(files.values())
 
 
 def _resolve_deltas(horizon, deltas, fps) -> dict[str, list[float]]:

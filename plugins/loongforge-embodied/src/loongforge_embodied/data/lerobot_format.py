@@ -12,17 +12,25 @@ describe themselves in ``meta/info.json``. They differ in how episodes map to fi
   (``dataset_from_index``/``dataset_to_index``), its data file, and per video key its file and time span
   (``videos/<key>/from_timestamp``); tasks are ``meta/tasks.parquet``; dataset stats ``meta/stats.json``.
 
-This module turns either into one list of :class:`EpisodeEntry` so the reader does not care which it got.
+This module turns either into one list of :class:`EpisodeEntry` so the reader does not care which it got. Every
+file it reads is checked as it is parsed (JSON that does not parse, parquet that pyarrow cannot open, missing keys
+and columns, values of the wrong type): a malformed dataset raises :class:`LeRobotFormatError` naming the file and,
+where one is concerned, the episode -- never a raw pyarrow or ``KeyError`` traceback.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
+from loongforge.errors import LoongForgeError
 
 V21, V30 = "v2.1", "v3.0"
 SUPPORTED_VERSIONS = (V21, V30)
@@ -45,8 +53,11 @@ VIDEO_PATH_V21 = "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_
 INDEX_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 
 
-class LeRobotFormatError(ValueError):
-    """A dataset on disk is not a readable LeRobotDataset; the message names the file and the episode."""
+class LeRobotFormatError(LoongForgeError, ValueError):
+    """A dataset on disk is not a readable LeRobotDataset; the message names the file and the episode.
+
+    A :class:`~loongforge.errors.LoongForgeError`, so ``loongforge check`` / ``train`` print it as one line; still
+    a ``ValueError`` for callers that caught it as one."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +79,8 @@ class EpisodeEntry:
     #: First global frame index (v3.0 ``dataset_from_index``; v2.1: the running sum of lengths).
     start: int
     videos: dict[str, VideoSpan] = field(default_factory=dict)
+    #: The metadata file that lists the episode (relative to the root), for messages.
+    meta_path: str = ""
 
 
 @dataclass(frozen=True)
@@ -99,19 +112,104 @@ class DatasetInfo:
         return [key for key, ft in self.features.items() if ft["dtype"] not in ("video", "image")]
 
 
+def one_line(err: BaseException) -> str:
+    """``err`` as ``Type: text`` on one line (pyarrow's and PyAV's messages may span several)."""
+    return f"{type(err).__name__}: {' '.join(str(err).split())}"
+
+
+def read_json(path: Path) -> Any:
+    """A JSON metadata file; one that cannot be read or does not parse is an error naming it."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise LeRobotFormatError(f"{path}: cannot be read ({one_line(err)})") from None
+    except (ValueError, RecursionError) as err:  # bad JSON, bad UTF-8, nesting deeper than the parser goes
+        raise LeRobotFormatError(f"{path}: not valid JSON ({one_line(err)})") from None
+
+
+def read_parquet(path: Path, *, columns: list[str] | None = None, episode: int | None = None) -> pa.Table:
+    """A parquet file as a table; a missing, truncated or corrupt file is an error naming it (and ``episode``)."""
+    with _unreadable_parquet(path, episode):
+        return pq.read_table(path, columns=columns)
+
+
+def parquet_columns(path: Path) -> list[str]:
+    """The column names of a parquet file (its footer alone), checked like :func:`read_parquet`."""
+    with _unreadable_parquet(path, None):
+        return pq.read_schema(path).names
+
+
+@contextmanager
+def _unreadable_parquet(path: Path, episode: int | None) -> Iterator[None]:
+    try:
+        yield
+    except (pa.ArrowException, OSError) as err:
+        where = f" (episode {episode})" if episode is not None else ""
+        raise LeRobotFormatError(f"{path}: not a readable parquet file{where} ({one_line(err)})") from None
+
+
+@contextmanager
+def row_errors(path: Path, row: str) -> Iterator[None]:
+    """Turn the ``KeyError`` / ``TypeError`` / ``ValueError`` of reading one metadata row (a missing key, a null,
+    text where a number belongs) into a :class:`LeRobotFormatError` naming the file and ``row``."""
+    try:
+        yield
+    except LeRobotFormatError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError) as err:
+        problem = f"no key {err}" if isinstance(err, KeyError) else one_line(err)
+        raise LeRobotFormatError(f"{path}: {row}: malformed ({problem})") from None
+
+
 def read_info(root: Path) -> DatasetInfo:
-    """Parse and check ``meta/info.json``; an unsupported ``codebase_version`` is an error."""
+    """Parse and check ``meta/info.json``: a JSON object with a supported ``codebase_version``, a positive integer
+    ``fps`` and ``features`` mapping each name to its ``dtype`` and ``shape``."""
     path = root / INFO_PATH
     if not path.is_file():
         raise LeRobotFormatError(f"{path}: missing; is {root} a LeRobotDataset root (meta/, data/, videos/)?")
-    raw = json.loads(path.read_text())
+    raw = read_json(path)
+    if not isinstance(raw, dict):
+        raise LeRobotFormatError(f"{path}: must be a JSON object, got {type(raw).__name__}")
     version = raw.get("codebase_version")
     if version not in SUPPORTED_VERSIONS:
         raise LeRobotFormatError(
             f"{path}: codebase_version {version!r} is not supported; readable: {', '.join(SUPPORTED_VERSIONS)} "
             "(upgrade older datasets with LeRobot's conversion scripts, v2.0 -> v2.1 -> v3.0)"
         )
-    return DatasetInfo(version, int(raw["fps"]), raw["features"], int(raw.get("chunks_size", 1000)), raw)
+    missing = [key for key in ("fps", "features") if key not in raw]
+    if missing:
+        raise LeRobotFormatError(f"{path}: missing key(s) {missing}")
+    fps, chunks_size = _positive_int(raw["fps"]), _positive_int(raw.get("chunks_size", 1000))
+    if fps is None:
+        raise LeRobotFormatError(f"{path}: 'fps' must be a positive integer, got {raw['fps']!r}")
+    if chunks_size is None:
+        raise LeRobotFormatError(f"{path}: 'chunks_size' must be a positive integer, got {raw['chunks_size']!r}")
+    features = raw["features"]
+    if not isinstance(features, dict) or not features:
+        raise LeRobotFormatError(f"{path}: 'features' must map feature names to their dtype and shape")
+    for name, feature in features.items():
+        problem = _feature_problem(feature)
+        if problem:
+            raise LeRobotFormatError(f"{path}: features['{name}']: {problem}")
+    return DatasetInfo(version, fps, features, chunks_size, raw)
+
+
+def _positive_int(value: Any) -> int | None:
+    """``value`` as an int when it is a positive whole number (``30`` or ``30.0``), else ``None``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return int(value) if value > 0 and float(value).is_integer() else None
+
+
+def _feature_problem(feature: Any) -> str | None:
+    """What is wrong with one ``features`` entry of info.json, or ``None``."""
+    if not isinstance(feature, dict) or not isinstance(feature.get("dtype"), str):
+        return f"must be a mapping with a string 'dtype', got {feature!r}"
+    shape = feature.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                                              for n in shape):
+        return f"'shape' must be a list of non-negative integers, got {shape!r}"
+    return None
 
 
 def read_episodes(root: Path, info: DatasetInfo) -> list[EpisodeEntry]:
@@ -121,75 +219,117 @@ def read_episodes(root: Path, info: DatasetInfo) -> list[EpisodeEntry]:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file, one per non-empty line; a bad line is an error naming it."""
     if not path.is_file():
         raise LeRobotFormatError(f"{path}: missing")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, ValueError) as err:
+        raise LeRobotFormatError(f"{path}: cannot be read ({one_line(err)})") from None
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError) as err:
+            raise LeRobotFormatError(f"{path}, line {number}: not valid JSON ({one_line(err)})") from None
+        if not isinstance(row, dict):
+            raise LeRobotFormatError(f"{path}, line {number}: must be a JSON object, got {type(row).__name__}")
+        rows.append(row)
+    return rows
 
 
 def read_tasks(root: Path, info: DatasetInfo) -> dict[int, str]:
     """``task_index -> task text``. v3.0 keeps the text as the pandas index of ``tasks.parquet``; written by
     pandas it is a column named ``task`` (or ``__index_level_0__`` when the index had no name)."""
     if info.version == V21:
-        return {int(row["task_index"]): row["task"] for row in read_jsonl(root / TASKS_JSONL)}
+        path = root / TASKS_JSONL
+        tasks = {}
+        for number, row in enumerate(read_jsonl(path)):
+            with row_errors(path, f"task row {number}"):
+                tasks[int(row["task_index"])] = str(row["task"])
+        return tasks
     path = root / TASKS_PARQUET
     if not path.is_file():
         raise LeRobotFormatError(f"{path}: missing")
-    table = pq.read_table(path)
+    table = read_parquet(path)
     text_column = next((c for c in ("task", "__index_level_0__") if c in table.column_names), None)
-    if text_column is None:
-        raise LeRobotFormatError(f"{path}: no task text column (expected 'task'); columns: {table.column_names}")
-    return dict(zip(table.column("task_index").to_pylist(), table.column(text_column).to_pylist(), strict=True))
+    if text_column is None or "task_index" not in table.column_names:
+        raise LeRobotFormatError(f"{path}: needs columns 'task_index' and 'task' (the task text); columns: "
+                                 f"{table.column_names}")
+    with row_errors(path, "column 'task_index'"):
+        indices = [int(i) for i in table.column("task_index").to_pylist()]
+    return dict(zip(indices, (str(t) for t in table.column(text_column).to_pylist()), strict=True))
+
+
+def _template(root: Path, info: DatasetInfo, key: str, default: str, **values: Any) -> str:
+    """``info.json``'s path template ``key`` (or the version's default) filled with ``values``."""
+    template = info.raw.get(key) or default
+    try:
+        return str(template).format(**values)
+    except (KeyError, IndexError, ValueError) as err:
+        raise LeRobotFormatError(f"{root / INFO_PATH}: '{key}' {template!r} is not a path template of "
+                                 f"{sorted(values)} ({one_line(err)})") from None
 
 
 def _episodes_v21(root: Path, info: DatasetInfo) -> list[EpisodeEntry]:
-    data_path = info.raw.get("data_path", DATA_PATH_V21)
-    video_path = info.raw.get("video_path") or VIDEO_PATH_V21
+    path = root / EPISODES_JSONL
+    listed = []
+    for number, row in enumerate(read_jsonl(path)):
+        with row_errors(path, f"row {number} (episode {row.get('episode_index')})"):
+            listed.append((int(row["episode_index"]), int(row["length"]), tuple(row.get("tasks") or ())))
     entries, start = [], 0
-    for row in sorted(read_jsonl(root / EPISODES_JSONL), key=lambda r: r["episode_index"]):
-        index = int(row["episode_index"])
+    for index, length, tasks in sorted(listed):
         chunk = index // info.chunks_size
-        videos = {
-            key: VideoSpan(video_path.format(episode_chunk=chunk, video_key=key, episode_index=index), 0.0)
-            for key in info.video_keys
-        }
-        entries.append(EpisodeEntry(
-            index, int(row["length"]), tuple(row.get("tasks", ())),
-            data_path.format(episode_chunk=chunk, episode_index=index), start, videos,
-        ))
-        start += int(row["length"])
+        videos = {key: VideoSpan(_template(root, info, "video_path", VIDEO_PATH_V21, episode_chunk=chunk,
+                                           video_key=key, episode_index=index), 0.0)
+                  for key in info.video_keys}
+        data_path = _template(root, info, "data_path", DATA_PATH_V21, episode_chunk=chunk, episode_index=index)
+        entries.append(EpisodeEntry(index, length, tasks, data_path, start, videos, EPISODES_JSONL))
+        start += length
     return entries
 
 
 def _episodes_v30(root: Path, info: DatasetInfo) -> list[EpisodeEntry]:
-    data_path = info.raw.get("data_path", DATA_PATH_V30)
-    video_path = info.raw.get("video_path") or VIDEO_PATH_V30
     files = sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
     if not files:
         raise LeRobotFormatError(f"{root / 'meta' / 'episodes'}: no episode table (chunk-*/file-*.parquet)")
+    required = ["episode_index", "dataset_from_index", "dataset_to_index", "data/chunk_index", "data/file_index"]
+    required += [f"videos/{key}/{name}" for key in info.video_keys
+                 for name in ("chunk_index", "file_index", "from_timestamp")]
     entries = []
     for file in files:
-        table = pq.read_table(file, columns=[c for c in pq.read_schema(file).names if not c.startswith("stats/")])
-        for row in table.to_pylist():
-            videos = {
-                key: VideoSpan(
-                    video_path.format(
-                        video_key=key,
-                        chunk_index=row[f"videos/{key}/chunk_index"],
-                        file_index=row[f"videos/{key}/file_index"],
-                    ),
-                    float(row[f"videos/{key}/from_timestamp"]),
-                )
-                for key in info.video_keys
-            }
-            length = int(row["dataset_to_index"]) - int(row["dataset_from_index"])
-            if "length" in row and int(row["length"]) != length:
-                raise LeRobotFormatError(
-                    f"{file}: episode {row['episode_index']}: length {row['length']} disagrees with "
-                    f"dataset_to_index - dataset_from_index = {length}"
-                )
-            entries.append(EpisodeEntry(
-                int(row["episode_index"]), length, tuple(row.get("tasks") or ()),
-                data_path.format(chunk_index=row["data/chunk_index"], file_index=row["data/file_index"]),
-                int(row["dataset_from_index"]), videos,
-            ))
+        names = parquet_columns(file)
+        missing = [c for c in required if c not in names]
+        if missing:
+            raise LeRobotFormatError(f"{file}: the episode table lacks columns {missing}")
+        table = read_parquet(file, columns=[c for c in names if not c.startswith("stats/")])
+        for number, row in enumerate(table.to_pylist()):
+            with row_errors(file, f"row {number} (episode {row.get('episode_index')})"):
+                entries.append(_entry_v30(file, root, info, row))
     return entries
+
+
+def _entry_v30(file: Path, root: Path, info: DatasetInfo, row: dict[str, Any]) -> EpisodeEntry:
+    """One row of a v3.0 episode table as an entry (its ``length``, when given, must match its row range)."""
+    videos = {
+        key: VideoSpan(
+            _template(root, info, "video_path", VIDEO_PATH_V30, video_key=key,
+                      chunk_index=int(row[f"videos/{key}/chunk_index"]),
+                      file_index=int(row[f"videos/{key}/file_index"])),
+            float(row[f"videos/{key}/from_timestamp"]),
+        )
+        for key in info.video_keys
+    }
+    start = int(row["dataset_from_index"])
+    length = int(row["dataset_to_index"]) - start
+    if row.get("length") is not None and int(row["length"]) != length:
+        raise LeRobotFormatError(
+            f"{file}: episode {row['episode_index']}: length {row['length']} disagrees with "
+            f"dataset_to_index - dataset_from_index = {length}"
+        )
+    data_path = _template(root, info, "data_path", DATA_PATH_V30, chunk_index=int(row["data/chunk_index"]),
+                          file_index=int(row["data/file_index"]))
+    return EpisodeEntry(int(row["episode_index"]), length, tuple(row.get("tasks") or ()), data_path, start, videos,
+                        str(file.relative_to(root)))

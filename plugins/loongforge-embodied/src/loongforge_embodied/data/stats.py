@@ -8,7 +8,6 @@ such as Pi0.5 normalise actions robustly to outliers.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -20,6 +19,8 @@ from loongforge_embodied.data.lerobot_format import (
     V21,
     DatasetInfo,
     LeRobotFormatError,
+    one_line,
+    read_json,
     read_jsonl,
 )
 
@@ -70,17 +71,73 @@ def aggregate_stats(parts: Iterable[Mapping[str, np.ndarray]]) -> dict[str, np.n
     return merged
 
 
+#: The stats :func:`aggregate_stats` merges per-episode stats from (v2.1 ships only those).
+MERGED = ("min", "max", "mean", "std", "count")
+
+
+def stats_file(root: Path, info: DatasetInfo) -> Path:
+    """Where a dataset keeps the stats it ships: v3.0 ``meta/stats.json``, v2.1 ``meta/episodes_stats.jsonl``."""
+    return root / (EPISODES_STATS_JSONL if info.version == V21 else STATS_PATH)
+
+
 def read_dataset_stats(root: Path, info: DatasetInfo) -> Stats:
-    """The stats a dataset ships: v3.0 ``meta/stats.json``; v2.1 ``meta/episodes_stats.jsonl`` merged."""
+    """The stats a dataset ships: v3.0 ``meta/stats.json``; v2.1 ``meta/episodes_stats.jsonl`` merged. A file that
+    does not parse, or holds stats that are not finite numbers or not one per value of their feature, is an error
+    naming it (and the episode, in v2.1)."""
+    path = stats_file(root, info)
     if info.version == V21:
-        rows = read_jsonl(root / EPISODES_STATS_JSONL)
-        features = rows[0]["stats"].keys() if rows else ()
-        return {key: aggregate_stats(row["stats"][key] for row in rows) for key in features}
-    path = root / STATS_PATH
+        parts = [_checked(path, f"episode {row.get('episode_index')}: ", row.get("stats"), info)
+                 for row in read_jsonl(path)]
+        return _merged(path, parts)
     if not path.is_file():
         raise LeRobotFormatError(f"{path}: missing (compute stats from the data with dataset.compute_stats())")
-    return {key: {k: np.asarray(v, dtype=np.float64) for k, v in s.items()}
-            for key, s in json.loads(path.read_text()).items()}
+    return _checked(path, "", read_json(path), info)
+
+
+def _checked(path: Path, where: str, raw: object, info: DatasetInfo) -> Stats:
+    """``{feature: {stat: numbers}}`` as float64 arrays, each finite and, for a numeric feature, with one value per
+    element of its shape (``count`` aside; camera stats are per channel and left to their producer)."""
+    if not isinstance(raw, dict):
+        raise LeRobotFormatError(f"{path}: {where}must map feature names to their stats, got {type(raw).__name__}")
+    stats: Stats = {}
+    for key, named in raw.items():
+        if not isinstance(named, dict) or not named:
+            raise LeRobotFormatError(f"{path}: {where}'{key}' must map stat names (mean, std, ...) to numbers")
+        size = _values_per_frame(info, key)
+        stats[key] = {}
+        for name, values in named.items():
+            try:
+                array = np.asarray(values, dtype=np.float64)
+            except (TypeError, ValueError):
+                raise LeRobotFormatError(f"{path}: {where}'{key}' {name}: not numbers ({values!r:.80})") from None
+            if not np.isfinite(array).all():
+                raise LeRobotFormatError(f"{path}: {where}'{key}' {name} is not finite ({values!r:.80})")
+            if size is not None and name != "count" and array.size != size:
+                raise LeRobotFormatError(f"{path}: {where}'{key}' {name} has {array.size} value(s), but the feature "
+                                         f"has {size} (shape {info.features[key]['shape']})")
+            stats[key][name] = array
+    return stats
+
+
+def _values_per_frame(info: DatasetInfo, key: str) -> int | None:
+    """Values per frame of a numeric feature of info.json; ``None`` for cameras and features it does not list."""
+    if key not in info.data_keys:
+        return None
+    return int(np.prod(info.features[key]["shape"], dtype=np.int64))
+
+
+def _merged(path: Path, parts: list[Stats]) -> Stats:
+    """Per-episode stats merged per feature; every episode must give the same features and the stats merged."""
+    features = list(parts[0]) if parts else []
+    for number, part in enumerate(parts):
+        lacking = [f"{key} {name}" for key in features for name in MERGED if name not in part.get(key, {})]
+        if sorted(part) != sorted(features) or lacking:
+            raise LeRobotFormatError(f"{path}: line {number + 1}: per-episode stats must give {MERGED} for the same "
+                                     f"features as the first line ({features}); missing: {lacking or 'features'}")
+    try:
+        return {key: aggregate_stats(part[key] for part in parts) for key in features}
+    except ValueError as err:  # per-episode stats of one feature with different shapes
+        raise LeRobotFormatError(f"{path}: per-episode stats do not merge ({one_line(err)})") from None
 
 
 def stats_to_json(stats: Mapping[str, Mapping[str, np.ndarray]]) -> dict:

@@ -19,12 +19,18 @@ from pathlib import Path
 import av
 import numpy as np
 
+from loongforge_embodied.data.lerobot_format import one_line
+
 #: Codec names used in LeRobot's ``info.json`` (``video.codec``) -> the PyAV encoder that writes them.
 ENCODERS = {"h264": "libx264", "av1": "libsvtav1"}
 
 
 class FrameLookupError(LookupError):
     """No decoded frame lies within the tolerance of a wanted timestamp."""
+
+
+class VideoFileError(ValueError):
+    """A video file that cannot be opened or decoded: missing, truncated, corrupt, or without a video stream."""
 
 
 def encode_video(
@@ -60,27 +66,44 @@ def decode_frames(
     One seek (to the key frame at or before the earliest time) and one forward decode serve all the times,
     so a window of nearby frames costs little more than one frame. Raises :class:`FrameLookupError` when the
     closest decoded frame is further than ``tolerance_s`` from a wanted time (a video shorter than its
-    episode, or timestamps that are not multiples of ``1/fps``).
+    episode, or timestamps that are not multiples of ``1/fps``), :class:`VideoFileError` when the stream does not
+    decode.
     """
     stream = container.streams.video[0]
     wanted = np.asarray(timestamps, dtype=np.float64)
     first, last = float(wanted.min()), float(wanted.max())
-    container.seek(max(0, int(first / stream.time_base)), stream=stream, backward=True, any_frame=False)
     best: list[av.VideoFrame | None] = [None] * len(wanted)
     best_gap = np.full(len(wanted), np.inf)
-    for frame in container.decode(stream):
-        gaps = np.abs(wanted - frame.time)
-        closer = gaps < best_gap
-        for k in np.flatnonzero(closer):
-            best[k] = frame
-        best_gap = np.minimum(best_gap, gaps)
-        if frame.time > last + tolerance_s:
-            break
+    try:
+        container.seek(max(0, int(first / stream.time_base)), stream=stream, backward=True, any_frame=False)
+        for frame in container.decode(stream):
+            gaps = np.abs(wanted - frame.time)
+            closer = gaps < best_gap
+            for k in np.flatnonzero(closer):
+                best[k] = frame
+            best_gap = np.minimum(best_gap, gaps)
+            if frame.time > last + tolerance_s:
+                break
+    except (av.error.FFmpegError, OSError) as err:
+        raise VideoFileError(f"cannot decode ({one_line(err)})") from None
     worst = int(np.argmax(best_gap))
     if best_gap[worst] > tolerance_s:
         found = "no frame" if best[worst] is None else f"closest frame at {best[worst].time:.4f} s"
         raise FrameLookupError(f"no frame within {tolerance_s} s of t={wanted[worst]:.4f} s ({found})")
     return np.stack([frame.to_ndarray(format="rgb24") for frame in best])
+
+
+def open_video(path: str | Path) -> av.container.InputContainer:
+    """``path`` opened for decoding; :class:`VideoFileError` when it is not a readable video (a missing or truncated
+    file, garbage, an mp4 without a video stream) -- PyAV's own errors name neither the file nor the problem."""
+    try:
+        container = av.open(str(path))
+    except (av.error.FFmpegError, OSError) as err:
+        raise VideoFileError(f"not a readable video ({one_line(err)})") from None
+    if not container.streams.video:
+        container.close()
+        raise VideoFileError("holds no video stream")
+    return container
 
 
 class ContainerCache:
@@ -99,13 +122,13 @@ class ContainerCache:
         self._local = threading.local()
 
     def get(self, path: str | Path) -> av.container.InputContainer:
-        """The open container for ``path`` in this thread, opened on first use."""
+        """The open container for ``path`` in this thread, opened on first use (:func:`open_video`)."""
         opened: OrderedDict[str, av.container.InputContainer] = self._opened()
         key = str(path)
         if key in opened:
             opened.move_to_end(key)
             return opened[key]
-        container = av.open(key)
+        container = open_video(key)
         opened[key] = container
         while len(opened) > self.capacity:
             opened.popitem(last=False)[1].close()

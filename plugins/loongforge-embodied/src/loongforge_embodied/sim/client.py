@@ -11,24 +11,36 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from loongforge_embodied.sim.protocol import PROTOCOL, pack, unpack
-from loongforge_embodied.sim.server import MAX_MESSAGE_BYTES
+
+#: Largest reply accepted (metadata, an action chunk: kilobytes).
+MAX_REPLY_BYTES = 16 * 2**20
 
 
 class PolicyServerError(RuntimeError):
-    """The server answered a request with an error message."""
+    """The server answered with an error message, refused the connection, or closed it (the reason is given)."""
 
 
 class PolicyClient:
-    """A connection to a policy server at ``url`` (``ws://host:port``); use as a context manager or ``close()``."""
+    """A connection to a policy server at ``url`` (``ws://host:port``); use as a context manager or ``close()``.
+
+    A server at its connection limit answers with an error instead of its metadata, and one that closes the
+    connection (a request over its size limit) gives its close code and reason: both raise
+    :class:`PolicyServerError` with the server's words. A request larger than the limit the server announced in
+    its metadata is refused here, before it is sent."""
 
     def __init__(self, url: str, *, timeout: float = 60.0) -> None:
         self.url, self.timeout = url, timeout
         # entered as a context manager (what websockets >= 17.1 asks for); close() leaves it
-        self._connection = connect(url, max_size=MAX_MESSAGE_BYTES, compression=None, open_timeout=timeout).__enter__()
-        self.metadata: dict[str, Any] = unpack(self._connection.recv(timeout=timeout))
+        self._connection = connect(url, max_size=MAX_REPLY_BYTES, compression=None, open_timeout=timeout).__enter__()
+        try:
+            self.metadata: dict[str, Any] = self._receive()
+        except PolicyServerError:  # refused: the server is at its connection limit
+            self.close()
+            raise
         if self.metadata.get("type") != "metadata" or self.metadata.get("protocol") != PROTOCOL:
             self.close()
             raise PolicyServerError(f"{url} did not start with protocol {PROTOCOL} metadata: {self.metadata}")
@@ -39,11 +51,31 @@ class PolicyClient:
         request: dict[str, Any] = {"task": task, "state": np.asarray(state), "seed": int(seed)}
         if images:
             request["images"] = {key: np.asarray(value) for key, value in images.items()}
-        self._connection.send(pack(request))
-        reply = unpack(self._connection.recv(timeout=self.timeout))
+        data = pack(request)
+        limit = self.metadata.get("limits", {}).get("max_message_bytes")
+        if limit is not None and len(data) > limit:
+            raise PolicyServerError(f"{self.url}: the request is {len(data)} bytes, over the server's limit of {limit} "
+                                    "(send smaller or uint8 images, or raise loongforge serve --max-message-mb)")
+        try:
+            self._connection.send(data)
+        except ConnectionClosed as closed:
+            raise self._closed(closed) from None
+        return np.asarray(self._receive()["actions"], dtype=np.float64)
+
+    def _receive(self) -> dict[str, Any]:
+        """The next message; a server error or a closed connection raises :class:`PolicyServerError`."""
+        try:
+            reply = unpack(self._connection.recv(timeout=self.timeout))
+        except ConnectionClosed as closed:
+            raise self._closed(closed) from None
         if "error" in reply:
             raise PolicyServerError(f"{self.url}: {reply['error']}")
-        return np.asarray(reply["actions"], dtype=np.float64)
+        return reply
+
+    def _closed(self, closed: ConnectionClosed) -> PolicyServerError:
+        close = closed.rcvd or closed.sent
+        why = f"code {close.code}: {close.reason or 'no reason given'}" if close else "no close frame"
+        return PolicyServerError(f"{self.url}: the server closed the connection ({why})")
 
     def close(self) -> None:
         self._connection.close()

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from loongforge.commands import add_trust_code_option
 
 from loongforge_embodied.sim.metaworld_env import MetaWorldEnv
 
@@ -111,6 +112,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description="closed-loop Meta-World success rate of a policy")
     parser.add_argument("checkpoint", nargs="?", help="policy checkpoint (omit with --server, or for a baseline alone)")
     parser.add_argument("--server", help="ws://host:port of a policy server instead of loading the checkpoint here")
+    add_trust_code_option(parser)
     configure(parser)
     args = parser.parse_args(argv)
     if args.checkpoint and args.server:
@@ -158,7 +160,7 @@ def _policy(args) -> Any:
         return PolicyClient(args.server)
     from loongforge_embodied.sim.policy import CheckpointPolicy
 
-    return CheckpointPolicy(args.checkpoint, steps=args.steps)
+    return CheckpointPolicy(args.checkpoint, steps=args.steps, trust_code=args.trust_code)
 
 
 if __name__ == "__main__":

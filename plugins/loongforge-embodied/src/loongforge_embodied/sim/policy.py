@@ -20,14 +20,16 @@ class CheckpointPolicy:
     """A ``loongforge train`` policy checkpoint (or a checkpoint root's latest), ready to act.
 
     :param steps: Euler steps per sampled chunk.
+    :param trust_code: let a ``pkg.module:attr`` model name in the checkpoint's config import its module (the
+        user's ``--trust-code``; see :func:`loongforge.train.task_loop.load_task_model`).
     """
 
-    def __init__(self, checkpoint: str | Path, *, steps: int = 10) -> None:
+    def __init__(self, checkpoint: str | Path, *, steps: int = 10, trust_code: bool = False) -> None:
         from loongforge.checkpoint.layout import CONFIG_YAML
         from loongforge.config.loader import load_config
         from loongforge.train.task_loop import load_task_model
 
-        self.task, self.model, self.path = load_task_model(checkpoint)
+        self.task, self.model, self.path = load_task_model(checkpoint, trust_code=trust_code)
         self.steps = steps
         state = self.task.state_dict()
         if "action_dim" not in state:
@@ -49,12 +51,16 @@ class CheckpointPolicy:
 
 
 class RandomPolicy:
-    """Uniform actions in [-1, 1] (Meta-World's action box), drawn from ``seed``: the chance-level baseline."""
+    """Uniform actions in [-1, 1] (Meta-World's action box), drawn from ``seed``: the chance-level baseline.
 
-    def __init__(self, *, action_dim: int = 4, horizon: int = 10) -> None:
+    It ignores its observation, but declares one like a checkpoint does (``state_dim``, ``cameras`` and their
+    ``image_size``; by default any state and no cameras), so a server in front of it checks requests the same way."""
+
+    def __init__(self, *, action_dim: int = 4, horizon: int = 10, state_dim: int | None = None,
+                 cameras: tuple[str, ...] = (), image_size: int | None = None) -> None:
         self.metadata: dict[str, Any] = {
             "type": "metadata", "protocol": PROTOCOL, "model": "random", "action_dim": action_dim,
-            "horizon": horizon, "state_dim": None, "cameras": [], "image_size": None,
+            "horizon": horizon, "state_dim": state_dim, "cameras": list(cameras), "image_size": image_size,
         }
 
     def act(self, task: str, state: np.ndarray, images: Mapping[str, np.ndarray] | None = None, *,

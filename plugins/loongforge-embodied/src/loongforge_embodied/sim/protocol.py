@@ -8,10 +8,14 @@ build one without numpy; plain (nested) lists are accepted wherever an array is.
 The conversation:
 
 1. on connect the server sends its metadata: ``{"type": "metadata", "protocol": 1, "action_dim": A,
-   "horizon": H, "state_dim": D, "cameras": [keys...], "image_size": S, "model": name}``;
-2. the client sends requests ``{"task": str, "state": array (D,) in the dataset's units, "images": {camera key:
-   (H, W, 3) uint8 or (3, H, W) float in [0, 1]} (optional), "seed": int (optional, default 0: the sampling
-   noise)}``;
+   "horizon": H, "state_dim": D, "cameras": [keys...], "image_size": S, "model": name, "limits":
+   {"max_message_bytes": N, "max_connections": C, "image_sides": [min, max] (with cameras)}}`` -- or, when it
+   already serves ``C`` connections, ``{"error": ...}`` and closes the connection (code 1013, try again later);
+2. the client sends requests ``{"task": str, "state": array (D,) of finite numbers in the dataset's units,
+   "images": {camera key: (H, W, 3) uint8 or (3, H, W) float in [0, 1], sides within image_sides} (every
+   camera, no other key; omitted without cameras), "seed": int >= 0 (optional, default 0: the sampling noise)}``,
+   each at most ``max_message_bytes`` (a larger one is refused from its frame header and the connection closed,
+   code 1009);
 3. the server answers each with ``{"actions": [[a_1 ... a_A] x H]}`` (lists of floats, the dataset's units) or,
    when the request was wrong or the policy failed, ``{"error": "what was wrong"}``; the connection stays open.
 """

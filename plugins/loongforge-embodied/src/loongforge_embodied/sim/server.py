@@ -4,6 +4,22 @@ it for action chunks: ``loongforge serve CKPT --host 127.0.0.1 --port 8765``.
 The messages are in :mod:`loongforge_embodied.sim.protocol` (metadata on connect, then request -> ``{"actions"}``
 or ``{"error"}``). Each connection is served on its own thread; one lock runs one chunk at a time, so several
 clients share the CPU/GPU in turn and get the same numbers as a single client would.
+
+What one client can cost the server is bounded (:class:`ServerLimits`, sent to clients in the metadata):
+
+- **message size**: a frame whose length header announces more than ``max_message_bytes`` (or a message whose
+  fragments add up to more) is refused before its body is read -- websockets checks the header against the limit
+  -- and the connection is closed with code 1009 and the sizes as the reason. The default is derived from the
+  policy's observation (:meth:`~loongforge_embodied.sim.observation.ObservationSchema.default_message_bytes`).
+  Each connection also buffers at most one incoming frame ahead of the one being answered.
+- **connections**: at most ``max_connections`` are served at once. One more is *refused*, not queued: it gets
+  ``{"error": ...}`` in place of the metadata and is closed with 1013 (try again later). A robot's control loop
+  is better served by an immediate error it can act on than by a socket that silently waits for a slot, and a
+  queue would itself be memory an unbounded number of clients could fill. Dead peers free their slot through
+  websockets' keepalive pings.
+- **content**: every request is checked against the policy's schema (:mod:`~loongforge_embodied.sim.observation`:
+  state length and finiteness, cameras, image dtype/shape/size, task and seed types); a wrong one is answered with
+  ``{"error": ...}`` and the connection stays usable.
 """
 
 from __future__ import annotations
@@ -11,73 +27,90 @@ from __future__ import annotations
 import argparse
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from loongforge.commands import add_trust_code_option
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import CloseCode
 from websockets.sync.server import Server, ServerConnection, serve
 
+from loongforge_embodied.sim.observation import ObservationSchema
 from loongforge_embodied.sim.protocol import pack, unpack
 
-#: Largest message accepted (camera images included).
-MAX_MESSAGE_BYTES = 64 * 2**20
+#: Connections served at once unless ``--max-connections`` says otherwise.
+DEFAULT_MAX_CONNECTIONS = 4
 log = logging.getLogger(__name__)
 
 
-class RequestError(ValueError):
-    """A request the server cannot answer; its text goes back to the client as ``{"error": ...}``."""
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one server accepts (see the module docstring); sent to clients under ``limits`` in the metadata."""
 
+    #: Largest incoming message in bytes, checked from each frame's length header before its body is read.
+    max_message_bytes: int
+    #: Connections served at once; one more is refused with an error message (not queued).
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
-def parse_request(message: Mapping[str, Any], metadata: Mapping[str, Any]) -> dict[str, Any]:
-    """Check a request against the policy's metadata; returns ``task``, ``state``, ``images``, ``seed``."""
-    unknown = sorted(set(message) - {"task", "state", "images", "seed"})
-    if unknown:
-        raise RequestError(f"unknown request keys {unknown}; send task, state, images (optional), seed (optional)")
-    if not isinstance(message.get("task"), str):
-        raise RequestError("'task' must be the instruction text (a string)")
-    if "state" not in message:
-        raise RequestError("'state' is missing (the robot state in the dataset's units)")
-    try:
-        state = np.asarray(message["state"], dtype=np.float64)
-    except (TypeError, ValueError) as err:
-        raise RequestError(f"'state' is not a numeric vector: {err}") from None
-    expected = metadata.get("state_dim")
-    if state.ndim != 1 or (expected is not None and state.shape[0] != expected):
-        raise RequestError(f"'state' has shape {list(state.shape)}; the policy takes a vector of {expected}")
-    images = message.get("images") or {}
-    if not isinstance(images, dict):
-        raise RequestError("'images' must map camera keys to arrays")
-    missing = sorted(set(metadata.get("cameras") or []) - set(images))
-    if missing:
-        raise RequestError(f"'images' lacks cameras {missing}; the policy takes {metadata['cameras']}")
-    seed = message.get("seed", 0)
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise RequestError(f"'seed' must be an integer, got {seed!r}")
-    return {"task": message["task"], "state": state, "images": {k: np.asarray(v) for k, v in images.items()},
-            "seed": seed}
+    def __post_init__(self) -> None:
+        if self.max_message_bytes < 1 or self.max_connections < 1:
+            raise ValueError(f"server limits must be positive, got {self}")
+
+    @classmethod
+    def for_policy(cls, metadata: dict[str, Any], *, max_message_bytes: int | None = None,
+                   max_connections: int = DEFAULT_MAX_CONNECTIONS) -> ServerLimits:
+        """The limits for a policy: ``max_message_bytes`` defaults to what its observation schema implies."""
+        if max_message_bytes is None:
+            max_message_bytes = ObservationSchema.from_metadata(metadata).default_message_bytes()
+        return cls(max_message_bytes, max_connections)
 
 
 class PolicyHandler:
-    """Answers one connection at a time per thread; ``policy`` has ``metadata`` and ``act(...)``."""
+    """Serves each connection on its thread; ``policy`` has ``metadata`` and ``act(...)``."""
 
-    def __init__(self, policy: Any) -> None:
-        self.policy = policy
+    def __init__(self, policy: Any, limits: ServerLimits) -> None:
+        self.policy, self.limits = policy, limits
+        self.schema = ObservationSchema.from_metadata(policy.metadata)
+        limits_meta: dict[str, Any] = {"max_message_bytes": limits.max_message_bytes,
+                                       "max_connections": limits.max_connections}
+        if self.schema.cameras:
+            limits_meta["image_sides"] = list(self.schema.image_sides())
+        self.metadata = {**policy.metadata, "limits": limits_meta}
         self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(limits.max_connections)
 
     def __call__(self, connection: ServerConnection) -> None:
-        connection.send(pack(self.policy.metadata))
+        peer = connection.remote_address  # read now: the socket may be gone by the time a message is logged
+        if not self._slots.acquire(blocking=False):
+            self._refuse(connection, peer)
+            return
         try:
+            connection.send(pack(self.metadata))
             for data in connection:
                 connection.send(pack(self.answer(data)))
+        except ConnectionClosed as closed:
+            if closed.sent is not None and closed.sent.code == CloseCode.MESSAGE_TOO_BIG:
+                log.warning("closed the connection from %s: %s", peer, closed.sent.reason)
+        finally:
+            self._slots.release()
+
+    def _refuse(self, connection: ServerConnection, peer: Any) -> None:
+        most = self.limits.max_connections
+        log.warning("refused a connection from %s: already serving %d", peer, most)
+        try:
+            connection.send(pack({"error": f"the server already serves its limit of {most} connection(s) "
+                                           "(loongforge serve --max-connections); retry later"}))
+            connection.close(CloseCode.TRY_AGAIN_LATER, "too many connections")
         except ConnectionClosed:
             pass
 
     def answer(self, data: bytes | str) -> dict[str, Any]:
         """The reply to one raw message: actions, or an error that says what was wrong."""
         try:
-            request = parse_request(unpack(data), self.policy.metadata)
-        except ValueError as err:  # RequestError included
+            request = self.schema.parse(unpack(data))
+        except ValueError as err:  # RequestError, and protocol errors of unpack
             return {"error": str(err)}
         try:
             with self._lock:
@@ -88,9 +121,13 @@ class PolicyHandler:
         return {"actions": np.asarray(actions, dtype=np.float64).tolist()}
 
 
-def make_server(policy: Any, host: str = "127.0.0.1", port: int = 8765) -> Server:
-    """A bound server (``port=0`` picks a free one, see ``server.socket.getsockname()``); call ``serve_forever``."""
-    return serve(PolicyHandler(policy), host, port, max_size=MAX_MESSAGE_BYTES, compression=None)
+def make_server(policy: Any, host: str = "127.0.0.1", port: int = 8765, limits: ServerLimits | None = None) -> Server:
+    """A bound server (``port=0`` picks a free one, see ``server.socket.getsockname()``); call ``serve_forever``.
+    ``limits`` default to :meth:`ServerLimits.for_policy`."""
+    limits = limits or ServerLimits.for_policy(policy.metadata)
+    # max_queue=1: at most one frame is buffered ahead of the request being answered (websockets' default is 16)
+    return serve(PolicyHandler(policy, limits), host, port, max_size=limits.max_message_bytes, max_queue=1,
+                 compression=None)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -99,6 +136,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--steps", type=int, default=10, help="Euler steps per action chunk")
+    parser.add_argument("--max-message-mb", type=_positive(float), default=None, metavar="MIB",
+                        help="largest request accepted, in MiB; a frame announcing more is refused before its body "
+                             "is read and the connection closed (1009). Default: 8 x the policy's observation at its "
+                             "own image size as float32, plus 64 KiB (13.8 MiB for three 224 px cameras)")
+    parser.add_argument("--max-connections", type=_positive(int), default=DEFAULT_MAX_CONNECTIONS, metavar="N",
+                        help="connections served at once; one more gets an error message and is closed (1013, "
+                             f"try again later), not queued (default {DEFAULT_MAX_CONNECTIONS})")
+    add_trust_code_option(parser)
+
+
+def _positive(kind: type) -> Any:
+    """An argparse ``type`` accepting numbers of ``kind`` above zero."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if not value > 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
+        return value
+
+    return parse
 
 
 def run(args: argparse.Namespace) -> int:
@@ -106,13 +165,17 @@ def run(args: argparse.Namespace) -> int:
     from loongforge_embodied.sim.policy import CheckpointPolicy
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    policy = CheckpointPolicy(args.checkpoint, steps=args.steps)
-    with make_server(policy, args.host, args.port) as server:
+    policy = CheckpointPolicy(args.checkpoint, steps=args.steps, trust_code=args.trust_code)
+    limits = ServerLimits.for_policy(
+        policy.metadata, max_connections=args.max_connections,
+        max_message_bytes=None if args.max_message_mb is None else max(1, int(args.max_message_mb * 2**20)))
+    with make_server(policy, args.host, args.port, limits) as server:
         host, port = server.socket.getsockname()[:2]
         meta = policy.metadata
         print(f"serving {meta['model']} from {policy.path} on ws://{host}:{port} (actions {meta['horizon']} x "
-              f"{meta['action_dim']}, state {meta['state_dim']}, cameras {meta['cameras']}); Ctrl-C stops",
-              flush=True)
+              f"{meta['action_dim']}, state {meta['state_dim']}, cameras {meta['cameras']}; requests up to "
+              f"{limits.max_message_bytes / 2**20:.2f} MiB, {limits.max_connections} connection(s) at once); "
+              "Ctrl-C stops", flush=True)
         try:
             server.serve_forever()
         except KeyboardInterrupt:

@@ -1,0 +1,113 @@
+"""Numerical health of training steps: which step is bad, and what ``training.on_nonfinite`` does about it.
+
+A step is bad when its loss or gradient norm is NaN or infinite, or -- with ``training.spike_factor`` -- when its
+loss exceeds that factor times the median loss of the previous ``training.spike_window`` healthy steps (a bad
+step's loss never enters that window, so one spike does not raise the bar for the next).
+
+When the verdict is made matters. ``stop`` and ``rewind`` judge a step after it ran, from the two numbers the step
+reports anyway, so the default costs nothing. ``skip_step`` must decide *before* the optimizer applies the update
+-- megatron's fp32 optimizer applies a NaN gradient (the clip coefficient becomes NaN) and Adam's moments and step
+count would change either way -- so the step engines call :meth:`StepHealth.screen` between backward and the
+optimizer step and leave the update out when it answers with a :class:`BadStep`.
+
+Torch-free, like the loop that owns it (:mod:`loongforge.train.loop`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from loongforge.config.schema import TrainingConfig
+
+#: :attr:`BadStep.kind` values, as recorded in metrics.jsonl (``"bad"``).
+NONFINITE, SPIKE = "nonfinite", "spike"
+
+
+@dataclass(frozen=True)
+class BadStep:
+    """Why a step is bad: ``kind`` (:data:`NONFINITE` or :data:`SPIKE`), the quantity (``loss``, ``grad_norm``, or
+    ``gradients`` when an engine checked the gradients before their norm existed) and its value; for a spike,
+    the factor, the median it was compared with and over how many steps that median was taken."""
+
+    kind: str
+    key: str
+    value: float
+    factor: float | None = None
+    median: float | None = None
+    window: int | None = None
+
+    def describe(self) -> str:
+        """The phrase the error, the warning and the metrics name the step by."""
+        if self.kind == SPIKE:
+            return (f"loss spike: {self.value!r} > {self.factor} x {self.median!r} (the median loss of the previous "
+                    f"{self.window} steps)")
+        if self.key == "gradients":
+            return f"gradients are not finite ({self.value})"
+        return f"{self.key} is {self.value}"
+
+
+class StepHealth:
+    """The verdicts of one run's steps, the recent losses spike detection compares with, and the recoveries used."""
+
+    def __init__(self, training: TrainingConfig) -> None:
+        self.policy = training.on_nonfinite
+        self.max_recoveries = training.max_recoveries
+        self._factor = training.spike_factor
+        self._recent: deque[float] = deque(maxlen=training.spike_window)
+        #: Bad steps met so far in this run (each recovered one counts against ``max_recoveries``).
+        self.bad_steps = 0
+
+    @property
+    def screens_updates(self) -> bool:
+        """Whether engines must judge a step before its update (``skip_step``: the update is then left out)."""
+        return self.policy == "skip_step"
+
+    def screen(self, loss: float, gradients: Callable[[], float]) -> BadStep | None:
+        """Before the optimizer step: the step's loss, then -- only if it passed -- ``gradients()``, a number that
+        is finite exactly when every gradient is (their norm, or their sum over all ranks).
+
+        The loss is the same on every rank, so either every rank calls ``gradients`` (which may be collective)
+        or none does."""
+        return self._loss_verdict(loss) or _nonfinite("gradients", gradients())
+
+    def judge(self, loss: float, grad_norm: float | None) -> BadStep | None:
+        """After the step: the loss (finite, no spike), then the gradient norm (``None``: not computed)."""
+        return self._loss_verdict(loss) or (None if grad_norm is None else _nonfinite("grad_norm", grad_norm))
+
+    def accept(self, loss: float) -> None:
+        """A healthy step's loss joins the window spike detection compares with."""
+        self._recent.append(loss)
+
+    def decide(self, *, discarded: bool, can_rewind: bool) -> tuple[str, str]:
+        """Count one more bad step; return what to do -- ``stop``, ``skip_step`` or ``rewind`` -- and, when that is
+        ``stop`` although the policy recovers, why (for the error message).
+
+        ``discarded``: the engine left this step's update out (only ``skip_step`` screens); ``can_rewind``: there
+        is a checkpoint to go back to."""
+        self.bad_steps += 1
+        if self.policy == "stop":
+            return "stop", ""
+        if self.bad_steps > self.max_recoveries:
+            return "stop", f"; bad step {self.bad_steps}, over training.max_recoveries {self.max_recoveries}"
+        if self.policy == "skip_step" and not discarded:
+            return "stop", "; its update was applied before the step could be judged"
+        if self.policy == "rewind" and not can_rewind:
+            return "stop", "; no checkpoint to rewind to yet"
+        return self.policy, ""
+
+    def _loss_verdict(self, loss: float) -> BadStep | None:
+        if not math.isfinite(loss):
+            return BadStep(NONFINITE, "loss", loss)
+        if self._factor is not None and len(self._recent) == self._recent.maxlen:
+            median = statistics.median(self._recent)
+            if median > 0 and loss > self._factor * median:  # a ratio means nothing for a loss at or below 0
+                return BadStep(SPIKE, "loss", loss, factor=self._factor, median=median, window=len(self._recent))
+        return None
+
+
+def _nonfinite(key: str, value: float) -> BadStep | None:
+    return None if math.isfinite(value) else BadStep(NONFINITE, key, value)
