@@ -41,7 +41,23 @@ def tests(session: nox.Session) -> None:
     """The whole suite: core and every first-party plugin installed together."""
     _install_core(session, "test", "hf")
     _install_plugins(session, *PLUGINS)
-    session.run("pytest", "-q", "-ra", "--durations=15", "tests", *session.posargs)
+    # tests/slurm's jobs need the Slurm daemons that only ``nox -s slurm`` starts
+    session.run("pytest", "-q", "-ra", "--durations=15", "tests", "-m", "not slurm", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def slurm(session: nox.Session) -> None:
+    """``loongforge launch slurm`` scripts under a real Slurm: tests/slurm/cluster.sh installs Debian's slurm-wlm and
+    munge (apt, as root) and starts a one-node cluster on localhost; every daemon it started is stopped again, also
+    when a test fails."""
+    _install_core(session, "test")
+    cluster = "tests/slurm/cluster.sh"
+    env = {"SLURM_CONF": "/tmp/loongforge-slurm/slurm.conf"}  # the cluster script's state directory
+    try:
+        session.run("bash", cluster, "start", external=True)
+        session.run("pytest", "-q", "-ra", "--durations=10", "tests/slurm", *session.posargs, env=env)
+    finally:
+        session.run("bash", cluster, "stop", external=True)
 
 
 @nox.session(python=PYTHON)

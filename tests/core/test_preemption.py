@@ -41,7 +41,8 @@ logging: {interval: 1, progress: false, tensorboard: false}
 
 #: FAULT INJECTION: the ``signaller`` plugin. When SIGNAL_AT names a forward (counted from 1) and this is rank
 #: SIGNAL_RANK (default 0), that forward of the model sends SIGNAL_NAME to this process, or with
-#: SIGNAL_TARGET=launcher to its parent (the ``--nproc`` launcher). Inert without SIGNAL_AT.
+#: SIGNAL_TARGET=launcher to its parent (the ``--nproc`` launcher); SIGNAL_AT=build sends it while the model is
+#: being built, before any step. Inert without SIGNAL_AT.
 SIGNALLER = textwrap.dedent(
     '''
     import os
@@ -63,7 +64,10 @@ SIGNALLER = textwrap.dedent(
     @hookimpl
     def loongforge_modify_model(model):
         if "SIGNAL_AT" in os.environ and os.environ.get("RANK", "0") == os.environ.get("SIGNAL_RANK", "0"):
-            model[0].register_forward_pre_hook(_send)
+            if os.environ["SIGNAL_AT"] == "build":
+                os.kill(os.getpid(), getattr(signal, os.environ["SIGNAL_NAME"]))
+            else:
+                model[0].register_forward_pre_hook(_send)
     '''
 )
 
@@ -249,3 +253,15 @@ def test_an_unwritable_output_dir_fails_before_step_1(tmp_path, capsys, command)
     assert capsys.readouterr().err.splitlines() == [
         f"error: {QUICKSTART}: run.output_dir names {out}, which is not writable ({reason})"]
     assert not out.exists()
+
+
+def test_a_signal_during_start_up_is_answered_at_the_first_step_boundary(tmp_path, site):
+    # Slurm's warning can come while the model is still being built (a lead too close to the time limit): the
+    # rank must not die of it (a crash, requeued forever) but save after step 1 and exit 3 like any preemption.
+    cfg, out = _config(tmp_path, "early")
+    stopped = _train(cfg, site, SIGNAL_AT="build", SIGNAL_NAME="SIGUSR1")
+    assert stopped.returncode == 3, stopped.stderr[-3000:]
+    newest = out / "checkpoints" / "step-0000001"
+    assert _preempted_lines(stopped.stderr) == [f"[loongforge] preempted by SIGUSR1 at step 1 of 8: saved {newest}; "
+                                                "the same command resumes from it"]
+    assert _saved(out) == ["step-0000001"] and sorted(_losses(out)) == [1]

@@ -9,8 +9,9 @@ Why the ranks vote: Slurm signals every task, but a ``kill`` may reach one rank 
 by all ranks together. At every step boundary of a multi-process run the ranks combine their flags with one
 all-reduce of a single integer, so all of them save the same step or none does.
 
-The handlers exist only while the loop runs (:func:`loongforge.train.run.run_training` enters
-:class:`PreemptionWatch` around it) and only in the main thread (Python delivers signals there); the handlers that
+The handlers exist only while a run is in :func:`loongforge.train.run.run_training` -- from before the model is built,
+so a signal that arrives during start-up is answered at the first step boundary instead of killing the rank -- and
+only in the main thread (Python delivers signals there); the handlers that
 were there before come back afterwards. ``loongforge train --nproc`` forwards the same signals from its launcher to
 every rank (:mod:`loongforge.parallel.launch`).
 """
@@ -42,6 +43,11 @@ class PreemptionWatch:
         #: The signal this process received (``None``: none yet).
         self.received: int | None = None
         self._previous: dict[int, Any] = {}
+
+    def connect(self, *, world_size: int, device: Any) -> None:
+        """Once the process group exists: vote over ``world_size`` ranks, all-reducing on ``device``."""
+        self.world_size = world_size
+        self.device = device
 
     def __enter__(self) -> PreemptionWatch:
         if self.enabled and threading.current_thread() is threading.main_thread():

@@ -94,23 +94,28 @@ def _validate(config: LoongForgeConfig, device: str | None, device_source: str) 
 def run_training(config: LoongForgeConfig, *, device: str | None = None, device_source: str = "--device") -> dict:
     """Train as ``config`` says; return summary metrics (losses, steps, tokens/s, checkpoint, sample text)."""
     from loongforge.devices.selection import select_backend
+    from loongforge.train.preemption import PreemptionWatch
 
     host = get_host()
     _validate(config, device, device_source)
     enabled = host.enable_optimizations(config.optimizations)
+    # From here on a preemption signal is recorded, not fatal: one that lands while the model is still being built
+    # (a Slurm warning too close to the start) is answered at the first step boundary like any other.
+    watch = PreemptionWatch(enabled=config.checkpoint.save_on_signal)
     try:
-        host.configure(config)
-        check_writable(config, create=True)  # plugins may have moved them; every rank writes checkpoint files
-        request, source = requested_device(config, device, device_source)
-        backend, reason = select_backend(request, host.registry("device"), source=source)
-        backend.configure_env()
-        from loongforge.parallel.distributed import init_distributed, shutdown_distributed
+        with watch:
+            host.configure(config)
+            check_writable(config, create=True)  # plugins may have moved them; every rank writes checkpoint files
+            request, source = requested_device(config, device, device_source)
+            backend, reason = select_backend(request, host.registry("device"), source=source)
+            backend.configure_env()
+            from loongforge.parallel.distributed import init_distributed, shutdown_distributed
 
-        info = init_distributed(backend)
-        try:
-            return _run(config, host, backend, reason, info)
-        finally:
-            shutdown_distributed(info)
+            info = init_distributed(backend)
+            try:
+                return _run(config, host, backend, reason, info, watch)
+            finally:
+                shutdown_distributed(info)
     finally:
         for name in enabled:
             host.unregister(f"optimization:{name}")
@@ -123,7 +128,7 @@ def _task_of(config: LoongForgeConfig, host: Any) -> Any:
     return family.make_task(config) if family.engine == "task" else None
 
 
-def _run(config: LoongForgeConfig, host: Any, backend: Any, reason: str, info: Any) -> dict:
+def _run(config: LoongForgeConfig, host: Any, backend: Any, reason: str, info: Any, watch: Any) -> dict:
     from loongforge.parallel.strategy import check_strategy
     from loongforge.train.batches import load_tokenizer
 
@@ -131,7 +136,7 @@ def _run(config: LoongForgeConfig, host: Any, backend: Any, reason: str, info: A
     backend.apply_patches()  # once, for every engine, before anything is built (a device plugin's patches)
     task = _task_of(config, host)
     if task is not None:  # a model with a task of its own: the task engine
-        return _train(_build_task_trainer(config, task, host, backend, info), config, info)
+        return _train(_build_task_trainer(config, task, host, backend, info), config, info, watch)
     # Everything that can be wrong with the layout, model sizes and batch fails here, before any group or model.
     where = f"parallel.strategy in {config.source}"
     strategy = check_strategy(host.registry("strategy").load(config.parallel.strategy, where=where),
@@ -149,7 +154,7 @@ def _run(config: LoongForgeConfig, host: Any, backend: Any, reason: str, info: A
     _init_parallel(strategy, layout, config, backend, info)
     trainer = _build_trainer(config, host, backend, reason, layout, plan, model_flavor, tokenizer, info, settings,
                              auto_decision=auto_decision)
-    return _train(trainer, config, info)
+    return _train(trainer, config, info, watch)
 
 
 def _resolve_auto_layout(config: LoongForgeConfig, host: Any, backend: Any, info: Any) -> tuple[Any, dict | None]:
@@ -287,12 +292,11 @@ def _resume(trainer: Any, rank: int) -> None:
         _say(rank, f"resumed from {resumed} at step {trainer.step}")
 
 
-def _train(trainer: Any, config: LoongForgeConfig, info: Any) -> dict:
+def _train(trainer: Any, config: LoongForgeConfig, info: Any, watch: Any) -> dict:
     """The loop with its metrics sinks, progress display and preemption signals, the engine's after-training work
     (a text sample, a task's samples and scores), ``on_train_end`` and the closing report."""
     from loongforge.train.loop import fit
     from loongforge.train.metrics import MetricsWriter
-    from loongforge.train.preemption import PreemptionWatch
     from loongforge.train.progress import ProgressDisplay
 
     rank = info.rank
@@ -304,11 +308,9 @@ def _train(trainer: Any, config: LoongForgeConfig, info: Any) -> dict:
         config.run.output_dir, rank=rank, jsonl=log.jsonl, tensorboard=log.tensorboard, start_step=trainer.step
     )
     progress = ProgressDisplay(config.training.steps, start_step=trainer.step, rank=rank, enabled=log.progress)
-    watch = PreemptionWatch(enabled=config.checkpoint.save_on_signal, world_size=info.world_size,
-                            device=trainer.backend.device(info.local_rank))
+    watch.connect(world_size=info.world_size, device=trainer.backend.device(info.local_rank))
     try:
-        with watch:
-            summary = fit(trainer, metrics, progress, watch)
+        summary = fit(trainer, metrics, progress, watch)
     finally:
         metrics.close()
     summary.update(trainer.engine.finish(trainer))
