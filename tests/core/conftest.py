@@ -56,6 +56,10 @@ HF_TINY_CASES = {
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
     "qwen3-moe-top4": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
         head_dim=32, num_experts=4, num_experts_per_tok=3, moe_intermediate_size=48, norm_topk_prob=False)),
+    # top-1 routing with the full-softmax probability as the weight (megatron's pre-softmax router); Mixtral's
+    # renormalised top-1 is refused (tests/core/test_models_moe.py)
+    "qwen3-moe-top1": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        head_dim=32, num_experts=4, num_experts_per_tok=1, moe_intermediate_size=48, norm_topk_prob=False)),
 }
 HF_TINY_COMMON = dict(
     hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

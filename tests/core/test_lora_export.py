@@ -48,3 +48,33 @@ def test_save_hf_and_convert_of_a_lora_run_match_the_unmerged_model(tmp_path):
     mcore_to_hf(ckpt, converted)
     online, offline = load_file(ckpt / "hf" / "model.safetensors"), load_file(converted / "model.safetensors")
     assert online.keys() == offline.keys() and all(torch.equal(online[k], offline[k]) for k in online)
+
+
+def test_generate_on_a_lora_checkpoint_uses_its_adapters(tmp_path):
+    """``loongforge generate`` on a LoRA run's checkpoint writes what its merged export writes, not the base model."""
+    from loongforge.data.tokenizers import ByteTokenizer
+    from loongforge.interop.generate import generate_from_checkpoint
+    from loongforge.interop.mcore_checkpoint import load_model_weights
+    from loongforge.interop.world import standalone_world
+    from loongforge.models.building import build_standalone
+    from loongforge.models.generate import generate_text
+    from loongforge.models.llama import FLAVORS
+    from loongforge.train.run import run_training
+
+    run_training(load_config(None, [
+        f"run.output_dir={tmp_path / 'run'}", "model.name=llama-debug", "data.seq_length=64",
+        "training.micro_batch_size=2", "training.steps=4", "training.threads=1", "optimizer.lr=0.05",
+        "scheduler.warmup_steps=0", "model.lora.rank=4", "model.lora.targets=[linear_qkv,linear_fc1,linear_fc2]",
+        "checkpoint.save_hf=true", "logging.progress=false", "logging.tensorboard=false",
+    ]))
+    ckpt = tmp_path / "run" / "checkpoints" / "step-0000004"
+    prompt, tokens = "It is a truth ", 24
+
+    generated = generate_from_checkpoint(ckpt, prompt, tokens=tokens)
+    exported = generate_from_checkpoint(ckpt / "hf", prompt, tokens=tokens, tokenizer="byte")
+    assert generated == exported
+    with standalone_world() as backend:  # what generate wrote before: the base weights alone, adapters dropped
+        base = build_standalone(FLAVORS["llama-debug"], backend)
+        load_model_weights(ckpt, [base])
+        base_only = generate_text(base, ByteTokenizer(), prompt, tokens, max_positions=64, temperature=0.0)
+    assert base_only != generated  # the adapters change the text, so dropping them cannot pass

@@ -29,7 +29,7 @@ from loongforge.interop.mcore_checkpoint import (
     checkpoint_config,
     checkpoint_dtype,
     hf_side_files,
-    load_model_weights,
+    load_trained_model,
     resolve_flavor,
     write_model_checkpoint,
 )
@@ -111,7 +111,6 @@ def mcore_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_size: 
     from loongforge.interop.sharding import gather_full_state
     from loongforge.interop.world import standalone_world
     from loongforge.models.building import build_standalone
-    from loongforge.models.lora import apply_lora, merge_lora
     from loongforge.resolve import model_label
 
     out_dir = Path(out_dir).expanduser()
@@ -128,11 +127,8 @@ def mcore_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_size: 
     hf_config = adapter.config_json(dtype, base)
     check_out_dir(out_dir)
     with standalone_world() as backend:
-        megatron_model = build_standalone(family, backend, dtype)
-        if config.model.lora is not None:  # a LoRA run's checkpoint: load the adapters, export them merged
-            apply_lora([megatron_model], config.model.lora, config.run.seed)
-        load_model_weights(path, [megatron_model])
-        full = gather_full_state([merge_lora(megatron_model)])
+        megatron_model = load_trained_model(path, build_standalone(family, backend, dtype), config)
+        full = gather_full_state([megatron_model])
     tensors = adapter.to_hf(full)
     write_hf_checkpoint(out_dir, tensors, hf_config, max_shard_bytes=max_bytes, carry_from=carry)
     architecture = (hf_config.get("architectures") or [family.family_name])[0]

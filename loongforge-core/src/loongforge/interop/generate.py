@@ -18,7 +18,7 @@ from loongforge.errors import InteropError
 from loongforge.models.hf_config import CONFIG_JSON
 
 
-def _open_hf(path: Path) -> tuple[Any, str, Callable[[Any], None], str | None]:
+def _open_hf(path: Path) -> tuple[Any, str, Callable[[Any], Any], str | None]:
     from loongforge.interop.hf_checkpoint import check_hf_tensors, index_hf_tensors, load_hf_tensors
     from loongforge.interop.sharding import load_full_state
     from loongforge.models.hf_config import read_hf_config
@@ -27,19 +27,20 @@ def _open_hf(path: Path) -> tuple[Any, str, Callable[[Any], None], str | None]:
     infos = index_hf_tensors(path)
     dtype = check_hf_tensors(infos, flavor, path)
 
-    def load(model: Any) -> None:
+    def load(model: Any) -> Any:
         load_full_state([model], flavor.hf_adapter().from_hf(load_hf_tensors(infos)))
+        return model
 
     return flavor, dtype, load, f"hf:{path}" if (path / "tokenizer.json").is_file() else None
 
 
-def _open_checkpoint(path: Path, trust_code: bool) -> tuple[Any, str, Callable[[Any], None], str | None]:
+def _open_checkpoint(path: Path, trust_code: bool) -> tuple[Any, str, Callable[[Any], Any], str | None]:
     from loongforge.checkpoint.layout import find_checkpoint
     from loongforge.interop.mcore_checkpoint import (
         HF_SOURCE,
         checkpoint_config,
         checkpoint_dtype,
-        load_model_weights,
+        load_trained_model,
         resolve_flavor,
     )
     from loongforge.resolve import model_label
@@ -52,7 +53,7 @@ def _open_checkpoint(path: Path, trust_code: bool) -> tuple[Any, str, Callable[[
     if family.engine != "megatron":
         raise InteropError(f"{path}: model '{model_label(config, family)}' is trained by the {family.engine!r} engine; "
                            "`loongforge generate` writes text with megatron language models")
-    return family, checkpoint_dtype(path, config), lambda m: load_model_weights(path, [m]), tokenizer
+    return family, checkpoint_dtype(path, config), lambda m: load_trained_model(path, m, config), tokenizer
 
 
 def _tokenizer(spec: str) -> Any:
@@ -98,8 +99,8 @@ def generate_from_checkpoint(
         raise InteropError(f"tokenizer {tok.name} has {tok.vocab_size} ids but the model in {path} "
                            f"{decoder.vocab_size}")
     with standalone_world() as backend:
-        model = build_standalone(family, backend, dtype)  # the family's own chunk (a composed model's too)
-        load(model)
+        # the family's own chunk (a composed model's too), with the trained weights (a LoRA run's adapters merged)
+        model = load(build_standalone(family, backend, dtype))
         return generate_text(
             model, tok, prompt, tokens, max_positions=decoder.max_position_embeddings,
             temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,

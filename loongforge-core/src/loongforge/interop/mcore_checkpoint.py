@@ -103,6 +103,20 @@ def load_model_weights(path: Path, model_chunks: list[Any]) -> None:
         unwrap_model(chunk).load_state_dict(state[f"model{i}"])
 
 
+def load_trained_model(path: Path, model: Any, config: LoongForgeConfig) -> Any:
+    """``model`` (built at TP=PP=1 for checkpoint ``path``, whose config is ``config``) with the checkpoint's weights:
+    for a LoRA run, with its adapters loaded and folded into the base weights, which is what the run trained and what
+    an export writes -- the one way ``generate`` and ``convert`` read a trained model. Returns the plain model."""
+    from loongforge.models.lora import apply_lora, merge_lora
+
+    if config.model.lora is None:
+        load_model_weights(path, [model])
+        return model
+    apply_lora([model], config.model.lora, config.run.seed)
+    load_model_weights(path, [model])
+    return merge_lora(model)
+
+
 def write_model_checkpoint(
     out_dir: Path,
     model: Any,

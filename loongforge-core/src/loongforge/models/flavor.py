@@ -131,6 +131,14 @@ class DecoderFlavor(ModelFamily):
                 )
             if not self.moe_ffn_hidden_size or self.moe_ffn_hidden_size <= 0:
                 raise ConfigError(f"{self.family} flavor: an MoE flavor needs a positive moe_ffn_hidden_size")
+            if self.moe_router_topk == 1 and self.moe_norm_topk_prob:
+                # renormalising one chosen probability makes every routing weight exactly 1, so the router gets no
+                # gradient from the loss (Mixtral's top-1); megatron-core refuses it, and so do we, in one line
+                raise ConfigError(
+                    f"{self.family} flavor: moe_router_topk 1 with moe_norm_topk_prob (renormalised routing weights) "
+                    "gives every token weight 1 and the router no gradient; use moe_router_topk >= 2, or "
+                    "moe_norm_topk_prob false (the full-softmax probability as the weight, Qwen3-MoE style)"
+                )
         if self.mrope_section is not None:  # YAML gives a list; keep the flavor hashable
             object.__setattr__(self, "mrope_section", tuple(self.mrope_section))
         if self.mrope_section is not None and (
