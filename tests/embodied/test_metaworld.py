@@ -8,8 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
-from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
 
@@ -23,7 +21,7 @@ from loongforge_embodied.sim.evaluate import chunk_seed, evaluate
 from loongforge_embodied.sim.metaworld_env import MetaWorldEnv
 from loongforge_embodied.sim.policy import CheckpointPolicy, RandomPolicy
 from loongforge_embodied.sim.protocol import pack, unpack
-from loongforge_embodied.sim.server import make_server
+from policy_serving import serving
 from websockets.sync.client import connect
 
 ENV = "reach-v3"
@@ -53,19 +51,6 @@ def recorded(tmp_path_factory):
     assert main(["collect", str(root), "--env", ENV, "--episodes", "2", "--max-steps", "150", "--tail", str(TAIL)]) == 0
     saved = json.loads((root / REPORT_PATH).read_text())
     return root, CollectReport(**{field.name: saved[field.name] for field in fields(CollectReport)})
-
-
-@contextmanager
-def serving(policy):
-    """A policy server on a free local port, for the duration of the block; yields its ws:// url."""
-    server = make_server(policy, "127.0.0.1", 0)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"ws://127.0.0.1:{server.socket.getsockname()[1]}"
-    finally:
-        server.shutdown()
-        thread.join(timeout=10)
 
 
 def test_expert_episodes_read_back_and_replay(recorded):

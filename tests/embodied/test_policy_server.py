@@ -10,7 +10,6 @@ import struct
 import subprocess
 import sys
 import threading
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -21,26 +20,14 @@ from loongforge_embodied.sim.client import PolicyClient, PolicyServerError
 from loongforge_embodied.sim.observation import ObservationSchema
 from loongforge_embodied.sim.policy import RandomPolicy
 from loongforge_embodied.sim.protocol import pack, unpack
-from loongforge_embodied.sim.server import ServerLimits, make_server
+from loongforge_embodied.sim.server import ServerLimits
+from policy_serving import serving
 from websockets.exceptions import ConnectionClosedError
 from websockets.sync.client import connect
 
 CAM = "observation.images.top"
 STATE = np.array([0.1, -0.2, 0.3, 0.4])
 IMAGE = np.full((16, 16, 3), 128, np.uint8)
-
-
-@contextmanager
-def serving(policy, limits=None):
-    """A server for ``policy`` on a free local port for the block; yields its ws:// url."""
-    server = make_server(policy, "127.0.0.1", 0, limits)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"ws://127.0.0.1:{server.socket.getsockname()[1]}"
-    finally:
-        server.shutdown()
-        thread.join(timeout=10)
 
 
 def camera_policy() -> RandomPolicy:

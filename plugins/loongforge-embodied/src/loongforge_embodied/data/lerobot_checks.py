@@ -79,16 +79,21 @@ def _numeric_dtype(name: Any) -> np.dtype | None:
     return dtype if np.issubdtype(dtype, np.number) or dtype == np.bool_ else None
 
 
+def _frame_at(root: Path, episodes: Sequence[EpisodeEntry], row: int) -> str:
+    """Where global frame ``row`` is, as an error names it: ``FILE: episode N, frame F``."""
+    ep = next(e for e in episodes if e.start <= row < e.start + e.length)
+    return f"{root / ep.data_path}: episode {ep.index}, frame {row - ep.start}"
+
+
 def check_task_indices(root: Path, episodes: Sequence[EpisodeEntry], task_index: np.ndarray,
                        tasks: Mapping[int, str], tasks_file: str) -> None:
     """Every frame's ``task_index`` names a task of the task table."""
     unknown = np.flatnonzero(~np.isin(task_index, np.fromiter(tasks, dtype=np.int64, count=len(tasks))))
     if len(unknown):
         row = int(unknown[0])
-        ep = next(e for e in episodes if e.start <= row < e.start + e.length)
         raise LeRobotFormatError(
-            f"{root / ep.data_path}: episode {ep.index}, frame {row - ep.start}: task_index {task_index[row]} is not "
-            f"in {root / tasks_file} (task indices {sorted(tasks)})"
+            f"{_frame_at(root, episodes, row)}: task_index {task_index[row]} is not in {root / tasks_file} "
+            f"(task indices {sorted(tasks)})"
         )
 
 
@@ -146,9 +151,8 @@ def check_finite(root: Path, columns: Mapping[str, np.ndarray], episodes: Sequen
         bad_rows = np.flatnonzero(~np.isfinite(values.reshape(len(values), -1)).all(axis=1))
         if len(bad_rows):
             row = int(bad_rows[0])
-            ep = next(e for e in episodes if e.start <= row < e.start + e.length)
             raise LeRobotFormatError(
-                f"{root / ep.data_path}: episode {ep.index}, frame {row - ep.start}: '{key}' is not finite "
+                f"{_frame_at(root, episodes, row)}: '{key}' is not finite "
                 f"({np.array2string(values[row], precision=4)}); {len(bad_rows)} bad row(s) in '{key}'"
             )
 
