@@ -162,6 +162,7 @@ def _worker(out_dir: str, check: str) -> None:
     record = _functional_check() if check == "functional" else _megatron_check()
     with open(os.path.join(out_dir, f"rank{dist.get_rank()}.json"), "w") as f:
         json.dump(record, f)
+    dist.barrier()  # no rank tears gloo down while another still finishes its last exchange (a rare SIGABRT)
     dist.destroy_process_group()
 
 

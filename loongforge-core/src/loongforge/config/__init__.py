@@ -6,6 +6,7 @@ from loongforge.config.loader import config_to_dict, load_config
 from loongforge.config.schema import (
     CheckpointConfig,
     DataConfig,
+    EvaluationConfig,
     LoggingConfig,
     LoongForgeConfig,
     ModelConfig,
@@ -19,6 +20,7 @@ from loongforge.config.schema import (
 __all__ = [
     "CheckpointConfig",
     "DataConfig",
+    "EvaluationConfig",
     "LoggingConfig",
     "LoongForgeConfig",
     "ModelConfig",

@@ -43,6 +43,10 @@ class LoRAConfig:
     #: Which linear layers of each transformer layer get an adapter:
     #: ``linear_qkv``, ``linear_proj`` (attention), ``linear_fc1``, ``linear_fc2`` (MLP).
     targets: list[str] = field(default_factory=lambda: ["linear_qkv", "linear_proj"])
+    #: QLoRA-style memory saving: ``bf16`` builds the model -- so the frozen base weights and their matmuls -- in
+    #: bf16 (half the bytes of fp32) while the adapters stay fp32 parameters computed in fp32; refused on a device
+    #: without bf16. null: the base is in the run's precision like the adapters.
+    base_dtype: str | None = None
 
 
 @dataclass
@@ -71,13 +75,18 @@ class ModelConfig:
     """Which model to build: a registered flavor name plus optional field overrides."""
 
     #: A registered model name (``loongforge list models``), a Hugging Face id alias, or ``pkg.module:factory``;
-    #: null only when ``model:`` gives parts alone (see :attr:`roles`).
+    #: null only when ``model:`` gives parts alone (see :attr:`roles`) or when it is left out beside
+    #: ``load: hf:DIR``: DIR's config.json then names the model (any architecture ``loongforge convert`` reads),
+    #: written into the run's config as the nearest registered flavor plus overrides, and a ``data.tokenizer`` left
+    #: unset becomes ``hf:DIR`` when DIR holds tokenizer.json. The default applies only to a config with no name,
+    #: parts or ``hf:`` load.
     name: str | None = "llama-tiny"
     #: Flavor fields to override, e.g. ``{num_layers: 2}``.
     overrides: dict[str, Any] = field(default_factory=dict)
     #: Initial weights: ``hf:/path/to/hf/dir`` (a Hugging Face checkpoint directory) or the path of a LoongForge
-    #: checkpoint (e.g. written by ``loongforge convert hf-to-mcore``); it must describe this model. Ignored
-    #: when the run resumes from one of its own checkpoints (the resumed weights replace it).
+    #: checkpoint (e.g. written by ``loongforge convert hf-to-mcore``); it must describe this model (given without
+    #: ``name``, ``hf:DIR`` describes it, see :attr:`name`). Ignored when the run resumes from one of its own
+    #: checkpoints (the resumed weights replace it).
     load: str | None = None
     #: Low-rank adapters on the chosen linear layers (see :class:`LoRAConfig`); null trains the full model.
     lora: LoRAConfig | None = None
@@ -196,6 +205,14 @@ class OptimizerConfig:
     eps: float = 1.0e-8
     #: Clip the global gradient norm to this value; 0 disables clipping.
     grad_clip: float = 1.0
+    #: ``training.precision: fp16`` only (megatron's fp16 optimizer). A fixed loss scale; null scales
+    #: dynamically: start at ``initial_loss_scale``, halve on an overflow (that step's update is skipped, and
+    #: recorded as ``skipped`` with its ``loss_scale`` in metrics.jsonl) and double after ``loss_scale_window``
+    #: steps without one, never below ``min_loss_scale``.
+    loss_scale: float | None = None
+    initial_loss_scale: float = 65536.0
+    min_loss_scale: float = 1.0
+    loss_scale_window: int = 1000
 
 
 @dataclass
@@ -293,6 +310,20 @@ class CheckpointConfig:
 
 
 @dataclass
+class EvaluationConfig:
+    """Validation during training: the loss on held-out data, logged beside the training metrics."""
+
+    #: Evaluate every N optimizer steps (and after the last step); 0 turns evaluation off.
+    interval: int = 0
+    #: Global batches (``training.global_batch_size`` samples each) per evaluation; the same batches every time,
+    #: so that evaluations are comparable across steps and across resumed runs.
+    steps: int = 4
+    #: Where the validation samples come from: empty takes the held-out split (``data.valid_fraction``, which
+    #: must then be > 0); paths are read by the same dataset kind and tokenizer as ``data.paths``.
+    data: list[str] = field(default_factory=list)
+
+
+@dataclass
 class LoggingConfig:
     """Progress display and metrics sinks."""
 
@@ -319,6 +350,7 @@ class LoongForgeConfig:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     #: The three sections below belong to plugins: kept here as the mappings the YAML gave, each is typed by a
     #: dataclass its plugin declares and checked before a run like core's sections
     #: (:mod:`loongforge.config.plugin_sections`).

@@ -236,6 +236,9 @@ def build_model(
         model.embedding.register_forward_hook(_EmbeddingScale(flavor.embedding_multiplier))
     if flavor.final_logit_softcapping is not None and post_process:
         model.output_layer.register_forward_hook(_LogitSoftcap(flavor.final_logit_softcapping))
+    padded = padded_vocab_size(flavor.vocab_size, parallel.tp)
+    if padded != flavor.vocab_size and post_process:  # after any soft-capping: the padded rows stay excluded
+        model.output_layer.register_forward_hook(_PaddedVocabMask(flavor.vocab_size, padded, parallel.tp))
     return model
 
 
@@ -249,6 +252,34 @@ def _add_output_bias(output_layer: Any, config: TransformerConfig) -> None:
     output_layer.bias = torch.nn.Parameter(torch.zeros(rows, dtype=config.params_dtype))
     set_tensor_model_parallel_attributes(output_layer.bias, True, 0, 1)
     output_layer.bias.allreduce = True
+
+
+class _PaddedVocabMask:
+    """Forward hook on the LM head: logits of the padded vocabulary rows become the dtype's lowest value.
+
+    Megatron pads the vocabulary (:func:`padded_vocab_size`) and its cross-entropy runs over every row, so the
+    padded rows' logits would take probability mass from the true vocabulary: with 130 tokens padded to 256
+    the loss differs from Hugging Face's by 0.6 nats. Masked here, the softmax (and so the loss, its gradient and
+    any argmax) covers the true vocabulary only, at every TP size: each rank masks the padded rows of its own
+    vocab shard (the last shards hold them), and a gathered output is masked past ``vocab_size``. The lowest
+    finite value rather than ``-inf`` keeps ``0 * logit`` terms finite; its exponential is 0 either way.
+    """
+
+    def __init__(self, vocab_size: int, padded_size: int, tp: int) -> None:
+        from megatron.core import parallel_state
+
+        self.vocab_size, self.padded_size, self.shard = vocab_size, padded_size, padded_size // tp
+        self.shard_start = parallel_state.get_tensor_model_parallel_rank() * self.shard if tp > 1 else 0
+
+    def __call__(self, module: Any, args: Any, output: tuple[torch.Tensor, Any]) -> tuple[torch.Tensor, Any]:
+        logits, bias = output
+        width = logits.shape[-1]
+        start = self.shard_start if width == self.shard else 0
+        true_rows = self.vocab_size - start
+        if true_rows >= width:
+            return logits, bias
+        padded = torch.arange(width, device=logits.device) >= max(true_rows, 0)
+        return logits.masked_fill(padded, torch.finfo(logits.dtype).min), bias
 
 
 class _EmbeddingScale:
