@@ -25,6 +25,9 @@ QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 
 #: layout name -> (processes, overrides)
 LAYOUTS = {
+    # the noise floor: one process, the same 16 sequences as 4 micro-batches of 4 (only the summation order
+    # of the gradient accumulation differs from the reference)
+    "1proc-mbs4": (1, ["training.micro_batch_size=4"]),
     "dp2": (2, []),
     "dp2-distopt": (2, ["parallel.distributed_optimizer=true"]),
     "tp2": (2, ["parallel.tp=2"]),

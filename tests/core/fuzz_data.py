@@ -2,10 +2,11 @@
 
 Three families of core's data, each broken one way at a time from a valid original:
 
-- **indexed** (``data.dataset: mmap``): a ``.bin`` / ``.docs.npy`` / ``.idx.json`` triple written by
-  :class:`~loongforge.data.indexed.TokenDatasetWriter` -- header keys missing or of the wrong type, files truncated,
-  swapped or missing, boundaries that disagree, token ids past the vocabulary (in a small file, read whole, and at
-  the end of one large enough to be sampled), a dataset too short for one sample;
+- **indexed** (``data.dataset: mmap``): a Megatron-LM ``.bin`` / ``.idx`` pair with our ``.loongforge.json``
+  sidecar, written by :class:`~loongforge.data.indexed.TokenDatasetWriter` -- sidecar keys missing or of the wrong
+  type, an ``.idx`` with a bad header, counts or offsets, files truncated or missing, token ids past the vocabulary
+  (in a small file, read whole, at the end of one large enough to be sampled, and in a foreign dataset with no
+  sidecar), a dataset too short for one sample;
 - **text corpora** (``data.dataset: text``): ``.txt`` / ``.jsonl`` files with bad JSON, a missing text field, bytes
   that are not UTF-8, nothing in them;
 - **chat** (``data.dataset: sft``, ``training.phase: sft``): conversations with bad JSON, missing or unknown roles,
@@ -21,6 +22,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import struct
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -83,9 +85,9 @@ def _mmap(prefix: Path) -> dict[str, Any]:
 
 
 def _indexed_fault(name: str, file: str, edit: Callable[[Path], None], say: str = "") -> None:
-    """A fault in one file of a valid dataset (``file``: ``bin``, ``docs`` or ``idx``); the error names that file
+    """A fault in one file of a valid dataset (``file``: ``bin``, ``idx`` or ``sidecar``); the error names that file
     and ``say``."""
-    which = {"bin": 0, "docs": 1, "idx": 2}[file]
+    which = {"bin": 0, "idx": 1, "sidecar": 2}[file]
 
     def make(directory: Path) -> dict[str, Any]:
         prefix = write_indexed(directory / "tokens")
@@ -96,37 +98,53 @@ def _indexed_fault(name: str, file: str, edit: Callable[[Path], None], say: str 
                             lambda d: (str(dataset_files(d / "tokens")[which]), *((say,) if say else ()))))
 
 
-def _header(edit: Callable[[dict], Any]) -> Callable[[Path], None]:
+def _sidecar(edit: Callable[[dict], Any]) -> Callable[[Path], None]:
     def apply(path: Path) -> None:
-        header = json.loads(path.read_text())
-        edit(header)
-        path.write_text(json.dumps(header))
+        sidecar = json.loads(path.read_text())
+        edit(sidecar)
+        path.write_text(json.dumps(sidecar))
 
     return apply
 
 
-for _key in ("eos_id", "num_tokens", "num_documents", "vocab_size", "tokenizer", "dtype", "format"):
-    _indexed_fault(f"header-without-{_key}", "idx", _header(lambda h, k=_key: h.pop(k)), f"'{_key}'"
-                   if _key not in ("dtype", "format") else "")
-for _key, _value in (("eos_id", "257"), ("eos_id", 999), ("eos_id", -1), ("num_tokens", -4), ("num_tokens", 12.5),
-                     ("num_documents", 0), ("vocab_size", True), ("version", 2), ("dtype", "float32"),
-                     ("tokenizer", ["byte"])):
-    _indexed_fault(f"header-{_key}={_value}", "idx", _header(lambda h, k=_key, v=_value: h.update({k: v})),
-                   f"'{_key}'" if _key not in ("version", "dtype") else "")
-_indexed_fault("header-not-json", "idx", lambda p: p.write_text(p.read_text()[:40]), "unreadable")
-_indexed_fault("header-not-utf8", "idx", lambda p: p.write_bytes(b'{"format": "\xff\xfe"}'), "unreadable")
-_indexed_fault("header-a-list", "idx", lambda p: p.write_text("[1, 2, 3]"), "header")
-_indexed_fault("header-nested-deep", "idx", lambda p: p.write_text("[" * 100_000 + "]" * 100_000), "unreadable")
+def _patch(offset: int, data: bytes) -> Callable[[Path], None]:
+    """Overwrite ``data`` at byte ``offset`` (negative: from the end) of a file."""
+    def apply(path: Path) -> None:
+        raw = bytearray(path.read_bytes())
+        start = offset % len(raw)
+        raw[start : start + len(data)] = data
+        path.write_bytes(bytes(raw))
+
+    return apply
+
+
+for _key in ("eos_id", "vocab_size", "tokenizer", "format"):
+    _indexed_fault(f"sidecar-without-{_key}", "sidecar", _sidecar(lambda h, k=_key: h.pop(k)), f"'{_key}'"
+                   if _key != "format" else "")
+for _key, _value in (("eos_id", "257"), ("eos_id", 999), ("eos_id", -1), ("vocab_size", True), ("vocab_size", 0),
+                     ("version", 1), ("tokenizer", ["byte"])):
+    _indexed_fault(f"sidecar-{_key}={_value}", "sidecar", _sidecar(lambda h, k=_key, v=_value: h.update({k: v})),
+                   f"'{_key}'" if _key != "version" else "version")
+_indexed_fault("sidecar-not-json", "sidecar", lambda p: p.write_text(p.read_text()[:40]), "unreadable")
+_indexed_fault("sidecar-not-utf8", "sidecar", lambda p: p.write_bytes(b'{"format": "\xff\xfe"}'), "unreadable")
+_indexed_fault("sidecar-a-list", "sidecar", lambda p: p.write_text("[1, 2, 3]"), "sidecar")
+_indexed_fault("sidecar-nested-deep", "sidecar", lambda p: p.write_text("[" * 100_000 + "]" * 100_000), "unreadable")
+_indexed_fault("idx-bad-magic", "idx", _patch(0, b"NOTMEGA"), "bad header")
+_indexed_fault("idx-version-2", "idx", _patch(9, struct.pack("<Q", 2)), "version 2")
+_indexed_fault("idx-dtype-code-99", "idx", _patch(17, b"\x63"), "dtype code 99")
+_indexed_fault("idx-dtype-float64", "idx", _patch(17, b"\x06"), "float64")
+_indexed_fault("idx-truncated", "idx", lambda p: p.write_bytes(p.read_bytes()[:60]), "truncated")
+_indexed_fault("idx-header-only", "idx", lambda p: p.write_bytes(p.read_bytes()[:20]), "bad header")
+_indexed_fault("idx-longer", "idx", lambda p: p.write_bytes(p.read_bytes() + b"\0" * 8), "truncated or damaged")
+_indexed_fault("idx-documents-past-the-end", "idx", _patch(-8, struct.pack("<q", 99)), "counts disagree")
+_indexed_fault("idx-documents-unordered", "idx", _patch(-16, struct.pack("<q", 11)), "document index")
+_indexed_fault("idx-offsets-gap", "idx", _patch(34 + 4 * len(DOCUMENTS) + 8, struct.pack("<q", 3)), "contiguous")
+_indexed_fault("idx-negative-length", "idx", _patch(34, struct.pack("<i", -5)), "negative length")
 _indexed_fault("bin-truncated", "bin", lambda p: p.write_bytes(p.read_bytes()[:1000]), "1000 bytes")
 _indexed_fault("bin-longer", "bin", lambda p: p.write_bytes(p.read_bytes() + b"\0\0"), "bytes")
 _indexed_fault("bin-missing", "bin", lambda p: p.unlink(), "missing")
 _indexed_fault("bin-a-directory", "bin", lambda p: (p.unlink(), p.mkdir()), "missing")
-_indexed_fault("docs-missing", "docs", lambda p: p.unlink(), "unreadable")
-_indexed_fault("docs-garbage", "docs", lambda p: p.write_bytes(b"\x93NUMPY garbage"), "unreadable")
-_indexed_fault("docs-pickled", "docs", lambda p: np.save(p, np.array([{"a": 1}], dtype=object), allow_pickle=True),
-               "unreadable")
-_indexed_fault("docs-unordered", "docs", lambda p: np.save(p, np.load(p)[::-1].copy()), "boundaries")
-_indexed_fault("docs-int32", "docs", lambda p: np.save(p, np.load(p).astype(np.int32)), "boundaries")
+_indexed_fault("bin-empty", "bin", lambda p: p.write_bytes(b""), "empty")
 
 
 def _poke(offset: int, value: int) -> Callable[[Path], None]:
@@ -160,6 +178,16 @@ def _(directory: Path) -> dict[str, Any]:
     tokens = np.memmap(path, dtype="<i4", mode="r+")
     tokens[10] = -7
     tokens.flush()
+    return _mmap(prefix)
+
+
+@_fault("indexed:foreign-id-past-tokenizer-vocab", lambda d: (str(dataset_files(d / "foreign")[0]), "token id 300",
+                                                            "tokenizer 'byte': 259 ids"))
+def _(directory: Path) -> dict[str, Any]:
+    """Megatron-LM's own files (no sidecar) are checked by their ids alone."""
+    prefix = write_indexed(directory / "foreign")
+    dataset_files(prefix)[2].unlink()
+    _poke(7, 300)(dataset_files(prefix)[0])
     return _mmap(prefix)
 
 

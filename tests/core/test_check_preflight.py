@@ -74,7 +74,8 @@ BROKEN = [
     (QUICKSTART, ["scheduler.decay=cosin"], "'scheduler.decay' must be one of cosine, linear, constant, got 'cosin'; "
                                             "did you mean 'cosine'?"),
     (QUICKSTART, ["training.precision=fp16"], "training.precision / device_options: device 'cpu' cannot train in fp16"),
-    (QUICKSTART, ["model.lora.rank=4", "parallel.tp=2", "--nproc", "2"], "model.lora needs parallel.tp 1"),
+    (QUICKSTART, ["model.lora.base_dtype=fp8"], "model.lora.base_dtype must be bf16 (or null: the run's precision), "
+                                               "got 'fp8'"),
     (QUICKSTART, ["model.load=hf:{tmp}/nonexistent"], "model.load: {tmp}/nonexistent/config.json: not found"),
     (QUICKSTART, ["data.paths=[{tmp}/missing.txt]"], "'data.paths[0]' names {tmp}/missing.txt, which does not exist"),
     (QUICKSTART, ["checkpoint.resume={tmp}/step-9"], "'checkpoint.resume' names {tmp}/step-9, which does not exist"),

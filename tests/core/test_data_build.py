@@ -33,11 +33,29 @@ def decode_docs(ds):
     return [TOK.decode(ds[i]) for i in range(len(ds))]
 
 
-def test_txt_is_one_document_and_jsonl_one_per_line(tmp_path, inputs, capsys):
+def test_txt_is_a_document_per_paragraph_and_jsonl_one_per_line(tmp_path, inputs, capsys):
     ds = build_token_dataset(list(inputs), tmp_path / "out" / "ds", TOK, progress=True)
-    assert decode_docs(ds) == [inputs[0].read_text(), "first doc", "zweites Dokument ä"]
+    assert decode_docs(ds) == ["Chapter 1", "It was a dark night.", "The end.", "first doc", "zweites Dokument ä"]
     assert all(ds[i][-1] == TOK.eos_id for i in range(len(ds)))
     assert "tokenizing (byte)" in capsys.readouterr().err  # the progress bar goes to stderr
+
+
+@pytest.mark.parametrize(
+    "txt_split, documents",
+    [
+        ("paragraph", ["Title", "one line\r\nsame paragraph", "last,  \nno final newline"]),
+        ("line", ["Title", "one line", "same paragraph", "last,  ", "no final newline"]),
+        ("file", ["Title\n\n \t\none line\r\nsame paragraph\r\n\n\n\nlast,  \nno final newline"]),
+    ],
+)
+def test_txt_split_rules(tmp_path, txt_split, documents):
+    """Blank (whitespace-only) lines end a paragraph and are dropped; a paragraph keeps its inner line breaks."""
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(b"Title\n\n \t\none line\r\nsame paragraph\r\n\n\n\nlast,  \nno final newline")
+    ds = build_token_dataset([path], tmp_path / "ds", TOK, txt_split=txt_split, progress=False)
+    assert decode_docs(ds) == documents
+    with pytest.raises(DataError, match="unknown txt_split 'pages'"):
+        build_token_dataset([path], tmp_path / "bad", TOK, txt_split="pages", progress=False)
 
 
 def test_custom_text_key(tmp_path):
@@ -71,7 +89,7 @@ def test_bad_inputs_fail_before_any_work(tmp_path):
         build_token_dataset([tmp_path / "a.csv"], tmp_path / "ds", TOK, progress=False)
     with pytest.raises(DataError, match="input file not found: .*missing.txt"):
         build_token_dataset([tmp_path / "missing.txt"], tmp_path / "ds", TOK, progress=False)
-    with pytest.raises(DataError, match="latin1.txt: not valid UTF-8"):
+    with pytest.raises(DataError, match="latin1.txt:1: not valid UTF-8"):
         build_token_dataset([tmp_path / "latin1.txt"], tmp_path / "ds", TOK, progress=False)
     with pytest.raises(DataError, match="no text found in .*empty.jsonl"):
         build_token_dataset([tmp_path / "empty.jsonl"], tmp_path / "ds", TOK, progress=False)
@@ -88,7 +106,7 @@ def test_cache_reuses_and_rebuilds_on_change_or_damage(tmp_path, inputs):
     assert cached_token_dataset([inputs[0]], TOK, cache_dir=cache).prefix == first.prefix
     assert bin_path.stat().st_mtime_ns == mtime  # reused, not rebuilt
     bin_path.write_bytes(b"\0")  # damaged entry: rebuilt rather than failing
-    assert decode_docs(cached_token_dataset([inputs[0]], TOK, cache_dir=cache)) == [inputs[0].read_text()]
+    assert decode_docs(cached_token_dataset([inputs[0]], TOK, cache_dir=cache))[0] == "Chapter 1"
     inputs[0].write_text("changed")
     os.utime(inputs[0], ns=(mtime + 10**9, mtime + 10**9))
     changed = cached_token_dataset([inputs[0]], TOK, cache_dir=cache)
@@ -103,7 +121,8 @@ def test_default_cache_dir_follows_the_environment(tmp_path, inputs, monkeypatch
 def test_preprocess_main_writes_and_summarises(tmp_path, inputs, capsys):
     ds = preprocess_main([str(p) for p in inputs], str(tmp_path / "pre"), "byte", "text")
     out = capsys.readouterr().out
-    assert f"wrote {tmp_path / 'pre.bin'}: 3 documents, {ds.num_tokens} tokens (uint16), tokenizer byte" in out
+    assert f"wrote {tmp_path / 'pre.bin'} and pre.idx: 5 documents, {ds.num_tokens} tokens (uint16), tokenizer byte" \
+        in out
 
 
 def test_dataset_kinds(tmp_path, inputs):
@@ -121,7 +140,8 @@ def test_registration_names_resolve_to_the_factories():
     datasets, tokenizers = Registry("dataset"), Registry("tokenizer")
     register_builtin_datasets(datasets)
     register_builtin_tokenizers(tokenizers)
-    assert datasets.names() == ["mmap", "sft", "shipped-chat", "shipped-corpus", "text"]
+    assert datasets.names() == ["hf-datasets", "mmap", "sft", "shipped-chat", "shipped-corpus", "text"]
+    assert datasets.load("megatron") is mmap_dataset
     assert datasets.load("jsonl") is text_dataset and datasets.load("shipped-corpus") is shipped_corpus
     assert tokenizers.names() == ["byte", "hf"]
     assert isinstance(tokenizers.load("byte")(), ByteTokenizer)

@@ -64,7 +64,7 @@ SCRIPT = textwrap.dedent(
         backend.apply_patches()
         from megatron.core import parallel_state as ps, tensor_parallel
         from loongforge import load_config
-        from loongforge.interop.convert import name_flavor
+        from loongforge.models.hf_naming import name_flavor
         from loongforge.models.hf_config import read_hf_config
         from loongforge.interop.online import load_initial_weights
         from loongforge.interop.sharding import gather_full_state

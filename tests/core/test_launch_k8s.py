@@ -53,7 +53,7 @@ def manifests(capsys, *argv: str) -> list[dict[str, Any]]:
 
 def standard(kind: str, *extra: str) -> list[str]:
     return [str(QUICKSTART), "training.steps=50", "parallel.tp=4", "--nodes", "3", "--gpus-per-node", "4",
-            "--image", "registry.example/loongforge-cuda:0.4.0", "--kind", kind, "--checkpoint-pvc", "shared-ckpt",
+            "--image", "registry.example/loongforge-cuda:0.5.0", "--kind", kind, "--checkpoint-pvc", "shared-ckpt",
             "--cpu", "32", "--memory", "256Gi", "--max-restarts", "5", "--grace-period", "420", *extra]
 
 

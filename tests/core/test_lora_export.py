@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 import transformers
-from loongforge import load_config  # noqa: E402
+from loongforge import hookimpl, load_config  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 
@@ -78,3 +78,44 @@ def test_generate_on_a_lora_checkpoint_uses_its_adapters(tmp_path):
         load_model_weights(ckpt, [base])
         base_only = generate_text(base, ByteTokenizer(), prompt, tokens, max_positions=64, temperature=0.0)
     assert base_only != generated  # the adapters change the text, so dropping them cannot pass
+
+
+class StartWeights:
+    """Records, at train start, the first attention output projection and which parameters train."""
+
+    @hookimpl
+    def loongforge_on_train_start(self, trainer):
+        params = dict(trainer.model[0].named_parameters())
+        self.proj = next(p for n, p in params.items()
+                         if n.endswith("decoder.layers.0.self_attention.linear_proj.weight")).detach().clone()
+        self.frozen = [n for n, p in params.items() if not p.requires_grad]
+        self.names = list(params)
+
+
+def test_model_load_of_a_lora_checkpoint_starts_from_its_merged_weights(tmp_path, register_plugin):
+    """``model.load: <LoRA checkpoint>`` starts a full fine-tune from what the LoRA run trained (adapters folded in,
+    as its Hugging Face export has them), not from the base weights alone, and leaves every weight trainable."""
+    from loongforge.interop.mcore_checkpoint import load_model_weights
+    from loongforge.interop.world import standalone_world
+    from loongforge.models.building import build_standalone
+    from loongforge.models.llama import FLAVORS
+    from loongforge.train.run import run_training
+
+    common = ["model.name=llama-debug", "data.seq_length=64", "training.micro_batch_size=2", "training.threads=1",
+              "logging.progress=false", "logging.tensorboard=false"]
+    run_training(load_config(None, [
+        f"run.output_dir={tmp_path / 'lora'}", *common, "training.steps=3", "optimizer.lr=0.05",
+        "scheduler.warmup_steps=0", "model.lora.rank=4", "model.lora.targets=[linear_proj]", "checkpoint.save_hf=true",
+    ]))
+    ckpt = tmp_path / "lora" / "checkpoints" / "step-0000003"
+    recorder = register_plugin(StartWeights(), "start-weights")
+    run_training(load_config(None, [f"run.output_dir={tmp_path / 'full'}", *common, "training.steps=1",
+                                    f"model.load={ckpt}", "checkpoint.save_at_end=false"]))
+    merged = load_file(ckpt / "hf" / "model.safetensors")["model.layers.0.self_attn.o_proj.weight"]
+    assert torch.equal(recorder.proj, merged)
+    assert recorder.frozen == [] and not [n for n in recorder.names if ".lora." in n]
+    with standalone_world() as backend:  # what model.load read before: the base weight, adapters dropped
+        base = build_standalone(FLAVORS["llama-debug"], backend)
+        load_model_weights(ckpt, [base])
+        base_proj = base.decoder.layers[0].self_attention.linear_proj.weight.detach()
+    assert (base_proj - merged).abs().max().item() > 1e-3

@@ -6,6 +6,7 @@ import pytest
 import torch
 from loongforge.config import load_config  # noqa: E402
 from loongforge.config.schema import LoRAConfig  # noqa: E402
+from loongforge.devices.cpu import CPUBackend  # noqa: E402
 from loongforge.errors import ConfigError  # noqa: E402
 from loongforge.models.builder import build_model  # noqa: E402
 from loongforge.models.llama import FLAVORS  # noqa: E402
@@ -17,6 +18,16 @@ from loongforge.models.lora import (  # noqa: E402
     merge_lora,
     merge_lora_state_dict,
 )
+
+
+class NoBF16Backend(CPUBackend):
+    """A device that declares no bf16 through the backend contract (``DeviceBackend.supports``)."""
+
+    name = "no-bf16"
+
+    def supports(self, feature):
+        return feature != "bf16" and super().supports(feature)
+
 
 ALL_TARGETS = ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
 
@@ -105,11 +116,15 @@ def test_freeze_by_pattern_and_config_errors(megatron_cpu_world):
     with pytest.raises(ConfigError, match="run.yaml: model.freeze pattern 'decoder.layer.*' matches no parameter"):
         freeze_parameters([model], ["decoder.layer.*"], "run.yaml")
     with pytest.raises(ConfigError, match="targets must name some of linear_qkv"):
-        check_lora_settings(LoRAConfig(targets=["q_proj"]), 1, "run.yaml")
-    with pytest.raises(ConfigError, match="model.lora needs parallel.tp 1"):
-        check_lora_settings(LoRAConfig(), 2, "run.yaml")
+        check_lora_settings(LoRAConfig(targets=["q_proj"]), "run.yaml")
     with pytest.raises(ConfigError, match="rank must be >= 1"):
-        check_lora_settings(LoRAConfig(rank=0), 1, "run.yaml")
+        check_lora_settings(LoRAConfig(rank=0), "run.yaml")
+    with pytest.raises(ConfigError, match=r"model.lora.base_dtype must be bf16 \(or null"):
+        check_lora_settings(LoRAConfig(base_dtype="fp16"), "run.yaml")
+    check_lora_settings(LoRAConfig(base_dtype="bf16"), "run.yaml", megatron_cpu_world)  # the CPU computes in bf16
+    with pytest.raises(ConfigError, match="^run.yaml: model.lora.base_dtype bf16 needs a device that computes in bf16; "
+                                          "device 'no-bf16' does not$"):
+        check_lora_settings(LoRAConfig(base_dtype="bf16"), "run.yaml", NoBF16Backend())
     config = load_config(None, ["model.freeze=['*']"])
     with pytest.raises(ConfigError, match="leave no parameter to train"):
         apply_adapters([_model(megatron_cpu_world)], config)

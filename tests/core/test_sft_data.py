@@ -100,7 +100,7 @@ def test_hf_chat_template_renders_like_transformers_and_masks_the_replies(tmp_pa
 
 def test_a_template_that_rewrites_earlier_turns_is_refused():
     class Rewriting:
-        def render(self, messages, *, add_generation_prompt=False):
+        def render(self, messages, *, add_generation_prompt=False, tools=None):
             return f"{len(messages)} turns: " + "|".join(m["content"] for m in messages)
 
     with pytest.raises(DataError, match=r"conv:3: the chat template is not incremental at message 2"):
@@ -174,3 +174,144 @@ def test_phase_must_match_the_data(tmp_path):
         split_dataset(chat, load_config(None, ["training.phase=rlhf"]))
     train, valid = split_dataset(chat, load_config(None, ["training.phase=sft", "data.valid_fraction=0.1"]))
     assert isinstance(train, ChatRowDataset) and (len(train), len(valid)) == (360, 40)
+
+
+# -- OpenAI messages and ShareGPT, with tool calls ------------------------------------------------------------------
+WEATHER = {"type": "function", "function": {
+    "name": "weather", "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+OPENAI_TOOLS = {
+    "tools": [WEATHER],
+    "messages": [
+        {"role": "system", "content": "You may call tools."},
+        {"role": "user", "content": "Weather in Bath?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Bath"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "rain, 9 C"},
+        {"role": "assistant", "content": "It is raining in Bath."},
+        {"role": "user", "content": [{"type": "text", "text": "And "}, {"type": "text", "text": "tomorrow?"}]},
+        {"role": "assistant", "content": "I cannot tell."},
+    ],
+}
+SHAREGPT_TOOLS = {
+    "system": "You may call tools.",
+    "tools": json.dumps([WEATHER]),
+    "conversations": [
+        {"from": "human", "value": "Weather in Bath?"},
+        {"from": "function_call", "value": json.dumps({"name": "weather", "arguments": {"city": "Bath"}})},
+        {"from": "observation", "value": "rain, 9 C"},
+        {"from": "gpt", "value": "It is raining in Bath."},
+        {"from": "human", "value": "And tomorrow?"},
+        {"from": "gpt", "value": "I cannot tell."},
+    ],
+}
+CALL = '<tool_call>{"name": "weather", "arguments": {"city": "Bath"}}</tool_call>\n'
+
+
+def _samples(tmp_path, tokenizer, *records):
+    return ChatDataset([_write_jsonl(tmp_path / "chat.jsonl", records)], tokenizer).samples
+
+
+def test_openai_and_sharegpt_tool_conversations_train_the_same_tokens(tmp_path):
+    """The loss covers the assistant's tool call and replies (and the final eos); never the system prompt, the
+    tool list, the user turns or the tool's output."""
+    openai, sharegpt = _samples(tmp_path, BYTE, OPENAI_TOOLS, SHAREGPT_TOOLS)
+    assert openai.ids.tolist() == sharegpt.ids.tolist()
+    assert openai.supervised.tolist() == sharegpt.supervised.tolist()
+    text = BYTE.decode(openai.ids)
+    assert text == ("<|tools|>\n" + json.dumps([WEATHER]) + "\n<|system|>\nYou may call tools.\n"
+                    "<|user|>\nWeather in Bath?\n<|assistant|>\n" + CALL + "<|tool|>\nrain, 9 C\n"
+                    "<|assistant|>\nIt is raining in Bath.\n<|user|>\nAnd tomorrow?\n<|assistant|>\nI cannot tell.\n")
+    supervised = openai.ids[openai.supervised]
+    assert BYTE.decode(supervised) == CALL + "It is raining in Bath.\n" + "I cannot tell.\n"
+    assert supervised[-1] == BYTE.eos_id
+    assert int(openai.supervised.sum()) == len((CALL + "It is raining in Bath.\nI cannot tell.\n").encode()) + 1
+
+
+def test_weight_zero_leaves_an_assistant_message_unsupervised(tmp_path):
+    record = {"messages": [{"role": "user", "content": "Hi"},
+                           {"role": "assistant", "content": "Bad reply", "weight": 0},
+                           {"role": "user", "content": "Again"},
+                           {"role": "assistant", "content": "Good", "weight": 1}]}
+    (sample,) = _samples(tmp_path, BYTE, record)
+    assert BYTE.decode(sample.ids[sample.supervised]) == "Good\n"
+    assert "Bad reply" in BYTE.decode(sample.ids)
+
+
+def _tool_chatml_dir(directory):
+    directory = _chatml_tokenizer_dir(directory)
+    template = (
+        "{% if tools %}<|im_start|>system\n# Tools\n{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}"
+        "<|im_end|>\n{% endif %}"
+        "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}"
+        "{% if message.tool_calls %}{% for call in message.tool_calls %}<tool_call>{{ call.function | tojson }}"
+        "</tool_call>{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    (directory / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
+    return directory
+
+
+def test_tool_calls_render_as_transformers_renders_them_and_mask_the_calls(tmp_path):
+    from loongforge.data.sft import parse_conversation
+    from transformers import AutoTokenizer
+
+    directory = _tool_chatml_dir(tmp_path / "tok")
+    tokenizer = HFTokenizer(directory)
+    chat = parse_conversation(json.dumps(SHAREGPT_TOOLS), "conv")
+    reference = AutoTokenizer.from_pretrained(directory)
+    assert chat_template_for(tokenizer).render(chat.messages, tools=chat.tools) == reference.apply_chat_template(
+        chat.messages, tools=chat.tools, tokenize=False)
+    (sample,) = _samples(tmp_path, tokenizer, SHAREGPT_TOOLS)
+    replies = ['<tool_call>{"name": "weather", "arguments": {"city": "Bath"}}</tool_call><|im_end|>\n',
+               "It is raining in Bath.<|im_end|>\n", "I cannot tell.<|im_end|>\n"]
+    pieces = np.split(sample.ids, np.flatnonzero(np.diff(sample.supervised.astype(int))) + 1)
+    assert [tokenizer._tok.decode(p.tolist(), skip_special_tokens=False) for p in pieces[1::2]] == replies
+
+
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        ({"conversations": [{"from": "bot", "value": "x"}]}, "turn 0 needs 'from' of human, gpt, system"),
+        ({"conversations": [{"from": "human", "value": 3}]}, r"turn 0 \(human\) has no string 'value'"),
+        ({"conversations": [{"from": "human", "value": "q"}, {"from": "function_call", "value": "{oops"}]},
+         r"turn 1 \(function_call\): not valid JSON"),
+        ({"conversations": [{"from": "function_call", "value": '{"arguments": {}}'}]},
+         "turn 0: a tool call needs a function name"),
+        ({"conversations": [{"from": "human", "value": "q"}], "system": 5}, "'system' must be a string"),
+        ({"conversations": [{"from": "gpt", "value": "a"}], "tools": "[1, 2]"}, "'tools' must be a list of function"),
+        ({"conversations": [{"from": "human", "value": "only a question"}]}, "no assistant message"),
+        ({"messages": [{"role": "user", "content": "q", "tool_calls": []}]}, r"message 0 \(user\) has tool_calls"),
+        ({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}]},
+         "message 0: arguments of tool call 'f' must be a JSON object"),
+        ({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}]},
+         "message 0: arguments of tool call 'f': not valid JSON"),
+        ({"messages": [{"role": "tool"}]}, r"message 0 \(tool\) has no string 'content'"),
+        ({"messages": [{"role": "assistant", "content": "a", "weight": 0.5}]}, "message 0 has weight 0.5; use 0 or 1"),
+        ({"messages": [{"role": "assistant", "content": "a", "weight": 0}]}, "no assistant message"),
+    ],
+)
+def test_a_malformed_conversation_names_file_line_and_turn(tmp_path, record, message):
+    path = _write_jsonl(tmp_path / "chat.jsonl", ["", record])
+    with pytest.raises(DataError, match=rf"^{path}:2: {message}") as info:
+        ChatDataset([path], BYTE)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.slow
+def test_sharegpt_tool_calling_conversations_train(tmp_path):
+    from data_training import assert_learns, train_losses
+
+    records = []
+    for i in range(48):
+        a, b = i % 7 + 2, i % 5 + 3
+        call = json.dumps({"name": "add", "arguments": {"a": a, "b": b}})
+        records.append({"system": "Use the calculator.", "tools": [{"type": "function", "function": {"name": "add"}}],
+                        "conversations": [{"from": "human", "value": f"What is {a} + {b}?"},
+                                          {"from": "function_call", "value": call},
+                                          {"from": "observation", "value": str(a + b)},
+                                          {"from": "gpt", "value": f"{a} + {b} = {a + b}."}]})
+    path = _write_jsonl(tmp_path / "tools.jsonl", records)
+    losses = train_losses(tmp_path, {"dataset": "sft", "paths": [str(path)], "seq_length": 256}, phase="sft")
+    assert_learns(losses)

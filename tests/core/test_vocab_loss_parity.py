@@ -46,7 +46,8 @@ def test_loss_equals_transformers_at_unpadded_vocabularies(tmp_path):
     cases = [str(_case_dir(tmp_path, f, v)) for f in FAMILIES for v in VOCABS]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(free_port()), __file__, str(tmp_path / "out.json"), *cases]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-6000:]
     measured = json.loads((tmp_path / "out.json").read_text())
     assert len(measured) == 2 * len(cases)
@@ -71,10 +72,10 @@ def test_loss_equals_transformers_at_unpadded_vocabularies(tmp_path):
 
 def _loss_and_head_grads(directory: str, tp: int, backend) -> dict:
     from loongforge import load_config
-    from loongforge.interop.convert import name_flavor
     from loongforge.interop.online import load_initial_weights
     from loongforge.models.builder import ParallelSettings, build_model
     from loongforge.models.hf_config import read_hf_config
+    from loongforge.models.hf_naming import name_flavor
     from megatron.core import parallel_state as ps
 
     flavor = read_hf_config(directory).flavor

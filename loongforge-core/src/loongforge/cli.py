@@ -76,10 +76,18 @@ def _configure_check(check: argparse.ArgumentParser) -> None:
 
 
 def _configure_preprocess(prep: argparse.ArgumentParser) -> None:
-    prep.add_argument("inputs", nargs="+", help=".txt or .jsonl files")
-    prep.add_argument("--output", required=True, help="output path prefix (writes PREFIX.bin and PREFIX.idx.json)")
+    prep.description = ("Tokenize text into Megatron-LM's indexed dataset (written with megatron-core's "
+                        "IndexedDatasetBuilder), for data.dataset: mmap (alias megatron).")
+    prep.add_argument("inputs", nargs="+", help=".txt or .jsonl files, or Hugging Face datasets files on disk "
+                                                "(.parquet, .arrow, folders of them, save_to_disk folders)")
+    prep.add_argument("--output", required=True, help="output path prefix: writes PREFIX.bin + PREFIX.idx "
+                                                      "(Megatron-LM) and PREFIX.loongforge.json (the tokenizer)")
     prep.add_argument("--tokenizer", default="byte", help="'byte' or hf:/path/to/local/tokenizer/dir")
-    prep.add_argument("--text-key", default="text", help="JSON field with the text in .jsonl files")
+    prep.add_argument("--text-key", default="text",
+                      help="JSON field (or column) with the text in .jsonl/parquet inputs")
+    prep.add_argument("--txt-split", choices=("paragraph", "line", "file"), default="paragraph",
+                      help="what a document of a .txt input is: paragraph (text between blank lines, the default), "
+                           "line (every non-blank line) or file (the whole file)")
 
 
 def _configure_convert(convert: argparse.ArgumentParser) -> None:
@@ -104,13 +112,35 @@ def _configure_eval(evaluate: argparse.ArgumentParser) -> None:
 
 
 def _configure_generate(gen: argparse.ArgumentParser) -> None:
+    gen.description = ("Continue prompts with the model of a LoongForge checkpoint or a Hugging Face directory (built "
+                       "on CPU). All prompts are decoded as one batch with a KV cache; greedy unless --temperature > "
+                       "0. Prints each prompt and its continuation (with --chat, the reply alone), a blank line "
+                       "between prompts, or with --jsonl one JSON object per prompt.")
     gen.add_argument("checkpoint", help="LoongForge checkpoint (or root) or Hugging Face directory")
-    gen.add_argument("--prompt", required=True)
-    gen.add_argument("--tokens", type=int, default=64, help="new tokens to generate (default 64)")
+    gen.add_argument("--prompt", action="append", default=[], metavar="TEXT",
+                     help="a prompt; repeat for several (decoded together)")
+    gen.add_argument("--prompts-file", metavar="FILE",
+                     help='more prompts: one per line, or in a .jsonl file one JSON string, {"prompt": text} or '
+                          '(with --chat) {"messages": [{"role", "content"}, ...]} per line')
+    gen.add_argument("--max-new-tokens", "--tokens", dest="tokens", type=int, default=64, metavar="N",
+                     help="new tokens to generate per prompt (default 64); a prompt stops early at end-of-text")
+    gen.add_argument("--chat", action="store_true",
+                     help="render each prompt as a user message with the model's chat template (a Hugging Face "
+                          "tokenizer's own; for the byte tokenizer LoongForge's) and print the reply")
+    gen.add_argument("--system", metavar="TEXT", help="with --chat: a system message before each conversation")
+    gen.add_argument("--ignore-eos", action="store_true",
+                     help="do not stop at the end-of-text token: write all N tokens (benchmarks, parity checks)")
+    gen.add_argument("--no-kv-cache", action="store_true",
+                     help="recompute the whole context for every token (slower; the same tokens)")
+    gen.add_argument("--jsonl", action="store_true",
+                     help='print {"prompt", "completion", "tokens"} per prompt as JSON lines (the prompt as given '
+                          "to the model, the new text, the new token ids)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0 = all)")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0 = off)")
-    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=0,
+                     help="sampling seed (default 0); every prompt samples from its own stream seeded with it, so "
+                          "a prompt's text does not depend on the prompts batched with it")
     gen.add_argument("--tokenizer", help="override the checkpoint's tokenizer: byte or hf:/dir")
     add_trust_code_option(gen)
 
@@ -131,13 +161,13 @@ def register_core_commands(commands: CommandRegistry) -> None:
                  configure=_configure_plan, run=_cmd_plan)
     commands.add("check", help="run every pre-flight check of train without building anything",
                  configure=_configure_check, run=_cmd_check)
-    commands.add("preprocess", help="tokenize .txt/.jsonl files into a memory-mapped token dataset",
+    commands.add("preprocess", help="tokenize text/jsonl/parquet into a Megatron-LM .bin/.idx dataset",
                  configure=_configure_preprocess, run=_cmd_preprocess)
     commands.add("convert", help="convert checkpoints to and from LoongForge (the handler claiming the source)",
                  configure=_configure_convert, run=_cmd_convert)
     commands.add("eval", help="evaluate a checkpoint (the evaluator of its model)", configure=_configure_eval,
                  run=_cmd_eval)
-    commands.add("generate", help="continue a prompt with a LoongForge or Hugging Face checkpoint",
+    commands.add("generate", help="continue prompts (or chat) with a LoongForge or Hugging Face checkpoint",
                  configure=_configure_generate, run=_cmd_generate)
 
 
@@ -303,7 +333,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 def _cmd_preprocess(args: argparse.Namespace) -> int:
     from loongforge.data.preprocess import preprocess_main
 
-    preprocess_main(args.inputs, args.output, args.tokenizer, args.text_key)
+    preprocess_main(args.inputs, args.output, args.tokenizer, args.text_key, txt_split=args.txt_split)
     return 0
 
 
@@ -334,12 +364,28 @@ def _run_handler(point: str, point_args: argparse.Namespace, **fixed: str) -> in
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from loongforge.interop.generate import generate_from_checkpoint
+    import json
 
-    print(generate_from_checkpoint(
-        args.checkpoint, args.prompt, tokens=args.tokens, temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, seed=args.seed, tokenizer=args.tokenizer, trust_code=args.trust_code,
-    ))
+    from loongforge.interop.generate import complete_from_checkpoint, read_prompts
+
+    prompts = [*args.prompt, *(read_prompts(args.prompts_file) if args.prompts_file else [])]
+    if not prompts:
+        raise ConfigError("loongforge generate needs a prompt: --prompt TEXT or --prompts-file FILE")
+    if args.system is not None and not args.chat:
+        raise ConfigError("--system is a chat message: use it with --chat")
+    completions = complete_from_checkpoint(
+        args.checkpoint, prompts, tokens=args.tokens, temperature=args.temperature, top_k=args.top_k,
+        top_p=args.top_p, seed=args.seed, tokenizer=args.tokenizer, trust_code=args.trust_code, chat=args.chat,
+        system=args.system, ignore_eos=args.ignore_eos, use_cache=not args.no_kv_cache,
+    )
+    for index, completion in enumerate(completions):
+        if args.jsonl:
+            print(json.dumps({"prompt": completion.prompt, "completion": completion.text, "tokens": completion.ids},
+                             ensure_ascii=False))
+            continue
+        if index:
+            print()
+        print(completion.text if args.chat else completion.prompt + completion.text)
     return 0
 
 

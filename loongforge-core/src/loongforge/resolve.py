@@ -16,6 +16,7 @@ from typing import Any
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import ConfigError
 from loongforge.models.family import ModelFamily, check_family
+from loongforge.models.hf_naming import adopt_hf_model
 from loongforge.plugins import get_host
 from loongforge.registry import Registry
 
@@ -35,6 +36,7 @@ def registered_family(config: LoongForgeConfig, host: Any = None) -> ModelFamily
     for it (:func:`config_registry`). Anything else is a one-line :class:`ConfigError`: core only ever calls the
     slots of :class:`~loongforge.models.family.ModelFamily`.
     """
+    adopt_hf_model(config)  # ``model.load: hf:DIR`` without a name: the model DIR's config.json describes
     registry = config_registry(config, "model", host)
     name, where = config.model.name, f"model.name in {config.source}"
     if not name:
@@ -116,6 +118,7 @@ def resolve_names(config: LoongForgeConfig, *, engine: str | None = None) -> lis
     """
     host = get_host()
     where = config.source
+    adopt_hf_model(config)
     checks = [("model", config.model.name, f"model.name in {where}")] if config.model.name else []
     if engine != "task":
         checks += [

@@ -5,7 +5,8 @@ supplies one from ``make_task(config)`` (deriving from :class:`TaskBase`) and is
 (:mod:`loongforge.train.engines.task`) under core's one loop (:mod:`loongforge.train.loop`) instead of megatron's
 schedules. The task owns everything that is
 specific to its model kind -- building the model and the dataset, the loss of one batch, the random streams
-it draws from, and what to do after training (write samples, score them) -- while core owns the loop,
+it draws from, its validation data and loss (``evaluation:``), and what to do after training (write samples, score
+them) -- while core owns the loop,
 optimizer, schedule, checkpoints, resume, metrics and progress, exactly as for LLMs. The task's options live
 under ``task:`` in the run config, typed by the family's ``task_options`` dataclass: core checks them before the
 run (:mod:`loongforge.config.plugin_sections`) and the task reads them with
@@ -46,6 +47,12 @@ class Task(Protocol):
                      fmt: str) -> list[Path]:
         """``loongforge sample``: one file per prompt (``fmt`` gif, mp4 or png) written under ``out_dir``."""
 
+    def validation_dataset(self, paths: list[str], samples: int) -> Any:
+        """``evaluation.interval > 0``: the validation samples (see :meth:`TaskBase.validation_dataset`)."""
+
+    def validation_loss(self, model: Any, batch: dict[str, Any], generators: list[Any]) -> Any:
+        """The scalar loss of one validation batch (see :meth:`TaskBase.validation_loss`)."""
+
 
 class TaskBase:
     """Base class of every task: the optional slots of :class:`Task`, declared once with their defaults.
@@ -59,6 +66,27 @@ class TaskBase:
 
     def after_step(self, model: Any) -> None:
         """Called after each optimizer step (EMA updates and the like); the default does nothing."""
+
+    def validation_dataset(self, paths: list[str], samples: int) -> Any:
+        """``evaluation.interval > 0``: a map-style dataset of validation items (the keys and shapes of
+        :meth:`build_dataset`'s) of which the evaluation reads the first ``samples`` (fewer when it holds fewer).
+        Called once, after :meth:`build_dataset`, so that what the task fitted on the training split (a
+        normaliser's statistics) applies unchanged. ``paths`` is ``evaluation.data``, in the task's own data
+        format; empty means the task's own held-out split. Raise a ``ConfigError`` when there is none.
+
+        The default: the task has no validation data, and the run is refused in one line."""
+        from loongforge.errors import ConfigError
+
+        raise ConfigError(f"{type(self).__name__} has no validation data or loss; set evaluation.interval: 0")
+
+    def validation_loss(self, model: Any, batch: dict[str, Any], generators: list[Any]) -> Any:
+        """The scalar loss of one validation batch (the same kind of number :meth:`~Task.training_step` returns),
+        called under ``torch.no_grad()`` with the model in eval mode. Every random draw the loss needs (noise,
+        timesteps) comes from ``generators``, one seeded CPU ``torch.Generator`` per sample of the batch, the same
+        at every evaluation; the task's own state (step count, streams) is left alone, and regularisation that
+        exists only for training (caption dropout) is off, so the number is deterministic and training is
+        unaffected."""
+        raise NotImplementedError(f"{type(self).__name__} overrides validation_dataset but not validation_loss")
 
     def use_context_parallel(self, group: Any) -> None:
         """``parallel.cp > 1`` (called only when :attr:`context_parallel` is true), before ``build_model``: the
@@ -76,6 +104,11 @@ def sample_seed(seed: int, step: int, index: int) -> int:
     """
     digest = hashlib.blake2b(f"{seed}:{step}:{index}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
+
+
+#: The ``step`` of :func:`sample_seed` an evaluation's draws use: training counts its steps from 1, so no training
+#: step draws what an evaluation draws for the same sample index.
+VALIDATION_STEP = 0
 
 
 def sample_generators(seed: int, step: int, indices: Any) -> list[Any]:

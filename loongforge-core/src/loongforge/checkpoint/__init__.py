@@ -8,6 +8,8 @@ Layout of a checkpoint root (``checkpoint.dir``)::
       trainer.json          step, scheduler state, plugin extra_state
       config.yaml           the resolved run config
       metadata.json         versions, device backend and why it was chosen, parallel layout, time
+      tokenizer/            the run's tokenizer: Hugging Face tokenizer files, or loongforge_tokenizer.json
+                            naming a tokenizer without files (``byte``, a plugin kind); ``generate`` uses it
       manifest.json         written last: every file with its size, sha256 and block hashes (hashed by the
                             rank that wrote it, merged by rank 0)
     .tmp-step-0000009/      a save in progress -- written in the background with checkpoint.async_save -- or

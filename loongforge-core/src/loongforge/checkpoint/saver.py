@@ -11,6 +11,8 @@ Why these pieces:
   format in-process (:mod:`loongforge.checkpoint.torch_dist`); megatron's default loader reads it.
 * ``trainer-rankNNNNN.pt`` holds what differs per rank (RNG streams, the data position); ``trainer.json``
   what is shared (step, scheduler, plugin ``extra_state``), readable without torch.
+* ``tokenizer/`` holds the run's tokenizer (:mod:`loongforge.checkpoint.carried_tokenizer`), so a checkpoint decodes
+  as it trained wherever it is copied.
 
 Every rank calls :func:`save_checkpoint` and :func:`load_checkpoint`. Each rank writes and hashes its own files;
 rank 0 writes the shared files, merges the hashes into the manifest and commits
@@ -33,6 +35,7 @@ import torch.distributed.checkpoint as dcp
 from megatron.core import dist_checkpointing
 from megatron.core.dist_checkpointing.mapping import CheckpointingException
 
+from loongforge.checkpoint.carried_tokenizer import carry_run_tokenizer
 from loongforge.checkpoint.layout import CONFIG_YAML, METADATA_JSON, CheckpointDir, unchecked_content
 from loongforge.checkpoint.manifest import CheckpointCorruptError, verify_manifest
 from loongforge.checkpoint.optim_state import adam_step, load_optimizer_state, optimizer_sharded_state
@@ -134,6 +137,7 @@ def save_checkpoint(
             },
         )
         (tmp / CONFIG_YAML).write_text(config_yaml, encoding="utf-8")
+        carry_run_tokenizer(config_yaml, tmp)  # tokenizer/: what generate and exports decode with
         _write_json(tmp / METADATA_JSON, metadata)
 
     def finalize() -> None:

@@ -120,12 +120,35 @@ def _apply_override(raw: dict[str, Any], item: str, source: str) -> None:
 
 def _shorthands(cls: type, data: Any) -> Any:
     """Core's shorthands: ``model: NAME``, ``parallel: auto``; a ``model:`` mapping of parts alone (keys that are
-    no :class:`ModelConfig` field) names no model, so the family that composes such parts is chosen later."""
+    no :class:`ModelConfig` field) names no model, so the family that composes such parts is chosen later; nor does
+    one that loads ``hf:DIR`` without a ``name`` (DIR's config.json names it, :func:`_hf_load_defaults`)."""
+    if cls is LoongForgeConfig and isinstance(data, dict):
+        return _hf_load_defaults(data)
     if cls in _NAME_SHORTHAND.values() and isinstance(data, str):
         return {"name": data}
-    if cls is ModelConfig and isinstance(data, dict) and "name" not in data and set(data) - set(MODEL_KEYS):
+    if cls is ModelConfig and isinstance(data, dict) and "name" not in data and (
+        set(data) - set(MODEL_KEYS) or _loads_hf(data)
+    ):
         return {"name": None, **data}
     for shorthand_cls, word, mapping in _WORD_SHORTHAND.values():
         if cls is shorthand_cls and data == word:
             return dict(mapping)
     return data
+
+
+def _loads_hf(model: dict[str, Any]) -> bool:
+    return isinstance(model.get("load"), str) and model["load"].startswith("hf:")
+
+
+def _hf_load_defaults(raw: dict[str, Any]) -> dict[str, Any]:
+    """``model: {load: hf:DIR}`` with no ``name`` and no parts takes the whole model from DIR, its tokenizer too: a
+    ``data.tokenizer`` the config leaves unset becomes ``hf:DIR`` when DIR holds ``tokenizer.json`` (else the default,
+    ``byte``). A tokenizer the config names is kept, and checked against the vocabulary like any other."""
+    model, data = raw.get("model"), raw.get("data")
+    if not (isinstance(model, dict) and "name" not in model and _loads_hf(model) and not set(model) - set(MODEL_KEYS)):
+        return raw
+    if not (data is None or (isinstance(data, dict) and "tokenizer" not in data)):
+        return raw
+    if not (Path(model["load"][3:]).expanduser() / "tokenizer.json").is_file():
+        return raw
+    return {**raw, "data": {**(data or {}), "tokenizer": model["load"]}}

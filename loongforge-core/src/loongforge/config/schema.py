@@ -177,14 +177,20 @@ class ParallelConfig:
 class DataConfig:
     """Training data: a registered dataset kind, its location, and the tokenizer."""
 
-    #: Dataset kind (``loongforge list datasets``): ``shipped-corpus``, ``mmap``, ``text``.
+    #: Dataset kind (``loongforge list datasets``): ``shipped-corpus``, ``mmap`` (alias ``megatron``: Megatron-LM
+    #: ``.bin``/``.idx``), ``text``, ``hf-datasets`` (local parquet/arrow/jsonl), ``sft``.
     dataset: str = "shipped-corpus"
-    #: Path(s) the dataset kind reads: a prefix for ``mmap``, files for ``text``; unused for ``shipped-corpus``.
+    #: Path(s) the dataset kind reads: a prefix for ``mmap``, files for ``text``, files or ``save_to_disk`` folders
+    #: for ``hf-datasets``; unused for ``shipped-corpus``.
     paths: list[str] = field(default_factory=list)
     #: ``byte`` (built in) or ``hf:/local/tokenizer/dir``.
     tokenizer: str = "byte"
-    #: JSON field holding the text in .jsonl inputs.
+    #: JSON field holding the text in .jsonl inputs (the column, for ``hf-datasets``).
     text_key: str = "text"
+    #: How a ``.txt`` input splits into documents (each one ends with the tokenizer's end-of-text token):
+    #: ``paragraph`` (text between blank lines), ``line`` (every non-blank line) or ``file`` (the whole file).
+    #: Read by the kinds whose factory takes ``txt_split`` (``text``).
+    txt_split: Literal["paragraph", "line", "file"] = "paragraph"
     seq_length: int = 256
     #: Fraction of samples (the tail of the token stream) held out for validation.
     valid_fraction: float = 0.0
@@ -311,15 +317,21 @@ class CheckpointConfig:
 
 @dataclass
 class EvaluationConfig:
-    """Validation during training: the loss on held-out data, logged beside the training metrics."""
+    """Validation during training: the loss on held-out data, logged beside the training metrics
+    (:mod:`loongforge.train.loop`)."""
 
-    #: Evaluate every N optimizer steps (and after the last step); 0 turns evaluation off.
+    #: Evaluate every N optimizer steps and after step ``training.steps``; 0 turns evaluation off. The numbers join
+    #: that step's row in metrics.jsonl as ``val_loss`` (language models also ``val_ppl``, its exponential) and go
+    #: to TensorBoard as ``val/loss`` (``val/ppl``) at that step.
     interval: int = 0
-    #: Global batches (``training.global_batch_size`` samples each) per evaluation; the same batches every time,
-    #: so that evaluations are comparable across steps and across resumed runs.
+    #: Global batches (``training.global_batch_size`` samples each) per evaluation: the first N of the validation
+    #: samples, in order, the same every time, so that evaluations are comparable across steps, layouts and resumed
+    #: runs (fewer when the validation samples hold fewer; at least one global batch must fit).
     steps: int = 4
-    #: Where the validation samples come from: empty takes the held-out split (``data.valid_fraction``, which
-    #: must then be > 0); paths are read by the same dataset kind and tokenizer as ``data.paths``.
+    #: Where the validation samples come from. Language models: empty takes the held-out split
+    #: (``data.valid_fraction``, which must then be > 0); paths are read by the same dataset kind, tokenizer and
+    #: ``data.seq_length`` as ``data.paths``. Task models read them in their own format (a Wan run: one written
+    #: dataset or latent cache; a policy: one LeRobotDataset root); empty takes the task's held-out split.
     data: list[str] = field(default_factory=list)
 
 

@@ -4,8 +4,11 @@ Importing this package is free (no numpy, no torch): the names below are loaded 
 first use, so ``loongforge plugins`` and config checks stay instant. Modules:
 
 - :mod:`~loongforge.data.tokenizers`: ``Tokenizer`` protocol, ``ByteTokenizer``, ``HFTokenizer``, ``load_tokenizer``
-- :mod:`~loongforge.data.indexed`: the on-disk format (``TokenDatasetWriter``, ``MMapTokenDataset``)
-- :mod:`~loongforge.data.build` / :mod:`~loongforge.data.cache`: text files -> dataset, once
+- :mod:`~loongforge.data.indexed`: the on-disk format, Megatron-LM's indexed dataset (``TokenDatasetWriter``,
+  ``MMapTokenDataset``)
+- :mod:`~loongforge.data.sources` / :mod:`~loongforge.data.build` / :mod:`~loongforge.data.cache`: text files ->
+  documents -> dataset, once
+- :mod:`~loongforge.data.hf_datasets`: local Hugging Face ``datasets`` files (parquet, arrow, jsonl) -> dataset
 - :mod:`~loongforge.data.gpt_dataset` / :mod:`~loongforge.data.sampler`: samples and batch order (torch)
 - :mod:`~loongforge.data.shipped`: the bundled English corpus
 - :mod:`~loongforge.data.chat_template` / :mod:`~loongforge.data.sft` / :mod:`~loongforge.data.packing` /

@@ -1,12 +1,13 @@
-"""Raw text files -> a memory-mapped token dataset, with a progress bar.
+"""Documents -> a token dataset on disk, with a progress bar.
 
-Tokenizing is the slow part of preparing data, so the bar counts input bytes (known up front from the file
-sizes) rather than documents (unknown until the files are read), which gives an honest ETA.
+Tokenizing is the slow part of preparing data, so for text files the bar counts input bytes (known up front from
+the file sizes) rather than documents (unknown until the files are read), which gives an honest ETA; streamed
+columnar inputs (:mod:`loongforge.data.hf_datasets`) count rows, without a total.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -22,6 +23,7 @@ def build_token_dataset(
     tokenizer: Tokenizer,
     *,
     text_key: str = "text",
+    txt_split: str = "paragraph",
     progress: bool = True,
 ) -> MMapTokenDataset:
     """Tokenize ``.txt``/``.jsonl`` ``inputs`` (see :mod:`loongforge.data.sources`) into ``output_prefix``.
@@ -30,32 +32,55 @@ def build_token_dataset(
     Returns the written dataset, opened and verified.
     """
     paths = check_inputs(inputs)
-    total = sum(p.stat().st_size for p in paths)
+    documents = (doc for path in paths for doc in iter_documents(path, text_key=text_key, txt_split=txt_split))
+    return write_token_dataset(documents, output_prefix, tokenizer, total=sum(p.stat().st_size for p in paths),
+                               unit="bytes", progress=progress, where=", ".join(str(p) for p in paths))
+
+
+def write_token_dataset(
+    documents: Iterable[tuple[str, int]],
+    output_prefix: str | Path,
+    tokenizer: Tokenizer,
+    *,
+    total: int | None,
+    unit: str,
+    progress: bool,
+    where: str,
+) -> MMapTokenDataset:
+    """Tokenize ``(text, progress_units)`` pairs into ``output_prefix``; ``total`` units (``bytes`` or ``rows``,
+    ``None`` if unknown) drive the bar, ``where`` names the inputs when none holds text."""
     writer = TokenDatasetWriter(
         output_prefix, vocab_size=tokenizer.vocab_size, tokenizer_name=tokenizer.name, eos_id=tokenizer.eos_id
     )
-    with writer, _progress(total, enabled=progress, label=f"tokenizing ({tokenizer.name})") as advance:
-        for path in paths:
-            for text, nbytes in iter_documents(path, text_key=text_key):
-                if text:
-                    writer.add_document(tokenizer.encode(text))
-                advance(nbytes)
+    with writer, _progress(total, unit, enabled=progress, label=f"tokenizing ({tokenizer.name})") as advance:
+        for text, units in documents:
+            if text:
+                writer.add_document(tokenizer.encode(text))
+            advance(units)
         if writer.num_documents == 0:
-            raise DataError(f"no text found in {', '.join(str(p) for p in paths)}")
+            raise DataError(f"no text found in {where}")
     return MMapTokenDataset(output_prefix)
 
 
 @contextmanager
-def _progress(total: int, *, enabled: bool, label: str) -> Iterator[Callable[[int], None]]:
-    """Yield ``advance(nbytes)``: a rich bar on stderr when enabled, else a no-op."""
+def _progress(total: int | None, unit: str, *, enabled: bool, label: str) -> Iterator[Callable[[int], None]]:
+    """Yield ``advance(units)``: a rich bar on stderr when enabled, else a no-op."""
     if not enabled:
-        yield lambda nbytes: None
+        yield lambda units: None
         return
     from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
 
-    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-               TimeRemainingColumn())
+    counts = (DownloadColumn(), TransferSpeedColumn()) if unit == "bytes" else (MofNCompleteColumn(),)
+    columns = (TextColumn("{task.description}"), BarColumn(), *counts, TimeRemainingColumn())
     with Progress(*columns, console=Console(stderr=True)) as bar:
         task = bar.add_task(label, total=total)
-        yield lambda nbytes: bar.advance(task, nbytes)
+        yield lambda units: bar.advance(task, units)

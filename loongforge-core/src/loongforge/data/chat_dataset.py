@@ -1,4 +1,5 @@
-"""The ``sft`` and ``shipped-chat`` dataset kinds: chat ``.jsonl`` files, tokenized with their loss masks.
+"""The ``sft`` and ``shipped-chat`` dataset kinds: chat ``.jsonl`` files (OpenAI ``messages`` or ShareGPT
+``conversations``, see :mod:`loongforge.data.sft`), tokenized with their loss masks.
 
 A chat dataset is not a token stream, so it does not become a :class:`~loongforge.data.gpt_dataset.GPTSampleDataset`;
 instead it is a :class:`~loongforge.data.contracts.SampleDataset` (the extension point for kinds with their own
@@ -31,8 +32,9 @@ class ChatDataset(SampleDataset):
         self.paths = [Path(p).expanduser() for p in paths]
         self.samples: list[ChatSample] = []
         for path in self.paths:
-            for lineno, messages in read_conversations(path):
-                self.samples.append(tokenize_conversation(messages, tokenizer, template, f"{path}:{lineno}"))
+            for lineno, chat in read_conversations(path):
+                self.samples.append(tokenize_conversation(chat.messages, tokenizer, template, f"{path}:{lineno}",
+                                                          tools=chat.tools, unsupervised=chat.unsupervised))
         if not self.samples:
             raise DataError(f"no conversations in {', '.join(map(str, self.paths))}")
 
@@ -72,7 +74,8 @@ def sft_dataset(
     cache_dir: str | Path | None = None,
     progress: bool = False,
 ) -> ChatDataset:
-    """Chat ``.jsonl`` files (``{"messages": [...]}`` per line) for supervised fine-tuning."""
+    """Chat ``.jsonl`` files (OpenAI ``{"messages": [...]}`` or ShareGPT ``{"conversations": [...]}`` per line) for
+    supervised fine-tuning."""
     return ChatDataset(paths, tokenizer)
 
 

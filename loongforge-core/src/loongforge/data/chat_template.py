@@ -10,6 +10,10 @@ The built-in byte tokenizer has no template file, so :class:`ByteChatTemplate` i
 SFT works on a bare install (jinja2 comes with the ``hf`` extra)::
 
     <|system|>\\n{content}\\n<|user|>\\n{content}\\n<|assistant|>\\n{content}\\n
+
+An assistant message's tool calls follow its content, one ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+line each; a tool's output is a ``<|tool|>`` turn; the tool list, when a conversation has one, is a ``<|tools|>``
+turn first (its JSON).
 """
 
 from __future__ import annotations
@@ -22,21 +26,34 @@ from typing import Any, Protocol
 from loongforge.data.errors import DataError
 from loongforge.data.tokenizers import ByteTokenizer, HFTokenizer, Tokenizer, _special_tokens
 
-Message = dict[str, str]
+#: ``{"role", "content"}``, plus ``tool_calls`` (``[{"type": "function", "function": {"name", "arguments": {...}}}]``)
+#: on an assistant message that calls tools: the shape Hugging Face chat templates read.
+Message = dict[str, Any]
 
 
 class ChatTemplate(Protocol):
-    """Renders messages as text; with ``add_generation_prompt`` the text ends where the assistant's reply begins."""
+    """Renders messages (and the function schemas offered as ``tools``) as text; with ``add_generation_prompt`` the
+    text ends where the assistant's reply begins."""
 
-    def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = False) -> str: ...
+    def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = False,
+               tools: list[dict[str, Any]] | None = None) -> str: ...
 
 
 class ByteChatTemplate:
     """Our template for the byte tokenizer: a role tag line, then the content and a newline."""
 
-    def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = False) -> str:
-        text = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
+    def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = False,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        text = f"<|tools|>\n{json.dumps(tools, ensure_ascii=False)}\n" if tools else ""
+        text += "".join(f"<|{m['role']}|>\n{_byte_body(m)}" for m in messages)
         return text + "<|assistant|>\n" if add_generation_prompt else text
+
+
+def _byte_body(message: Message) -> str:
+    calls = message.get("tool_calls") or []
+    body = f"{message['content']}\n" if message["content"] or not calls else ""
+    return body + "".join(
+        f"<tool_call>{json.dumps(call['function'], ensure_ascii=False)}</tool_call>\n" for call in calls)
 
 
 class JinjaChatTemplate:
@@ -64,12 +81,13 @@ class JinjaChatTemplate:
         self._special = special_tokens
         self._where = where
 
-    def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = False) -> str:
+    def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = False,
+               tools: list[dict[str, Any]] | None = None) -> str:
         import jinja2
 
         try:
             return self._template.render(
-                messages=list(messages), add_generation_prompt=add_generation_prompt, **self._special
+                messages=list(messages), add_generation_prompt=add_generation_prompt, tools=tools, **self._special
             )
         except jinja2.TemplateError as exc:
             raise DataError(f"chat template of {self._where} failed: {exc}") from None

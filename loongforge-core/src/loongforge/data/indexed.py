@@ -1,27 +1,35 @@
-"""Our memory-mapped token dataset format: the token stream on disk, read without loading it.
+"""Token datasets on disk in Megatron-LM's indexed format, read without loading them.
 
-A dataset at ``PREFIX`` is three files:
+Why Megatron-LM's format rather than one of our own: data already tokenized for Megatron-LM (its
+``tools/preprocess_data.py``, NeMo, other megatron-core trainers) trains here unchanged, and what ``loongforge
+preprocess`` writes trains there. Both directions go through megatron-core's own code
+(``megatron.core.datasets.indexed_dataset``: ``IndexedDatasetBuilder`` writes, ``IndexedDataset`` reads), so the
+bytes are exactly megatron's. A dataset at ``PREFIX`` is:
 
-- ``PREFIX.bin``: every document's token ids, each document followed by ``eos``, as raw little-endian
-  ``uint16`` (vocabulary <= 65536) or ``int32``. Halving the size for typical vocabularies halves disk and
-  page-cache use, which is what bounds reading speed.
-- ``PREFIX.docs.npy``: ``int64`` document boundaries, ``num_documents + 1`` entries from 0 to ``num_tokens``;
-  document ``i`` is ``bin[docs[i]:docs[i+1]]``. A plain ``.npy`` so any tool can read it.
-- ``PREFIX.idx.json``: the small human-readable header (format, dtype, counts, tokenizer name).
+- ``PREFIX.bin``: the token ids of every document back to back (``uint16`` for vocabularies under 65,500, else
+  ``int32``, as megatron picks); ours end each document with ``eos``.
+- ``PREFIX.idx``: megatron's index -- per sequence its length and byte offset, and the *document index* (which
+  sequences make up each document; megatron's preprocessing may split a document into sentences).
+- ``PREFIX.loongforge.json`` (ours only): the tokenizer's name, vocabulary size and ``eos`` id. Megatron's files
+  carry no tokenizer, so this sidecar is what lets a run refuse a dataset built with another tokenizer.
 
-Why verify on open: a truncated copy or a ``.bin`` from another build would otherwise train on garbage
-without any error. The reader checks every header key, the ``.bin`` size and the boundaries against the header
-and fails with one line naming the file (and the key). Token ids are checked against a vocabulary by
+Documents come from the document index: ``ds[i]`` is document ``i`` whatever its sentences. Training windows
+(:mod:`loongforge.data.gpt_dataset`) run over the concatenated stream as megatron's ``GPTDataset`` does, so the
+separator between documents is whatever the file holds (Megatron-LM writes ``eos`` with ``--append-eod``).
+
+Why verify on open: megatron's reader checks little (``assert`` on the magic bytes), and a truncated copy or a
+``.bin`` paired with another ``.idx`` would train on garbage. The reader checks the index against itself and the
+``.bin`` size, and fails with one line naming the file. Token ids are checked against a vocabulary by
 :meth:`MMapTokenDataset.check_token_ids` -- all of a small file, an evenly spread sample of a large one, so that
-opening stays cheap at any size. The writer streams documents to temporary files and renames them into place with
-the header last, so an interrupted build never leaves a dataset that opens.
+opening stays cheap at any size; a foreign dataset (no sidecar) has only this check. The writer writes temporary
+files and renames them into place with the index last, so an interrupted build never leaves a dataset that opens.
 """
 
 from __future__ import annotations
 
-import array
 import json
 import os
+import struct
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,98 +38,78 @@ import numpy as np
 
 from loongforge.data.errors import DataError
 
+#: Sidecar format name and version (also part of the cache key of tokenized text, see :mod:`loongforge.data.cache`).
 FORMAT = "loongforge-tokens"
-FORMAT_VERSION = 1
-_DTYPES = {"uint16": np.dtype("<u2"), "int32": np.dtype("<i4")}
-#: Header keys holding counts, with the least value each may take.
-_COUNTS = {"vocab_size": 1, "num_documents": 1, "num_tokens": 1}
+FORMAT_VERSION = 2
 #: :meth:`MMapTokenDataset.check_token_ids` reads token files up to this size whole; of a larger one it reads
 #: :data:`_SAMPLE_BLOCKS` evenly spaced blocks of this size in total (the first and the last block included).
 _CHECKED_BYTES = 8 << 20
 _SAMPLE_BLOCKS = 64
-
-
-def token_dtype(vocab_size: int) -> str:
-    """Name of the narrowest stored dtype that holds ids ``0 .. vocab_size-1``."""
-    return "uint16" if vocab_size <= 65536 else "int32"
+#: megatron's ``.idx`` header: magic bytes, version, dtype code, sequence count, document-mark count; then int32
+#: lengths, int64 offsets and int64 document marks (and int8 modes for multimodal data).
+_INDEX_SIZE = struct.Struct("<9sQBQQ")
 
 
 def dataset_files(prefix: str | Path) -> tuple[Path, Path, Path]:
-    """``(bin, docs, idx)`` paths of the dataset at ``prefix``."""
+    """``(bin, idx, sidecar)`` paths of the dataset at ``prefix``."""
     prefix = str(Path(prefix).expanduser())
-    return Path(prefix + ".bin"), Path(prefix + ".docs.npy"), Path(prefix + ".idx.json")
+    return Path(prefix + ".bin"), Path(prefix + ".idx"), Path(prefix + ".loongforge.json")
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The dtype megatron-core stores ids ``0 .. vocab_size-1`` in (what its ``preprocess_data.py`` picks)."""
+    from megatron.core.datasets.indexed_dataset import DType
+
+    return np.dtype(DType.optimal_dtype(vocab_size))
 
 
 class TokenDatasetWriter:
-    """Appends documents to a new dataset; use as a context manager or call :meth:`finish`.
-
-    Leaving the ``with`` block normally finishes the dataset; leaving it with an exception deletes the
-    partial files.
-    """
+    """Appends documents (one megatron sequence each, ``eos`` added) to a new dataset; use as a context manager or
+    call :meth:`finish`. Leaving the ``with`` block with an exception deletes the partial files."""
 
     def __init__(self, prefix: str | Path, *, vocab_size: int, tokenizer_name: str, eos_id: int) -> None:
+        from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
         self.prefix = Path(prefix).expanduser()
         self.vocab_size = vocab_size
-        self.tokenizer_name = tokenizer_name
-        self.eos_id = eos_id
+        self.sidecar = {"format": FORMAT, "version": FORMAT_VERSION, "tokenizer": tokenizer_name,
+                        "vocab_size": vocab_size, "eos_id": eos_id}
         self.dtype = token_dtype(vocab_size)
+        self.eos_id = eos_id
+        self.num_documents = 0
         self.num_tokens = 0
-        self._ends = array.array("q")
-        self._eos = np.asarray([eos_id], dtype=_DTYPES[self.dtype]).tobytes()
         self._final = dataset_files(self.prefix)
         self._tmp = tuple(p.with_name(f"{p.name}.tmp{os.getpid()}") for p in self._final)
         self.prefix.parent.mkdir(parents=True, exist_ok=True)
-        self._bin = open(self._tmp[0], "wb")
-
-    @property
-    def num_documents(self) -> int:
-        return len(self._ends)
+        self._builder = IndexedDatasetBuilder(str(self._tmp[0]), dtype=self.dtype.type)
 
     def add_document(self, ids: Sequence[int] | np.ndarray) -> None:
         """Append one document (its ``eos`` is added here)."""
-        arr = np.asarray(ids)
+        arr = np.asarray(ids, dtype=np.int64)
         if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= self.vocab_size):
             raise DataError(f"{self.prefix}: token id out of range 0..{self.vocab_size - 1} in document "
                             f"{self.num_documents}")
-        self._bin.write(arr.astype(_DTYPES[self.dtype], copy=False).tobytes())
-        self._bin.write(self._eos)
-        self.num_tokens += arr.size + 1
-        self._ends.append(self.num_tokens)
+        document = np.append(arr, self.eos_id)
+        self._builder.add_document(document, [document.size])
+        self.num_documents += 1
+        self.num_tokens += document.size
 
     def finish(self) -> None:
-        """Flush, sync and move the files into place, header last."""
-        if not self._ends:
+        """Write the index and the sidecar, then move the files into place, the index last."""
+        if not self.num_documents:
             self.abort()
             raise DataError(f"{self.prefix}: no documents were added")
-        self._bin.flush()
-        os.fsync(self._bin.fileno())
-        self._bin.close()
-        docs = np.concatenate([[0], np.frombuffer(self._ends, dtype=np.int64)])
-        with open(self._tmp[1], "wb") as f:
-            np.save(f, docs)
-            f.flush()
-            os.fsync(f.fileno())
-        header = {
-            "format": FORMAT,
-            "version": FORMAT_VERSION,
-            "dtype": self.dtype,
-            "vocab_size": self.vocab_size,
-            "tokenizer": self.tokenizer_name,
-            "eos_id": self.eos_id,
-            "num_documents": self.num_documents,
-            "num_tokens": self.num_tokens,
-        }
-        with open(self._tmp[2], "w", encoding="utf-8") as f:
-            json.dump(header, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        for tmp, final in zip(self._tmp, self._final, strict=True):
-            os.replace(tmp, final)
+        self._builder.finalize(str(self._tmp[1]))
+        self._tmp[2].write_text(json.dumps(self.sidecar, indent=2) + "\n", encoding="utf-8")
+        for tmp in self._tmp:
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+        for index in (0, 2, 1):
+            os.replace(self._tmp[index], self._final[index])
 
     def abort(self) -> None:
         """Close and delete the partial files."""
-        self._bin.close()
+        self._builder.data_file.close()
         for tmp in self._tmp:
             tmp.unlink(missing_ok=True)
 
@@ -136,50 +124,42 @@ class TokenDatasetWriter:
 
 
 class MMapTokenDataset:
-    """A verified, read-only, memory-mapped token dataset; ``ds[i]`` is document ``i`` (ending with eos).
+    """A verified, read-only, memory-mapped indexed dataset; ``ds[i]`` is document ``i``.
 
-    ``tokens`` is the whole stream as a ``np.memmap``: the OS pages in only what is read, so opening a
-    dataset of any size is instant. Pickling stores only the prefix (DataLoader workers reopen the files
-    instead of copying the tokens).
+    ``tokens`` is the whole stream as an array over megatron's memory map: the OS pages in only what is read, so
+    opening a dataset of any size is instant. ``tokenizer_name`` / ``vocab_size`` / ``eos_id`` come from our sidecar
+    and are ``None`` for a dataset another tool wrote. Pickling stores only the prefix (DataLoader workers reopen
+    the files instead of copying the tokens).
     """
 
     def __init__(self, prefix: str | Path) -> None:
         self.prefix = Path(prefix).expanduser()
-        bin_path, docs_path, idx_path = dataset_files(self.prefix)
+        bin_path, idx_path, sidecar_path = dataset_files(self.prefix)
         if not idx_path.is_file():
             raise DataError(f"token dataset not found: {idx_path} (build it with `loongforge preprocess`)")
-        header = _read_header(idx_path)
-        self.header = header
-        self.num_tokens: int = header["num_tokens"]
-        self.num_documents: int = header["num_documents"]
-        self.vocab_size: int = header["vocab_size"]
-        self.tokenizer_name: str = header["tokenizer"]
-        self.eos_id: int = header["eos_id"]
-        self.dtype = _DTYPES[header["dtype"]]
+        indexed = _open_indexed(self.prefix, bin_path, idx_path)
+        index = indexed.index
+        self.dtype = np.dtype(index.dtype)
+        if self.dtype.kind not in "iu":
+            raise DataError(f"{idx_path}: tokens are stored as {self.dtype.name}, not an integer type")
+        lengths = index.sequence_lengths.astype(np.int64)
+        ends = np.concatenate([[0], np.cumsum(lengths)])
+        self.num_tokens = int(ends[-1])
+        _check_index(idx_path, lengths, ends, index.sequence_pointers, index.document_indices, self.dtype)
         expected = self.num_tokens * self.dtype.itemsize
-        actual = bin_path.stat().st_size if bin_path.is_file() else None
+        actual = bin_path.stat().st_size
         if actual != expected:
-            found = "missing" if actual is None else f"{actual} bytes"
-            raise DataError(f"{bin_path}: {found}, but {idx_path.name} says {self.num_tokens} {header['dtype']} "
-                            f"tokens = {expected} bytes; the dataset is incomplete or mixed up, rebuild it")
-        self.doc_offsets = self._load_offsets(docs_path)
-        self.tokens = np.memmap(bin_path, dtype=self.dtype, mode="r", shape=(self.num_tokens,))
-
-    def _load_offsets(self, docs_path: Path) -> np.ndarray:
-        try:
-            docs = np.load(docs_path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise DataError(f"{docs_path}: unreadable document index: {exc}") from None
-        if (
-            docs.shape != (self.num_documents + 1,)
-            or docs.dtype != np.int64
-            or docs[0] != 0
-            or docs[-1] != self.num_tokens
-            or not np.all(np.diff(docs) > 0)
-        ):
-            raise DataError(f"{docs_path}: document boundaries do not match {self.num_documents} documents of "
-                            f"{self.num_tokens} tokens; rebuild the dataset")
-        return docs
+            raise DataError(f"{bin_path}: {actual} bytes, but {idx_path.name} indexes {self.num_tokens} "
+                            f"{self.dtype.name} tokens = {expected} bytes; the dataset is incomplete or mixed up, "
+                            "rebuild it")
+        self.doc_offsets = ends[np.asarray(index.document_indices, dtype=np.int64)]
+        self.num_documents = len(self.doc_offsets) - 1
+        self.tokens = indexed.bin_reader.read(dtype=index.dtype, count=self.num_tokens, offset=0)
+        self._indexed = indexed  # keeps megatron's memory map open for ``tokens``
+        sidecar = _read_sidecar(sidecar_path) if sidecar_path.is_file() else {}
+        self.tokenizer_name: str | None = sidecar.get("tokenizer")
+        self.vocab_size: int | None = sidecar.get("vocab_size")
+        self.eos_id: int | None = sidecar.get("eos_id")
 
     def check_token_ids(self, vocabularies: dict[str, int]) -> None:
         """Fail with one line if a token id is negative or not below every size in ``vocabularies`` (``{"model
@@ -188,7 +168,7 @@ class MMapTokenDataset:
         limit = min(vocabularies.values())
         bin_path = dataset_files(self.prefix)[0]
         for start, stop in _sample_spans(self.num_tokens, _CHECKED_BYTES // self.dtype.itemsize):
-            block = self.tokens[start:stop]
+            block = self.tokens[start:stop].astype(np.int64)
             if int(block.max()) < limit and int(block.min()) >= 0:
                 continue
             offset = start + int(np.flatnonzero((block >= limit) | (block < 0))[0])
@@ -196,6 +176,15 @@ class MMapTokenDataset:
             raise DataError(f"{bin_path}: token id {int(self.tokens[offset])} at token {offset} is outside the "
                             f"vocabulary ({sizes}); the file is damaged or was built for another tokenizer, rebuild "
                             "it with `loongforge preprocess`")
+
+    def check_tokenizer(self, tokenizer: Any) -> None:
+        """Fail if ``tokenizer`` cannot have written these ids: another tokenizer named in our sidecar, or (for a
+        dataset another tool wrote) an id past the tokenizer's vocabulary."""
+        if self.tokenizer_name is None:
+            self.check_token_ids({f"tokenizer '{tokenizer.name}'": tokenizer.vocab_size})
+        elif tokenizer.name != self.tokenizer_name:
+            raise DataError(f"{self.prefix}: built with tokenizer '{self.tokenizer_name}', but this run uses "
+                            f"'{tokenizer.name}'; rebuild the dataset or change the tokenizer")
 
     def __len__(self) -> int:
         return self.num_documents
@@ -205,12 +194,6 @@ class MMapTokenDataset:
             raise IndexError(f"document {index} out of range ({self.num_documents} documents)")
         index %= self.num_documents
         return self.tokens[self.doc_offsets[index] : self.doc_offsets[index + 1]]
-
-    def check_tokenizer(self, tokenizer: Any) -> None:
-        """Fail if ``tokenizer`` is not the one the dataset was built with (its ids would mean other text)."""
-        if tokenizer.name != self.tokenizer_name:
-            raise DataError(f"{self.prefix}: built with tokenizer '{self.tokenizer_name}', but this run uses "
-                            f"'{tokenizer.name}'; rebuild the dataset or change the tokenizer")
 
     def __getstate__(self) -> dict[str, Any]:
         return {"prefix": self.prefix}
@@ -223,29 +206,81 @@ class MMapTokenDataset:
                 f"tokens={self.num_tokens}, tokenizer={self.tokenizer_name!r})")
 
 
-def _read_header(idx_path: Path) -> dict[str, Any]:
-    """The ``.idx.json`` header, every key present and of its type (one line naming the file and key if not)."""
+def _open_indexed(prefix: Path, bin_path: Path, idx_path: Path) -> Any:
+    """megatron-core's ``IndexedDataset`` at ``prefix``; what it raises on a bad file (an ``assert`` on the magic
+    bytes, numpy on a short buffer) becomes one line naming the file."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    if not bin_path.is_file() or bin_path.stat().st_size == 0:
+        found = "missing" if not bin_path.is_file() else "empty"
+        raise DataError(f"{bin_path}: {found}, but {idx_path.name} is there; the dataset is incomplete, rebuild it")
+    _check_index_layout(idx_path)
     try:
-        header = json.loads(idx_path.read_text(encoding="utf-8"))
+        return IndexedDataset(str(prefix))
+    except (AssertionError, ValueError, OSError) as exc:
+        reason = str(exc) or "its sequence and document counts disagree"
+        raise DataError(f"{idx_path}: not a readable Megatron-LM index: {reason}") from None
+
+
+def _check_index_layout(idx_path: Path) -> None:
+    """The ``.idx`` header and size, checked before megatron reads it: its reader fails on a bad file half-way
+    through ``__init__``, and the object it leaves behind prints a traceback when it is garbage-collected."""
+    from megatron.core.datasets.indexed_dataset import _INDEX_HEADER, DType
+
+    def fail(what: str) -> None:
+        raise DataError(f"{idx_path}: not a readable Megatron-LM index: {what}")
+
+    with open(idx_path, "rb") as f:
+        head = f.read(_INDEX_SIZE.size)
+    if len(head) < _INDEX_SIZE.size or not head.startswith(_INDEX_HEADER):
+        fail("bad header (not a Megatron-LM .idx file)")
+    version, code, sequences, documents = _INDEX_SIZE.unpack(head)[1:]
+    if version != 1 or code not in {d.value for d in DType}:
+        fail(f"unsupported version {version} / dtype code {code}")
+    body = idx_path.stat().st_size - _INDEX_SIZE.size
+    if body not in (12 * sequences + 8 * documents, 13 * sequences + 8 * documents):
+        fail(f"{body} bytes after the header do not hold {sequences} sequences and {documents} document marks "
+             "(the file is truncated or damaged)")
+
+
+def _check_index(idx_path: Path, lengths: np.ndarray, ends: np.ndarray, pointers: np.ndarray,
+                 documents: np.ndarray, dtype: np.dtype) -> None:
+    """The index must describe one contiguous stream (what ``IndexedDatasetBuilder`` writes) split into documents
+    by a document index running from sequence 0 to the last."""
+    def fail(what: str) -> None:
+        raise DataError(f"{idx_path}: {what}; the index is damaged, rebuild the dataset")
+
+    if not len(lengths) or ends[-1] < 1:
+        fail("it indexes no tokens")
+    if int(lengths.min()) < 0:
+        fail("a sequence has a negative length")
+    if not np.array_equal(np.asarray(pointers, dtype=np.int64), ends[:-1] * dtype.itemsize):
+        fail("sequence offsets do not follow the sequence lengths (not one contiguous token stream)")
+    if len(documents) < 2 or documents[0] != 0 or documents[-1] != len(lengths) or np.any(np.diff(documents) < 0):
+        fail(f"the document index does not run in order from sequence 0 to {len(lengths)}")
+
+
+def _read_sidecar(path: Path) -> dict[str, Any]:
+    """Our sidecar, every key present and of its type (one line naming the file and key if not)."""
+    try:
+        sidecar = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as exc:
-        raise DataError(f"{idx_path}: unreadable dataset header: {type(exc).__name__}: {exc}") from None
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise DataError(f"{idx_path}: not a {FORMAT} header")
-    if header.get("version") != FORMAT_VERSION or header.get("dtype") not in _DTYPES:
-        raise DataError(f"{idx_path}: unsupported version {header.get('version')!r} / dtype {header.get('dtype')!r}"
-                        f" (this LoongForge reads version {FORMAT_VERSION}); rebuild the dataset")
-    for key, least in {**_COUNTS, "eos_id": 0}.items():
-        if key not in header:
-            raise DataError(f"{idx_path}: key '{key}' is missing; rebuild the dataset with `loongforge preprocess`")
-        value = header[key]
+        raise DataError(f"{path}: unreadable dataset sidecar: {type(exc).__name__}: {exc}") from None
+    if not isinstance(sidecar, dict) or sidecar.get("format") != FORMAT:
+        raise DataError(f"{path}: not a {FORMAT} sidecar")
+    if sidecar.get("version") != FORMAT_VERSION:
+        raise DataError(f"{path}: unsupported version {sidecar.get('version')!r} (this LoongForge reads version "
+                        f"{FORMAT_VERSION}); rebuild the dataset")
+    for key, least in (("vocab_size", 1), ("eos_id", 0)):
+        value = sidecar.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise DataError(f"{idx_path}: '{key}' must be an integer >= {least}, got {value!r}")
-    if header["eos_id"] >= header["vocab_size"]:
-        raise DataError(f"{idx_path}: 'eos_id' {header['eos_id']} is outside the vocabulary of "
-                        f"{header['vocab_size']} ids")
-    if not isinstance(header.get("tokenizer"), str):
-        raise DataError(f"{idx_path}: 'tokenizer' must be the name of a tokenizer, got {header.get('tokenizer')!r}")
-    return header
+            raise DataError(f"{path}: '{key}' must be an integer >= {least}, got {value!r}")
+    if sidecar["eos_id"] >= sidecar["vocab_size"]:
+        raise DataError(f"{path}: 'eos_id' {sidecar['eos_id']} is outside the vocabulary of "
+                        f"{sidecar['vocab_size']} ids")
+    if not isinstance(sidecar.get("tokenizer"), str):
+        raise DataError(f"{path}: 'tokenizer' must be the name of a tokenizer, got {sidecar.get('tokenizer')!r}")
+    return sidecar
 
 
 def _sample_spans(length: int, budget: int) -> list[tuple[int, int]]:

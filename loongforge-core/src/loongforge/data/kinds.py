@@ -1,4 +1,5 @@
-"""The built-in dataset kinds that ``data.dataset`` names: ``mmap``, ``text`` and ``shipped-corpus``.
+"""The built-in dataset kinds that ``data.dataset`` names: ``mmap``, ``text`` and ``shipped-corpus`` (and
+``hf-datasets`` in :mod:`loongforge.data.hf_datasets`).
 
 Every kind is a factory with one signature, so the trainer treats them alike and plugins can add kinds::
 
@@ -30,9 +31,11 @@ def mmap_dataset(
     cache_dir: str | Path | None = None,
     progress: bool = False,
 ) -> MMapTokenDataset:
-    """A prebuilt dataset at one path prefix; fails if it was built with another tokenizer."""
+    """A Megatron-LM indexed dataset at one path prefix (``PREFIX.bin`` + ``PREFIX.idx``), written by ``loongforge
+    preprocess`` or by Megatron-LM's own tools; fails if its ids cannot come from ``tokenizer``."""
     if len(paths) != 1:
-        raise DataError(f"dataset 'mmap' takes exactly one path prefix (PREFIX of PREFIX.bin), got {len(paths)}")
+        raise DataError(f"dataset 'mmap' takes exactly one path prefix (PREFIX of PREFIX.bin + PREFIX.idx), got "
+                        f"{len(paths)}")
     dataset = MMapTokenDataset(paths[0])
     dataset.check_tokenizer(tokenizer)
     return dataset
@@ -45,9 +48,12 @@ def text_dataset(
     text_key: str = "text",
     cache_dir: str | Path | None = None,
     progress: bool = False,
+    txt_split: str = "paragraph",
 ) -> MMapTokenDataset:
-    """Raw ``.txt``/``.jsonl`` files, tokenized on first use and cached."""
-    return cached_token_dataset(list(paths), tokenizer, cache_dir=cache_dir, text_key=text_key, progress=progress)
+    """Raw ``.txt``/``.jsonl`` files (a ``.txt`` file's documents follow ``txt_split``, ``data.txt_split``: see
+    :mod:`loongforge.data.sources`), tokenized on first use and cached."""
+    return cached_token_dataset(list(paths), tokenizer, cache_dir=cache_dir, text_key=text_key, txt_split=txt_split,
+                                progress=progress)
 
 
 def shipped_corpus(

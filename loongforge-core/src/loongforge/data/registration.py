@@ -14,14 +14,20 @@ def register_builtin_datasets(registry: Any) -> None:
     registry.register(
         "mmap",
         "loongforge.data.kinds:mmap_dataset",
-        aliases=("indexed",),
-        description="prebuilt memory-mapped token dataset at a path prefix (see `loongforge preprocess`)",
+        aliases=("indexed", "megatron"),
+        description="Megatron-LM indexed dataset (PREFIX.bin + PREFIX.idx) from `loongforge preprocess` or Megatron-LM",
     )
     registry.register(
         "text",
         "loongforge.data.kinds:text_dataset",
         aliases=("jsonl", "txt"),
-        description="raw .txt/.jsonl files, tokenized on first use and cached",
+        description="raw .txt (a document per paragraph) / .jsonl files, tokenized on first use and cached",
+    )
+    registry.register(
+        "hf-datasets",
+        "loongforge.data.hf_datasets:hf_dataset",
+        aliases=("parquet", "arrow"),
+        description="local Hugging Face datasets (parquet/arrow/jsonl, save_to_disk folders), streamed and cached",
     )
     registry.register(
         "shipped-corpus",
@@ -33,7 +39,8 @@ def register_builtin_datasets(registry: Any) -> None:
         "sft",
         "loongforge.data.chat_dataset:sft_dataset",
         aliases=("chat",),
-        description="chat .jsonl ({\"messages\": [...]}) for training.phase sft; loss on assistant tokens",
+        description="chat .jsonl (OpenAI messages or ShareGPT conversations, tool calls too) for training.phase sft;"
+                    " loss on assistant turns",
     )
     registry.register(
         "shipped-chat",

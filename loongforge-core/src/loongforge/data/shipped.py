@@ -28,5 +28,5 @@ def shipped_corpus_dataset(
 ) -> MMapTokenDataset:
     """The corpus tokenized (by default with :class:`ByteTokenizer`), cached under ``cache_dir``."""
     return cached_token_dataset(
-        shipped_corpus_files(), tokenizer or ByteTokenizer(), cache_dir=cache_dir, progress=progress
+        shipped_corpus_files(), tokenizer or ByteTokenizer(), cache_dir=cache_dir, txt_split="file", progress=progress
     )

@@ -9,11 +9,11 @@ anything is written; outputs appear atomically.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 
 import loongforge
+from loongforge.checkpoint.carried_tokenizer import carried_tokenizer, hf_tokenizer_dir
 from loongforge.checkpoint.layout import find_checkpoint
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import InteropError
@@ -33,8 +33,8 @@ from loongforge.interop.mcore_checkpoint import (
     resolve_flavor,
     write_model_checkpoint,
 )
-from loongforge.models.flavor import DecoderFlavor
-from loongforge.models.hf_config import flavor_differences, read_hf_config
+from loongforge.models.hf_config import read_hf_config
+from loongforge.models.hf_naming import name_flavor
 
 
 def check_out_dir(out_dir: Path) -> None:
@@ -43,30 +43,14 @@ def check_out_dir(out_dir: Path) -> None:
         raise InteropError(f"{out_dir}: already exists and is not empty; choose a new output directory")
 
 
-def name_flavor(flavor: DecoderFlavor, requested: str | None, where: str) -> tuple[str, dict]:
-    """``(model.name, model.overrides)`` that rebuild ``flavor`` from the registry.
-
-    With ``requested`` the named flavor must match exactly; otherwise the built-in flavor of the same family
-    with the fewest differing fields is the base and the differences become overrides.
-    """
-    from loongforge.models.registration import all_flavors
-    from loongforge.plugins import get_host
-
-    if requested:
-        registry = get_host().registry("model")
-        name = registry.entry(requested, where="--model").name
-        diffs = flavor_differences(flavor, registry.load(name))
-        if diffs:
-            raise InteropError(f"{where} does not match model '{name}': {'; '.join(diffs)}")
-        return name, {}
-    candidates = [(n, f) for n, f in all_flavors().items() if f.family == flavor.family]
-    name, base = min(candidates, key=lambda item: len(flavor_differences(flavor, item[1])))
-    overrides = {
-        f.name: getattr(flavor, f.name)
-        for f in dataclasses.fields(DecoderFlavor)
-        if getattr(flavor, f.name) != getattr(base, f.name)
-    }
-    return name, overrides
+def _recorded_tokenizer(hf_dir: Path, out_dir: Path) -> str:
+    """``data.tokenizer`` of the checkpoint converted from ``hf_dir`` into ``out_dir``: the copy of the source's
+    tokenizer in ``hf_source/``, the descriptor's kind, or empty when the source carries none -- never a default
+    that would claim a tokenizer the weights were not trained with."""
+    carried = carried_tokenizer(hf_dir)
+    if carried is not None and hf_tokenizer_dir(carried) is not None:
+        return f"hf:{out_dir.resolve() / HF_SOURCE}"
+    return carried or ""
 
 
 def hf_to_mcore(hf_dir: str | Path, out_dir: str | Path, *, model: str | None = None) -> str:
@@ -84,8 +68,7 @@ def hf_to_mcore(hf_dir: str | Path, out_dir: str | Path, *, model: str | None = 
     config = LoongForgeConfig()
     config.model.name, config.model.overrides = name, overrides
     config.training.precision = "bf16" if dtype == "bf16" else "fp32"
-    if (hf_dir / "tokenizer.json").is_file():
-        config.data.tokenizer = f"hf:{out_dir.resolve() / HF_SOURCE}"
+    config.data.tokenizer = _recorded_tokenizer(hf_dir, out_dir)
     tensors = load_hf_tensors(infos)
     with standalone_world() as backend:
         megatron_model = build_standalone(hf.flavor, backend, dtype)

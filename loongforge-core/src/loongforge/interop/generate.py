@@ -4,12 +4,20 @@ A directory with ``config.json`` and no ``manifest.json`` is read as a Hugging F
 else as a LoongForge checkpoint (a step directory, a checkpoint root with ``latest``, or a converted one).
 The model is built at TP=PP=1 on CPU through its family's ``build_chunk`` (the one builder,
 :mod:`loongforge.models.building`) and filled by the same loaders conversion uses, so what this prints is what
-a converted or trained model computes.
+a converted or trained model computes. Text is encoded with the tokenizer the checkpoint carries
+(:mod:`loongforge.checkpoint.carried_tokenizer`) unless ``--tokenizer`` names another; one with more ids than the
+model's vocabulary is refused.
+
+All prompts are decoded as one batch with a KV cache (:mod:`loongforge.models.generate`); in chat mode each
+prompt is rendered with the tokenizer's chat template (:mod:`loongforge.data.chat_template`) first and only the
+reply is the completion.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +25,22 @@ from loongforge.checkpoint.manifest import MANIFEST
 from loongforge.errors import InteropError
 from loongforge.models.hf_config import CONFIG_JSON
 
+#: A prompt: text, or (chat mode) a conversation as ``{"role", "content"}`` messages.
+Prompt = str | Sequence[dict[str, str]]
 
-def _open_hf(path: Path) -> tuple[Any, str, Callable[[Any], Any], str | None]:
+
+@dataclass(frozen=True)
+class Completion:
+    """One prompt's result: the text the model was given (the rendered template in chat mode), the ids it
+    wrote after it and their decoding."""
+
+    prompt: str
+    ids: list[int]
+    text: str
+
+
+def _open_hf(path: Path) -> tuple[Any, str, Callable[[Any], Any], Callable[[], str | None]]:
+    from loongforge.checkpoint.carried_tokenizer import carried_tokenizer
     from loongforge.interop.hf_checkpoint import check_hf_tensors, index_hf_tensors, load_hf_tensors
     from loongforge.interop.sharding import load_full_state
     from loongforge.models.hf_config import read_hf_config
@@ -31,15 +53,15 @@ def _open_hf(path: Path) -> tuple[Any, str, Callable[[Any], Any], str | None]:
         load_full_state([model], flavor.hf_adapter().from_hf(load_hf_tensors(infos)))
         return model
 
-    return flavor, dtype, load, f"hf:{path}" if (path / "tokenizer.json").is_file() else None
+    return flavor, dtype, load, lambda: carried_tokenizer(path)
 
 
-def _open_checkpoint(path: Path, trust_code: bool) -> tuple[Any, str, Callable[[Any], Any], str | None]:
+def _open_checkpoint(path: Path, trust_code: bool) -> tuple[Any, str, Callable[[Any], Any], Callable[[], str | None]]:
     from loongforge.checkpoint.layout import find_checkpoint
     from loongforge.interop.mcore_checkpoint import (
-        HF_SOURCE,
         checkpoint_config,
         checkpoint_dtype,
+        checkpoint_tokenizer,
         load_trained_model,
         resolve_flavor,
     )
@@ -47,13 +69,12 @@ def _open_checkpoint(path: Path, trust_code: bool) -> tuple[Any, str, Callable[[
 
     path = find_checkpoint(path)
     config = checkpoint_config(path, trust_code=trust_code)
-    own = path / HF_SOURCE
-    tokenizer = f"hf:{own}" if (own / "tokenizer.json").is_file() else config.data.tokenizer
     family = resolve_flavor(config)
     if family.engine != "megatron":
         raise InteropError(f"{path}: model '{model_label(config, family)}' is trained by the {family.engine!r} engine; "
                            "`loongforge generate` writes text with megatron language models")
-    return family, checkpoint_dtype(path, config), lambda m: load_trained_model(path, m, config), tokenizer
+    return (family, checkpoint_dtype(path, config), lambda m: load_trained_model(path, m, config),
+            lambda: checkpoint_tokenizer(path, config))
 
 
 def _tokenizer(spec: str) -> Any:
@@ -70,9 +91,9 @@ def _tokenizer(spec: str) -> Any:
     return factory(argument) if argument else factory()
 
 
-def generate_from_checkpoint(
+def complete_from_checkpoint(
     path: str | Path,
-    prompt: str,
+    prompts: Sequence[Prompt],
     *,
     tokens: int = 64,
     temperature: float = 0.0,
@@ -81,27 +102,110 @@ def generate_from_checkpoint(
     seed: int = 0,
     tokenizer: str | None = None,
     trust_code: bool = False,
-) -> str:
-    """``prompt`` and its continuation by the model in ``path`` (greedy unless ``temperature > 0``); ``trust_code``
-    lets a ``pkg.module:attr`` model name in a LoongForge checkpoint's config import its module."""
+    chat: bool = False,
+    system: str | None = None,
+    ignore_eos: bool = False,
+    use_cache: bool = True,
+) -> list[Completion]:
+    """What the model in ``path`` writes after each prompt, the prompts decoded as one batch with a KV cache
+    (:mod:`loongforge.models.generate`; greedy unless ``temperature > 0``).
+
+    ``chat`` renders each prompt with the tokenizer's chat template (:func:`chat_prompt_text`); ``ignore_eos``
+    writes all ``tokens`` ids even past the end-of-text id; ``use_cache=False`` recomputes the whole context each
+    token. ``trust_code`` lets a ``pkg.module:attr`` model name in a LoongForge checkpoint's config import its module.
+    """
     from loongforge.interop.world import standalone_world
     from loongforge.models.building import build_standalone
-    from loongforge.models.generate import generate_text
+    from loongforge.models.generate import generate_batch
 
+    if tokens < 0:
+        raise InteropError(f"the number of new tokens must be >= 0, got {tokens}")
+    if not prompts:
+        raise InteropError("generation needs at least one prompt")
     path = Path(path).expanduser()
     is_hf = (path / CONFIG_JSON).is_file() and not (path / MANIFEST).is_file()
     family, dtype, load, own_tokenizer = _open_hf(path) if is_hf else _open_checkpoint(path, trust_code)
-    if (tokenizer or own_tokenizer) is None:
-        raise InteropError(f"{path}: no tokenizer.json; pass --tokenizer (byte or hf:/dir)")
-    tok = _tokenizer(tokenizer or own_tokenizer)
+    spec = tokenizer or own_tokenizer()  # the carried one is checked against config.yaml only when it is used
+    if spec is None:
+        raise InteropError(f"{path}: carries no tokenizer (no tokenizer.json or loongforge_tokenizer.json); "
+                           "pass --tokenizer (byte or hf:/dir)")
+    tok = _tokenizer(spec)
     decoder = family.decoder
     if tok.vocab_size > decoder.vocab_size:
-        raise InteropError(f"tokenizer {tok.name} has {tok.vocab_size} ids but the model in {path} "
-                           f"{decoder.vocab_size}")
+        raise InteropError(f"tokenizer {tok.name} has {tok.vocab_size} ids but the model in {path} only "
+                           f"{decoder.vocab_size}; pass --tokenizer with this model's tokenizer")
+    texts = [chat_prompt_text(tok, prompt, system) if chat else _plain_prompt(prompt) for prompt in prompts]
+    encoded = [tok.encode(text) for text in texts]
+    for number, (text, ids) in enumerate(zip(texts, encoded, strict=True), 1):
+        if not ids:
+            raise InteropError(f"prompt {number} ({text!r}) has no tokens")
     with standalone_world() as backend:
         # the family's own chunk (a composed model's too), with the trained weights (a LoRA run's adapters merged)
         model = load(build_standalone(family, backend, dtype))
-        return generate_text(
-            model, tok, prompt, tokens, max_positions=decoder.max_position_embeddings,
-            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+        new = generate_batch(
+            model, encoded, tokens, vocab_size=tok.vocab_size,
+            max_positions=decoder.max_position_embeddings, temperature=temperature, top_k=top_k, top_p=top_p,
+            seed=seed, stop_id=None if ignore_eos else tok.eos_id, use_cache=use_cache,
         )
+    return [Completion(text, ids, tok.decode(ids)) for text, ids in zip(texts, new, strict=True)]
+
+
+def generate_from_checkpoint(path: str | Path, prompt: str, **options: Any) -> str:
+    """``prompt`` and its continuation by the model in ``path``; ``options`` as :func:`complete_from_checkpoint`'s."""
+    (completion,) = complete_from_checkpoint(path, [prompt], **options)
+    return completion.prompt + completion.text
+
+
+def _plain_prompt(prompt: Prompt) -> str:
+    if not isinstance(prompt, str):
+        raise InteropError("a prompt given as chat messages needs chat mode (--chat)")
+    return prompt
+
+
+def chat_prompt_text(tokenizer: Any, prompt: Prompt, system: str | None = None) -> str:
+    """``prompt`` (a user message, or a whole conversation as messages) rendered with the chat template of
+    ``tokenizer`` (:func:`loongforge.data.chat_template.chat_template_for`: a Hugging Face tokenizer's own, ours for
+    ``byte``), ending where the assistant's reply begins; ``system`` leads as a system message."""
+    from loongforge.data.chat_template import chat_template_for
+
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    if system is not None:
+        messages.insert(0, {"role": "system", "content": system})
+    return chat_template_for(tokenizer).render(messages, add_generation_prompt=True)
+
+
+def read_prompts(path: str | Path) -> list[Prompt]:
+    """The prompts in ``path``: in a ``.jsonl`` file one per line, a JSON string, ``{"prompt": text}`` or
+    ``{"messages": [{"role", "content"}, ...]}`` (a conversation, for chat mode); in any other file each
+    non-blank line is one prompt."""
+    path = Path(path).expanduser()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InteropError(f"cannot read the prompts file {path}: {exc}") from None
+    numbered = [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
+    if path.suffix != ".jsonl":
+        prompts: list[Prompt] = [line for _, line in numbered]
+    else:
+        prompts = [_json_prompt(line, f"{path}:{number}") for number, line in numbered]
+    if not prompts:
+        raise InteropError(f"the prompts file {path} holds no prompt")
+    return prompts
+
+
+def _json_prompt(line: str, where: str) -> Prompt:
+    try:
+        entry = json.loads(line)
+    except ValueError as exc:
+        raise InteropError(f"{where}: not JSON ({exc})") from None
+    if isinstance(entry, dict) and set(entry) == {"prompt"}:
+        entry = entry["prompt"]
+    if isinstance(entry, str):
+        return entry
+    messages = entry.get("messages") if isinstance(entry, dict) and set(entry) == {"messages"} else None
+    if (isinstance(messages, list) and messages
+            and all(isinstance(m, dict) and set(m) == {"role", "content"}
+                    and all(isinstance(v, str) for v in m.values()) for m in messages)):
+        return messages
+    raise InteropError(f'{where}: expected a JSON string, {{"prompt": "..."}} or {{"messages": [{{"role": "...", '
+                       '"content": "..."}, ...]}')

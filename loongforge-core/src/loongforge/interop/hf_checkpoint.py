@@ -6,7 +6,8 @@ pickled code. Tensor names, shapes and dtypes are checked against what ``config.
 weight is read, so a wrong checkpoint fails in a second with the tensor and file named.
 
 Writing produces what ``save_pretrained`` produces: one ``model.safetensors``, or numbered shards plus an
-index when the tensors exceed the shard size, then ``config.json`` and the tokenizer files carried over.
+index when the tensors exceed the shard size, then ``config.json``, the generation files carried over and the
+tokenizer the weights were trained with (:mod:`loongforge.checkpoint.carried_tokenizer`).
 Everything goes to a temporary sibling directory that is renamed into place, so a failed write leaves
 nothing behind.
 """
@@ -24,6 +25,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from loongforge.checkpoint.carried_tokenizer import DESCRIPTOR, TOKENIZER_FILES, write_tokenizer
 from loongforge.errors import InteropError
 from loongforge.models.flavor import DecoderFlavor
 from loongforge.models.hf_adapter import hf_tensor_shapes
@@ -33,11 +35,10 @@ SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 BIN = "pytorch_model.bin"
 BIN_INDEX = "pytorch_model.bin.index.json"
-#: Files besides weights and config.json that a converted directory should keep: tokenizer and generation.
-CARRIED_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json",
-    "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json", "generation_config.json",
-)
+#: Files besides weights, config.json and the tokenizer that a converted directory keeps.
+GENERATION_FILES = ("generation_config.json",)
+#: Everything a converted directory keeps from its source: the tokenizer (files or descriptor) and generation files.
+CARRIED_FILES = (*TOKENIZER_FILES, DESCRIPTOR, *GENERATION_FILES)
 #: Buffers some older checkpoints saved (RoPE frequencies, GPT-2's causal-mask ``attn.bias``/``attn.masked_bias``);
 #: recomputed from config.json, never weights.
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
@@ -210,12 +211,23 @@ def publish(tmp: Path, out_dir: Path) -> None:
     os.rename(tmp, out_dir)
 
 
-def copy_carried_files(source: Path | None, target: Path) -> list[str]:
-    """Copy the tokenizer/generation files :data:`CARRIED_FILES` names from ``source`` (if any) to ``target``."""
+@dataclass(frozen=True)
+class CarriedFiles:
+    """What a Hugging Face export carries besides its weights and ``config.json``: the generation files of
+    ``source`` (the directory the weights came from, if any) and the tokenizer ``tokenizer`` names (a ``data.tokenizer``
+    value, written by :func:`~loongforge.checkpoint.carried_tokenizer.write_tokenizer`; ``None``: no tokenizer is
+    known, so none is written)."""
+
+    source: Path | None
+    tokenizer: str | None
+
+
+def copy_carried_files(source: Path | None, target: Path, names: tuple[str, ...] = CARRIED_FILES) -> list[str]:
+    """Copy the files ``names`` (default: tokenizer and generation files) from ``source`` (if any) to ``target``."""
     if source is None or not source.is_dir():
         return []
     copied = []
-    for name in CARRIED_FILES:
+    for name in names:
         if (source / name).is_file():
             shutil.copy2(source / name, target / name)
             copied.append(name)
@@ -228,9 +240,10 @@ def write_hf_checkpoint(
     config: dict[str, Any],
     *,
     max_shard_bytes: int = 5 * 10**9,
-    carry_from: Path | None = None,
+    carry_from: CarriedFiles | None = None,
 ) -> Path:
-    """Write ``tensors`` and ``config`` (and the files carried from ``carry_from``) as a HF directory."""
+    """Write ``tensors`` and ``config`` (and the generation files and tokenizer ``carry_from`` names) as a HF
+    directory."""
     out_dir = Path(out_dir).expanduser()
     tmp = prepare_out(out_dir)
     try:
@@ -246,7 +259,10 @@ def write_hf_checkpoint(
             total = sum(t.numel() * t.element_size() for t in tensors.values())
             index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
             (tmp / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
-        copy_carried_files(carry_from, tmp)
+        if carry_from is not None:
+            copy_carried_files(carry_from.source, tmp, GENERATION_FILES)
+            if carry_from.tokenizer:
+                write_tokenizer(carry_from.tokenizer, tmp)
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         publish(tmp, out_dir)
     except BaseException:

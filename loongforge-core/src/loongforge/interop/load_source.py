@@ -2,6 +2,9 @@
 
 Its own module so that ``loongforge check`` can check a Hugging Face directory without importing megatron-core
 (only a LoongForge checkpoint source needs the checkpoint reader, imported when one is named).
+
+A ``model.load: hf:DIR`` without a ``model.name`` has been named by then
+(:func:`loongforge.models.hf_naming.adopt_hf_model`, called by name resolution).
 """
 
 from __future__ import annotations

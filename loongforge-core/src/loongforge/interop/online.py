@@ -16,8 +16,9 @@ from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import InteropError
 from loongforge.interop.load_source import model_load_source
 from loongforge.interop.mcore_checkpoint import (
+    checkpoint_config,
     hf_side_files,
-    load_model_weights,
+    load_trained_weights,
     resolve_flavor,
 )
 
@@ -56,7 +57,8 @@ def load_initial_weights(model_chunks: list[Any], config: LoongForgeConfig) -> N
         load_full_state(model_chunks, full)
         message = f"loaded {len(infos)} Hugging Face tensors from {directory}"
     else:
-        load_model_weights(directory, model_chunks)
+        recorded = checkpoint_config(directory, trust_code=config.run.trust_code)
+        load_trained_weights(directory, model_chunks, recorded)  # a LoRA checkpoint: its adapters folded in
         message = f"loaded model weights from checkpoint {directory}"
     if _rank() == 0:
         print(f"[loongforge] model.load: {message}", flush=True)

@@ -210,6 +210,8 @@ def build_model(
     """
     parallel = parallel or ParallelSettings()
     config = transformer_config(flavor, params_dtype=params_dtype, parallel=parallel, extra_config=extra_config)
+    if flavor.is_moe:
+        _reset_megatron_moe_state()
     provider = backend.spec_provider()
     position_embedding = flavor.position_embedding
     if position_embedding == "rope" and flavor.mrope_section is not None:
@@ -240,6 +242,22 @@ def build_model(
     if padded != flavor.vocab_size and post_process:  # after any soft-capping: the padded rows stay excluded
         model.output_layer.register_forward_hook(_PaddedVocabMask(flavor.vocab_size, padded, parallel.tp))
     return model
+
+
+def _reset_megatron_moe_state() -> None:
+    """Forget megatron's two process-wide MoE states before an MoE model is built.
+
+    The routers add their load-balancing losses to a module-level tracker sized by the number of layers of the
+    first model that wrote to it, and the aux loss's backward scale is created by the first backward through an MoE
+    layer (0-dim without a schedule, ``[1]`` under one). A model built later in the same process (a test, a notebook,
+    a second run) must inherit neither: a tracker of another size fails its first step, stale losses inflate its
+    aux loss, a scale of another shape fails its first backward.
+    """
+    from megatron.core.transformer.moe import moe_utils
+    from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
+    moe_utils.get_moe_layer_wise_logging_tracker().clear()
+    MoEAuxLossAutoScaler.main_loss_backward_scale = None
 
 
 def _add_output_bias(output_layer: Any, config: TransformerConfig) -> None:

@@ -78,6 +78,7 @@ def build_model_chunks(family: ModelFamily, config: LoongForgeConfig, backend: A
     """
     from megatron.core import parallel_state
 
+    from loongforge.models.lora import base_params_dtype
     from loongforge.models.recompute import recompute_kwargs
 
     parallel = ParallelSettings(
@@ -94,11 +95,12 @@ def build_model_chunks(family: ModelFamily, config: LoongForgeConfig, backend: A
     }
     if config.training.loss_normalization == "global_tokens":  # the schedule and DDP divide by the global count
         extra_config["calculate_per_token_loss"] = True
+    params_dtype = base_params_dtype(config.model.lora, settings.params_dtype)  # model.lora.base_dtype: bf16 base
     chunks = []
     for index in range(layout.num_chunks):
         vp_stage = index if layout.vpp else None
         build = ChunkBuild(
-            backend=backend, params_dtype=settings.params_dtype, parallel=parallel, extra_config=extra_config,
+            backend=backend, params_dtype=params_dtype, parallel=parallel, extra_config=extra_config,
             pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
             post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
             vp_stage=vp_stage, seed=config.run.seed,

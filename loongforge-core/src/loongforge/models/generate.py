@@ -1,12 +1,30 @@
-"""Text generation from a megatron ``GPTModel``: greedy, or temperature + top-k / top-p (nucleus) sampling.
+"""Text generation from a megatron model: greedy, or temperature + top-k / top-p (nucleus) sampling, for a batch
+of prompts, with a KV cache.
 
-No KV cache on purpose: generation here is a smoke test of a trained model (the quickstart sample and
-``loongforge generate``), and re-running the full context each token keeps this to one forward call that
-works for every model family. The context is truncated to the model's maximum positions.
+**KV cache.** A megatron ``GPTModel`` (every core decoder family) decodes incrementally through megatron-core's
+own static-batching inference path: a :class:`~megatron.core.inference.contexts.StaticInferenceContext` passed
+as ``inference_context`` makes each attention layer keep its keys and values, so after the prompt (the prefill)
+every step feeds one token per prompt. It runs on CPU unmodified under the CPU backend's patches (the cache
+buffers are allocated in ``megatron.core.transformer.attention``, which already sees the CPU view of ``torch``).
+Models outside that path -- a composed model (a VLM) whose forward takes no inference context, M-RoPE (its
+rotary table comes from the current positions only, so megatron cannot slice it for a cached step), a
+sequence-parallel training model (one token cannot be split over ranks; its recomputed contexts are left-padded
+to a multiple of the tensor-parallel size) -- recompute the whole context each token, which gives the same
+tokens, only slower (``use_cache=False`` forces that path). Once a context outgrows the model's maximum
+positions, the cache is dropped and each step recomputes the last ``max_positions`` tokens, as it always did
+without a cache.
 
-Every tensor-parallel rank must call :func:`generate` (the forward pass is collective); pipeline
-parallelism is not supported here. Sampling draws from a private generator, so it never perturbs the
-training RNG streams.
+**Batches.** Prompts of different lengths are left-padded into one batch. An explicit attention mask hides the
+padding from every real token (a padded query sees itself only, so its row stays finite and cannot poison the
+cache); positions count real tokens only, so learned position embeddings see each prompt from 0, and RoPE only
+depends on distances between tokens, which padding does not change. A prompt that stops (at ``stop_id``) keeps
+a masked placeholder column while the others go on. Each prompt samples from its own generator seeded with
+``seed``, so what a prompt generates does not depend on the prompts batched with it.
+
+Only ids below ``vocab_size`` (the tokenizer's) are ever chosen: megatron pads the vocabulary, and the padded
+rows are cut off before the choice. Every tensor-parallel rank must call :func:`generate_batch` (the forward
+pass is collective); pipeline parallelism is not supported here. Sampling draws from private generators, so it
+never perturbs the training RNG streams.
 """
 
 from __future__ import annotations
@@ -15,8 +33,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from loongforge.errors import LoongForgeError
+
+#: Position-embedding kinds whose cached steps megatron's static inference path computes exactly.
+_CACHEABLE_POSITIONS = ("rope", "learned_absolute", "none")
 
 
 def _gather_vocab(logits: torch.Tensor) -> torch.Tensor:
@@ -48,10 +70,94 @@ def _next_token(
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
+def supports_kv_cache(model: Any) -> bool:
+    """Whether ``model`` decodes through megatron's static inference path (see the module docstring)."""
+    from megatron.core.models.gpt import GPTModel
+
+    return (isinstance(model, GPTModel) and model.position_embedding_type in _CACHEABLE_POSITIONS
+            and not model.config.sequence_parallel)
+
+
+def _sequence_parallel_size(model: Any) -> int:
+    """The number of ranks a megatron model with sequence parallelism splits the sequence over, else 1."""
+    from megatron.core import parallel_state
+    from megatron.core.transformer.module import MegatronModule
+
+    if isinstance(model, MegatronModule) and model.config.sequence_parallel:
+        return parallel_state.get_tensor_model_parallel_world_size()
+    return 1
+
+
+def _positions(real: torch.Tensor) -> torch.Tensor:
+    """Each column's position among its row's real tokens (padding gets its neighbour's, never below 0)."""
+    return (real.long().cumsum(dim=1) - 1).clamp(min=0)
+
+
+def _attention_mask(real: torch.Tensor, queries: int) -> torch.Tensor | None:
+    """Megatron's ``[b, 1, queries, keys]`` mask (``True`` = hidden) for the last ``queries`` columns: causal, and
+    no padded key is seen except by its own query. ``None`` (plain causal) when nothing is padded."""
+    if bool(real.all()):
+        return None
+    keys = real.shape[1]
+    query_index = torch.arange(keys - queries, keys, device=real.device).unsqueeze(1)
+    key_index = torch.arange(keys, device=real.device).unsqueeze(0)
+    visible = (key_index <= query_index) & (real.unsqueeze(1) | (key_index == query_index))
+    return ~visible.unsqueeze(1)
+
+
+class _Context:
+    """The growing, left-padded token batch and, while it lasts, the model's KV cache over it."""
+
+    def __init__(self, model: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, max_positions: int,
+                 use_cache: bool, device: torch.device) -> None:
+        prompts = [list(prompt)[-max_positions:] for prompt in prompts]
+        width = max(len(prompt) for prompt in prompts)
+        self.tokens = torch.zeros(len(prompts), width, dtype=torch.long, device=device)
+        self.real = torch.zeros(len(prompts), width, dtype=torch.bool, device=device)
+        for row, prompt in enumerate(prompts):
+            self.tokens[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+            self.real[row, width - len(prompt):] = True
+        self.model, self.max_positions = model, max_positions
+        #: Sequence parallelism splits the sequence over the tensor-parallel ranks: recomputed contexts are
+        #: left-padded (masked) to a multiple of their number.
+        self.sequence_multiple = _sequence_parallel_size(model)
+        self.cache: Any = None
+        self.cached = 0  # columns whose keys and values the cache holds
+        if use_cache and supports_kv_cache(model):
+            from megatron.core.inference.contexts import StaticInferenceContext
+
+            self.cache = StaticInferenceContext(len(prompts), min(max_positions, width + max_new_tokens))
+
+    def last_logits(self) -> torch.Tensor:
+        """``[b, padded vocab]`` logits of the token after each row's context."""
+        if self.cache is not None and self.tokens.shape[1] > self.cache.max_sequence_length:
+            self.cache = None  # the context outgrew the model's positions: recompute a sliding window from here
+        if self.cache is None:
+            tokens, real = self.tokens[:, -self.max_positions:], self.real[:, -self.max_positions:]
+            pad = -tokens.shape[1] % self.sequence_multiple
+            tokens, real = F.pad(tokens, (pad, 0)), F.pad(real, (pad, 0))
+            logits = self.model(tokens, _positions(real), _attention_mask(real, real.shape[1]))
+            return _gather_vocab(logits)[:, -1]
+        new = self.tokens.shape[1] - self.cached
+        logits = self.model(
+            self.tokens[:, self.cached:], _positions(self.real)[:, self.cached:], _attention_mask(self.real, new),
+            inference_context=self.cache, runtime_gather_output=True,
+        )
+        self.cache.increment_sequence_len_offset(new)
+        self.cached += new
+        return logits[:, -1]
+
+    def append(self, column: Sequence[int], real: Sequence[bool]) -> None:
+        """One more column: each row's new id, and whether it is real (a stopped row's placeholder is not)."""
+        device = self.tokens.device
+        self.tokens = torch.cat([self.tokens, torch.tensor(column, device=device).unsqueeze(1)], dim=1)
+        self.real = torch.cat([self.real, torch.tensor(real, device=device).unsqueeze(1)], dim=1)
+
+
 @torch.no_grad()
-def generate_ids(
+def generate_batch(
     model: Any,
-    prompt_ids: Sequence[int],
+    prompts: Sequence[Sequence[int]],
     max_new_tokens: int,
     *,
     vocab_size: int,
@@ -61,38 +167,48 @@ def generate_ids(
     top_p: float = 1.0,
     seed: int = 0,
     stop_id: int | None = None,
-) -> list[int]:
-    """Extend ``prompt_ids`` by up to ``max_new_tokens`` ids (stops early at ``stop_id``); returns the new ids.
+    use_cache: bool = True,
+) -> list[list[int]]:
+    """Extend each prompt by up to ``max_new_tokens`` ids; returns the new ids of each, in order.
 
-    ``vocab_size`` is the tokenizer's: ids beyond it (megatron pads the vocabulary) are never sampled.
+    A prompt stops early at ``stop_id`` (not included). ``vocab_size`` is the tokenizer's: ids beyond it
+    (megatron pads the vocabulary) are never chosen. Prompts longer than ``max_positions`` keep their last
+    ``max_positions`` ids. ``use_cache=False`` recomputes the whole context every token.
     """
     from megatron.core import parallel_state
 
     if parallel_state.get_pipeline_model_parallel_world_size() > 1:
         raise LoongForgeError("text generation does not support pipeline parallelism (parallel.pp > 1)")
-    if not prompt_ids:
-        raise LoongForgeError("text generation needs a non-empty prompt")
-    generator = torch.Generator(device="cpu").manual_seed(seed)
-    device = next(model.parameters()).device
+    if not prompts or any(len(prompt) == 0 for prompt in prompts):
+        raise LoongForgeError("text generation needs non-empty prompts")
+    generators = [torch.Generator(device="cpu").manual_seed(seed) for _ in prompts]
     was_training = model.training
     model.eval()
-    ids = list(prompt_ids)
-    new: list[int] = []
+    context = _Context(model, prompts, max_new_tokens, max_positions, use_cache, next(model.parameters()).device)
+    new: list[list[int]] = [[] for _ in prompts]
+    live = [True] * len(prompts)
     try:
         for _ in range(max_new_tokens):
-            context = ids[-max_positions:]
-            tokens = torch.tensor([context], dtype=torch.long, device=device)
-            positions = torch.arange(len(context), dtype=torch.long, device=device).unsqueeze(0)
-            logits = _gather_vocab(model(tokens, positions, None))
-            last = logits[0, -1, :vocab_size].float().cpu()
-            token = _next_token(last, temperature, top_k, generator, top_p)
-            if token == stop_id:
+            logits = context.last_logits()[:, :vocab_size].float().cpu()
+            column = [0] * len(prompts)  # a stopped prompt's placeholder id (masked out)
+            for row, generator in enumerate(generators):
+                if live[row]:
+                    token = _next_token(logits[row], temperature, top_k, generator, top_p)
+                    live[row] = token != stop_id
+                    if live[row]:
+                        new[row].append(token)
+                        column[row] = token
+            if not any(live):
                 break
-            ids.append(token)
-            new.append(token)
+            context.append(column, live)
     finally:
         model.train(was_training)
     return new
+
+
+def generate_ids(model: Any, prompt_ids: Sequence[int], max_new_tokens: int, **kwargs: Any) -> list[int]:
+    """:func:`generate_batch` for one prompt: its new ids."""
+    return generate_batch(model, [prompt_ids], max_new_tokens, **kwargs)[0]
 
 
 def generate_text(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int, **kwargs: Any) -> str:

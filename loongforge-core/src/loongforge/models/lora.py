@@ -8,17 +8,44 @@ added, and the HF exporter after :func:`merge_lora_state_dict` folded them away.
 
 The update is ``y = W x + (alpha / rank) * B A dropout(x)`` with ``B = 0`` at the start, so a freshly adapted
 model computes exactly what the base model did. ``A`` is drawn from a generator seeded by the run seed and the
-parameter's layer-independent name, so the adapters do not depend on the pipeline layout.
+parameter's layer-independent name, so the adapters do not depend on the pipeline or tensor layout.
+
+Tensor parallelism: an adapter is split the way megatron splits its base weight, so that ``B A`` is always the
+local shard of the full update and merging works shard by shard.
+
+* Column-parallel targets (``linear_qkv``, ``linear_fc1``: the output features are split) keep ``A`` whole
+  (``[rank, in]``, replicated) and split ``B`` by output rows (``[out / tp, rank]``, like the weight; for a
+  gated ``linear_fc1`` that is ``[gate slice; up slice]``). Each rank's ``B`` sees only its output slice, so
+  the gradient reaching ``A x`` is a partial sum: it is all-reduced over the tensor-parallel group
+  (megatron's ``copy_to_tensor_model_parallel_region``) before it reaches ``A``, which makes ``A``'s gradient,
+  and the gradient of the input, the full ones on every rank. With sequence parallelism the input is first
+  all-gathered along the sequence; its gradient is then split back (not reduce-scattered: it is already full).
+  Dropout is applied before that gather, so the replicated ``A x`` sees one mask on every rank.
+* Row-parallel targets (``linear_proj``, ``linear_fc2``: the input features are split) split ``A`` by input
+  columns (``[rank, in / tp]``, the input is the rank's shard already), all-reduce ``A x`` (megatron's
+  ``reduce_from_tensor_model_parallel_region``) and keep ``B`` whole (``[out, rank]``, replicated); with
+  sequence parallelism the output is cut to the rank's sequence slice like the base layer's.
+
+So every replicated adapter tensor receives the whole gradient on every rank and stays identical across the
+group with no extra gradient synchronisation (megatron all-reduces over tensor parallelism only layer norms
+under sequence parallelism); the split tensors carry megatron's ``tensor_model_parallel`` attributes, so the
+gradient norm counts each shard once and replicated tensors on one rank only, as for base weights. Checkpoints
+store each split tensor as a tensor-parallel shard of the full one (the adapted module's ``sharded_state_dict``
+is extended per instance), so ``dist_checkpointing`` reshards adapters and their Adam state between layouts.
+MoE expert layers take adapters only without expert tensor parallelism (their communication is the token
+dispatcher's, not the layer's).
 
 Frozen parameters have ``requires_grad = False``; megatron's DDP gives them no gradient buffer and its
-optimizer no state, so only the adapters (and any unfrozen weights) are trained and checkpointed with Adam state.
-
-Scope: tensor parallelism 1 (the adapters are stored unsharded); any pipeline or data parallel layout.
+optimizer no state, so only the adapters (and any unfrozen weights) are trained and checkpointed with Adam
+state. ``model.lora.base_dtype: bf16`` builds the model (and so the frozen base and its matmuls) in bf16 while
+the adapters are fp32 parameters that compute in fp32 (QLoRA's split, without the 4-bit storage).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
+import functools
 import math
 import zlib
 from collections.abc import Iterator
@@ -31,32 +58,62 @@ from torch import nn
 
 from loongforge.errors import ConfigError
 
+#: How megatron splits each adaptable linear layer of a transformer layer at tensor parallelism.
+COLUMN, ROW = "column", "row"
+SPLITS = {"linear_qkv": COLUMN, "linear_proj": ROW, "linear_fc1": COLUMN, "linear_fc2": ROW}
 #: Linear layers of a megatron transformer layer that can carry an adapter.
-TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+TARGETS = tuple(SPLITS)
 ADAPTER = "lora"
+#: ``model.lora.base_dtype`` values: the dtype the frozen base is built in.
+BASE_DTYPES = ("bf16",)
 
 
 class LoRAAdapter(nn.Module):
-    """The low-rank update of one linear layer: ``delta(x) = scaling * B(A(dropout(x)))``."""
+    """The low-rank update of one (tensor-parallel shard of a) linear layer: ``scaling * B(A(dropout(x)))``.
 
-    def __init__(self, in_features: int, out_features: int, *, rank: int, alpha: float, dropout: float,
-                 dtype: torch.dtype, generator: torch.Generator) -> None:
+    ``weight_a``/``weight_b`` are this rank's pieces (see the module docstring for which one is split);
+    ``split`` is :data:`COLUMN` or :data:`ROW`; ``tp_group`` the tensor-parallel group the base layer is split
+    over; ``sequence_parallel`` whether its input (column) or output (row) is split along the sequence.
+    """
+
+    def __init__(self, weight_a: torch.Tensor, weight_b: torch.Tensor, *, split: str, scaling: float,
+                 dropout: float, tp_group: Any, sequence_parallel: bool) -> None:
+        from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
+
         super().__init__()
-        self.weight_a = nn.Parameter(torch.empty(rank, in_features, dtype=dtype))
-        self.weight_b = nn.Parameter(torch.zeros(out_features, rank, dtype=dtype))
-        self.scaling = alpha / rank
+        self.weight_a = nn.Parameter(weight_a)
+        self.weight_b = nn.Parameter(weight_b)
+        self.split, self.scaling, self.tp_group = split, scaling, tp_group
+        self.sequence_parallel = sequence_parallel
         self.dropout = nn.Dropout(dropout) if dropout else nn.Identity()
-        # nn.Linear's default (kaiming-uniform, a=sqrt(5)) bound, as in the LoRA paper's reference code.
-        bound = 1.0 / math.sqrt(in_features)
-        with torch.no_grad():
-            self.weight_a.copy_(torch.empty(rank, in_features).uniform_(-bound, bound, generator=generator))
+        name, axis = self.split_tensor()
+        set_tensor_model_parallel_attributes(getattr(self, name), True, axis, 1)
+
+    def split_tensor(self) -> tuple[str, int]:
+        """The name of the tensor that is split over tensor parallelism, and the axis it is split along."""
+        return ("weight_b", 0) if self.split == COLUMN else ("weight_a", 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(F.linear(self.dropout(x), self.weight_a), self.weight_b) * self.scaling
+        from megatron.core import tensor_parallel as tpl
 
-    def delta_weight(self) -> torch.Tensor:
-        """``scaling * B @ A``, the change to the base weight (shape ``[out, in]``)."""
-        return (self.weight_b @ self.weight_a) * self.scaling
+        x = x.to(self.weight_a.dtype)
+        if self.split == COLUMN:
+            # The input is the same on every rank (or, with sequence parallelism, this rank's sequence slice, run
+            # under megatron's per-rank RNG stream): drop out first, then gather, so all ranks hold one tensor.
+            x = self.dropout(x)
+            if self.sequence_parallel:
+                x = tpl.gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=False,
+                                                             group=self.tp_group)
+            down = tpl.copy_to_tensor_model_parallel_region(F.linear(x, self.weight_a), group=self.tp_group)
+            return F.linear(down, self.weight_b) * self.scaling
+        # The input is this rank's slice of the features, so its mask comes from the per-rank stream; megatron's
+        # transformer block has already entered that stream for all its layers under sequence parallelism.
+        per_rank = isinstance(self.dropout, nn.Dropout) and self.tp_group.size() > 1 and not self.sequence_parallel
+        with tpl.get_cuda_rng_tracker().fork() if per_rank else contextlib.nullcontext():
+            x = self.dropout(x)
+        down = tpl.reduce_from_tensor_model_parallel_region(F.linear(x, self.weight_a), group=self.tp_group)
+        up = F.linear(down, self.weight_b) * self.scaling
+        return tpl.scatter_to_sequence_parallel_region(up, group=self.tp_group) if self.sequence_parallel else up
 
 
 def _add_adapter_output(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
@@ -64,6 +121,28 @@ def _add_adapter_output(module: nn.Module, args: tuple, kwargs: dict, output: An
     x = args[0] if args else kwargs["input_"]
     out, bias = output
     return out + getattr(module, ADAPTER)(x).to(out.dtype), bias
+
+
+def _sharded_state_dict_with_adapter(module: nn.Module, gated: bool, prefix: str = "",
+                                     sharded_offsets: tuple = (), metadata: dict | None = None) -> dict[str, Any]:
+    """The adapted layer's own ``sharded_state_dict`` with its adapter's split tensor stated as a tensor-parallel
+    shard (megatron's layer method lists only ``weight``/``bias`` as split and would store it as a replica).
+    ``gated``: a SwiGLU ``linear_fc1``, whose shards megatron stores as separate gate and up pieces."""
+    from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
+    from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group
+    from megatron.core.utils import make_tp_sharded_tensor_for_checkpoint
+
+    metadata = ensure_metadata_has_dp_cp_group(metadata)
+    sharded = type(module).sharded_state_dict(module, prefix, sharded_offsets, metadata)
+    adapter = getattr(module, ADAPTER)
+    name, axis = adapter.split_tensor()
+    key = f"{prefix}{ADAPTER}.{name}"
+    entry = make_tp_sharded_tensor_for_checkpoint(getattr(adapter, name), key, axis, prepend_offsets=sharded_offsets,
+                                                  tp_group=adapter.tp_group, dp_cp_group=metadata["dp_cp_group"])
+    if gated:
+        entry = apply_swiglu_sharded_factory(entry, sharded_offsets, metadata.get("singleton_local_shards", False))
+    sharded[key] = entry
+    return sharded
 
 
 def _global_names(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
@@ -84,8 +163,9 @@ def _unwrap(module: nn.Module) -> nn.Module:
     return module
 
 
-def check_lora_settings(lora: Any, tp: int, where: str) -> None:
-    """Raise ConfigError for ``model.lora`` settings that cannot work."""
+def check_lora_settings(lora: Any, where: str, backend: Any = None) -> None:
+    """Raise ConfigError for ``model.lora`` settings that cannot work; with the run's device ``backend``, also
+    for a ``base_dtype`` the device cannot compute in (asked through ``DeviceBackend.supports``)."""
     if lora.rank < 1:
         raise ConfigError(f"{where}: model.lora.rank must be >= 1, got {lora.rank}")
     if lora.alpha <= 0:
@@ -95,28 +175,74 @@ def check_lora_settings(lora: Any, tp: int, where: str) -> None:
     unknown = [t for t in lora.targets if t not in TARGETS]
     if unknown or not lora.targets:
         raise ConfigError(f"{where}: model.lora.targets must name some of {', '.join(TARGETS)}; got {lora.targets}")
-    if tp != 1:
-        raise ConfigError(f"{where}: model.lora needs parallel.tp 1 (adapters are not tensor-parallel yet), got {tp}")
+    if lora.base_dtype is not None and lora.base_dtype not in BASE_DTYPES:
+        raise ConfigError(f"{where}: model.lora.base_dtype must be {' or '.join(BASE_DTYPES)} (or null: the run's "
+                          f"precision), got {lora.base_dtype!r}")
+    if lora.base_dtype is not None and backend is not None and not backend.supports(lora.base_dtype):
+        raise ConfigError(f"{where}: model.lora.base_dtype {lora.base_dtype} needs a device that computes in "
+                          f"{lora.base_dtype}; device '{backend.name}' does not")
+
+
+def base_params_dtype(lora: Any, run_dtype: str) -> str:
+    """The dtype a model is built in: ``model.lora.base_dtype`` when set, else the run's parameter dtype."""
+    return run_dtype if lora is None or lora.base_dtype is None else lora.base_dtype
+
+
+def add_lora(model_chunks: list[nn.Module], lora: Any, seed: int) -> list[str]:
+    """Add an adapter to every target linear layer of this rank's chunks (at their tensor-parallel layout);
+    freeze nothing. Returns the adapted layers' TP=1/PP=1 names. Megatron's parallel state must be initialised.
+
+    What loading a LoRA checkpoint into a plain model needs (add, load, :func:`merge_lora`); training adds
+    freezing on top (:func:`apply_lora`).
+    """
+    from megatron.core import parallel_state
+
+    dense_group = parallel_state.get_tensor_model_parallel_group()
+    expert_group = parallel_state.get_expert_tensor_parallel_group()
+    adapted = []
+    for chunk in model_chunks:
+        for name, module in list(_global_names(_unwrap(chunk))):
+            target = name.rsplit(".", 1)[-1]
+            if target not in lora.targets or not hasattr(module, "weight"):
+                continue
+            expert = ".experts." in name  # routed experts (not shared_experts): split over the expert TP group
+            config = module.config  # the megatron TransformerConfig the layer was built with (local and TE linears)
+            tp_group = expert_group if expert else dense_group
+            tp_rank, tp_size = tp_group.rank(), tp_group.size()
+            if expert and tp_size > 1:
+                raise ConfigError(f"model.lora: adapters on MoE expert layers ({name}) need expert tensor "
+                                  "parallelism 1 (parallel.etp: 1), or leave linear_fc1/linear_fc2 out of "
+                                  "model.lora.targets")
+            split = SPLITS[target]
+            out_local, in_local = module.weight.shape
+            in_features = in_local * tp_size if split == ROW else in_local
+            dtype = torch.float32 if lora.base_dtype is not None else module.weight.dtype
+            # A is drawn whole (nn.Linear's kaiming-uniform bound, as in the LoRA paper's reference code), then
+            # cut like the layer's input, so every tensor layout starts from the same adapters.
+            generator = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{name}".encode()))
+            bound = 1.0 / math.sqrt(in_features)
+            weight_a = torch.empty(lora.rank, in_features).uniform_(-bound, bound, generator=generator)
+            if split == ROW:
+                weight_a = weight_a.chunk(tp_size, dim=1)[tp_rank].contiguous()
+            adapter = LoRAAdapter(
+                weight_a.to(dtype), torch.zeros(out_local, lora.rank, dtype=dtype), split=split,
+                scaling=lora.alpha / lora.rank, dropout=lora.dropout, tp_group=tp_group,
+                sequence_parallel=config.sequence_parallel and not expert and tp_size > 1,
+            )
+            module.add_module(ADAPTER, adapter)
+            module.register_forward_hook(_add_adapter_output, with_kwargs=True)
+            gated = target == "linear_fc1" and config.gated_linear_unit
+            module.sharded_state_dict = functools.partial(_sharded_state_dict_with_adapter, module, gated)
+            adapted.append(name)
+    return adapted
 
 
 def apply_lora(model_chunks: list[nn.Module], lora: Any, seed: int) -> list[str]:
-    """Add an adapter to every target linear layer and freeze every other parameter; return the adapted names."""
-    adapted = []
+    """Freeze every parameter, then add an adapter to every target linear layer; return the adapted names."""
     for chunk in model_chunks:
-        model = _unwrap(chunk)
-        for param in model.parameters():
+        for param in chunk.parameters():
             param.requires_grad_(False)
-        for name, module in list(_global_names(model)):
-            if name.rsplit(".", 1)[-1] not in lora.targets or not hasattr(module, "weight"):
-                continue
-            out_features, in_features = module.weight.shape
-            generator = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{name}".encode()))
-            adapter = LoRAAdapter(in_features, out_features, rank=lora.rank, alpha=lora.alpha,
-                                  dropout=lora.dropout, dtype=module.weight.dtype, generator=generator)
-            module.add_module(ADAPTER, adapter)
-            module.register_forward_hook(_add_adapter_output, with_kwargs=True)
-            adapted.append(name)
-    return adapted
+    return add_lora(model_chunks, lora, seed)
 
 
 def freeze_parameters(model_chunks: list[nn.Module], patterns: list[str], where: str) -> int:
@@ -144,25 +270,49 @@ def freeze_parameters(model_chunks: list[nn.Module], patterns: list[str], where:
     return frozen
 
 
-def apply_adapters(model_chunks: list[nn.Module], config: Any) -> None:
-    """``model.lora`` then ``model.freeze`` on this rank's model chunks, before DDP and the optimizer exist."""
+def _count_parameters(model_chunks: list[nn.Module]) -> tuple[int, int]:
+    """``(trainable, total)`` parameters of the whole model over all ranks, each counted once: a tensor-parallel
+    shard on its rank, a tensor-parallel replica (a norm, a replicated adapter tensor), a data-parallel replica and
+    a tied output layer (a copy of the embedding) on one rank only -- megatron's own tests for each
+    (``param_is_not_tensor_parallel_duplicate``, ``param_is_not_shared``; expert weights, which megatron's DDP
+    tells apart by ``allreduce = False``, have their own data-parallel group)."""
     from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
+    from megatron.core.transformer.module import param_is_not_shared
 
-    where = config.source
-    if config.model.lora is not None:
-        check_lora_settings(config.model.lora, parallel_state.get_tensor_model_parallel_world_size(), where)
-        apply_lora(model_chunks, config.model.lora, config.run.seed)
-    if config.model.freeze:
-        freeze_parameters(model_chunks, config.model.freeze, where)
-    params = [p for c in model_chunks for p in c.parameters()]
-    counts = torch.tensor([sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)])
+    dense_owner = parallel_state.get_data_parallel_rank() == 0
+    expert_owner = parallel_state.get_expert_data_parallel_rank() == 0
+    counts = torch.zeros(2, dtype=torch.int64)
+    for chunk in model_chunks:
+        for param in chunk.parameters():
+            owner = dense_owner if getattr(param, "allreduce", True) else expert_owner
+            if owner and param_is_not_shared(param) and param_is_not_tensor_parallel_duplicate(param):
+                counts += torch.tensor([param.numel() if param.requires_grad else 0, param.numel()])
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(counts)
     trainable, total = counts.tolist()
+    return trainable, total
+
+
+def apply_adapters(model_chunks: list[nn.Module], config: Any) -> None:
+    """``model.lora`` then ``model.freeze`` on this rank's model chunks, before DDP and the optimizer exist."""
+    where = config.source
+    if config.model.lora is not None:
+        check_lora_settings(config.model.lora, where)
+        apply_lora(model_chunks, config.model.lora, config.run.seed)
+    if config.model.freeze:
+        freeze_parameters(model_chunks, config.model.freeze, where)
+    trainable, total = _count_parameters(model_chunks)
     if trainable == 0:
         raise ConfigError(f"{where}: model.lora/model.freeze leave no parameter to train")
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(f"[loongforge] trainable parameters: {trainable:,} of {total:,} ({trainable / total:.2%})", flush=True)
+
+
+def _merged(weight: torch.Tensor, weight_a: torch.Tensor, weight_b: torch.Tensor, scaling: float) -> torch.Tensor:
+    """``weight + scaling * B @ A`` summed in fp32 and rounded once to ``weight``'s dtype (a bf16 base from
+    ``model.lora.base_dtype`` with fp32 adapters), the same in both merges so their exports are bitwise equal."""
+    return (weight.float() + (weight_b.float() @ weight_a.float()) * scaling).to(weight.dtype)
 
 
 @torch.no_grad()
@@ -172,8 +322,9 @@ def merge_lora(model: nn.Module) -> nn.Module:
     for module in list(_unwrap(model).modules()):
         adapter = module._modules.get(ADAPTER)
         if isinstance(adapter, LoRAAdapter):
-            module.weight.add_(adapter.delta_weight().to(module.weight.dtype))
+            module.weight.copy_(_merged(module.weight, adapter.weight_a, adapter.weight_b, adapter.scaling))
             del module._modules[ADAPTER]
+            vars(module).pop("sharded_state_dict", None)  # the layer's own method again
             for key, hook in list(module._forward_hooks.items()):
                 if hook is _add_adapter_output:
                     del module._forward_hooks[key]
@@ -193,7 +344,6 @@ def merge_lora_state_dict(state: dict[str, torch.Tensor], lora: Any) -> dict[str
     for key, weight_a in state.items():
         if key.endswith(suffix_a):
             base = key[: -len(suffix_a)]
-            weight_b = state[base + suffix_b]
-            delta = (weight_b.float() @ weight_a.float()) * scaling
-            merged[f"{base}.weight"] = (state[f"{base}.weight"].float() + delta).to(state[f"{base}.weight"].dtype)
+            weight = state[f"{base}.weight"]
+            merged[f"{base}.weight"] = _merged(weight, weight_a, state[base + suffix_b], scaling)
     return merged

@@ -17,6 +17,13 @@ makes a bad step, which is recorded in metrics.jsonl (``"bad"``, ``"action"``), 
 the update out); ``rewind`` reloads the newest checkpoint and goes on with the batches after the bad one. After a
 rewind the steps after that checkpoint are trained (and recorded) again.
 
+With ``evaluation.interval`` N > 0 the engine evaluates the weights after every N-th step and after step
+``training.steps`` (:meth:`~loongforge.train.engines.base.StepEngine.evaluate`), on healthy steps only (a bad step's
+weights are not the run's): its numbers join that step's row in metrics.jsonl as ``val_<name>`` (``val_loss``, and
+``val_ppl`` for language models), go to TensorBoard as ``val/<name>`` at that step (never averaged), appear in the
+progress output, and reach ``on_step_end``'s ``metrics``. Every random stream of the process is put back as it was
+after an evaluation, which reads its own fixed batches: a run trains the same losses with evaluation on as off.
+
 A preemption signal (:mod:`loongforge.train.preemption`) ends the loop at the next healthy step boundary with a
 checkpoint of that step and :class:`~loongforge.errors.TrainingPreempted`. Torch-free: ``loongforge check``
 imports :func:`validate_loop_settings`.
@@ -48,6 +55,8 @@ _CURRENT = ("lr",)
 #: Step metrics kept out of TensorBoard so that every engine writes the same tags there (throughput is
 #: ``samples_per_s`` for all; an LLM's tokens/s is that times ``data.seq_length``, and stays in the JSONL).
 _NOT_IN_TENSORBOARD = ("tokens_per_s",)
+#: Prefix of the evaluation's numbers in a step's row: TensorBoard has them under ``val/`` instead of ``train/``.
+_VALIDATION = "val_"
 
 
 def validate_loop_settings(config: LoongForgeConfig) -> None:
@@ -59,6 +68,8 @@ def validate_loop_settings(config: LoongForgeConfig) -> None:
         ("checkpoint.keep_last", config.checkpoint.keep_last, 0, " (0 keeps every checkpoint)"),
         ("training.spike_window", config.training.spike_window, 1, ""),
         ("training.max_recoveries", config.training.max_recoveries, 0, ""),
+        ("evaluation.interval", config.evaluation.interval, 0, " (0 turns evaluation off)"),
+        ("evaluation.steps", config.evaluation.steps, 1, ""),
     )
     for key, value, least, meaning in limits:
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -77,6 +88,7 @@ def fit(trainer: Trainer, metrics: MetricsWriter, progress: ProgressDisplay,
     :class:`~loongforge.errors.TrainingPreempted` after saving at the boundary that follows a preemption signal."""
     config, host = trainer.config, trainer.host
     total, log_every, save_every = config.training.steps, config.logging.interval, config.checkpoint.interval
+    eval_every = config.evaluation.interval
     health = StepHealth(config.training)
     start_step, saved_step, preempted_by = trainer.step, None, None
     history: list[dict[str, Any]] = []
@@ -90,6 +102,10 @@ def fit(trainer: Trainer, metrics: MetricsWriter, progress: ProgressDisplay,
             if bad is not None:  # a background save in flight is the newest checkpoint to name or rewind to
                 _complete_save(trainer, progress, wait=True)
             action, why = _judged(trainer, health, result, bad, row)
+            validation = None
+            if bad is None and eval_every and (trainer.step % eval_every == 0 or trainer.step == total):
+                validation = _evaluate(trainer, metrics)
+                row.update({f"{_VALIDATION}{name}": value for name, value in validation.items()})
             history.append(row)
             unlogged.append(row)
             metrics.record(trainer.step, row)
@@ -98,6 +114,8 @@ def fit(trainer: Trainer, metrics: MetricsWriter, progress: ProgressDisplay,
             if logged:
                 shown, unlogged = _log(metrics, trainer.step, unlogged), []
             progress.update(trainer.step, shown, logged=logged)
+            if validation is not None:
+                progress.evaluation(trainer.step, validation)
             if bad is not None and action == "stop":  # raised before any save: no checkpoint holds this step
                 raise _diverged(trainer, bad, why)
             host.on_step_end(trainer=trainer, step=trainer.step, metrics=row)
@@ -143,6 +161,21 @@ def _step(trainer: Trainer, health: StepHealth) -> tuple[StepResult, dict[str, A
         row["tokens_per_s"] = engine.tokens_per_step / step_time
     row.update(step_time=step_time, skipped=result.skipped)
     return result, row
+
+
+def _evaluate(trainer: Trainer, metrics: MetricsWriter) -> dict[str, float]:
+    """The engine's validation numbers of this step's weights, written to TensorBoard (``val/<name>``) at once. The
+    process's random streams (Python, NumPy, torch, the device's, megatron's trackers) are restored afterwards, so
+    the next step draws exactly what it would have drawn without the evaluation."""
+    from loongforge.checkpoint.rng import capture_rng_state, restore_rng_state
+
+    streams = capture_rng_state(trainer.backend)
+    try:
+        values = trainer.engine.evaluate()
+    finally:
+        restore_rng_state(streams, trainer.backend)
+    metrics.log(trainer.step, values, group="val")
+    return values
 
 
 def _judged(trainer: Trainer, health: StepHealth, result: StepResult, bad: BadStep | None,
@@ -208,7 +241,8 @@ def _diverged(trainer: Trainer, bad: BadStep, why: str) -> TrainingDivergedError
 def _log(metrics: MetricsWriter, step: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Write the interval's averages to TensorBoard and flush the sinks; return the averages (for progress)."""
     averaged = _averaged(rows)
-    metrics.log(step, {k: v for k, v in averaged.items() if k not in _NOT_IN_TENSORBOARD})
+    metrics.log(step, {k: v for k, v in averaged.items()
+                       if k not in _NOT_IN_TENSORBOARD and not k.startswith(_VALIDATION)})
     return averaged
 
 
@@ -228,7 +262,7 @@ def _is_number(value: Any) -> bool:
 
 def _summary(trainer: Trainer, history: list[dict[str, Any]], start_step: int) -> dict[str, Any]:
     """Steps, first and last loss, throughput (the first step of a process includes one-off work -- allocations,
-    lazy init -- so it is left out) and the newest checkpoint."""
+    lazy init -- so it is left out), the newest evaluation's numbers (``val_loss`` ...) and the newest checkpoint."""
     engine = trainer.engine
     timed = history[1:] or history
     seconds = sum(m["step_time"] for m in timed)
@@ -241,5 +275,8 @@ def _summary(trainer: Trainer, history: list[dict[str, Any]], start_step: int) -
     }
     if engine.tokens_per_step is not None:
         summary["tokens_per_s"] = len(timed) * engine.tokens_per_step / seconds if seconds else 0.0
+    evaluated = [row for row in history if f"{_VALIDATION}loss" in row]
+    if evaluated:  # the newest evaluation of this run
+        summary.update({key: value for key, value in evaluated[-1].items() if key.startswith(_VALIDATION)})
     summary["checkpoint_dir"] = str(trainer.last_checkpoint) if trainer.last_checkpoint else None
     return summary

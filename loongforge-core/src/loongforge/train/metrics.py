@@ -6,7 +6,8 @@ buffered and flushed every ``logging.interval`` steps so the training loop does 
 disk before each checkpoint is saved (:meth:`MetricsWriter.sync`): a run killed after a save has every line up to
 the saved step, so its resume (which drops lines past the checkpoint) leaves neither holes nor duplicates.
 TensorBoard gets what the loop logs at logging steps: the values averaged over the interval
-(:mod:`loongforge.train.loop`), under ``train/<name>``.
+(:mod:`loongforge.train.loop`), under ``train/<name>``; an evaluation's numbers go under ``val/<name>`` at the step
+evaluated.
 """
 
 from __future__ import annotations
@@ -59,12 +60,13 @@ class MetricsWriter:
         if self._jsonl is not None:
             self._jsonl.write(json.dumps(_json_safe({"step": step, **metrics}), allow_nan=False) + "\n")
 
-    def log(self, step: int, metrics: dict[str, Any]) -> None:
-        """A logging-interval step: write ``metrics``' numbers to TensorBoard and flush both sinks."""
+    def log(self, step: int, metrics: dict[str, Any], *, group: str = "train") -> None:
+        """A logging-interval step (or an evaluation, ``group="val"``): write ``metrics``' numbers to TensorBoard as
+        ``<group>/<name>`` and flush both sinks."""
         if self._tb is not None:
             for key, value in metrics.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self._tb.add_scalar(f"train/{key}", value, step)
+                    self._tb.add_scalar(f"{group}/{key}", value, step)
         self._flush()
 
     def sync(self) -> None:

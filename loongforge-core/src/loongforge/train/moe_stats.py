@@ -16,7 +16,6 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.transformer.moe import moe_utils
-from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 from megatron.core.transformer.moe.router import TopKRouter
 
 
@@ -29,12 +28,8 @@ class MoEStats:
         self._counts = torch.zeros(self.num_layers, self.num_experts, dtype=torch.int64)
         # Without sequence parallelism the tensor-parallel ranks route the same tokens: count them once.
         self._counts_here = config.sequence_parallel or parallel_state.get_tensor_model_parallel_rank() == 0
-        # megatron keeps two process-wide MoE states: the aux loss's backward scale (created by the first backward
-        # through an MoE layer, 0-dim without a schedule and [1] under one, then copied into) and the tracker the
-        # routers add their losses to. A run must inherit neither from an earlier model in the same process (a
-        # test, a notebook): a stale scale of another shape fails the first step, stale losses inflate its aux.
-        MoEAuxLossAutoScaler.main_loss_backward_scale = None
-        moe_utils.clear_aux_losses_tracker()
+        # megatron's process-wide MoE states (the tracker, the aux loss's backward scale) were reset when the model
+        # was built (loongforge.models.builder), so nothing an earlier model in this process left counts here.
         for chunk in chunks:
             for module in chunk.modules():
                 if isinstance(module, TopKRouter):
@@ -61,3 +56,9 @@ class MoEStats:
             aux = tracker["load_balancing_loss"]["values"].sum().item() / num_microbatches / self.num_layers
             moe_utils.clear_aux_losses_tracker()
         return aux, counts.tolist()
+
+    def discard(self) -> None:
+        """Forget what forward passes since the last :meth:`collect` counted (an evaluation's, which are not a
+        step's): the token counts, and any losses the routers tracked."""
+        self._counts.zero_()
+        moe_utils.clear_aux_losses_tracker()

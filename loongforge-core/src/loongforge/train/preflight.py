@@ -8,7 +8,7 @@ it: a torch-native strategy, a tokenizer). In order:
 
 1. loop settings (:func:`loongforge.train.loop.validate_loop_settings`), the loss normalisation, the optimizer
    and schedule values (a NaN, infinite or negative learning rate would train garbage rather than fail) and the
-   run's other numbers (seed, threads, batch sizes, sample length, validation share);
+   run's other numbers (seed, threads, batch sizes, sample length, validation share, ``evaluation:``);
 2. the model family resolves, with its parts and ``model.overrides`` (unknown fields with did-you-mean, types);
 3. every name the run uses resolves (device, strategy, dataset and tokenizer for megatron models, optimizations);
 4. the plugin-owned sections against their declared dataclasses (:mod:`loongforge.config.plugin_sections`):
@@ -19,7 +19,8 @@ it: a torch-native strategy, a tokenizer). In order:
    describe this model --, ``checkpoint.resume``, a task's paths), the tokenizer fits the vocabulary and
    ``data.seq_length`` the positions; for a megatron model the data opens as training opens it
    (:func:`loongforge.train.batches.open_dataset`: headers, sizes, malformed lines, token ids against the
-   vocabulary) and holds a training sample; the output and checkpoint directories can be written
+   vocabulary) and holds a training sample -- and, when it evaluates, validation rows (the held-out split or
+   ``evaluation.data``) for at least one global batch; the output and checkpoint directories can be written
    (:mod:`loongforge.train.writable`).
 
 Part of :mod:`loongforge.train` (whose run calls it first) rather than of :mod:`loongforge.config`: it asks the
@@ -102,16 +103,22 @@ def _check(config: LoongForgeConfig, world_size: int, backend: DeviceBackend, ho
     lines = _names(config, family, backend, host)
     _check_optimizations(config, host)
     paths = [(f"data.paths[{i}]", p) for i, p in enumerate(config.data.paths)] if family.engine == "megatron" else []
+    paths += [(f"evaluation.data[{i}]", p) for i, p in enumerate(config.evaluation.data)]
     options = task_options(family, config)
+    global_batch = None
     if family.engine == "task":
         paths += named_paths(options, "task") if options is not None else []
         device_options(backend, config)
         lines.append(_check_task_layout(config, world_size, host))
     else:
-        lines += _check_megatron(config, world_size, family, backend, host)
+        from loongforge.train.batches import check_validation_source
+
+        check_validation_source(config)
+        checked, global_batch = _check_megatron(config, world_size, family, backend, host)
+        lines += checked
     _check_paths(config, paths)
     if family.engine == "megatron":
-        lines.append(_check_dataset(config, family, host))
+        lines += _check_dataset(config, family, host, global_batch)
     else:
         lines += family.check_task(config, options)
     check_writable(config, create=False)  # run.output_dir and the checkpoint root, without creating them
@@ -236,9 +243,10 @@ def _check_task_layout(config: LoongForgeConfig, world_size: int, host: PluginHo
 
 
 def _check_megatron(config: LoongForgeConfig, world_size: int, family: ModelFamily, backend: DeviceBackend,
-                    host: PluginHost) -> list[str]:
-    """Layout, batch, precision, LoRA and ``model.load`` of a megatron-engine model; what resolved."""
-    decoder, lines = family.decoder, []
+                    host: PluginHost) -> tuple[list[str], int | None]:
+    """Layout, batch, precision, LoRA and ``model.load`` of a megatron-engine model; what resolved, and the global
+    batch (``None`` under ``parallel: auto``, whose planner picks it at train time)."""
+    decoder, lines, global_batch = family.decoder, [], None
     where = f"parallel.strategy in {config.source}"
     strategy = check_strategy(host.registry("strategy").load(config.parallel.strategy, where=where),
                               config.parallel.strategy, "megatron", where, config.model.name or family.family_name)
@@ -251,6 +259,7 @@ def _check_megatron(config: LoongForgeConfig, world_size: int, family: ModelFami
         if layout.cp > 1 and config.data.pack:
             raise ConfigError(f"{config.source}: data.pack (block-diagonal attention masks) does not support "
                               "parallel.cp > 1 yet")
+        global_batch = plan.global_batch_size
         lines.append(f"parallel: tp={layout.tp} pp={layout.pp} cp={layout.cp} ep={layout.ep} dp={layout.dp} "
                      f"for {world_size} process(es), {plan.num_microbatches} micro-batch(es) per step")
         from loongforge.models.recompute import recompute_kwargs  # megatron's own checks come after process groups
@@ -261,12 +270,14 @@ def _check_megatron(config: LoongForgeConfig, world_size: int, family: ModelFami
     if config.model.lora is not None:
         from loongforge.models.lora import check_lora_settings
 
-        check_lora_settings(config.model.lora, config.parallel.tp, config.source)
+        check_lora_settings(config.model.lora, config.source, backend)
+        if config.model.lora.base_dtype is not None:
+            lines.append(f"model.lora.base_dtype: the frozen base in {config.model.lora.base_dtype}, adapters in fp32")
     if config.model.load:
         from loongforge.interop.load_source import model_load_source
 
         lines.append(f"model.load: {_keyed(config, 'model.load', lambda: model_load_source(config, family))}")
-    return lines
+    return lines, global_batch
 
 
 def _device_settings(config: LoongForgeConfig, backend: DeviceBackend) -> MegatronSettings:
@@ -279,17 +290,37 @@ def _device_settings(config: LoongForgeConfig, backend: DeviceBackend) -> Megatr
         raise ConfigError(f"{config.source}: training.precision / device_options: {exc}") from None
 
 
-def _check_dataset(config: LoongForgeConfig, family: ModelFamily, host: PluginHost) -> str:
+def _check_dataset(config: LoongForgeConfig, family: ModelFamily, host: PluginHost,
+                   global_batch: int | None) -> list[str]:
     """The data of a megatron model, opened and split as training does (after the names, settings and paths it
-    needs are known good); what it holds, one line."""
-    from loongforge.train.batches import open_dataset, split_dataset
+    needs are known good), and -- when the run evaluates -- its validation rows against one ``global_batch``; what
+    they hold, one line each."""
+    from loongforge.train.batches import (
+        open_dataset,
+        split_dataset,
+        validation_batch_count,
+        validation_origin,
+        validation_rows,
+    )
 
     tokenizer = _check_data(config, family.decoder, host)
     # Raw text is tokenized (and cached for training) here: show progress where someone watches, on one rank.
     progress = sys.stderr.isatty() and int(os.environ.get("RANK", "0")) == 0
     train, valid = split_dataset(open_dataset(host, config, tokenizer, model=family, progress=progress), config)
     held_out = f", {len(valid)} held out" if valid is not None else ""
-    return f"data: {config.data.dataset}: {len(train)} training sample(s){held_out}"
+    lines = [f"data: {config.data.dataset}: {len(train)} training sample(s){held_out}"]
+    ev = config.evaluation
+    if ev.interval:
+        rows = _keyed(config, "evaluation.data", lambda: validation_rows(host, config, tokenizer, valid, model=family,
+                                                                        progress=progress))
+        origin = validation_origin(config)
+        if global_batch is None:
+            lines.append(f"evaluation: every {ev.interval} steps on {origin}: {len(rows)} sample(s)")
+        else:
+            batches = validation_batch_count(config, len(rows), global_batch, origin)
+            lines.append(f"evaluation: every {ev.interval} steps on {batches} global batch(es) of {global_batch} "
+                         f"from {origin}")
+    return lines
 
 
 def _check_data(config: LoongForgeConfig, decoder: Any, host: PluginHost) -> Any:
@@ -306,8 +337,10 @@ def _check_data(config: LoongForgeConfig, decoder: Any, host: PluginHost) -> Any
                           f"max_position_embeddings ({decoder.max_position_embeddings})")
     tokenizer = _keyed(config, "data.tokenizer", lambda: load_tokenizer(host, config))
     if tokenizer.vocab_size > decoder.vocab_size:
+        fix = ("use a tokenizer of that model (data.tokenizer)" if (config.model.load or "").startswith("hf:")
+               else "set model.overrides.vocab_size")
         raise ConfigError(f"{where}: tokenizer '{config.data.tokenizer}' has {tokenizer.vocab_size} ids but model "
-                          f"'{config.model.name}' only {decoder.vocab_size} (set model.overrides.vocab_size)")
+                          f"'{config.model.name}' only {decoder.vocab_size} ({fix})")
     return tokenizer
 
 

@@ -60,6 +60,11 @@ class ProgressDisplay:
             eta = elapsed / done * (self.total - step) if done else 0.0
             print(f"step {step}/{self.total} | {_fmt(metrics)} | eta {eta:.0f}s", flush=True)
 
+    def evaluation(self, step: int, values: dict[str, float]) -> None:
+        """An evaluation's numbers at ``step``, one line above the bar (or plainly)."""
+        self.message(f"step {step}/{self.total} | " + " | ".join(f"val_{name} {value:.4f}"
+                                                                  for name, value in values.items()))
+
     def message(self, text: str) -> None:
         """Print a line above the bar (or plainly) on rank 0."""
         if self.active:

@@ -30,7 +30,7 @@ import torch
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import ConfigError
 from loongforge.plugins import get_host
-from loongforge.resolve import decoder_flavor, registered_family, resolve_model_flavor
+from loongforge.resolve import decoder_flavor, model_label, registered_family, resolve_model_flavor
 from loongforge.train.preflight import preflight, requested_device
 from loongforge.train.writable import check_writable
 
@@ -218,7 +218,7 @@ def _build_trainer(
     from megatron.core import parallel_state
 
     from loongforge.models.building import build_model_chunks
-    from loongforge.train.batches import build_batches
+    from loongforge.train.batches import build_batches, validation_origin, validation_set
     from loongforge.train.checkpointing import RunCheckpoints, checkpoint_dir, run_metadata
     from loongforge.train.engines.megatron import MegatronEngine
     from loongforge.train.optim import build_optimizer
@@ -230,12 +230,17 @@ def _build_trainer(
     _connect_schedule(model, optimizer)
     dp_rank = parallel_state.get_data_parallel_rank()
     decoder = decoder_flavor(flavor)
-    data = build_batches(host, config, tokenizer, rank=info.rank, dp_rank=dp_rank, dp_size=layout.dp, model=flavor,
-                         num_microbatches=num_microbatches, dp_group=parallel_state.get_data_parallel_group())
+    data, valid = build_batches(host, config, tokenizer, rank=info.rank, dp_rank=dp_rank, dp_size=layout.dp,
+                                model=flavor, num_microbatches=num_microbatches,
+                                dp_group=parallel_state.get_data_parallel_group())
+    validation = validation_set(config, valid, global_batch) if config.evaluation.interval else None
+    if validation is not None:
+        _say(info.rank, f"evaluation: every {config.evaluation.interval} steps on {validation.batches} global "
+                        f"batch(es) of {validation_origin(config)}")
     n_params = sum(p.numel() for chunk in model for p in chunk.parameters())
     _say(
         info.rank,
-        f"model: {config.model.name} ({n_params / 1e6:.2f}M parameters on this rank), "
+        f"model: {model_label(config, flavor)} ({n_params / 1e6:.2f}M parameters on this rank), "
         f"global batch {global_batch} x {config.data.seq_length} tokens, {num_microbatches} micro-batches/step",
     )
     if config.model.recompute is not None:
@@ -254,6 +259,7 @@ def _build_trainer(
         checkpoints=RunCheckpoints(checkpoints, config, host, backend, metadata),
         extra_inputs=flavor.extra_inputs,
         sample=lambda chunks: _sample(chunks, decoder, tokenizer, config, info.rank),
+        validation=validation,
     )
     trainer = _trainer_for(engine, checkpoints, config, host, backend, info.rank)
     _resume(trainer, info.rank)
@@ -357,6 +363,9 @@ def _report(summary: dict, rank: int) -> None:
                  else f"{summary['samples_per_s']:,.1f} samples/s")
         _say(rank, f"done: {summary['steps']} steps, loss {summary['first_loss']:.4f} -> "
                    f"{summary['final_loss']:.4f}, {speed}")
+    if "val_loss" in summary:
+        _say(rank, "validation: " + ", ".join(f"{key.removeprefix('val_')} {value:.4f}"
+                                              for key, value in summary.items() if key.startswith("val_")))
     if summary["checkpoint_dir"]:
         _say(rank, f"checkpoint: {summary['checkpoint_dir']}")
     if summary["metrics_file"]:

@@ -18,6 +18,16 @@ from loongforge.errors import ConfigError
 from loongforge_diffusion.ema import EMA
 from loongforge_diffusion.options import EMAOptions
 
+#: Added to ``task.data_seed`` for the generated held-out captions: the samples after training and the validation
+#: split (``evaluation:``) come from a data seed the training set never uses.
+HELD_OUT_SEED_OFFSET = 7919
+
+
+def no_held_out_data(source: str) -> ConfigError:
+    """The one-line refusal of evaluation for a run on written data without ``evaluation.data``."""
+    return ConfigError(f"{source}: evaluation: task.data is a written dataset, which has no held-out split; name "
+                       "one of the same kind in evaluation.data (or set evaluation.interval: 0)")
+
 
 class EMAOption:
     """``task.ema``: an average of the trained weights, made at the first step, kept in the task's checkpoint

@@ -19,6 +19,10 @@ A run config names a Wan flavor (``model: wan-tiny``) and puts the diffusion opt
       ema: null               # {decay: 0.999, warmup: true}: samples use the averaged weights
       recompute: false        # activation checkpointing per block
 
+With ``evaluation.interval > 0`` core's loop logs the validation loss: the conditional flow-matching loss (no caption
+dropout) of the trained weights on moving squares of the held-out data seed (or on ``evaluation.data``: one written
+dataset or latent cache, like ``task.data``), with the same noise and noise levels at every evaluation.
+
 After training the task samples videos for held-out captions, writes them as GIFs to ``<output_dir>/samples``
 and, for moving squares, scores them with :mod:`loongforge_diffusion.scoring` (colour, direction, square-ness).
 ``loongforge sample CHECKPOINT --prompt "a red square of size 4 moving right"`` samples new captions later.
@@ -46,9 +50,16 @@ from loongforge_diffusion.data.moving_squares import (
 from loongforge_diffusion.media import write_video
 from loongforge_diffusion.options import WanTaskOptions
 from loongforge_diffusion.parallel import ContextParallel, context_parallel_step
-from loongforge_diffusion.run_options import EMAOption, checkpoint_weights, load_init
+from loongforge_diffusion.run_options import (
+    HELD_OUT_SEED_OFFSET,
+    EMAOption,
+    checkpoint_weights,
+    load_init,
+    no_held_out_data,
+)
 from loongforge_diffusion.scoring import score_videos
 from loongforge_diffusion.task import DiffusionTask
+from loongforge_diffusion.training import flavor_of, flow_matching_step
 from loongforge_diffusion.wan.checkpoint import load_wan_checkpoint
 from loongforge_diffusion.wan.flavors import WanFlavor
 from loongforge_diffusion.wan.lora import apply_lora
@@ -65,6 +76,7 @@ class WanRunTask(TaskBase):
         self.sample_options = self.options.sample
         self.flavor = flavor.with_overrides(**config.model.overrides) if config.model.overrides else flavor
         self.flavor_name = config.model.name
+        self.source = config.source
         self.geometry = Geometry(self.options.frames, self.options.side, self.options.speed)
         self.lora = self.options.lora
         self.ema = EMAOption(self.options.ema)
@@ -98,23 +110,46 @@ class WanRunTask(TaskBase):
         self.ema.after_step(model)
 
     def build_dataset(self) -> Any:
-        opts = self.options
-        if opts.data is not None and (Path(opts.data).expanduser() / LATENT_INDEX).is_file():
-            return CachedLatentDataset(opts.data, latent_channels=self.flavor.out_channels,
-                                       text_dim=self.flavor.text_dim)
-        return self.task.build_dataset(opts.data, length=opts.samples, text_dim=self.flavor.text_dim,
-                                       seed=opts.data_seed, frames=self.geometry.frames, side=self.geometry.side,
-                                       speed=self.geometry.speed)
+        return self._dataset(self.options.data, self.options.samples, self.options.data_seed)
+
+    def validation_dataset(self, paths: list[str], samples: int) -> Any:
+        """``evaluation:``: the one written dataset or latent cache ``paths`` names, else -- for generated moving
+        squares -- ``samples`` of them from the held-out data seed (written ``task.data`` has no held-out split)."""
+        if len(paths) > 1:
+            raise ConfigError(f"{self.source}: evaluation.data names {len(paths)} paths; a Wan run reads one "
+                              "(a written dataset or a latent cache, like task.data)")
+        if paths:
+            return self._dataset(paths[0], samples, self.options.data_seed)
+        if self.options.data is not None:
+            raise no_held_out_data(self.source)
+        return self._dataset(None, samples, self.options.data_seed + HELD_OUT_SEED_OFFSET)
+
+    def _dataset(self, path: str | None, samples: int, seed: int) -> Any:
+        """A latent cache directory, a written dataset, or (``path`` null) ``samples`` moving squares of ``seed``."""
+        if path is not None and (Path(path).expanduser() / LATENT_INDEX).is_file():
+            return CachedLatentDataset(path, latent_channels=self.flavor.out_channels, text_dim=self.flavor.text_dim)
+        return self.task.build_dataset(path, length=samples, text_dim=self.flavor.text_dim, seed=seed,
+                                       frames=self.geometry.frames, side=self.geometry.side, speed=self.geometry.speed)
 
     def training_step(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The flow-matching loss with noise drawn per sample from (seed, step, dataset index): the same draws on
         one process or spread over data-parallel ranks, so every layout trains the same run."""
         self.steps += 1
         generators = sample_generators(self.task.seed, self.steps, batch["index"])
+        return self._loss(model, batch, generators, self.task.context_dropout)
+
+    def validation_loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor],
+                        generators: list[torch.Generator]) -> torch.Tensor:
+        """The conditional flow-matching loss (no caption dropout) with the evaluation's per-sample draws."""
+        return self._loss(model, batch, generators, 0.0)
+
+    def _loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], generators: list[torch.Generator],
+              context_dropout: float) -> torch.Tensor:
         if self.cp is None:
-            return self.task.training_step(model, batch, generators)
+            return flow_matching_step(model, batch, generators, self.task.objective, context_dropout=context_dropout,
+                                      clean_first_frame=flavor_of(model).per_token_timesteps)
         return context_parallel_step(model, batch, generators, self.cp, self.task.objective,
-                                     context_dropout=self.task.context_dropout,
+                                     context_dropout=context_dropout,
                                      clean_first_frame=self.flavor.per_token_timesteps)
 
     def state_dict(self) -> dict[str, Any]:
@@ -129,8 +164,8 @@ class WanRunTask(TaskBase):
         opts = self.sample_options
         if opts.videos <= 0 or self.options.data is not None:
             return {}  # written data or latent caches have no caption encoder here (and latents need the VAE)
-        held_out = MovingSquares(opts.videos, text_dim=self.flavor.text_dim, seed=self.options.data_seed + 7919,
-                                 geometry=self.geometry)
+        held_out = MovingSquares(opts.videos, text_dim=self.flavor.text_dim,
+                                 seed=self.options.data_seed + HELD_OUT_SEED_OFFSET, geometry=self.geometry)
         items = [held_out[i] for i in range(len(held_out))]
         context = torch.stack([item["context"] for item in items])
         labels = torch.stack([item["labels"] for item in items])

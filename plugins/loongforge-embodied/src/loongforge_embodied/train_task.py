@@ -18,7 +18,10 @@ A run config names a flavor (``model: pi05-tiny``) and puts the policy options u
       eval: {frames: 128, steps: 10, seed: 0}   # after training; frames: 0 skips it
       recompute: false           # activation checkpointing of every layer (policies/recompute.py)
 
-Stats for the normaliser come from the training frames. After training, ``finish`` samples action chunks for
+Stats for the normaliser come from the training frames. With ``evaluation.interval > 0`` core's loop logs the
+validation loss: the flow-matching loss of the trained policy on the held-out episodes' frames (or on every episode
+of the LeRobotDataset root ``evaluation.data`` names), normalised with the training stats, with the same noise and
+times at every evaluation. After training, ``finish`` samples action chunks for
 held-out frames (Euler, ``eval.steps`` steps from seeded noise) and reports their mean squared error against the
 recorded chunks, in the dataset's units over non-padded steps, next to two baselines that ignore the
 observation: zeros and the training mean action.
@@ -201,11 +204,40 @@ class PolicyTask(TaskBase):
             checkpoint_layers(model)
         return model
 
+    def validation_dataset(self, paths: list[str], samples: int) -> PolicyFrames:
+        """``evaluation:``: the held-out episodes' frames, or every episode of the one LeRobotDataset root
+        ``paths`` names, as training items normalised with the training split's normaliser (all frames are read;
+        the evaluation takes the first ``samples``)."""
+        if len(paths) > 1:
+            raise ConfigError(f"{self.source}: evaluation.data names {len(paths)} paths; a policy run reads one "
+                              "LeRobotDataset root")
+        if paths:
+            root = Path(paths[0]).expanduser()
+            episodes = [ep.index for ep in LeRobotDataset(root).episodes]
+        else:
+            root = self._root()
+            _, episodes = self._split(root)
+            if not episodes:
+                raise ConfigError(f"{self.source}: evaluation: task.held_out_episodes is 0, so no episode is held "
+                                  "out; hold some out or name a LeRobotDataset root in evaluation.data")
+        frames = self._frames(root, episodes)
+        dims = (frames.state_dim, frames.action_dim)
+        if dims != (self.state_dim, self.action_dim):
+            raise ConfigError(f"{self.source}: evaluation.data {root} has state/action dimensions {dims}; the "
+                              f"training data has {(self.state_dim, self.action_dim)}")
+        frames.items = [self.training_item(frame) for frame in frames.frames]
+        return frames
+
     def training_step(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The flow-matching loss with noise and time drawn per sample from (seed, step, dataset index): the same
         draws on one process or spread over data-parallel ranks, so every layout trains the same run."""
         self.steps += 1
-        generators = sample_generators(self.seed, self.steps, batch["index"])
+        return self.validation_loss(model, batch, sample_generators(self.seed, self.steps, batch["index"]))
+
+    def validation_loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor],
+                        generators: list[torch.Generator]) -> torch.Tensor:
+        """The flow-matching loss of ``batch`` with noise and time from ``generators``, one per sample (training
+        and validation differ only in where the draws come from)."""
         actions = batch["actions"]
         t = self.flow.sample_time(generators).to(actions.device)
         noise = fm.sample_noise(actions.shape[1:], generators).to(actions.device)

@@ -83,7 +83,7 @@ def loongforge_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_s
         checkpoint_config,
         checkpoint_dtype,
         hf_side_files,
-        load_model_weights,
+        load_trained_weights,
         resolve_flavor,
     )
     from loongforge.interop.sharding import gather_full_state
@@ -106,7 +106,7 @@ def loongforge_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_s
     check_out_dir(out_dir)
     with standalone_world() as backend:
         vlm = build_standalone(flavor, backend, dtype)
-        load_model_weights(path, [vlm])
+        load_trained_weights(path, [vlm], config)  # a LoRA run: its adapters folded in
         language = gather_full_state([vlm.language_model])
         state = {**{f"encoder.{k}": v for k, v in vlm.encoder.state_dict().items()},
                  **{f"language_model.{k}": v for k, v in language.items()}}

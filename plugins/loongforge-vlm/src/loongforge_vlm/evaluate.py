@@ -72,7 +72,7 @@ def evaluate(checkpoint: str | Path, *, data: list[str] | None = None, limit: in
     from loongforge.interop.mcore_checkpoint import (
         checkpoint_config,
         checkpoint_dtype,
-        load_model_weights,
+        load_trained_weights,
         resolve_flavor,
     )
     from loongforge.interop.world import standalone_world
@@ -93,7 +93,7 @@ def evaluate(checkpoint: str | Path, *, data: list[str] | None = None, limit: in
     count = min(len(dataset), limit) if limit else len(dataset)
     with standalone_world() as backend:
         model = build_standalone(flavor, backend, checkpoint_dtype(path, config)).eval()
-        load_model_weights(path, [model])
+        load_trained_weights(path, [model], config)  # a LoRA run: its adapters folded in
         references, answers = [], []
         for index in range(count):
             sample = dataset[index]

@@ -1,10 +1,11 @@
 """The interface between the loop and a step engine.
 
-An engine supplies only what differs between model kinds: one optimizer step, saving and loading its state,
-its position in the data, the optimizer's parameter groups, the counts the summary needs and its after-training
-work. Everything else -- step cadence, lifecycle hooks, ``should_stop``, the learning-rate schedule's stepping,
-metrics, progress, checkpoint cadence, the summary and what a bad step does (:mod:`loongforge.train.health`) --
-is the loop's (:mod:`loongforge.train.loop`), so it behaves the same for every model.
+An engine supplies only what differs between model kinds: one optimizer step, the validation loss of the current
+weights, saving and loading its state, its position in the data, the optimizer's parameter groups, the counts the
+summary needs and its after-training work. Everything else -- step cadence, lifecycle hooks, ``should_stop``, the
+learning-rate schedule's stepping, metrics, progress, checkpoint and evaluation cadence, the summary and what a bad
+step does (:mod:`loongforge.train.health`) -- is the loop's (:mod:`loongforge.train.loop`), so it behaves the same
+for every model.
 """
 
 from __future__ import annotations
@@ -94,6 +95,18 @@ class StepEngine(abc.ABC):
     @abc.abstractmethod
     def seek_data(self, position: Any) -> None:
         """Continue the data from a :meth:`data_position`."""
+
+    @abc.abstractmethod
+    def evaluate(self) -> dict[str, float]:
+        """The current weights' numbers on the validation batches (``evaluation:``), known on every rank; the loop
+        records each as ``val_<name>`` (JSONL) and ``val/<name>`` (TensorBoard). Every engine reports ``loss``.
+
+        Called only when ``evaluation.interval > 0``, between two steps and on every rank (collective). Forward only:
+        no gradient, the model in eval mode and then back in the mode it was in, and the same fixed batches (and,
+        for draws a loss needs, the same seeded streams) every time, so the number is deterministic and comparable
+        across steps and resumed runs. It must leave training exactly as it found it -- the data position, the
+        weights, the optimizer and every random stream the next step draws from (the loop also restores the
+        process-wide streams around it) -- so that a run trains the same losses with evaluation on as off."""
 
     def finish(self, trainer: Trainer) -> dict[str, Any]:
         """After the last step: what the engine adds to the run summary (a text sample, a task's scores)."""

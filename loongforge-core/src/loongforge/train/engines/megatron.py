@@ -7,6 +7,7 @@ loss per step (the optimizer's grad-norm already synchronises), no file I/O and 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -24,9 +25,14 @@ from loongforge.train.engines.base import StepEngine, StepResult
 from loongforge.train.moe_stats import MoEStats
 
 if TYPE_CHECKING:
+    from loongforge.train.batches import ValidationSet
     from loongforge.train.checkpointing import RunCheckpoints
     from loongforge.train.health import StepHealth
     from loongforge.train.trainer import Trainer
+
+#: ``math.exp`` overflows above this; a larger validation loss has an infinite perplexity.
+_LARGEST_EXP = 709.0
+
 
 def _masked_mean_loss(loss_mask: torch.Tensor, per_token_loss: torch.Tensor) -> tuple[torch.Tensor, dict]:
     """Mean cross-entropy over the tokens ``loss_mask`` selects.
@@ -56,14 +62,16 @@ class MegatronEngine(StepEngine):
     """Model chunks (megatron DDP), megatron's optimizer and the batch iterator, stepped by the schedule.
 
     ``extra_inputs`` are the batch keys the model's forward takes beside the text (a VLM's pixels); ``sample``
-    writes the after-training text sample (``None`` when there is none).
+    writes the after-training text sample (``None`` when there is none); ``validation`` is what :meth:`evaluate`
+    reads (``None`` while ``evaluation.interval`` is 0).
     """
 
     name: ClassVar[str] = "megatron"
 
     def __init__(self, *, config: LoongForgeConfig, model: list[Any], optimizer: Any, data: Any,
                  num_microbatches: int, global_batch_size: int, checkpoints: RunCheckpoints,
-                 extra_inputs: tuple[str, ...], sample: Callable[[Any], str | None]) -> None:
+                 extra_inputs: tuple[str, ...], sample: Callable[[Any], str | None],
+                 validation: ValidationSet | None = None) -> None:
         self.config = config
         self.model = model
         self.optimizer = optimizer
@@ -74,8 +82,10 @@ class MegatronEngine(StepEngine):
         self._checkpoints = checkpoints
         self._sample = sample
         self._extra_inputs = extra_inputs
+        self._validation = validation
         self._forward_backward = get_forward_backward_func()
         self._dp_group = parallel_state.get_data_parallel_group()
+        self._dp_rank = parallel_state.get_data_parallel_rank()
         self._dp_size = parallel_state.get_data_parallel_world_size()
         self._pp_group = parallel_state.get_pipeline_model_parallel_group()
         self._pp_size = parallel_state.get_pipeline_model_parallel_world_size()
@@ -96,10 +106,18 @@ class MegatronEngine(StepEngine):
     # -- one step --------------------------------------------------------------------------------
 
     def _forward_step(self, data_iterator: Any, model: Any) -> tuple[torch.Tensor, Callable]:
-        batch = next(data_iterator)
+        return self._forward(next(data_iterator), model, token_sums=self._per_token)
+
+    def _validation_step(self, data_iterator: Any, model: Any) -> tuple[torch.Tensor, Callable]:
+        return self._forward(next(data_iterator), model, token_sums=True)
+
+    def _forward(self, batch: dict[str, Any], model: Any, *, token_sums: bool) -> tuple[torch.Tensor, Callable]:
+        """The per-token loss of one micro-batch and the loss function the schedule applies to it (``token_sums``:
+        summed with its token count, which :meth:`_reduce_token_loss` divides by over all micro-batches and
+        ranks)."""
         if self._cp_size > 1:  # this rank's chunks of every sequence
             batch = context.split_for_rank(batch, self._cp_rank, self._cp_size)
-        if self._per_token:  # local sums and counts; megatron normalises by the global count
+        if token_sums:  # local sums and counts; megatron normalises by the global count
             loss_func = partial(_token_sum_loss, batch["loss_mask"])
         elif self._cp_size > 1:  # the loss is the mean over all cp ranks' tokens
             loss_func = partial(context.global_mean_loss, self._cp_group, batch["loss_mask"])
@@ -172,9 +190,47 @@ class MegatronEngine(StepEngine):
         update_successful, grad_norm, _ = self.optimizer.step()
         return StepResult(loss=loss, grad_norm=grad_norm, skipped=not update_successful, extra=self._step_extra())
 
+    def evaluate(self) -> dict[str, float]:
+        """The mean cross-entropy per target token (``loss_mask``) over every token of the validation batches, and
+        its exponential, the perplexity (``ppl``).
+
+        Per token over all of them, whatever ``training.loss_normalization`` says: the number then depends on the
+        rows only, not on how they are split into micro-batches or ranks, and ``exp`` of it is the perplexity. One
+        forward-only pass of megatron's schedule over all ``batches x num_microbatches`` micro-batches, so
+        tensor-, pipeline-, context- and data-parallel layouts evaluate as they train; the sums are reduced over
+        the data- and context-parallel ranks (and the pipeline, whose last stage computed them)."""
+        validation = self._validation
+        feed: Any = validation.micro_batches(self.config.training.micro_batch_size, self.num_microbatches,
+                                             dp_rank=self._dp_rank, dp_size=self._dp_size)
+        feed = chunk_feeds(feed, len(self.model)) if len(self.model) > 1 else feed
+        modes = [chunk.training for chunk in self.model]
+        for chunk in self.model:
+            chunk.eval()
+        try:
+            with torch.no_grad():
+                reduced = self._forward_backward(
+                    forward_step_func=self._validation_step,
+                    data_iterator=feed,
+                    model=self.model if len(self.model) > 1 else self.model[0],
+                    num_microbatches=validation.batches * self.num_microbatches,
+                    seq_length=self.config.data.seq_length,
+                    micro_batch_size=self.config.training.micro_batch_size,
+                    forward_only=True,
+                )
+        finally:
+            for chunk, mode in zip(self.model, modes, strict=True):
+                chunk.train(mode)
+        if self._moe is not None:  # the routers counted the validation tokens too: not the next step's
+            self._moe.discard()
+        loss = self._reduce_token_loss(reduced)
+        return {"loss": loss, "ppl": math.exp(loss) if loss < _LARGEST_EXP else math.inf}
+
     def _step_extra(self) -> dict[str, Any]:
-        """The step's MoE numbers: the auxiliary loss for the metrics, tokens per expert for ``expert_tokens``."""
+        """The step's MoE numbers (the auxiliary loss for the metrics, tokens per expert for ``expert_tokens``) and,
+        with fp16's loss scaler, the scale the step ran with (it halves at an overflow, whose step is skipped)."""
         extra: dict[str, Any] = {}
+        if self.config.training.precision == "fp16":
+            extra["loss_scale"] = float(self.optimizer.get_loss_scale())
         if self._moe is not None:
             aux, self.expert_tokens = self._moe.collect(self.num_microbatches)
             if aux is not None:

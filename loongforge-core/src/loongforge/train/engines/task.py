@@ -4,10 +4,11 @@ and gradient clipping on one process or under a torch-native strategy (DDP, ZeRO
 
 The loop (:mod:`loongforge.train.loop`) drives it exactly as it drives the megatron engine: the same learning-rate
 schedule, hooks, metrics and checkpoint cadence. This module owns what is particular to task models: a seeded data
-order, the task's loss, and checkpoints that continue bit-exactly (model, optimizer, every RNG stream including the
-task's own, data position). A checkpoint holds ``model.safetensors``, ``optimizer.pt`` and ``state.pt`` (loaded
-with ``weights_only=True``), ``trainer.json``, per-rank ``rng-<rank>.pt`` and the resolved ``config.yaml`` (which
-:func:`loongforge.train.task_loop.load_task_model` rebuilds the model from, e.g. for ``loongforge sample``).
+order, the task's loss and validation loss (:meth:`TaskEngine.evaluate`), and checkpoints that continue bit-exactly
+(model, optimizer, every RNG stream including the task's own, data position). A checkpoint holds
+``model.safetensors``, ``optimizer.pt`` and ``state.pt`` (loaded with ``weights_only=True``), ``trainer.json``,
+per-rank ``rng-<rank>.pt`` and the resolved ``config.yaml`` (which :func:`loongforge.train.task_loop.load_task_model`
+rebuilds the model from, e.g. for ``loongforge sample``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from loongforge.config.loader import config_to_dict
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import ConfigError
 from loongforge.parallel.strategy import check_strategy
-from loongforge.tasks import TaskBase
+from loongforge.tasks import VALIDATION_STEP, TaskBase, sample_generators
+from loongforge.train.batches import validation_batch_count
 from loongforge.train.checkpointing import warn
 from loongforge.train.engines.base import StepEngine, StepResult
 from loongforge.train.resume_settings import SETTINGS_KEY, check_resume_settings, schedule_settings
@@ -171,6 +173,7 @@ class TaskEngine(StepEngine):
         self.data = task.build_dataset()
         self.samples_per_step = config.training.micro_batch_size * self.dp_size
         self.order = BatchOrder(len(self.data), self.samples_per_step, config.run.seed)
+        self.validation, self.validation_batches = self._validation() if config.evaluation.interval else (None, 0)
         if strategy is not None:
             model = strategy.wrap(model, layout, config.parallel, bf16=config.training.precision == "bf16",
                                   run_forward=self._probe_forward)
@@ -182,11 +185,21 @@ class TaskEngine(StepEngine):
         self.optimizer = strategy.optimizer(params, **adamw) if strategy else torch.optim.AdamW(params, **adamw)
         self._saves = CheckpointWriter(background=config.checkpoint.async_save)
 
+    def _validation(self) -> tuple[Any, int]:
+        """The task's validation samples (its held-out split, or ``evaluation.data``) and the global batches of them
+        an evaluation reads."""
+        ev = self.config.evaluation
+        dataset = self.task.validation_dataset(list(ev.data), ev.steps * self.samples_per_step)
+        origin = f"evaluation.data ({', '.join(ev.data)})" if ev.data else "the task's held-out split"
+        return dataset, validation_batch_count(self.config, len(dataset), self.samples_per_step, origin)
+
     def describe(self) -> str:
-        """One line for the run log: size, data and layout."""
+        """One line for the run log: size, data, layout and evaluation."""
         layout = f", {self.layout.describe()}" if self.strategy is not None else ""
+        evaluation = (f"; evaluation every {self.config.evaluation.interval} steps on {self.validation_batches} "
+                      f"global batch(es)" if self.validation is not None else "")
         return (f"model: {self.config.model.name} ({self.num_params / 1e6:.2f}M parameters), {len(self.data)} "
-                f"samples, global batch {self.samples_per_step}{layout}")
+                f"samples, global batch {self.samples_per_step}{layout}{evaluation}")
 
     def _probe_forward(self, model: nn.Module) -> None:
         """One forward on one sample (the FSDP planner records which modules run), leaving the task's and torch's
@@ -225,6 +238,33 @@ class TaskEngine(StepEngine):
         self.optimizer.step()
         self.task.after_step(self.model)
         return StepResult(loss=float(loss), grad_norm=grad_norm)
+
+    def evaluate(self) -> dict[str, float]:
+        """The task's validation loss averaged over the first ``validation_batches`` global batches of its
+        validation samples, in order (rank ``r`` of the data-parallel ranks takes the ``r``-th micro-batch of each,
+        as in training), in eval mode without gradients.
+
+        Each sample's draws come from its own generator seeded by (``run.seed``,
+        :data:`~loongforge.tasks.VALIDATION_STEP`, its index): the same noise and timesteps at every evaluation and
+        on every layout, and none from the streams training draws from. Averaged over all ranks like the training
+        loss (context-parallel ranks each hold their group's loss)."""
+        mbs = self.config.training.micro_batch_size
+        was_training = self.model.training
+        self.model.eval()
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        try:
+            with torch.no_grad():
+                for number in range(self.validation_batches):
+                    first = number * self.samples_per_step + self.dp_rank * mbs
+                    indices = list(range(first, first + mbs))
+                    batch = _collate([self.validation[i] for i in indices], indices, self.device)
+                    generators = sample_generators(self.config.run.seed, VALIDATION_STEP, batch["index"])
+                    total += self.task.validation_loss(self.model, batch, generators).double()
+        finally:
+            self.model.train(was_training)
+        if self.world_size > 1:
+            dist.all_reduce(total)
+        return {"loss": float(total) / (self.validation_batches * self.world_size)}
 
     def _gradient_sum(self) -> float:
         """The sum of every gradient over all ranks (FSDP2: of each rank's shard): finite exactly when every

@@ -17,8 +17,10 @@ options under ``task:`` (see ``configs/diffusion-squares-image.yaml``)::
 
 The model takes the noise level ``sigma`` in ``[0, 1]`` as its timestep (it scales by 1000 itself, as diffusers'
 pipeline passes ``timestep / 1000``). Noise is drawn per sample from (seed, step, dataset index), so ddp/fsdp2 runs
-train the same run as one process. After training the task samples held-out captions with classifier-free
-guidance, writes PNGs to ``<output_dir>/samples`` and scores colour and square-ness
+train the same run as one process. With ``evaluation.interval > 0`` core's loop logs the validation loss: the
+conditional flow-matching loss (no caption dropout) of the trained weights on still squares of the held-out data
+seed, with the same noise and noise levels at every evaluation. After training the task samples held-out captions
+with classifier-free guidance, writes PNGs to ``<output_dir>/samples`` and scores colour and square-ness
 (:mod:`loongforge_diffusion.scoring`). ``loongforge sample CHECKPOINT --prompt "a red square of size 4" --format
 png`` samples new captions later.
 """
@@ -40,7 +42,7 @@ from loongforge_diffusion.media import to_frames
 from loongforge_diffusion.options import QwenImageTaskOptions
 from loongforge_diffusion.qwen_image.flavors import QwenImageFlavor
 from loongforge_diffusion.qwen_image.model import QwenImageModel, pack_latents, unpack_latents
-from loongforge_diffusion.run_options import EMAOption, checkpoint_weights, load_init
+from loongforge_diffusion.run_options import HELD_OUT_SEED_OFFSET, EMAOption, checkpoint_weights, load_init
 from loongforge_diffusion.sampling import euler_sample, guided, sigma_schedule
 from loongforge_diffusion.scoring import score_videos
 from loongforge_diffusion.training import flow_matching_loss, step_inputs
@@ -61,6 +63,7 @@ class QwenImageRunTask(TaskBase):
         self.objective = self.options.flow_matching
         self.flavor = flavor.with_overrides(**config.model.overrides) if config.model.overrides else flavor
         self.flavor_name = config.model.name
+        self.source = source
         p = self.flavor.patch_size
         if self.flavor.in_channels != CHANNELS * p * p or self.flavor.out_channels != CHANNELS:
             raise ConfigError(f"model '{self.flavor_name}' in {source}: pixel-space training needs in_channels "
@@ -98,14 +101,32 @@ class QwenImageRunTask(TaskBase):
         opts = self.options
         return StillSquares(opts.samples, text_dim=self.flavor.text_dim, seed=opts.data_seed, side=self.side)
 
+    def validation_dataset(self, paths: list[str], samples: int) -> StillSquares:
+        """``evaluation:``: ``samples`` still squares of the held-out data seed (still squares are generated, so
+        there are no paths to read)."""
+        if paths:
+            raise ConfigError(f"{self.source}: evaluation.data: a Qwen-Image run generates its still squares and "
+                              "reads no data files; leave evaluation.data empty (the held-out data seed is used)")
+        return StillSquares(samples, text_dim=self.flavor.text_dim,
+                            seed=self.options.data_seed + HELD_OUT_SEED_OFFSET, side=self.side)
+
     def training_step(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The flow-matching loss on packed pixel tokens, with each sample's noise level, noise and caption
         dropout drawn from its own (seed, step, dataset index) generator."""
         self.steps += 1
         generators = sample_generators(self.seed, self.steps, batch["index"])
+        return self._loss(model, batch, generators, self.context_dropout)
+
+    def validation_loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor],
+                        generators: list[torch.Generator]) -> torch.Tensor:
+        """The conditional flow-matching loss (no caption dropout) with the evaluation's per-sample draws."""
+        return self._loss(model, batch, generators, 0.0)
+
+    def _loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], generators: list[torch.Generator],
+              context_dropout: float) -> torch.Tensor:
         x0 = pack_latents(batch["image"], self.flavor.patch_size)
         inputs = step_inputs(model, {"video": x0, "context": batch["context"]}, generators, self.objective,
-                             context_dropout=self.context_dropout)
+                             context_dropout=context_dropout)
         sigma = inputs.timestep / NUM_TRAIN_TIMESTEPS  # the model takes the noise level itself
         prediction = model(inputs.model_input, inputs.context, None, sigma, self._grids(x0.shape[0]))
         return flow_matching_loss(prediction, inputs)
@@ -126,8 +147,8 @@ class QwenImageRunTask(TaskBase):
         opts = self.sample_options
         if opts.images <= 0:
             return {}
-        held_out = StillSquares(opts.images, text_dim=self.flavor.text_dim, seed=self.options.data_seed + 7919,
-                                side=self.side)
+        held_out = StillSquares(opts.images, text_dim=self.flavor.text_dim,
+                                seed=self.options.data_seed + HELD_OUT_SEED_OFFSET, side=self.side)
         items = [held_out[i] for i in range(len(held_out))]
         labels = torch.stack([item["labels"] for item in items])
         with self.ema.sampling_weights(model):
