@@ -195,9 +195,9 @@ def test_two_data_parallel_processes_evaluate_what_one_process_does(tmp_path):
 @pytest.mark.parametrize(("overrides", "message"), [
     (["evaluation.interval=-1"], "evaluation.interval must be an integer >= 0 (0 turns evaluation off), got -1"),
     (["evaluation.interval=10", "evaluation.steps=0"], "evaluation.steps must be an integer >= 1, got 0"),
-    (["evaluation.interval=10"], "evaluation.interval is 10 but there is no validation data: set "
-                                 "data.valid_fraction > 0 (hold out the end of the training data) or evaluation.data "
-                                 "(paths read like data.paths)"),
+    (["evaluation.interval=10", "data.valid_fraction=0"],
+     "evaluation.interval is 10 but there is no validation data: set data.valid_fraction > 0 (hold out the end of "
+     "the training data) or evaluation.data (paths read like data.paths)"),
     (["evaluation.interval=10", "evaluation.data=[missing/valid.txt]", "data.dataset=text",
       "data.paths=[TRAIN]"], "'evaluation.data[0]' names missing/valid.txt, which does not exist"),
 ])
