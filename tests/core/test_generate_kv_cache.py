@@ -98,10 +98,10 @@ def test_a_stopped_prompt_leaves_the_others_unchanged(hf_tiny, world):
     prompts = _prompts(vocab)
     free = _run(model, prompts, vocab)[0]
     stop = next(token for index, token in enumerate(free[0]) if index >= 3 and token not in free[0][:index])
-    stopped, logits = _run(model, prompts, vocab, stop_id=stop)
+    stopped, logits = _run(model, prompts, vocab, stop_ids={stop})
     assert stopped[0] == free[0][: free[0].index(stop)]
     for row, prompt in enumerate(prompts):
-        alone, alone_logits = _run(model, [prompt], vocab, stop_id=stop, use_cache=False)
+        alone, alone_logits = _run(model, [prompt], vocab, stop_ids={stop}, use_cache=False)
         assert stopped[row] == alone[0]
         steps = len(alone_logits)  # rows run on after a stop: compare the steps this prompt took
         assert (logits[:steps, row] - alone_logits[:, 0]).abs().max().item() <= 1e-4

@@ -60,3 +60,26 @@ def test_greedy_tokens_equal_transformers(case, vocab, tmp_path, capsys):
     assert [len(t) for t in theirs] == [STEPS, STEPS]
     assert all(len(set(t)) >= 4 for t in theirs)  # the models write varied text, not one repeated token
     assert ours == theirs
+
+
+def test_generation_config_stop_ids_end_the_continuation_where_transformers_stops(tmp_path, capsys):
+    """A chat model lists its end-of-turn token in ``generation_config.json``'s ``eos_token_id``: generation must stop
+    there (not only at the tokenizer's end-of-text), exactly where transformers' ``generate`` stops."""
+    config_cls, model_cls, _ = HF_TINY_CASES["qwen3-qknorm-untied"]
+    hf = make_hf_model(config_cls, model_cls, {**tiny_settings("qwen3-qknorm-untied"), "vocab_size": 777})
+    hf.save_pretrained(tmp_path)
+    words = _word_tokenizer(tmp_path, 777)
+    prompt = " ".join(words[i] for i in (5, 17, 300, 42))
+    argv = ["generate", str(tmp_path), "--max-new-tokens", str(STEPS), "--jsonl", "--prompt", prompt]
+    assert main([*argv, "--ignore-eos"]) == 0
+    free = json.loads(capsys.readouterr().out)["tokens"]
+    stop = next(t for k, t in enumerate(free) if k >= 3 and t not in free[:k] and t != 0)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [0, stop]}))
+    assert main(argv) == 0
+    stopped = json.loads(capsys.readouterr().out)["tokens"]
+    assert stopped == free[: free.index(stop)]
+    ids = [5, 17, 300, 42]
+    with torch.no_grad():
+        theirs = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, 4, dtype=torch.long),
+                             max_new_tokens=STEPS, do_sample=False, pad_token_id=0, eos_token_id=[0, stop])
+    assert theirs[0, 4:].tolist() == [*stopped, stop]  # transformers keeps the stop token; we leave it out

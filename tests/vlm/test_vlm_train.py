@@ -119,3 +119,37 @@ def test_evaluate_answers_held_out_questions_and_scores_against_chance(tmp_path)
     assert scored["colour"] == {"n": 2, "accuracy": 0.5, "chance": 0.25}
     assert scored["shape"]["accuracy"] == 1.0 and scored["count"]["accuracy"] == 0.0
     assert scored["overall"]["accuracy"] == 0.5
+
+
+def test_eval_and_convert_read_a_lora_run_with_its_adapters_folded_in(tmp_path, monkeypatch):
+    """``loongforge eval`` (and ``convert``) of a VLM LoRA run read the weights the run trained: base + adapters,
+    folded in by core's one loader (``load_trained_weights``), not the frozen base alone (read silently before)."""
+    from loongforge.checkpoint.layout import find_checkpoint
+    from loongforge.interop import mcore_checkpoint
+    from loongforge.interop.world import standalone_world
+    from loongforge.models.building import build_standalone
+    from loongforge.train.run import run_training
+    from loongforge_vlm.evaluate import evaluate
+
+    run_training(_config(tmp_path / "run", "model.lora.rank=4", "training.steps=3", "checkpoint.save_at_end=true"))
+    path = find_checkpoint(tmp_path / "run" / "checkpoints")
+    config = mcore_checkpoint.checkpoint_config(path)
+    flavor = mcore_checkpoint.resolve_flavor(config)
+    with standalone_world() as backend:
+        merged = build_standalone(flavor, backend, "fp32")
+        mcore_checkpoint.load_trained_weights(path, [merged], config)
+        base = build_standalone(flavor, backend, "fp32")
+        mcore_checkpoint.load_model_weights(path, [base])
+    merged_state = {n: t for n, t in merged.state_dict().items() if t is not None}  # not megatron's _extra_state
+    base_state = {n: t for n, t in base.state_dict().items() if t is not None}
+    adapted = {n for n in base_state if n.endswith(("linear_qkv.weight", "linear_proj.weight"))}
+    assert adapted and not any(".lora." in n for n in merged_state)  # folded: a plain model's keys
+    assert all(not merged_state[n].equal(base_state[n]) for n in adapted)  # the trained adapters are in
+    assert all(merged_state[n].equal(base_state[n]) for n in base_state if n not in adapted)
+
+    calls = []
+    loader = mcore_checkpoint.load_trained_weights
+    monkeypatch.setattr(mcore_checkpoint, "load_trained_weights",
+                        lambda p, chunks, c: calls.append(c.model.lora) or loader(p, chunks, c))
+    evaluate(path, limit=2)
+    assert [lora.rank for lora in calls] == [4]

@@ -114,6 +114,7 @@ def complete_from_checkpoint(
     writes all ``tokens`` ids even past the end-of-text id; ``use_cache=False`` recomputes the whole context each
     token. ``trust_code`` lets a ``pkg.module:attr`` model name in a LoongForge checkpoint's config import its module.
     """
+    from loongforge.interop.mcore_checkpoint import HF_SOURCE
     from loongforge.interop.world import standalone_world
     from loongforge.models.building import build_standalone
     from loongforge.models.generate import generate_batch
@@ -145,7 +146,8 @@ def complete_from_checkpoint(
         new = generate_batch(
             model, encoded, tokens, vocab_size=tok.vocab_size,
             max_positions=decoder.max_position_embeddings, temperature=temperature, top_k=top_k, top_p=top_p,
-            seed=seed, stop_id=None if ignore_eos else tok.eos_id, use_cache=use_cache,
+            seed=seed, stop_ids=() if ignore_eos else stop_ids(path if is_hf else path / HF_SOURCE, spec, tok),
+            use_cache=use_cache,
         )
     return [Completion(text, ids, tok.decode(ids)) for text, ids in zip(texts, new, strict=True)]
 
@@ -154,6 +156,31 @@ def generate_from_checkpoint(path: str | Path, prompt: str, **options: Any) -> s
     """``prompt`` and its continuation by the model in ``path``; ``options`` as :func:`complete_from_checkpoint`'s."""
     (completion,) = complete_from_checkpoint(path, [prompt], **options)
     return completion.prompt + completion.text
+
+
+def stop_ids(model_dir: Path, tokenizer_spec: str, tokenizer: Any) -> frozenset[int]:
+    """The ids that end a continuation: the tokenizer's end-of-text id plus every ``eos_token_id`` (an id or a list:
+    chat models list their end-of-turn token there, e.g. Llama-3-instruct's ``<|eot_id|>``) of the
+    ``generation_config.json`` beside the model (an HF directory, a converted checkpoint's ``hf_source/``) or in the
+    tokenizer's directory (``hf:DIR``). Ids outside the tokenizer's vocabulary can never be generated and are left
+    out; an unreadable file is a one-line error naming it."""
+    from loongforge.interop.hf_checkpoint import GENERATION_FILES
+
+    ids = set() if tokenizer.eos_id is None else {tokenizer.eos_id}
+    tokenizer_dir = Path(tokenizer_spec[3:]).expanduser() if tokenizer_spec.startswith("hf:") else None
+    for directory in dict.fromkeys(d for d in (model_dir, tokenizer_dir) if d is not None):
+        config_path = directory / GENERATION_FILES[0]
+        if not config_path.is_file():
+            continue
+        try:
+            listed = json.loads(config_path.read_text(encoding="utf-8")).get("eos_token_id")
+        except (OSError, ValueError, AttributeError) as exc:
+            raise InteropError(f"{config_path}: not a generation config ({exc})") from None
+        listed = [listed] if isinstance(listed, int) else listed or []
+        if not isinstance(listed, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in listed):
+            raise InteropError(f"{config_path}: eos_token_id must be an id or a list of ids, got {listed!r}")
+        ids.update(i for i in listed if 0 <= i < tokenizer.vocab_size)
+    return frozenset(ids)
 
 
 def _plain_prompt(prompt: Prompt) -> str:

@@ -17,7 +17,7 @@ without a cache.
 **Batches.** Prompts of different lengths are left-padded into one batch. An explicit attention mask hides the
 padding from every real token (a padded query sees itself only, so its row stays finite and cannot poison the
 cache); positions count real tokens only, so learned position embeddings see each prompt from 0, and RoPE only
-depends on distances between tokens, which padding does not change. A prompt that stops (at ``stop_id``) keeps
+depends on distances between tokens, which padding does not change. A prompt that stops (at one of ``stop_ids``) keeps
 a masked placeholder column while the others go on. Each prompt samples from its own generator seeded with
 ``seed``, so what a prompt generates does not depend on the prompts batched with it.
 
@@ -29,7 +29,7 @@ never perturbs the training RNG streams.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import torch
@@ -166,14 +166,15 @@ def generate_batch(
     top_k: int = 0,
     top_p: float = 1.0,
     seed: int = 0,
-    stop_id: int | None = None,
+    stop_ids: Collection[int] = (),
     use_cache: bool = True,
 ) -> list[list[int]]:
     """Extend each prompt by up to ``max_new_tokens`` ids; returns the new ids of each, in order.
 
-    A prompt stops early at ``stop_id`` (not included). ``vocab_size`` is the tokenizer's: ids beyond it
-    (megatron pads the vocabulary) are never chosen. Prompts longer than ``max_positions`` keep their last
-    ``max_positions`` ids. ``use_cache=False`` recomputes the whole context every token.
+    A prompt stops early at any of ``stop_ids`` (not included: end-of-text, or a chat model's end-of-turn ids).
+    ``vocab_size`` is the tokenizer's: ids beyond it (megatron pads the vocabulary) are never chosen. Prompts
+    longer than ``max_positions`` keep their last ``max_positions`` ids. ``use_cache=False`` recomputes the whole
+    context every token.
     """
     from megatron.core import parallel_state
 
@@ -194,7 +195,7 @@ def generate_batch(
             for row, generator in enumerate(generators):
                 if live[row]:
                     token = _next_token(logits[row], temperature, top_k, generator, top_p)
-                    live[row] = token != stop_id
+                    live[row] = token not in stop_ids
                     if live[row]:
                         new[row].append(token)
                         column[row] = token
@@ -218,7 +219,7 @@ def generate_text(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int, 
         tokenizer.encode(prompt),
         max_new_tokens,
         vocab_size=tokenizer.vocab_size,
-        stop_id=tokenizer.eos_id,
+        stop_ids=() if tokenizer.eos_id is None else (tokenizer.eos_id,),
         **kwargs,
     )
     return prompt + tokenizer.decode(new)

@@ -28,14 +28,13 @@ def optimizer_config(config: LoongForgeConfig, params_dtype: str) -> OptimizerCo
     """megatron's optimizer settings for the run: AdamW, clipping, the distributed optimizer, and for fp16
     parameters megatron's fp16 optimizer with the loss scaler ``optimizer.loss_scale`` asks for (fixed, or
     dynamic with its initial value, floor and growth window). The device refuses fp16 where it cannot run it
-    (``DeviceBackend.megatron_settings``), before anything is built."""
+    (``DeviceBackend.megatron_settings``) and pre-flight refuses unusable scaling values, before anything is built
+    (:mod:`loongforge.train.preflight`)."""
     opt = config.optimizer
     if opt.name.lower() not in ("adamw", "adam"):
         raise ConfigError(f"{config.source}: optimizer.name '{opt.name}' is not supported (use adamw)")
     half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(params_dtype)
     fp16 = params_dtype == "fp16"
-    if fp16:
-        _check_loss_scaling(config)
     return OptimizerConfig(
         optimizer="adam",
         lr=opt.lr,
@@ -54,24 +53,6 @@ def optimizer_config(config: LoongForgeConfig, params_dtype: str) -> OptimizerCo
         loss_scale_window=opt.loss_scale_window,
         use_distributed_optimizer=config.parallel.distributed_optimizer,
     )
-
-
-def _check_loss_scaling(config: LoongForgeConfig) -> None:
-    """Loss-scaling values no fp16 run can use, refused in one line naming the key."""
-    opt = config.optimizer
-    positive = (("optimizer.initial_loss_scale", opt.initial_loss_scale),
-                ("optimizer.min_loss_scale", opt.min_loss_scale))
-    if opt.loss_scale is not None:
-        positive += (("optimizer.loss_scale", opt.loss_scale),)
-    for key, value in positive:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-            raise ConfigError(f"{config.source}: {key} must be a finite number > 0, got {value!r}")
-    if opt.min_loss_scale > opt.initial_loss_scale:
-        raise ConfigError(f"{config.source}: optimizer.min_loss_scale ({opt.min_loss_scale}) is above "
-                          f"optimizer.initial_loss_scale ({opt.initial_loss_scale})")
-    window = opt.loss_scale_window
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ConfigError(f"{config.source}: optimizer.loss_scale_window must be an integer >= 1, got {window!r}")
 
 
 def build_scheduler(config: LoongForgeConfig, optimizer: Any, global_batch_size: int) -> OptimizerParamScheduler:

@@ -167,6 +167,13 @@ def _check_hyperparameters(config: LoongForgeConfig) -> None:
         ("optimizer.beta2", opt.beta2, 0 <= opt.beta2 < 1, "in [0, 1)"),
         ("optimizer.eps", opt.eps, opt.eps > 0, "a finite number > 0"),
         ("optimizer.grad_clip", opt.grad_clip, opt.grad_clip >= 0, "a finite number >= 0 (0 disables clipping)"),
+        # fp16's loss scaler (checked whatever the precision, so a recipe switched to fp16 later holds no surprise)
+        ("optimizer.loss_scale", opt.loss_scale, opt.loss_scale is None or opt.loss_scale > 0,
+         "a finite number > 0 (or null: dynamic loss scaling)"),
+        ("optimizer.initial_loss_scale", opt.initial_loss_scale, opt.initial_loss_scale > 0, "a finite number > 0"),
+        ("optimizer.min_loss_scale", opt.min_loss_scale, 0 < opt.min_loss_scale <= opt.initial_loss_scale,
+         f"a finite number > 0 and <= optimizer.initial_loss_scale ({opt.initial_loss_scale})"),
+        ("optimizer.loss_scale_window", opt.loss_scale_window, opt.loss_scale_window >= 1, "an integer >= 1"),
         ("scheduler.warmup_steps", sched.warmup_steps, sched.warmup_steps >= 0, "an integer >= 0"),
         ("scheduler.decay_steps", sched.decay_steps, sched.decay_steps is None or sched.decay_steps >= 1,
          "an integer >= 1 (or unset: training.steps)"),
