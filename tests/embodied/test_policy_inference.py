@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from loongforge.config.loader import load_config
+from loongforge.train.media import NoMediaLog
 from loongforge.train.task_loop import load_task_model
 from loongforge_embodied.data.lerobot_dataset import LeRobotDataset
 from loongforge_embodied.policies.flavors import FLAVORS
@@ -43,7 +44,7 @@ def test_loaded_task_is_ready_to_act(trained, one_thread, tmp_path):
     assert isinstance(state["normalizer"]["stats"][STATE]["q01"], list)
     # the held-out evaluation, recomputed from the loaded task: the same sampled chunks give the same numbers
     trained_scores = json.loads((trained / "eval.json").read_text())
-    assert task.finish(model, tmp_path)["held_out_action_mse"] == trained_scores["held_out_action_mse"]
+    assert task.finish(model, tmp_path, NoMediaLog())["held_out_action_mse"] == trained_scores["held_out_action_mse"]
     assert json.loads((tmp_path / "eval.json").read_text()) == trained_scores
 
 

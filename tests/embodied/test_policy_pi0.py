@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 import torch
 from loongforge.config.loader import load_config
+from loongforge.train.media import NoMediaLog
 from loongforge_embodied.policies.blocks import joint_mask, positions
 from loongforge_embodied.policies.flavors import FLAVORS, Pi0Flavor
 from loongforge_embodied.policies.pi0 import Pi0Policy
@@ -143,5 +144,5 @@ def test_state_only_task(tmp_path):
     batch = {key: torch.stack([items[i][key] for i in range(4)]) for key in items[0]} | {"index": torch.arange(4)}
     task.training_step(model, batch).backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
-    scores = task.finish(model, tmp_path)["held_out_action_mse"]
+    scores = task.finish(model, tmp_path, NoMediaLog())["held_out_action_mse"]
     assert all(value > 0 for value in scores.values()) and (tmp_path / "eval.json").is_file()

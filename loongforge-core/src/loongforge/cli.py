@@ -145,6 +145,20 @@ def _configure_generate(gen: argparse.ArgumentParser) -> None:
     add_trust_code_option(gen)
 
 
+def _configure_make_data(make: argparse.ArgumentParser) -> None:
+    make.description = "Write a dataset with one of the installed generators (plugins add them)."
+    kinds = make.add_subparsers(dest="generator", required=True, metavar="GENERATOR")
+    for generator in get_host().commands().generators():
+        sub = kinds.add_parser(generator.name, help=f"{generator.help} [{generator.provider}]",
+                               description=f"{generator.help[:1].upper()}{generator.help[1:]}.")
+        generator.configure(sub)
+
+
+def _cmd_make_data(args: argparse.Namespace) -> int:
+    chosen = next(g for g in get_host().commands().generators() if g.name == args.generator)
+    return chosen.run(args)
+
+
 def _handlers_text(point: str) -> str:
     handlers = get_host().commands().handlers(point)
     listed = "; ".join(f"{h.name} ({h.provider}): {h.accepts}" for h in handlers) or "none installed"
@@ -167,6 +181,8 @@ def register_core_commands(commands: CommandRegistry) -> None:
                  configure=_configure_convert, run=_cmd_convert)
     commands.add("eval", help="evaluate a checkpoint (the evaluator of its model)", configure=_configure_eval,
                  run=_cmd_eval)
+    commands.add("make-data", help="write a synthetic or recorded dataset (generators the plugins add)",
+                 configure=_configure_make_data, run=_cmd_make_data)
     commands.add("generate", help="continue prompts (or chat) with a LoongForge or Hugging Face checkpoint",
                  configure=_configure_generate, run=_cmd_generate)
 

@@ -86,6 +86,23 @@ class Command:
 
 
 @dataclass(frozen=True)
+class Generator:
+    """One ``loongforge make-data NAME`` dataset generator (a plugin's synthetic or recorded data)."""
+
+    name: str
+    help: str
+    provider: str
+    configure_target: Lazy
+    run_target: Lazy
+
+    def configure(self, parser: argparse.ArgumentParser) -> None:
+        _resolve(self.configure_target)(parser)
+
+    def run(self, args: argparse.Namespace) -> int:
+        return int(_resolve(self.run_target)(args) or 0)
+
+
+@dataclass(frozen=True)
 class Handler:
     """One plugin's implementation of a dispatch point (see :data:`DISPATCH_POINTS`).
 
@@ -119,6 +136,7 @@ class CommandRegistry:
         self.current_provider = "<unknown>"
         self._commands: dict[str, Command] = {}
         self._handlers: dict[tuple[str, str], Handler] = {}
+        self._generators: dict[str, Generator] = {}
 
     def add(self, name: str, *, help: str, configure: Lazy = _no_options, run: Lazy) -> None:
         """Add ``loongforge NAME``; a name already taken raises, naming both providers."""
@@ -146,9 +164,26 @@ class CommandRegistry:
                                           f"by {self.current_provider}")
         self._handlers[(point, name)] = Handler(point, name, accepts, self.current_provider, claims, configure, run)
 
+    def add_generator(self, name: str, *, help: str, run: Lazy, configure: Lazy = _no_options) -> None:
+        """Add ``loongforge make-data NAME``: a dataset generator; its ``configure`` must stay torch-free at import
+        (every generator's arguments are set up to list them under ``make-data``)."""
+        if not name or name != name.strip().lower() or name.startswith("-"):
+            raise LoongForgeError(f"{self.current_provider}: generator name {name!r} must be lower-case, no spaces")
+        owner = self._generators.get(name)
+        if owner is not None:
+            raise DuplicateComponentError(f"make-data generator '{name}' registered twice: by {owner.provider} and "
+                                          f"by {self.current_provider}")
+        self._generators[name] = Generator(name, help, self.current_provider, configure, run)
+
+    def generators(self) -> list[Generator]:
+        """Every ``make-data`` generator, sorted by name."""
+        return [self._generators[name] for name in sorted(self._generators)]
+
     def names(self) -> set[str]:
-        """Command names and ``"point:handler"`` names (what ``loongforge plugins`` lists per plugin)."""
-        return set(self._commands) | {f"{point}:{name}" for point, name in self._handlers}
+        """Command names, ``"point:handler"`` and ``"make-data:generator"`` names (what ``loongforge plugins`` lists
+        per plugin)."""
+        return (set(self._commands) | {f"{point}:{name}" for point, name in self._handlers}
+                | {f"make-data:{name}" for name in self._generators})
 
     def commands(self) -> list[Command]:
         """Every command, sorted by name."""

@@ -19,6 +19,8 @@ import hashlib
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from loongforge.train.media import MediaLog
+
 
 @runtime_checkable
 class Task(Protocol):
@@ -40,8 +42,9 @@ class Task(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
 
-    def finish(self, model: Any, output_dir: Path) -> dict[str, Any]:
-        """After the last step: write samples or evaluate; the returned entries join the run summary."""
+    def finish(self, model: Any, output_dir: Path, media: MediaLog) -> dict[str, Any]:
+        """After the last step: write samples or evaluate; the returned entries join the run summary. Pictures
+        worth showing (samples, rollouts) go to ``media`` too (the run's trackers, :mod:`loongforge.train.media`)."""
 
     def sample_files(self, model: Any, prompts: list[str], out_dir: Path, *, steps: int, guidance: float, seed: int,
                      fmt: str) -> list[Path]:

@@ -244,6 +244,10 @@ class TrainingConfig:
     precision: str = "fp32"
     #: Intra-op threads for CPU runs; null leaves torch's default.
     threads: int | None = None
+    #: ``torch.compile`` for training: ``false`` (eager), ``regional`` (each transformer layer / DiT block / policy
+    #: block compiled on its own: one compilation reused by every layer, so compile time stays short) or ``true``
+    #: (the same blocks, plus the surrounding model where the engine can). Compile time is reported.
+    compile: bool | Literal["regional"] = False
     #: After training, generate this many tokens from ``sample_prompt`` (0 disables).
     sample_tokens: int = 0
     sample_prompt: str = "The "

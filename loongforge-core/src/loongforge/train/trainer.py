@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from loongforge.train.media import MediaLog, NoMediaLog
+
 if TYPE_CHECKING:
     from loongforge.checkpoint.layout import CheckpointDir
     from loongforge.config.schema import LoongForgeConfig
@@ -65,6 +67,8 @@ class Trainer:
         self.last_checkpoint: Path | None = None
         self.should_stop = False
         self.step_metrics: dict[str, Any] = {}
+        #: Where the run's pictures go (the trackers of ``logging.trackers``); set by the run before training.
+        self.media: MediaLog = NoMediaLog()
 
     @property
     def model(self) -> Any:

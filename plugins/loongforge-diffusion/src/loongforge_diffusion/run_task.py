@@ -37,6 +37,7 @@ import torch
 from loongforge.config.plugin_sections import task_options
 from loongforge.errors import ConfigError
 from loongforge.tasks import TaskBase, sample_generators
+from loongforge.train.media import MediaLog
 
 from loongforge_diffusion.data.latents import INDEX as LATENT_INDEX
 from loongforge_diffusion.data.latents import CachedLatentDataset
@@ -159,7 +160,7 @@ class WanRunTask(TaskBase):
         self.steps = int(state["steps"])
         self.ema.load_state_dict(state)
 
-    def finish(self, model: torch.nn.Module, output_dir: Path) -> dict[str, Any]:
+    def finish(self, model: torch.nn.Module, output_dir: Path, media: MediaLog) -> dict[str, Any]:
         """Sample held-out captions (a data seed never trained on), write GIFs, score them."""
         opts = self.sample_options
         if opts.videos <= 0 or self.options.data is not None:

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from loongforge.config.plugin_sections import task_options
 from loongforge.errors import ConfigError
 from loongforge.tasks import TaskBase, sample_generators
+from loongforge.train.media import MediaLog
 
 from loongforge_embodied.data.lerobot_dataset import LeRobotDataset
 from loongforge_embodied.data.normalize import Normalizer
@@ -285,7 +286,7 @@ class PolicyTask(TaskBase):
         chunks = self.flow.euler_sample(lambda x, t: model(inputs, x, t), noise, steps)
         return self.normalizer.unnormalize(ACTION, chunks[..., :self.action_dim].double().cpu().numpy())
 
-    def finish(self, model: torch.nn.Module, output_dir: Path) -> dict[str, Any]:
+    def finish(self, model: torch.nn.Module, output_dir: Path, media: MediaLog) -> dict[str, Any]:
         """Held-out action MSE of sampled chunks against the recorded ones and two baselines (also written to
         ``<output_dir>/eval.json``)."""
         opts = self.eval_options

@@ -369,14 +369,14 @@ class TaskEngine(StepEngine):
         """The task's after-training work on rank 0 (on an unsharded copy of the model when several ranks trained),
         its entries printed there one per line."""
         if self.strategy is None:
-            results = self.task.finish(self.model, trainer.output_dir) or {}
+            results = self.task.finish(self.model, trainer.output_dir, trainer.media) or {}
         else:
             full = self.full_state()
             if self.rank != 0:
                 return {}
             model = self.task.build_model().to(self.device)
             model.load_state_dict(full[0])
-            results = self.task.finish(model, trainer.output_dir) or {}
+            results = self.task.finish(model, trainer.output_dir, trainer.media) or {}
         if self.rank == 0:
             for key, value in results.items():
                 shown = ", ".join(f"{k} {v:.3f}" for k, v in value.items()) if isinstance(value, dict) else value

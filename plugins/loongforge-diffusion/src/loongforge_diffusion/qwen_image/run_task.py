@@ -34,6 +34,7 @@ import torch
 from loongforge.config.plugin_sections import task_options
 from loongforge.errors import ConfigError
 from loongforge.tasks import TaskBase, sample_generators
+from loongforge.train.media import MediaLog
 
 from loongforge_diffusion.data.moving_squares import parse_caption
 from loongforge_diffusion.data.still_squares import StillSquares, still_context
@@ -142,7 +143,7 @@ class QwenImageRunTask(TaskBase):
         self.steps = int(state["steps"])
         self.ema.load_state_dict(state)
 
-    def finish(self, model: torch.nn.Module, output_dir: Path) -> dict[str, Any]:
+    def finish(self, model: torch.nn.Module, output_dir: Path, media: MediaLog) -> dict[str, Any]:
         """Sample held-out captions (a data seed never trained on), write PNGs, score colour and square-ness."""
         opts = self.sample_options
         if opts.images <= 0:
