@@ -1,29 +1,48 @@
-"""GPU smoke benchmark: the tiny and a ~1B Llama train a few bf16 steps on one NVIDIA GPU; tokens/s and MFU.
+"""GPU figures in one run: a ~1B Llama trains bf16 on one NVIDIA GPU through LoongForge (megatron-core local vs
+Transformer Engine layers, eager vs ``training.compile: regional``, every FP8 recipe the GPU and TE offer) and
+through plain megatron-core's own GPT training step on the same shape; tokens/s, MFU and memory to a JSON file.
 
 Run through ``benchmarks/gpu_smoke.sh`` (which checks the machine first) or directly::
 
-    python benchmarks/gpu_smoke.py                       # every case; TE cases only where TE imports
-    python benchmarks/gpu_smoke.py --steps 30 --peak-tflops 989
+    python benchmarks/gpu_smoke.py --out gpu_smoke.json            # every case that applies, ~6 minutes on an H200
+    python benchmarks/gpu_smoke.py --cases lf-local-bf16 mcore-local-bf16 --steps 30
+    python benchmarks/gpu_smoke.py --dry-run --out dry.json        # CPU: the same code paths on llama-tiny
 
-Cases: ``llama-tiny`` (4 layers, d256, seq 256) and ``llama3.2-1b`` (16 layers, d2048, 1.24B parameters,
-seq 2048), each with megatron-core's local layers and, when ``transformer-engine`` is installed, with
-Transformer Engine layers (and TE FP8 where the GPU and TE offer a recipe). Each case trains in a fresh
-process on the shipped corpus (byte tokenizer; token ids fit any vocabulary), so nothing is downloaded.
+Cases (:func:`plan`): ``lf-{local,te}-bf16`` and ``lf-{local,te}-bf16-compiled`` (LoongForge's ``train`` API),
+``lf-te-fp8-<recipe>`` for each usable recipe (:func:`loongforge_cuda.capability.usable_fp8_recipes`),
+``lf-local-fp16`` (megatron's loss scaler) and ``mcore-{local,te}-bf16``: megatron-core's ``GPTModel`` built from
+its own layer spec, wrapped in its ``Float16Module`` and ``DistributedDataParallel``, trained by
+``get_forward_backward_func`` and ``get_megatron_optimizer`` -- what Megatron-LM's ``pretrain_gpt.py`` runs per
+step, without LoongForge. The shape is the same on both sides (``llama3.2-1b``: 16 layers, d2048, GQA 32/8, vocab
+128256, tied embeddings; seq 2048, micro-batch 4; the plain side uses unscaled RoPE, which changes no FLOPs). A
+case that cannot run here (no TE, a recipe the GPU lacks, the time budget spent) is listed with its reason instead
+of a figure.
 
-Throughput is the trainer's own figure (tokens per second over all steps but the first). Model FLOPs
-utilisation counts the matmul FLOPs the model needs per trained token -- 6 x (parameters used in matmuls,
-output layer included, input embedding excluded) + 6 x layers x seq x (query width), the causal-attention
-score and value products for forward and backward -- divided by the GPU's dense bf16 peak (looked up by
-name below, or ``--peak-tflops``). Recompute is off, so no FLOPs are counted twice.
+Every case runs in a fresh child process (``--run``), so compile caches, allocator state and megatron's global
+state do not leak between cases; ``--budget-s`` (default 420 s) bounds the whole run, so it finishes within 8
+minutes even if a case hangs (each child gets what is left).
+
+Throughput: tokens per second over the steps after ``--warmup`` (the compiled cases compile in those). Model FLOPs
+utilisation counts the matmul FLOPs the model needs per trained token -- 6 x (parameters used in matmuls, output
+layer included, input embedding excluded) + 6 x layers x seq x (query width), the causal-attention score and value
+products for forward and backward -- over the GPU's dense bf16 peak (looked up by name below, or ``--peak-tflops``;
+the H200's is 989 TFLOP/s). Recompute is off, so no FLOPs are counted twice.
+
+``--dry-run`` runs the same planner, children, runners and JSON writer on the CPU with ``llama-tiny`` at seq 64,
+fp32 (megatron-core through LoongForge's CPU patches), 3 steps; TE and FP8 cases are listed as not run. It checks
+the machinery, not the figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 #: Dense bf16 tensor-core peak (TFLOP/s, no sparsity) by a substring of ``torch.cuda.get_device_name``.
@@ -33,17 +52,59 @@ PEAK_BF16_TFLOPS = (
     ("L4", 121.0), ("A10", 125.0), ("RTX 4090", 165.2), ("RTX 6000 Ada", 364.4),
 )
 
-#: name -> (model, seq_length, micro_batch_size, device options, precision)
-CASES = {
-    "tiny-local-bf16": ("llama-tiny", 256, 16, {"layers": "local"}, "bf16"),
-    "tiny-te-bf16": ("llama-tiny", 256, 16, {"layers": "te"}, "bf16"),
-    # fp16 parameters with megatron's dynamic loss scaler (optimizer.loss_scale null); the final loss and the
-    # skipped steps of the first overflows show that scaling works
-    "tiny-local-fp16": ("llama-tiny", 256, 16, {"layers": "local"}, "fp16"),
-    "1b-local-bf16": ("llama3.2-1b", 2048, 4, {"layers": "local"}, "bf16"),
-    "1b-te-bf16": ("llama3.2-1b", 2048, 4, {"layers": "te"}, "bf16"),
-    "1b-te-fp8": ("llama3.2-1b", 2048, 4, {"layers": "te"}, "fp8"),
-}
+#: The keys of every row of the JSON's ``cases`` (a case that did not run has ``status`` and ``reason`` only).
+RESULT_KEYS = ("tokens_per_s", "step_ms", "flops_per_token", "tflops", "mfu", "peak_mem_gib", "final_loss",
+               "compile_s")
+
+
+@dataclass(frozen=True)
+class Shape:
+    model: str
+    seq_length: int
+    micro_batch_size: int
+    precision: str  # what "bf16" cases train in on this device (fp32 on the CPU dry run)
+
+
+SHAPES = {"gpu": Shape("llama3.2-1b", 2048, 4, "bf16"), "dry-run": Shape("llama-tiny", 64, 2, "fp32")}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    runner: str  # "loongforge" or "mcore" (plain megatron-core)
+    layers: str  # "local" or "te"
+    precision: str  # "bf16", "fp8" or "fp16"
+    compile: bool = False
+    fp8_recipe: str | None = None
+
+
+def plan(*, te_classes: frozenset[str], capability: tuple[int, int] | None) -> list[tuple[Case, str | None]]:
+    """Every case, most wanted first (the budget may stop the run before the last), each with the reason it cannot
+    run here (``None``: it runs). ``capability`` is ``None`` on the CPU dry run."""
+    from loongforge_cuda.capability import FP8_RECIPES, usable_fp8_recipes
+
+    no_te = "CPU dry run" if capability is None else (None if te_classes else "transformer-engine is not installed")
+    cases: list[tuple[Case, str | None]] = []
+    for layers in ("local", "te"):
+        missing = no_te if layers == "te" else None
+        cases += [(Case(f"lf-{layers}-bf16", "loongforge", layers, "bf16"), missing),
+                  (Case(f"mcore-{layers}-bf16", "mcore", layers, "bf16"), missing)]
+    usable = usable_fp8_recipes(capability, te_classes) if capability is not None else []
+    for recipe, (minimum, cls) in FP8_RECIPES.items():
+        if no_te:
+            reason = no_te
+        elif recipe not in usable:
+            reason = (f"needs compute capability {minimum[0]}.{minimum[1]}+" if capability < minimum
+                      else f"Transformer Engine lacks {cls}")
+        else:
+            reason = None
+        cases.append((Case(f"lf-te-fp8-{recipe}", "loongforge", "te", "fp8", fp8_recipe=recipe), reason))
+    for layers in ("te", "local"):
+        cases.append((Case(f"lf-{layers}-bf16-compiled", "loongforge", layers, "bf16", compile=True),
+                      no_te if layers == "te" else None))
+    # fp16 parameters with megatron's dynamic loss scaler: the final loss shows that scaling works (CPUs refuse fp16)
+    cases.append((Case("lf-local-fp16", "loongforge", "local", "fp16"), "CPU dry run" if capability is None else None))
+    return cases
 
 
 def model_flops_per_token(flavor, seq_length: int) -> float:
@@ -55,30 +116,156 @@ def model_flops_per_token(flavor, seq_length: int) -> float:
     return 6.0 * matmul_params + 6.0 * attention
 
 
-def run_case(name: str, steps: int) -> dict:
-    """Train one case in this process and return its numbers (called in a fresh child process)."""
+def _peak_mem_gib(device: str) -> float:
+    import resource
+
     import torch
+
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # the process's peak RSS (KiB on Linux)
+
+
+def run_loongforge(case: Case, shape: Shape, device: str, steps: int, warmup: int) -> dict:
+    """``case`` through LoongForge's public train API; throughput from the per-step metrics after ``warmup``."""
     from loongforge.config import load_config
-    from loongforge.resolve import resolve_model_flavor
     from loongforge.train.run import run_training
 
-    model, seq, mbs, options, precision = CASES[name]
+    precision = shape.precision if case.precision == "bf16" else case.precision
+    options = {"layers": case.layers, **({"fp8_recipe": case.fp8_recipe} if case.fp8_recipe else {})}
     with tempfile.TemporaryDirectory() as out:
         overrides = [
-            "device=cuda", f"model.name={model}", f"run.output_dir={out}", "run.seed=1",
-            "data.dataset=shipped-corpus", "data.tokenizer=byte", f"data.seq_length={seq}",
-            f"training.micro_batch_size={mbs}", f"training.steps={steps}", f"training.precision={precision}",
-            "checkpoint.save_at_end=false", "logging.progress=false", "logging.tensorboard=false",
-            "device_options={" + ", ".join(f"{k}: {v}" for k, v in options.items()) + "}",
+            f"device={device}", f"model.name={shape.model}", f"run.output_dir={out}", "run.seed=1",
+            "data.dataset=shipped-corpus", "data.tokenizer=byte", f"data.seq_length={shape.seq_length}",
+            f"training.micro_batch_size={shape.micro_batch_size}", f"training.steps={steps}",
+            f"training.precision={precision}", f"training.compile={'regional' if case.compile else 'false'}",
+            "checkpoint.save_at_end=false", "checkpoint.interval=0", "logging.progress=false",
+            "logging.tensorboard=false", "logging.interval=1",
         ]
+        if device == "cuda":  # the CPU backend takes no device options (it has local layers only)
+            overrides.append("device_options={" + ", ".join(f"{k}: {v}" for k, v in options.items()) + "}")
         config = load_config(None, overrides)
         summary = run_training(config)
-        flavor = resolve_model_flavor(config)
-    return {
-        "case": name, "tokens_per_s": summary["tokens_per_s"], "flops_per_token": model_flops_per_token(flavor, seq),
-        "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30, "gpu": torch.cuda.get_device_name(),
-        "final_loss": summary.get("final_loss"),
-    }
+        rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    step_s = [row["step_time"] for row in rows if "step_time" in row][warmup:]
+    return {"step_ms": statistics.median(step_s) * 1e3, "final_loss": summary.get("final_loss"),
+            "compile_s": summary.get("compile_s", 0.0)}
+
+
+def run_mcore(case: Case, shape: Shape, device: str, steps: int, warmup: int) -> dict:
+    """Plain megatron-core's GPT training step on ``shape`` (random token ids; the speed does not depend on them)."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from loongforge.models.llama import FLAVORS
+
+    if device == "cpu":  # megatron-core needs CUDA; LoongForge's CPU patches stand in for it in the dry run
+        from loongforge.devices.cpu import CPUBackend
+
+        CPUBackend().apply_patches()
+    from megatron.core import parallel_state, tensor_parallel
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_layer_local_spec,
+        get_gpt_layer_with_transformer_engine_spec,
+    )
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.module import Float16Module
+
+    flavor = FLAVORS[shape.model]
+    bf16 = shape.precision == "bf16"
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}",
+                            rank=0, world_size=1)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+    tensor_parallel.model_parallel_cuda_manual_seed(1)
+    config = TransformerConfig(
+        num_layers=flavor.num_layers, hidden_size=flavor.hidden_size, ffn_hidden_size=flavor.ffn_hidden_size,
+        num_attention_heads=flavor.num_attention_heads, num_query_groups=flavor.num_query_groups,
+        normalization="RMSNorm", layernorm_epsilon=flavor.norm_eps, gated_linear_unit=True, activation_func=F.silu,
+        add_bias_linear=False, bf16=bf16, params_dtype=torch.bfloat16 if bf16 else torch.float32,
+        pipeline_dtype=torch.bfloat16 if bf16 else torch.float32, bias_activation_fusion=device == "cuda",
+        masked_softmax_fusion=device == "cuda", persist_layer_norm=device == "cuda",
+        bias_dropout_fusion=device == "cuda", apply_rope_fusion=device == "cuda", attention_dropout=0.0,
+        hidden_dropout=0.0, use_cpu_initialization=device == "cpu",
+    )
+    spec = (get_gpt_layer_with_transformer_engine_spec() if case.layers == "te"
+            else get_gpt_layer_local_spec(normalization="RMSNorm"))
+    model = GPTModel(config, spec, vocab_size=flavor.vocab_size, max_sequence_length=shape.seq_length,
+                     position_embedding_type="rope", rotary_base=int(flavor.rope_theta),
+                     share_embeddings_and_output_weights=flavor.tie_word_embeddings)
+    if device == "cuda":
+        model.cuda()
+    if bf16:
+        model = Float16Module(config, model)
+    model = DistributedDataParallel(config, DistributedDataParallelConfig(grad_reduce_in_fp32=True), model)
+    config.finalize_model_grads_func = finalize_model_grads
+    optimizer = get_megatron_optimizer(
+        OptimizerConfig(optimizer="adam", lr=3e-4, weight_decay=0.1, clip_grad=1.0, bf16=bf16,
+                        params_dtype=config.params_dtype), [model])
+    seq, mbs = shape.seq_length, shape.micro_batch_size
+    generator = torch.Generator().manual_seed(0)
+    positions = torch.arange(seq, device=device).unsqueeze(0).expand(mbs, -1)
+
+    def forward_step(data_iterator, model):
+        sample = next(data_iterator).to(device)
+        per_token = model(sample[:, :-1], positions, None, labels=sample[:, 1:])
+
+        def loss_func(output):
+            loss = output.float().mean()
+            return loss, {"loss": loss.detach().clone()}
+
+        return per_token, loss_func
+
+    times, loss = [], None
+    for _ in range(steps):
+        batch = [torch.randint(0, flavor.vocab_size, (mbs, seq + 1), generator=generator)]
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        model.zero_grad_buffer()
+        optimizer.zero_grad()
+        losses = get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=iter(batch), model=[model], num_microbatches=1,
+            seq_length=seq, micro_batch_size=mbs, forward_only=False)
+        optimizer.step()
+        loss = float(losses[0]["loss"])
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
+    return {"step_ms": statistics.median(times[warmup:]) * 1e3, "final_loss": loss, "compile_s": 0.0}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _row(case: Case, **fields) -> dict:
+    """One entry of the JSON's ``cases``: the case's settings, then its status and figures (or reason)."""
+    settings = asdict(case)
+    return {"case": settings.pop("name"), **settings, **fields}
+
+
+def run_case(case: Case, shape: Shape, device: str, steps: int, warmup: int) -> dict:
+    """One case in this (child) process: its figures, FLOPs and memory included."""
+    from loongforge.models.llama import FLAVORS
+
+    runner = run_loongforge if case.runner == "loongforge" else run_mcore
+    figures = runner(case, shape, device, steps, warmup)
+    flops = model_flops_per_token(FLAVORS[shape.model], shape.seq_length)
+    tokens_per_s = shape.seq_length * shape.micro_batch_size / (figures["step_ms"] / 1e3)
+    return {**figures, "tokens_per_s": tokens_per_s, "flops_per_token": flops,
+            "tflops": tokens_per_s * flops / 1e12, "peak_mem_gib": _peak_mem_gib(device)}
 
 
 def peak_tflops(gpu: str, override: float | None) -> float | None:
@@ -87,53 +274,109 @@ def peak_tflops(gpu: str, override: float | None) -> float | None:
     return next((peak for key, peak in PEAK_BF16_TFLOPS if key in gpu), None)
 
 
+def _machine(dry_run: bool) -> tuple[str, str, frozenset[str], tuple[int, int] | None]:
+    """(device, its name, TE's recipe classes, compute capability; ``None`` on the CPU)."""
+    import torch
+    from loongforge_cuda.capability import te_recipe_classes
+
+    if dry_run:
+        return "cpu", "cpu (dry run)", frozenset(), None
+    if not torch.cuda.is_available():
+        sys.exit("gpu_smoke: torch sees no CUDA device; use --dry-run to check the script on the CPU")
+    return "cuda", torch.cuda.get_device_name(), te_recipe_classes(), torch.cuda.get_device_capability()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--steps", type=int, default=None, help="steps per case (default 20; 3 with --dry-run)")
+    parser.add_argument("--warmup", type=int, default=None, help="steps left out of the timing (default 5; 1)")
+    parser.add_argument("--cases", nargs="*", default=None, help="names of cases to run (default: all)")
     parser.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak of this GPU")
-    parser.add_argument("--run", choices=list(CASES), help=argparse.SUPPRESS)  # child mode
+    parser.add_argument("--budget-s", type=float, default=420.0, help="wall-clock bound of the whole run")
+    parser.add_argument("--dry-run", action="store_true", help="CPU, llama-tiny: check the machinery")
+    parser.add_argument("--out", type=Path, default=Path("gpu_smoke.json"))
+    parser.add_argument("--run", help=argparse.SUPPRESS)  # child mode: a Case as JSON
     args = parser.parse_args(argv)
+    steps = args.steps or (3 if args.dry_run else 20)
+    warmup = args.warmup if args.warmup is not None else (1 if args.dry_run else 5)
+    shape = SHAPES["dry-run" if args.dry_run else "gpu"]
     if args.run:
-        print("RESULT " + json.dumps(run_case(args.run, args.steps)))
+        case = Case(**json.loads(args.run))
+        print("RESULT " + json.dumps(run_case(case, shape, "cpu" if args.dry_run else "cuda", steps, warmup)))
         return 0
 
-    import torch
-    from loongforge_cuda.capability import installed
-
+    device, gpu, te_classes, capability = _machine(args.dry_run)
+    planned = plan(te_classes=te_classes, capability=capability)
+    if args.cases is not None:
+        unknown = set(args.cases) - {case.name for case, _ in planned}
+        if unknown:
+            sys.exit(f"gpu_smoke: unknown case(s) {', '.join(sorted(unknown))}; known: "
+                     f"{', '.join(case.name for case, _ in planned)}")
+        planned = [(case, reason) for case, reason in planned if case.name in args.cases]
+    peak = None if args.dry_run else peak_tflops(gpu, args.peak_tflops)
+    deadline = time.monotonic() + args.budget_s
     rows = []
-    for name in args.cases:
-        if CASES[name][3].get("layers") == "te" and not installed("transformer_engine"):
-            print(f"{name}: not run (transformer-engine is not installed: pip install 'loongforge-cuda[te]')")
+    for case, reason in planned:
+        left = deadline - time.monotonic()
+        if reason is None and left < 10:
+            reason = f"time budget of {args.budget_s:.0f} s spent"
+        if reason is not None:
+            print(f"{case.name}: not run ({reason})", flush=True)
+            rows.append(_row(case, status="not run", reason=reason))
             continue
-        if CASES[name][4] == "fp8" and torch.cuda.get_device_capability() < (8, 9):
-            print(f"{name}: not run (FP8 needs compute capability 8.9+)")
+        print(f"{case.name}: training {steps} steps ...", flush=True)
+        command = [sys.executable, str(Path(__file__).resolve()), "--run", json.dumps(asdict(case)),
+                   "--steps", str(steps), "--warmup", str(warmup), *(["--dry-run"] if args.dry_run else [])]
+        try:
+            child = subprocess.run(command, capture_output=True, text=True, timeout=left)
+        except subprocess.TimeoutExpired:
+            rows.append(_row(case, status="failed", reason=f"stopped at the time budget of {args.budget_s:.0f} s"))
             continue
-        print(f"{name}: training {args.steps} steps ...", flush=True)
-        child = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--run", name, "--steps",
-                                str(args.steps)], capture_output=True, text=True)
         results = [line[7:] for line in child.stdout.splitlines() if line.startswith("RESULT ")]
         if child.returncode or not results:
-            print(f"{name}: FAILED\n{child.stderr[-3000:]}")
-            rows.append((name, None))
+            print(f"{case.name}: FAILED\n{child.stderr[-3000:]}", flush=True)
+            rows.append(_row(case, status="failed", reason=(child.stderr.strip().splitlines() or ["no output"])[-1]))
             continue
-        rows.append((name, json.loads(results[0])))
+        figures = json.loads(results[0])
+        figures["mfu"] = figures["tflops"] / peak if peak else None
+        rows.append(_row(case, status="ok", **figures))
 
-    print(f"\n{'case':<18} {'tokens/s':>12} {'TFLOP/s':>9} {'MFU':>7} {'peak GiB':>9} {'final loss':>10}")
-    for name, row in rows:
-        if row is None:
-            print(f"{name:<18} {'failed':>12}")
+    report = {"gpu": gpu, "device": device, "dry_run": args.dry_run, "shape": asdict(shape), "steps": steps,
+              "warmup": warmup, "peak_bf16_tflops": peak, "cases": rows, "ratios": ratios(rows)}
+    args.out.write_text(json.dumps(report, indent=1))
+    print_table(report)
+    print(f"\nwrote {args.out}")
+    return 1 if any(row["status"] == "failed" for row in rows) else 0
+
+
+def ratios(rows: list[dict]) -> dict[str, float]:
+    """Throughput ratios the issue asks for, where both sides ran: LoongForge over plain megatron-core (same
+    layers), compiled over eager, TE over local, each FP8 recipe over TE bf16."""
+    speed = {row["case"]: row["tokens_per_s"] for row in rows if row["status"] == "ok"}
+    pairs = {f"lf-{layers}-bf16 / mcore-{layers}-bf16": (f"lf-{layers}-bf16", f"mcore-{layers}-bf16")
+             for layers in ("local", "te")}
+    pairs |= {f"lf-{layers}-bf16-compiled / lf-{layers}-bf16": (f"lf-{layers}-bf16-compiled", f"lf-{layers}-bf16")
+              for layers in ("local", "te")}
+    pairs["lf-te-bf16 / lf-local-bf16"] = ("lf-te-bf16", "lf-local-bf16")
+    pairs |= {f"{name} / lf-te-bf16": (name, "lf-te-bf16") for name in speed if name.startswith("lf-te-fp8-")}
+    return {label: speed[a] / speed[b] for label, (a, b) in pairs.items() if a in speed and b in speed}
+
+
+def print_table(report: dict) -> None:
+    print(f"\n{'case':<26} {'tokens/s':>12} {'step ms':>9} {'TFLOP/s':>9} {'MFU':>7} {'peak GiB':>9} "
+          f"{'compile s':>9} {'final loss':>10}")
+    for row in report["cases"]:
+        if row["status"] != "ok":
+            print(f"{row['case']:<26} {row['status']}: {row['reason']}")
             continue
-        achieved = row["tokens_per_s"] * row["flops_per_token"] / 1e12
-        peak = peak_tflops(row["gpu"], args.peak_tflops)
-        mfu = f"{achieved / peak:.1%}" if peak else "n/a"
+        mfu = f"{row['mfu']:.1%}" if row["mfu"] is not None else "n/a"
         loss = f"{row['final_loss']:.3f}" if row.get("final_loss") is not None else "-"
-        print(f"{name:<18} {row['tokens_per_s']:>12,.0f} {achieved:>9.1f} {mfu:>7} {row['peak_mem_gib']:>9.1f} "
-              f"{loss:>10}")
-    gpus = {row["gpu"] for _, row in rows if row}
-    print(f"\nGPU: {', '.join(gpus) or '?'}; MFU against a dense bf16 peak of "
-          f"{peak_tflops(next(iter(gpus), ''), args.peak_tflops) or 'unknown (pass --peak-tflops)'} TFLOP/s")
-    return 1 if any(row is None for _, row in rows) else 0
+        print(f"{row['case']:<26} {row['tokens_per_s']:>12,.0f} {row['step_ms']:>9.1f} {row['tflops']:>9.2f} "
+              f"{mfu:>7} {row['peak_mem_gib']:>9.2f} {row['compile_s']:>9.1f} {loss:>10}")
+    for label, value in report["ratios"].items():
+        print(f"{label}: {value:.3f}")
+    print(f"\n{report['gpu']}; MFU against a dense bf16 peak of "
+          f"{report['peak_bf16_tflops'] or 'unknown (pass --peak-tflops)'} TFLOP/s")
 
 
 if __name__ == "__main__":

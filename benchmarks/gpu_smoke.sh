@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# GPU smoke test: on a machine with one NVIDIA GPU, train the tiny and a ~1B Llama for a few bf16 steps with
-# megatron-core's local layers and, where installed, Transformer Engine; print tokens/s and MFU.
+# GPU figures in one run (benchmarks/gpu_smoke.py): on a machine with one NVIDIA GPU, a ~1B Llama trains bf16 through
+# LoongForge (local vs Transformer Engine layers, eager vs compiled, the FP8 recipes the GPU supports) and through
+# plain megatron-core's own GPT step on the same shape; tokens/s, MFU against the dense bf16 peak, memory; JSON out.
+# Bounded by --budget-s (default 420 s), so it finishes within 8 minutes.
 #
 # Installs nothing from the network. Needs, already installed in the active Python: a CUDA build of torch,
 # megatron-core, loongforge-core and loongforge-cuda (optionally loongforge-cuda[te]). Offline install from a
 # folder of wheels:  pip install --no-index --find-links WHEELS torch megatron-core ./loongforge-core ./plugins/loongforge-cuda
 #
-#   benchmarks/gpu_smoke.sh [--steps 20] [--cases tiny-local-bf16 1b-local-bf16] [--peak-tflops 989]
+#   benchmarks/gpu_smoke.sh [--out gpu_smoke.json] [--steps 20] [--cases lf-local-bf16 mcore-local-bf16] [--peak-tflops 989]
+#   python benchmarks/gpu_smoke.py --dry-run      # without a GPU: the same machinery on the CPU with llama-tiny
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"

@@ -1,10 +1,10 @@
 # syntax=docker/dockerfile:1.7
 # LoongForge for NVIDIA GPUs: CUDA 13.0 + cuDNN (Ubuntu 24.04, Python 3.12), torch 2.13.0, Transformer Engine
-# 2.20.2, flash-attn 2.8.3.post2, megatron-core 0.16.1, loongforge-core 0.4.0 [hf] and loongforge-cuda 0.5.0 [te,flash].
+# 2.20.2, flash-attn 2.8.3.post2, megatron-core 0.16.1, loongforge-core 0.5.0 [hf] and loongforge-cuda 0.6.0 [te,flash].
 #
 # Build from the repository root (BuildKit: Docker 23+ or docker buildx), then push:
-#   docker build -f containers/cuda.Dockerfile -t REGISTRY/loongforge-cuda:0.5.0 .
-#   docker push REGISTRY/loongforge-cuda:0.5.0
+#   docker build -f containers/cuda.Dockerfile -t REGISTRY/loongforge-cuda:0.6.0 .
+#   docker push REGISTRY/loongforge-cuda:0.6.0
 # Transformer Engine's PyTorch extension and flash-attn compile here against this torch (an hour or more; --build-arg
 # MAX_JOBS=N bounds the parallel compilers, about 4 GB of memory each; CUDA_ARCHS lists the GPU generations).
 # tests/core/test_containers.py checks every pin against the repository's pyproject files (docs/cluster.md).
@@ -45,7 +45,7 @@ RUN pip install megatron-core==0.16.1 pluggy==1.7.0 importlib-metadata==10.2.0 p
 RUN --mount=type=bind,source=loongforge-core,target=/src/loongforge-core,rw \
     --mount=type=bind,source=plugins/loongforge-cuda,target=/src/loongforge-cuda,rw \
     pip wheel --no-deps --no-build-isolation --wheel-dir /tmp/wheels /src/loongforge-core /src/loongforge-cuda \
-    && pip install --no-index --find-links /tmp/wheels "loongforge-core[hf]==0.4.0" "loongforge-cuda[te,flash]==0.5.0" \
+    && pip install --no-index --find-links /tmp/wheels "loongforge-core[hf]==0.5.0" "loongforge-cuda[te,flash]==0.6.0" \
     && rm -rf /tmp/wheels
 
 WORKDIR /workspace

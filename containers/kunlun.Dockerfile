@@ -1,13 +1,13 @@
 # syntax=docker/dockerfile:1.7
 # LoongForge for Kunlunxin P800 XPUs: a Kunlun base image with XPyTorch (Kunlun's torch build, torch_xmlir; Python
-# 3.10, torch 2.5.1), megatron-core 0.15.0, loongforge-core 0.4.0 [hf] and loongforge-xpu 0.4.0, as
+# 3.10, torch 2.5.1), megatron-core 0.15.0, loongforge-core 0.5.0 [hf] and loongforge-xpu 0.5.0, as
 # plugins/loongforge-xpu/README.md installs them by hand.
 #
 # XPyTorch's .run installer is not on a public index: put the one Kunlun gave you in a directory and pass that
 # directory as the named build context "xpytorch". Build from the repository root, then push:
 #   docker buildx build -f containers/kunlun.Dockerfile --build-context xpytorch=/path/to/installers \
-#       --build-arg XPYTORCH_RUN=xpytorch-cp310-torch251-ubuntu2004-x64.run -t REGISTRY/loongforge-kunlun:0.4.0 .
-#   docker push REGISTRY/loongforge-kunlun:0.4.0
+#       --build-arg XPYTORCH_RUN=xpytorch-cp310-torch251-ubuntu2004-x64.run -t REGISTRY/loongforge-kunlun:0.5.0 .
+#   docker push REGISTRY/loongforge-kunlun:0.5.0
 # Run with the XPUs mapped (--device=/dev/xpu0 ... --device=/dev/xpuctrl) as the plugin's README shows.
 # tests/core/test_containers.py checks every pin against the repository's pyproject files (docs/cluster.md).
 
@@ -38,7 +38,7 @@ RUN python3 -m pip install megatron-core==0.15.0 numpy==1.26.4 psutil==7.2.2 plu
 RUN --mount=type=bind,source=loongforge-core,target=/src/loongforge-core,rw \
     --mount=type=bind,source=plugins/loongforge-xpu,target=/src/loongforge-xpu,rw \
     python3 -m pip wheel --no-deps --no-build-isolation --wheel-dir /tmp/wheels /src/loongforge-core /src/loongforge-xpu \
-    && python3 -m pip install --no-index --find-links /tmp/wheels "loongforge-core[hf]==0.4.0" "loongforge-xpu==0.4.0" \
+    && python3 -m pip install --no-index --find-links /tmp/wheels "loongforge-core[hf]==0.5.0" "loongforge-xpu==0.5.0" \
     && rm -rf /tmp/wheels
 
 WORKDIR /workspace

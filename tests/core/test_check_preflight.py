@@ -133,7 +133,10 @@ def test_broken_configs_are_one_line_naming_file_and_key(capsys, tmp_path, confi
     overrides = [o.format(tmp=tmp_path) for o in overrides]
     code, out, err = check(capsys, config, *overrides)
     assert code == 2, out
-    assert len(err) == 1 and err[0].startswith(f"error: {config}: "), err
+    # where the mistake is: the override that set the key, the file and that override (a section check), or the
+    # file (a check of the settings together); tests/core/test_cli_names.py pins which one for each kind of error
+    origins = (f"{config}: ", f"command line ({overrides[0]}): ", f"{config} with command line ({overrides[0]}): ")
+    assert len(err) == 1 and err[0].removeprefix("error: ").startswith(origins), err
     assert message.format(tmp=tmp_path) in err[0]
     assert not any(line.endswith(": OK") for line in out)
 
@@ -213,7 +216,7 @@ class OptionsDevicePlugin:
 def test_device_options_are_typed_by_the_backend(capsys, register_plugin, override, message):
     register_plugin(OptionsDevicePlugin(), "options-device")
     code, _, err = check(capsys, QUICKSTART, "device=cpu-options", override)
-    assert code == 2 and err == [f"error: {QUICKSTART}: {message}"]
+    assert code == 2 and err == [f"error: command line ({override}): {message}"]
 
 
 def test_device_options_reach_the_backend_typed_and_only_as_given(capsys, register_plugin):
@@ -259,7 +262,8 @@ class OptimizationPlugin:
 def test_optimization_sections_are_typed_by_the_registered_class(capsys, register_plugin, override, message):
     register_plugin(OptimizationPlugin(), "optimizations")
     code, _, err = check(capsys, QUICKSTART, override)
-    assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and QUICKSTART in err[0] and message in err[0]
+    origin = QUICKSTART if override.startswith("optimizations.untyped") else f"command line ({override})"
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and origin in err[0] and message in err[0]
 
 
 def test_an_enabled_optimization_reads_typed_options(register_plugin):

@@ -70,7 +70,9 @@ def test_unknown_device_and_missing_plugin_hint(tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text("device: kunlun\n")
     line = one_line_error(run_cli("check", str(config), env={"LOONGFORGE_DISABLE_PLUGINS": "xpu"}))
-    assert "Unknown device 'kunlun'" in line and "Known: cpu" in line
+    assert line == (f"error: Unknown device 'kunlun' (device in {config}). It is provided by plugin loongforge-xpu, "
+                    "and plugin loongforge-xpu is disabled by LOONGFORGE_DISABLE_PLUGINS: remove it from "
+                    "LOONGFORGE_DISABLE_PLUGINS to use it.")
 
 
 def test_check_resolves_every_name(tmp_path):

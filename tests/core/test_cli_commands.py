@@ -111,7 +111,7 @@ def test_a_disabled_plugins_command_says_it_is_disabled():
                           capture_output=True, text=True, env={**os.environ, "LOONGFORGE_DISABLE_PLUGINS": "diffusion"})
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "Unknown command 'sample'" in done.stderr
-    assert "provided by loongforge-diffusion (plugin 'diffusion'), which is installed but disabled by " \
+    assert "It is provided by plugin loongforge-diffusion, and plugin loongforge-diffusion is disabled by " \
            "LOONGFORGE_DISABLE_PLUGINS" in done.stderr
 
 

@@ -125,7 +125,8 @@ def test_sections_convert_unions_tuples_nested_and_mappings(data, expected):
 
 
 @pytest.mark.parametrize("data,message", [
-    ({"graphs": "loacl"}, "x.yaml: 'sec.graphs' must be true or false or one of none, local, got 'loacl'"),
+    ({"graphs": "loacl"}, "x.yaml: 'sec.graphs' must be true or false or one of none, local, got 'loacl'; "
+                          "did you mean 'local'?"),
     ({"window": [1, 2, 3]}, "x.yaml: 'sec.window' must be a list of 2 values, got [1, 2, 3]"),
     ({"sizes": [1, "b"]}, "x.yaml: 'sec.sizes' must be an integer, got 'b'"),
     ({"inner": {"high": 2}}, "x.yaml: 'sec.inner.low' is required (in 'sec.inner')"),

@@ -238,10 +238,13 @@ def test_the_cuda_image_runs_the_torch_the_suite_tests():
     assert str(read(CONTAINERS / "cuda.Dockerfile").pins["torch"][0]) == suite_torch
 
 
+_CORE = PROJECTS["loongforge-core"].version
+_CUDA = PROJECTS["loongforge-cuda"].version
 #: (recipe, text replaced, replacement, what the lint must say): each a mistake the lint exists to catch.
 MISTAKES = [
-    ("cuda.Dockerfile", '"loongforge-core[hf]==0.4.0"', '"loongforge-core[hf]==0.4.1"', "is 0.4.0 in its pyproject"),
-    ("cuda.Dockerfile", '"loongforge-cuda[te,flash]==0.5.0"', '"loongforge-cuda[te,fp4]==0.5.0"', "unknown extra"),
+    ("cuda.Dockerfile", f'"loongforge-core[hf]=={_CORE}"', f'"loongforge-core[hf]=={_CORE}.post1"',
+     f"is {_CORE} in its pyproject"),
+    ("cuda.Dockerfile", f'"loongforge-cuda[te,flash]=={_CUDA}"', f'"loongforge-cuda[te,fp4]=={_CUDA}"', "unknown extra"),
     ("cuda.Dockerfile", "flash-attn==2.8.3.post2", "flash-attn==2.5.9", "outside the declared flash-attn>=2.6"),
     ("cuda.Dockerfile", "numpy==2.4.6", "numpy==1.23.5", "outside the declared numpy>=1.24"),
     ("cuda.Dockerfile", " tokenizers==0.23.3", "", "tokenizers>=0.15 is declared by an installed package"),

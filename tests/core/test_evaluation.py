@@ -41,7 +41,8 @@ RECIPES = {
     "pretrain-evaluation-data": ("configs/quickstart.yaml", ["data.seq_length=32", "data.dataset=text"]),
 }
 #: The training tags every run writes (test_training_loop.py) and the two an evaluating LLM run adds.
-TRAIN_TAGS = {"train/loss", "train/lr", "train/grad_norm", "train/step_time", "train/samples_per_s"}
+TRAIN_TAGS = {"train/loss", "train/lr", "train/grad_norm", "train/step_time", "train/samples_per_s",
+              "train/tokens_per_s"}
 VAL_TAGS = {"val/loss", "val/ppl"}
 
 

@@ -4,7 +4,7 @@ Megatron's loss scaler keeps its scale in CUDA tensors, so what this machine can
 megatron: the settings ``optimizer_config`` hands ``get_megatron_optimizer`` (its fp16 optimizer and a dynamic
 or constant scaler follow from them), the one-line refusals of unusable scaling values by ``check`` (whatever the
 precision), and that ``check`` and ``train`` refuse fp16 on the CPU before building anything.
-``benchmarks/gpu_smoke.sh`` trains the ``tiny-local-fp16`` case on a GPU.
+``benchmarks/gpu_smoke.sh`` trains the ``lf-local-fp16`` case on a GPU.
 """
 
 from __future__ import annotations

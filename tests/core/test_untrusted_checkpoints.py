@@ -248,6 +248,7 @@ def test_trust_code_imports_the_config_module_and_nothing_more(crafted, capsys, 
     # The flag after SOURCE OUT belongs to the dispatch point too (the claims need it).
     assert main(["convert", "mcore-to-hf", str(step), str(tmp_path / "hf"), "--trust-code"]) == 0
     assert (tmp_path / "hf" / "model.safetensors").is_file()
+    assert "writing Hugging Face tensors" in capsys.readouterr().err  # the conversion's progress, on stderr
     # --trust-code is about import paths in config.yaml only: a crafted pickle stays refused.
     bad, other_marker, expected = crafted("metadata")
     _refused(capsys, _generate(bad, "--trust-code"), expected)

@@ -1,12 +1,15 @@
-"""The benchmark tool: measurement loop, report, and the CLI end to end in CPU emulation."""
+"""The benchmark tool: measurement loop, report, and ``loongforge fp8-measure`` end to end in CPU emulation (its
+progress per measured point included); on a machine without a GPU, ``--device cuda`` is one line."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 import torch
+from loongforge.cli import main as cli_main
 from loongforge_cuda.fp8 import blockwise as bw
-from loongforge_cuda.fp8.measure import format_report, main, measure
+from loongforge_cuda.fp8.measure import format_report, measure
 from loongforge_cuda.fp8.policy import derive_policy, fp8_threshold, load_policy
 from loongforge_cuda.fp8.runners import EmulatedLinearTimer, emulated_fp8_linear
 
@@ -52,13 +55,35 @@ def test_emulated_fp8_linear_is_the_reference_gemm():
     assert torch.equal(emulated_fp8_linear(x, w, "blockwise"), blockwise.bfloat16())
 
 
-def test_cli_in_emulation_writes_a_policy_marked_emulated(tmp_path, capsys):
+def main(argv):
+    return cli_main(["fp8-measure", *argv])
+
+
+@pytest.mark.needs_plugins  # `loongforge fp8-measure` is the installed cuda plugin's command
+def test_command_is_registered_and_its_help_lists_the_options(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli_main(["fp8-measure", "--help"])
+    assert done.value.code == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith("usage: loongforge fp8-measure")
+    assert all(option in shown for option in ("--model", "--shape", "--tokens", "--recipe", "--device", "--out"))
+
+
+@pytest.mark.needs_plugins  # `loongforge fp8-measure` is the installed cuda plugin's command
+def test_cli_in_emulation_writes_a_policy_marked_emulated(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("LOONGFORGE_PROGRESS", "plain")
+    monkeypatch.setattr("loongforge.progress.PLAIN_EVERY_S", 0.0)
     out = tmp_path / "policy.json"
     rc = main(["--shape", "mlp.linear_fc1=128,256", "--shape", "mlp.experts.linear_fc2=64,128,0.5",
                "--tokens", "16,32", "--device", "cpu", "--repeat", "1", "--out", str(out)])
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert rc == 0
     assert printed.startswith("EMULATION: no FP8 GPU in use")
+    # two modules x two token counts, each point one line on stderr (stdout keeps the report alone)
+    shown = [line.split(" (")[0] for line in captured.err.splitlines()]
+    assert shown == [f"timing BF16 vs FP8: {n}/4 point" for n in (1, 2, 3, 4)]
+    assert captured.err.splitlines()[-1].endswith("[mlp.experts.linear_fc2 at 32 tokens]")
     assert "device: cpu, recipe: blockwise, tokens: 16,32" in printed and f"policy written to {out}" in printed
     policy = load_policy(out)
     assert policy.emulated and policy.device == "cpu" and policy.recipe == "blockwise"
@@ -69,6 +94,7 @@ def test_cli_in_emulation_writes_a_policy_marked_emulated(tmp_path, capsys):
     assert json.loads(out.read_text())["version"] == 1
 
 
+@pytest.mark.needs_plugins  # `loongforge fp8-measure` is the installed cuda plugin's command
 def test_cli_model_shapes(tmp_path, capsys):
     out = tmp_path / "policy.json"
     assert main(["--model", "llama-debug", "--tokens", "8", "--device", "cpu", "--repeat", "1", "--out", str(out)]) == 0
@@ -76,13 +102,17 @@ def test_cli_model_shapes(tmp_path, capsys):
                                                 "self_attention.linear_qkv"]
 
 
+@pytest.mark.needs_plugins  # `loongforge fp8-measure` is the installed cuda plugin's command
 def test_cli_errors_are_one_line(tmp_path, capsys):
     out = str(tmp_path / "p.json")
     assert main(["--shape", "a=1,2", "--device", "cpu", "--recipe", "mxfp8", "--out", out]) == 2
     assert "error: FP8 recipe 'mxfp8' cannot be emulated; emulated: blockwise, tensorwise" in capsys.readouterr().err
     if not torch.cuda.is_available():
         assert main(["--shape", "a=1,2", "--device", "cuda", "--out", out]) == 2
-        assert "error: no CUDA device visible; run with --device cpu" in capsys.readouterr().err
+        assert capsys.readouterr().err == "error: no CUDA device visible; run with --device cpu for the emulation\n"
+    assert main(["--shape", "a=1,2", "--device", "cpu", "--tokens", "8,x", "--out", out]) == 2
+    assert capsys.readouterr().err == ("error: --tokens: expected comma-separated positive token counts, "
+                                       "got '8,x'\n")
     assert main(["--model", "no-such-model", "--device", "cpu", "--out", out]) == 2
     assert "Unknown model 'no-such-model' (--model)" in capsys.readouterr().err
     assert main(["--shape", "a=1", "--device", "cpu", "--out", out]) == 2

@@ -87,7 +87,8 @@ def test_derive_save_load_round_trip(tmp_path):
 
 
 def test_missing_and_unparsable_files_name_the_file(tmp_path):
-    with pytest.raises(PolicyError, match=r"nope\.json: FP8 policy file not found; create it with python -m"):
+    with pytest.raises(PolicyError, match=r"nope\.json: FP8 policy file not found; create it with "
+                                          r"loongforge fp8-measure"):
         load_policy(tmp_path / "nope.json")
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
@@ -134,5 +135,5 @@ def test_unknown_module_kind_names_the_file_and_what_it_has():
     policy = policy_from_json(_raw(), "p.json")
     assert policy.module("mlp.linear_fc1").use_fp8(4096)
     with pytest.raises(PolicyError, match=r"p\.json: no entry modules\.mlp\.linear_fc2 \(the policy has "
-                                          r"mlp\.linear_fc1\).*re-run python -m loongforge_cuda\.fp8\.measure"):
+                                          r"mlp\.linear_fc1\).*re-run loongforge fp8-measure"):
         policy.module("mlp.linear_fc2")

@@ -1,4 +1,4 @@
-"""The latent cache: ``python -m loongforge_diffusion.data.latents`` with a tiny Wan VAE and UMT5 encoder built
+"""The latent cache: ``loongforge cache-latents`` with a tiny Wan VAE and UMT5 encoder built
 from configs (no downloads) writes what the encoders compute directly, ``CachedLatentDataset`` reads it back,
 ``loongforge train`` trains a Wan DiT on it, and bad caches are reported by shard and sample."""
 
@@ -14,7 +14,7 @@ import torch
 from loongforge.cli import main as loongforge_main
 from loongforge.data.errors import DataError
 from loongforge_diffusion.data import moving_squares
-from loongforge_diffusion.data.latents import CachedLatentDataset, main
+from loongforge_diffusion.data.latents import CachedLatentDataset
 from loongforge_diffusion.data.moving_squares import TensorVideoDataset, caption
 from loongforge_diffusion.data.video_files import fit, list_clips
 from safetensors.torch import load_file, save_file
@@ -26,6 +26,10 @@ SPECIALS = ["<pad>", "</s>", "<unk>"]
 WORDS = ["a", "square", "of", "size", "moving", *moving_squares.PALETTE, *moving_squares.DIRECTIONS,
          *(str(s) for s in moving_squares.SIZES)]
 VOCAB = {word: i for i, word in enumerate(SPECIALS + WORDS)}
+
+
+def cache_latents(args: list[str]) -> int:
+    return loongforge_main(["cache-latents", *args])
 
 
 def _tiny_vae(directory: Path):
@@ -64,7 +68,7 @@ def made(tmp_path_factory):
         4, seed=3, geometry=moving_squares.Geometry(frames=5, side=16, speed=2)))
     args = ["--vae", str(root / "vae"), "--text-encoder", str(root / "umt5"), "--videos", str(squares),
             "--text-len", str(TEXT_LEN), "--batch", "3", "--shard-size", "3"]
-    assert main([*args, "--out", str(root / "cache")]) == 0
+    assert cache_latents([*args, "--out", str(root / "cache")]) == 0
     return {"root": root, "vae": vae, "encoder": encoder, "squares": squares, "args": args, "cache": root / "cache"}
 
 
@@ -127,7 +131,7 @@ def test_loongforge_train_runs_on_the_cache(made, tmp_path):
     assert len(losses) == 2 and all(0 < loss < 10 for loss in losses)
 
 
-def test_frames_dir_and_mp4_inputs_via_jsonl(made, tmp_path):
+def test_frames_dir_and_mp4_inputs_via_jsonl(made, tmp_path, capsys, monkeypatch):
     from loongforge_diffusion.media import write_video
     from PIL import Image
 
@@ -143,7 +147,11 @@ def test_frames_dir_and_mp4_inputs_via_jsonl(made, tmp_path):
     (tmp_path / "clips.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
     args = [*made["args"], "--videos", str(tmp_path / "clips.jsonl"), "--frames", "5", "--height", "16",
             "--width", "16"]
-    assert main([*args, "--out", str(tmp_path / "cache")]) == 0
+    monkeypatch.setenv("LOONGFORGE_PROGRESS", "plain")
+    assert cache_latents([*args, "--out", str(tmp_path / "cache")]) == 0
+    printed = capsys.readouterr().out
+    assert f"encoding videos into {tmp_path / 'cache'}: 2/2 video" in printed  # progress per video
+    assert f"wrote 2 samples in 1 shard(s) to {tmp_path / 'cache'}: video (4, 2, 2, 2), context (12, 16)" in printed
     from_files = CachedLatentDataset(tmp_path / "cache")
     from_squares = CachedLatentDataset(made["cache"])
     assert len(from_files) == 2 and from_files[1]["video"].shape == (4, 2, 2, 2)
@@ -207,12 +215,12 @@ def test_bad_caches_and_inputs_are_one_line_errors_naming_the_shard(made, tmp_pa
     with pytest.raises(DataError, match=r"latents-00001\.safetensors: sample 0 \(dataset index 3\) has NaN"):
         CachedLatentDataset(bad)[3]
 
-    assert main([*made["args"], "--out", str(made["cache"])]) == 2
+    assert cache_latents([*made["args"], "--out", str(made["cache"])]) == 2
     assert "already exists" in capsys.readouterr().err
-    assert main([*made["args"], "--frames", "4", "--out", str(tmp_path / "four")]) == 2
+    assert cache_latents([*made["args"], "--frames", "4", "--out", str(tmp_path / "four")]) == 2
     assert "--frames 4: the Wan VAE encodes 1 + 4k frames" in capsys.readouterr().err
     monkeypatch.setitem(sys.modules, "diffusers", None)
-    assert main([*made["args"], "--out", str(tmp_path / "nodiffusers")]) == 2
+    assert cache_latents([*made["args"], "--out", str(tmp_path / "nodiffusers")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pip install diffusers" in err
     assert not (tmp_path / "four").exists() and not (tmp_path / "nodiffusers").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from loongforge.cli import main
 from loongforge_diffusion.data.moving_squares import (
     PALETTE,
     SIZES,
@@ -10,7 +11,6 @@ from loongforge_diffusion.data.moving_squares import (
     MovingSquares,
     TensorVideoDataset,
     caption,
-    main,
     render,
 )
 from loongforge_diffusion.scoring import score_video, score_videos
@@ -64,7 +64,8 @@ def test_scorer_is_low_on_noise_and_on_wrong_answers():
 
 def test_command_writes_a_dataset_that_reads_back(tmp_path):
     out = tmp_path / "squares.pt"
-    main([str(out), "--count", "6", "--seed", "2", "--text-dim", "8", "--frames", "3"])
+    assert main(["make-data", "moving-squares", str(out), "--count", "6", "--seed", "2", "--text-dim", "8",
+                 "--frames", "3"]) == 0
     written, generated = TensorVideoDataset(out), MovingSquares(6, text_dim=8, seed=2, geometry=Geometry(frames=3))
     assert len(written) == 6 and written.geometry == Geometry(frames=3)
     assert all(torch.equal(written[i][k], generated[i][k]) for i in range(6) for k in ("video", "context", "labels"))

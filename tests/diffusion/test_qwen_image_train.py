@@ -46,7 +46,7 @@ def test_train_writes_scored_pngs_and_resumes_bit_exactly(tmp_path):
                  "task.sample={images: 2, steps: 3}") == 0
     straight = rows_of(tmp_path / "straight")
     assert straight[8]["loss"] < 0.9 * straight[1]["loss"]
-    pngs = sorted((tmp_path / "straight" / "samples").glob("*.png"))
+    pngs = sorted((tmp_path / "straight" / "samples").glob("sample-*.png"))
     assert len(pngs) == 2 and Image.open(pngs[0]).size == (128, 128)
 
     assert train(tmp_path / "resumed", "training.steps=5", "checkpoint.interval=5", ema, "task.sample={images: 0}") == 0
@@ -99,18 +99,18 @@ def config_task(config):
 
 
 @pytest.mark.parametrize("override,message", [
-    ("task.smaples=3", "{}: unknown key 'task.smaples' (known keys here: samples, side"),
-    ("task.sample={videos: 2}", "{}: unknown key 'task.sample.videos' (known keys here: images"),
-    ("task.ema={decy: 0.9}", "{}: unknown key 'task.ema.decy' (known keys here: decay, warmup); did you mean 'decay'?"),
-    ("task.flow_matching={shfit: 2}", "{}: unknown key 'task.flow_matching.shfit' (known keys here: shift"),
-    ("task.context_dropout=lots", "{}: 'task.context_dropout' must be a number, got 'lots'"),
+    ("task.smaples=3", "{cli}: unknown key 'task.smaples' (known keys here: samples, side"),
+    ("task.sample={videos: 2}", "{cli}: unknown key 'task.sample.videos' (known keys here: images"),
+    ("task.ema={decy: 0.9}", "{cli}: unknown key 'task.ema.decy' (known keys here: decay, warmup); did you mean 'decay'?"),
+    ("task.flow_matching={shfit: 2}", "{cli}: unknown key 'task.flow_matching.shfit' (known keys here: shift"),
+    ("task.context_dropout=lots", "{cli}: 'task.context_dropout' must be a number, got 'lots'"),
     ("model.overrides.in_channels=16", "pixel-space training needs in_channels 12 (RGB in 2x2 patches)"),
-    ("task.side=15", "task.side 15 in {} must be a multiple of the patch size 2"),
+    ("task.side=15", "task.side 15 in {config} must be a multiple of the patch size 2"),
 ])
 def test_bad_options_are_one_line_errors(tmp_path, capsys, override, message):
     assert main(["train", CONFIG, f"run.output_dir={tmp_path}", override]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and message.format(CONFIG) in err, err
+    assert err.count("\n") == 1 and message.format(config=CONFIG, cli=f"command line ({override})") in err, err
 
 
 def test_still_captions_and_scores_have_no_direction():

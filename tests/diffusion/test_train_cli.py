@@ -32,7 +32,7 @@ def _losses(run_dir):
 def test_train_samples_gifs_and_resumes_bit_exactly(tmp_path):
     straight = run_training(_config(tmp_path, "straight", "training.steps=8", "checkpoint.interval=0"))
     assert straight["final_loss"] < straight["first_loss"]
-    gifs = sorted((tmp_path / "straight" / "samples").glob("*.gif"))
+    gifs = sorted((tmp_path / "straight" / "samples").glob("sample-*.gif"))
     assert len(gifs) == 2 and Image.open(gifs[0]).n_frames == 4
     assert set(straight["sample_scores"]) == {"colour", "direction", "square"}
 
@@ -67,8 +67,12 @@ def test_bad_task_options_are_one_line_errors(tmp_path, capsys):
     config = str(ROOT / CONFIG)
     assert main(["train", config, f"run.output_dir={tmp_path}", "task.smaples=3"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"{config}: unknown key 'task.smaples' (known keys here: data, samples" in err
+    assert err.count("\n") == 1
+    assert "command line (task.smaples=3): unknown key 'task.smaples' (known keys here: data, samples" in err
     assert "did you mean 'samples'?" in err
+    assert main(["train", config, f"run.output_dir={tmp_path}", "task.side=8"]) == 2  # too small for the motion
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "task.frames/side/speed: " in err and "cannot travel 3 steps" in err, err
     with pytest.raises(ConfigError, match=r"unknown key 'task.samples' \(model 'llama-debug' takes no task: section"):
         run_training(load_config(None, ["model.name=llama-debug", "task.samples=3", f"run.output_dir={tmp_path}"]))
 

@@ -5,18 +5,13 @@ through the server exactly as in-process, and the random baseline."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from dataclasses import fields
-from pathlib import Path
 
 import numpy as np
 import pytest
 from loongforge.cli import main
 from loongforge_embodied.data.lerobot_dataset import LeRobotDataset
 from loongforge_embodied.sim.client import PolicyClient, PolicyServerError
-from loongforge_embodied.sim.collect import REPORT_PATH, CollectReport, collect
+from loongforge_embodied.sim.collect import REPORT_PATH, CollectError, collect
 from loongforge_embodied.sim.evaluate import chunk_seed, evaluate
 from loongforge_embodied.sim.metaworld_env import MetaWorldEnv
 from loongforge_embodied.sim.policy import CheckpointPolicy, RandomPolicy
@@ -25,42 +20,14 @@ from policy_serving import serving
 from websockets.sync.client import connect
 
 ENV = "reach-v3"
-TAIL = 5
-#: The config the policy test trains with (a few steps of a tiny state-only policy on the recorded set).
-CONFIG = """\
-run: {name: mw-test, seed: 0}
-model:
-  name: pi0-tiny
-  overrides: {cameras: 0, max_state_dim: 40, max_action_dim: 4, text_len: 16, depth: 1}
-optimizer: {lr: 3.0e-3}
-scheduler: {warmup_steps: 1, decay_steps: 4}
-training: {steps: 4, micro_batch_size: 8, threads: 1}
-checkpoint: {interval: 0, save_at_end: true}
-logging: {interval: 1, progress: false, tensorboard: false}
-task:
-  held_out_episodes: 1
-  action_horizon: 4
-  normalization: mean_std
-  eval: {frames: 4, steps: 2}
-"""
-
-
-@pytest.fixture(scope="module")
-def recorded(tmp_path_factory):
-    root = tmp_path_factory.mktemp("metaworld") / "reach"
-    assert main(["collect", str(root), "--env", ENV, "--episodes", "2", "--max-steps", "150", "--tail", str(TAIL)]) == 0
-    saved = json.loads((root / REPORT_PATH).read_text())
-    return root, CollectReport(**{field.name: saved[field.name] for field in fields(CollectReport)})
-
-
-def test_expert_episodes_read_back_and_replay(recorded):
-    """Each written episode is its seed's expert run cut TAIL steps after success; replaying its actions from
+def test_expert_episodes_read_back_and_replay(metaworld_recorded):
+    """Each written episode is its seed's expert run cut ``tail`` steps after success; replaying its actions from
     the same seed succeeds at the same step (so episodes are a function of the seed)."""
-    root, report = recorded
+    root, report, tail = metaworld_recorded.root, metaworld_recorded.report, metaworld_recorded.tail
     assert report.seeds == [0, 1] and report.failed_seeds == [] and report.expert_success_rate == 1.0
     dataset = LeRobotDataset(root, action_horizon=4)
     assert dataset.fps == 80 and dataset.num_episodes == 2 and dataset.camera_keys == []
-    assert [ep.length for ep in dataset.episodes] == report.lengths == [s + TAIL + 1 for s in report.success_steps]
+    assert [ep.length for ep in dataset.episodes] == report.lengths == [s + tail + 1 for s in report.success_steps]
     assert json.loads((root / REPORT_PATH).read_text())["seeds"] == [0, 1]
     env = MetaWorldEnv(ENV)
     for ep, seed, success_step in zip(dataset.episodes, report.seeds, report.success_steps, strict=True):
@@ -83,8 +50,8 @@ def test_expert_episodes_read_back_and_replay(recorded):
 
 
 def test_failed_expert_episodes_are_counted(tmp_path):
-    with pytest.raises(RuntimeError, match="only 0 of 2 expert episodes of reach-v3 succeeded within 3 steps"):
-        collect(tmp_path / "none", ENV, episodes=1, max_steps=3, max_attempts=2, log=lambda line: None)
+    with pytest.raises(CollectError, match="only 0 of 2 expert episodes of reach-v3 succeeded within 3 steps"):
+        collect(tmp_path / "none", ENV, episodes=1, max_steps=3, max_attempts=2)
     assert not (tmp_path / "none").exists()
 
 
@@ -126,13 +93,15 @@ def test_server_answers_like_the_policy_and_reports_errors():
 
 
 def test_random_baseline_command(tmp_path):
-    out = tmp_path / "eval.json"
+    out = tmp_path / "eval"
     assert main(["eval", "random", "--seeds", "2", "--first-seed", "1000", "--max-steps", "6", "--replan", "4",
-                 "--output", str(out)]) == 0
-    report = json.loads(out.read_text())
+                 "--out", str(out)]) == 0
+    report = json.loads((out / "summary.json").read_text())
     assert set(report) == {"random"}
     assert report["random"]["seeds"] == [1000, 1001] and report["random"]["success_rate"] == 0.0
-    assert [e["steps"] for e in report["random"]["episodes"]] == [6, 6]
+    assert report["random"]["episodes"] == 2 and report["random"]["mean_length"] == 6.0
+    assert [e["steps"] for e in report["random"]["per_episode"]] == [6, 6]
+    assert not (out / "videos").exists()  # no --videos: nothing rendered
 
 
 def test_random_baseline_through_server_equals_in_process():
@@ -140,35 +109,23 @@ def test_random_baseline_through_server_equals_in_process():
     local = evaluate(policy, ENV, [1000], replan=3, max_steps=12)
     with serving(policy) as url, PolicyClient(url) as client:
         remote = evaluate(client, ENV, [1000], replan=3, max_steps=12)
-    assert local["episodes"] == remote["episodes"] == [{"seed": 1000, "success": False, "steps": 12}]
+    assert local["per_episode"] == remote["per_episode"]
+    assert [(e["seed"], e["success"], e["steps"]) for e in local["per_episode"]] == [(1000, False, 12)]
+    assert local["mean_return"] == local["per_episode"][0]["return"] > 0  # reach's shaped reward is positive
     assert local["success_rate"] == 0.0
     assert chunk_seed(0, 1000, 3) != chunk_seed(0, 1000, 6) != chunk_seed(1, 1000, 3)
 
 
-@pytest.fixture(scope="module")
-def checkpoint(recorded, tmp_path_factory):
-    """A tiny state-only policy trained a few steps by ``loongforge train`` on the recorded set."""
-    root, _ = recorded
-    out = tmp_path_factory.mktemp("mw-train")
-    config = out / "mw.yaml"
-    config.write_text(CONFIG)
-    done = subprocess.run([sys.executable, "-m", "loongforge.cli", "train", str(config), f"run.output_dir={out}/run",
-                           f"task.data={root}"], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    return Path(out) / "run" / "checkpoints"
-
-
-def test_policy_through_server_equals_in_process(checkpoint, recorded):
-    policy = CheckpointPolicy(checkpoint, steps=2)
+def test_policy_through_server_equals_in_process(metaworld_checkpoint, metaworld_recorded):
+    policy = CheckpointPolicy(metaworld_checkpoint, steps=2)
     meta = policy.metadata
     assert (meta["action_dim"], meta["horizon"], meta["state_dim"], meta["cameras"]) == (4, 4, 39, [])
-    first = LeRobotDataset(recorded[0])[0]
+    first = LeRobotDataset(metaworld_recorded.root)[0]
     chunk = policy.act(first["task"], first["observation.state"], seed=5)
     assert chunk.shape == (4, 4) and np.isfinite(chunk).all()
     local = evaluate(policy, ENV, [1000, 1001], replan=2, max_steps=10)
     with serving(policy) as url, PolicyClient(url) as client:
         np.testing.assert_array_equal(client.act(first["task"], first["observation.state"], seed=5), chunk)
         remote = evaluate(client, ENV, [1000, 1001], replan=2, max_steps=10)
-    assert local["episodes"] == remote["episodes"]
-    assert all(e["steps"] == 10 or e["success"] for e in local["episodes"])
+    assert local["per_episode"] == remote["per_episode"]
+    assert all(e["steps"] == 10 or e["success"] for e in local["per_episode"])

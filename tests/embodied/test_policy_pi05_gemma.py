@@ -201,7 +201,8 @@ def test_conversion_rejects_mismatches():
         convert_lerobot.from_lerobot(theirs, FLAVOR)
 
 
-def test_conversion_command_round_trip(tmp_path, capsys):
+def test_conversion_command_round_trip(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("LOONGFORGE_PROGRESS", "plain")
     ours = randomised().state_dict()
     src = tmp_path / "lerobot.safetensors"
     save_file(convert_lerobot.to_lerobot(ours, FLAVOR), src)
@@ -216,7 +217,10 @@ def test_conversion_command_round_trip(tmp_path, capsys):
     assert main(["convert", "mcore-to-hf", str(tmp_path / "ours.safetensors"), str(tmp_path / "back.st")]) == 0
     original, back = load_file(src), load_file(tmp_path / "back.st")
     assert back.keys() == original.keys() and all(torch.equal(back[k], original[k]) for k in original)
-    assert "wrote" in capsys.readouterr().out
+    printed = capsys.readouterr().out  # each source is read tensor by tensor, with progress
+    assert f"reading lerobot.safetensors: {len(original)}/{len(original)} tensor" in printed
+    assert f"reading ours.safetensors: {len(ours)}/{len(ours)} tensor" in printed
+    assert f"wrote {len(ours)} tensors to {tmp_path / 'ours.safetensors'}" in printed
 
 
 def test_every_trainable_parameter_gets_a_gradient():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections import deque
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from loongforge_vlm.data.shapes import BACKGROUND, COLOURS, KINDS, generate, main, validate
+from loongforge.cli import main as cli_main
+from loongforge_vlm.data.shapes import BACKGROUND, COLOURS, KINDS, generate, validate
 from PIL import Image
 
 
@@ -127,14 +129,18 @@ def test_validate_reports_the_corrupt_file_and_the_bad_line(tmp_path):
 
 def test_command_writes_and_validates(tmp_path, capsys):
     out = tmp_path / "cli"
-    done = subprocess.run([sys.executable, "-m", "loongforge_vlm.data.shapes", str(out), "--count", "5", "--seed",
-                           "2"], capture_output=True, text=True, check=False)
+    done = subprocess.run([sys.executable, "-m", "loongforge.cli", "make-data", "shapes", str(out), "--count", "5",
+                           "--seed", "2"], capture_output=True, text=True, check=False,
+                          env={**os.environ, "LOONGFORGE_PROGRESS": "plain"})
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == f"{out}: valid"
     assert len(list(out.glob("*.png"))) == 5
+    assert done.stderr.splitlines()[-1].startswith(f"drawing shapes into {out}: 5/5 image (")
     (out / "img-000002.png").write_bytes(b"\x89PNG garbage")
-    assert main([str(out), "--validate"]) == 1
+    assert cli_main(["make-data", "shapes", str(out), "--validate"]) == 1
     err = capsys.readouterr().err
     assert f"{out / 'img-000002.png'}" in err and "1 problem(s)" in err
-    with pytest.raises(SystemExit):
-        main([str(tmp_path / "bad"), "--size", "15"])
+    assert cli_main(["make-data", "shapes", str(tmp_path / "bad"), "--size", "15"]) == 2
+    assert capsys.readouterr().err == ("error: shapes: --size must be even and >= 16 (four quadrants of shapes), "
+                                       "got 15\n")
+    assert not (tmp_path / "bad").exists()

@@ -7,18 +7,19 @@ import json
 
 import numpy as np
 import pytest
+from loongforge.cli import main as cli_main
 from loongforge.data.errors import DataError
 from loongforge_vlm.data.dataset import VisionChatDataset
 from loongforge_vlm.data.kind import shapes_dataset
-from loongforge_vlm.data.shapes import generate, main, validate
+from loongforge_vlm.data.shapes import generate, validate
 from loongforge_vlm.data.sources import JsonlSource, WebDatasetSource
 from vlm_data_helpers import PROCESSOR, TOKENIZER, write_tar
 
 
 def test_shapes_jsonl_and_shards_read_as_the_same_samples(tmp_path):
     generate(tmp_path / "j", count=12, seed=5, heldout_fraction=0.25)
-    assert main([str(tmp_path / "w"), "--count", "12", "--seed", "5", "--heldout-fraction", "0.25", "--format",
-                 "wds", "--shard-size", "4"]) == 0
+    assert cli_main(["make-data", "shapes", str(tmp_path / "w"), "--count", "12", "--seed", "5",
+                     "--heldout-fraction", "0.25", "--format", "wds", "--shard-size", "4"]) == 0
     meta = json.loads((tmp_path / "w" / "meta.json").read_text())
     assert meta["layout"] == "wds" and meta["shards"]["train"] == ["train-000000.tar", "train-000001.tar",
                                                                    "train-000002.tar"]
@@ -52,7 +53,7 @@ def test_shapes_shards_are_reproducible_and_validated(tmp_path, capsys):
     assert problems[0] == f"{tmp_path / 'a' / 'train-000001.tar'}: missing"
     assert problems[1].startswith(f"{tmp_path / 'a' / 'train-000000.tar'}:img-000002.png: cannot be decoded")
     assert len(problems) == 2
-    assert main([str(tmp_path / "a"), "--validate"]) == 1
+    assert cli_main(["make-data", "shapes", str(tmp_path / "a"), "--validate"]) == 1
     assert "2 problem(s)" in capsys.readouterr().err
 
 

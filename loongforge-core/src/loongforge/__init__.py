@@ -11,7 +11,7 @@ from loongforge.errors import ConfigError, LoongForgeError, PluginLoadError
 from loongforge.plugins import PluginHost, get_host, get_registry, hookimpl
 from loongforge.registry import Registry, UnknownComponentError
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 
 def train(config: LoongForgeConfig | str, overrides: list[str] | tuple[str, ...] = ()) -> dict:

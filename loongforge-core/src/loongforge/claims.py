@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from loongforge.checkpoint.layout import CONFIG_YAML, CheckpointNotFoundError, find_checkpoint
+from loongforge.checkpoint.layout import CONFIG_YAML, CheckpointNotFoundError, locate_checkpoint
 from loongforge.config.loader import load_checkpoint_config
 from loongforge.models.family import ModelFamily
 from loongforge.resolve import resolve_model_flavor
@@ -21,7 +21,7 @@ def checkpoint_model(source: str, *, trust_code: bool) -> ModelFamily | None:
     checkpoints apart (an unknown model name in it still raises, naming the plugin that may provide it).
     ``trust_code`` is what the claims received: a ``pkg.module:attr`` model name imports only with it."""
     try:
-        path = find_checkpoint(source)
+        path = locate_checkpoint(source)
     except CheckpointNotFoundError:
         return None
     return resolve_model_flavor(load_checkpoint_config(path / CONFIG_YAML, trust_code=trust_code))

@@ -19,9 +19,16 @@ from collections.abc import Sequence
 
 from loongforge import __version__ as loongforge_version
 from loongforge.commands import DISPATCH_POINTS, CommandRegistry, add_trust_code_option
+from loongforge.completion import SHELLS
 from loongforge.errors import ConfigError, LoongForgeError, TrainingPreempted
 from loongforge.plugins import CORE_PLUGIN, PluginHost, get_host
-from loongforge.registry import REGISTRY_KINDS, UnknownComponentError, missing_provider_hint, plural
+from loongforge.registry import (
+    REGISTRY_KINDS,
+    UnknownComponentError,
+    disabled_plugins_hint,
+    missing_provider_reason,
+    plural,
+)
 
 #: ``loongforge list <plural>`` -> registry kind.
 _LIST_CHOICES = {plural(kind): kind for kind in REGISTRY_KINDS}
@@ -45,6 +52,29 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 
 def _configure_list(lister: argparse.ArgumentParser) -> None:
     lister.add_argument("kind", choices=sorted(_LIST_CHOICES))
+
+
+def _configure_doctor(doctor: argparse.ArgumentParser) -> None:
+    doctor.description = ("Report versions, every device backend's probe (why an unavailable one is, and what to do), "
+                          "the vendor stack of the available backends, and the plugins.")
+    doctor.add_argument("--all", action="store_true", dest="show_all",
+                        help="also print the sections of backends that are not available here")
+
+
+def _configure_completion(completion: argparse.ArgumentParser) -> None:
+    completion.description = ("Print a shell completion script for every installed command, sub-command and option "
+                              "(written from the installed plugins: run it again after installing one).")
+    completion.epilog = ("bash: source <(loongforge completion bash) in ~/.bashrc; zsh: source <(loongforge "
+                         "completion zsh) in ~/.zshrc; fish: loongforge completion fish > "
+                         "~/.config/fish/completions/loongforge.fish")
+    completion.add_argument("shell", choices=SHELLS, help="the shell the script is for")
+
+
+def _cmd_completion(args: argparse.Namespace) -> int:
+    from loongforge.completion import command_tree, script
+
+    sys.stdout.write(script(command_tree(full_parser()), args.shell))
+    return 0
 
 
 def _configure_plan(planner: argparse.ArgumentParser) -> None:
@@ -170,7 +200,9 @@ def register_core_commands(commands: CommandRegistry) -> None:
     commands.add("train", help="train from a YAML config", configure=_configure_train, run=_cmd_train)
     commands.add("plugins", help="list installed plugins and what each registered", run=_cmd_plugins)
     commands.add("list", help="list registered components of one kind", configure=_configure_list, run=_cmd_list)
-    commands.add("doctor", help="report versions, devices, plugins", run=_cmd_doctor)
+    commands.add("doctor", help="report versions, devices, plugins", configure=_configure_doctor, run=_cmd_doctor)
+    commands.add("completion", help="print a bash, zsh or fish completion script", configure=_configure_completion,
+                 run=_cmd_completion)
     commands.add("plan", help="choose a parallel layout: top layouts with predicted memory and step time",
                  configure=_configure_plan, run=_cmd_plan)
     commands.add("check", help="run every pre-flight check of train without building anything",
@@ -185,11 +217,18 @@ def register_core_commands(commands: CommandRegistry) -> None:
                  configure=_configure_make_data, run=_cmd_make_data)
     commands.add("generate", help="continue prompts (or chat) with a LoongForge or Hugging Face checkpoint",
                  configure=_configure_generate, run=_cmd_generate)
+    commands.add("plot", help="draw loss/lr/throughput curves of one or several runs into a PNG",
+                 configure="loongforge.plot:configure", run="loongforge.plot:run")
+
+
+#: ``_parser(chosen=EVERY_COMMAND)`` configures every command (completion scripts, the CLI reference).
+EVERY_COMMAND = "*"
 
 
 def _parser(host: PluginHost, commands: CommandRegistry, chosen: str | None) -> argparse.ArgumentParser:
     """The top-level parser: every registered command (with its provider) as a sub-command; only ``chosen``'s
-    arguments are configured, so one command's (possibly heavy) module is the only one imported."""
+    arguments are configured (all with :data:`EVERY_COMMAND`), so one command's (possibly heavy) module is the
+    only one imported when a command runs."""
     parser = argparse.ArgumentParser(
         prog="loongforge", formatter_class=argparse.RawDescriptionHelpFormatter,  # keeps --version's lines
         description="LoongForge: train models on megatron-core; plugins add models, devices and commands.",
@@ -200,9 +239,16 @@ def _parser(host: PluginHost, commands: CommandRegistry, chosen: str | None) -> 
     for command in commands.commands():
         command_parser = sub.add_parser(command.name, help=f"{command.help} [{command.provider}]",
                                         description=f"{command.help[:1].upper()}{command.help[1:]}.")
-        if command.name == chosen:
+        if chosen in (command.name, EVERY_COMMAND):
             command.configure(command_parser)
     return parser
+
+
+def full_parser() -> argparse.ArgumentParser:
+    """The parser with every installed command configured: what completion and the CLI reference describe.
+    Commands configure torch-free (registration's rule), so this imports no framework."""
+    host = get_host()
+    return _parser(host, host.commands(), EVERY_COMMAND)
 
 
 def _versions(host: PluginHost) -> str:
@@ -217,12 +263,15 @@ def _unknown_command(argv: list[str], commands: CommandRegistry, host: PluginHos
     provides it when that one is not installed or disabled."""
     if not argv or argv[0].startswith("-") or commands.command(argv[0]) is not None:
         return None
+    reason = missing_provider_reason("command", argv[0], host.disabled)
+    if reason is not None:
+        return f"Unknown command '{argv[0]}'. {reason}"
     known = [command.name for command in commands.commands()]
     parts = [f"Unknown command '{argv[0]}'. Known: {', '.join(known)}."]
     close = difflib.get_close_matches(argv[0], known, n=1)
     if close:
         parts.append(f"Did you mean '{close[0]}'?")
-    parts += missing_provider_hint("command", argv[0], host.disabled)
+    parts += disabled_plugins_hint(host.disabled)
     return " ".join(parts)
 
 
@@ -342,7 +391,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from loongforge.report import doctor
 
-    doctor()
+    doctor(show_all=args.show_all)
     return 0
 
 

@@ -70,24 +70,7 @@ def add_trust_code_option(parser: argparse.ArgumentParser, *, checkpoint: str = 
 
 @dataclass(frozen=True)
 class Command:
-    """One ``loongforge NAME`` sub-command."""
-
-    name: str
-    help: str
-    provider: str
-    configure_target: Lazy
-    run_target: Lazy
-
-    def configure(self, parser: argparse.ArgumentParser) -> None:
-        _resolve(self.configure_target)(parser)
-
-    def run(self, args: argparse.Namespace) -> int:
-        return int(_resolve(self.run_target)(args) or 0)
-
-
-@dataclass(frozen=True)
-class Generator:
-    """One ``loongforge make-data NAME`` dataset generator (a plugin's synthetic or recorded data)."""
+    """One ``loongforge NAME`` sub-command (or one ``loongforge make-data NAME`` generator)."""
 
     name: str
     help: str
@@ -136,7 +119,7 @@ class CommandRegistry:
         self.current_provider = "<unknown>"
         self._commands: dict[str, Command] = {}
         self._handlers: dict[tuple[str, str], Handler] = {}
-        self._generators: dict[str, Generator] = {}
+        self._generators: dict[str, Command] = {}  # make-data generators: commands one level down
 
     def add(self, name: str, *, help: str, configure: Lazy = _no_options, run: Lazy) -> None:
         """Add ``loongforge NAME``; a name already taken raises, naming both providers."""
@@ -173,9 +156,9 @@ class CommandRegistry:
         if owner is not None:
             raise DuplicateComponentError(f"make-data generator '{name}' registered twice: by {owner.provider} and "
                                           f"by {self.current_provider}")
-        self._generators[name] = Generator(name, help, self.current_provider, configure, run)
+        self._generators[name] = Command(name, help, self.current_provider, configure, run)
 
-    def generators(self) -> list[Generator]:
+    def generators(self) -> list[Command]:
         """Every ``make-data`` generator, sorted by name."""
         return [self._generators[name] for name in sorted(self._generators)]
 

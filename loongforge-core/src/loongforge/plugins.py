@@ -9,6 +9,9 @@ Environment controls:
 * ``LOONGFORGE_DISABLE_PLUGINS=a,b`` — do not load these plugins (block list).
 * ``LOONGFORGE_LOAD_PLUGINS=a,b`` — load only these plugins (allow list); ``core`` always loads.
 
+Either list names a plugin by its entry-point name (``vlm``) or its distribution (``loongforge-vlm``); a name
+that matches no installed plugin is warned about rather than ignored.
+
 A plugin that fails to import, or implements a hook that does not exist (a typo), raises
 :class:`PluginLoadError` naming the plugin, its distribution and version, and how to disable it.
 
@@ -75,7 +78,14 @@ class PluginInfo:
 
 
 def _env_list(var: str) -> set[str]:
-    return {item.strip() for item in os.environ.get(var, "").split(",") if item.strip()}
+    return {_plugin_key(item) for item in os.environ.get(var, "").split(",") if item.strip()}
+
+
+def _plugin_key(name: str) -> str:
+    """How a plugin is matched in the environment lists: its entry-point name (``vlm``) or its distribution
+    (``loongforge-vlm``, ``loongforge_vlm``), case and ``_``/``-`` aside -- users copy either from
+    ``loongforge plugins``, and a spelling that silently disabled nothing would be worse than either."""
+    return name.strip().lower().replace("_", "-")
 
 
 class PluginHost:
@@ -101,13 +111,16 @@ class PluginHost:
     def _load_entry_points(self) -> None:
         blocked = _env_list("LOONGFORGE_DISABLE_PLUGINS")
         allowed = _env_list("LOONGFORGE_LOAD_PLUGINS")
+        seen: set[str] = set()
         for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: (e.name != CORE_PLUGIN, e.name)):
             if ep.name in self.plugins:
                 continue  # the same distribution seen twice on sys.path
             dist = ep.dist
             dist_name = dist.metadata["Name"] if dist is not None else "<unknown distribution>"
-            if ep.name != CORE_PLUGIN and (ep.name in blocked or (allowed and ep.name not in allowed)):
-                why = "LOONGFORGE_DISABLE_PLUGINS" if ep.name in blocked else "LOONGFORGE_LOAD_PLUGINS"
+            keys = {_plugin_key(ep.name), _plugin_key(dist_name)}
+            seen |= keys
+            if ep.name != CORE_PLUGIN and (keys & blocked or (allowed and not keys & allowed)):
+                why = "LOONGFORGE_DISABLE_PLUGINS" if keys & blocked else "LOONGFORGE_LOAD_PLUGINS"
                 self.disabled[ep.name] = (dist_name, why)
                 continue
             version = dist.version if dist is not None else "?"
@@ -116,6 +129,11 @@ class PluginHost:
             except Exception as exc:  # noqa: BLE001 - any import failure must name the plugin
                 raise PluginLoadError(self._broken(ep.name, dist_name, version, f"failed to import: {exc!r}")) from exc
             self.register(module, ep.name, distribution=dist_name, version=version)
+        for var, names in (("LOONGFORGE_DISABLE_PLUGINS", blocked), ("LOONGFORGE_LOAD_PLUGINS", allowed)):
+            if names - seen:
+                installed = ", ".join(sorted(self.plugins.keys() | self.disabled.keys()))
+                print(f"[loongforge] warning: {var} names no installed plugin: {', '.join(sorted(names - seen))} "
+                      f"(installed: {installed})", file=sys.stderr, flush=True)
 
     @staticmethod
     def _broken(name: str, dist: str, version: str, what: str) -> str:

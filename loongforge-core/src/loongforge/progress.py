@@ -7,7 +7,9 @@ greppable plain lines instead of terminal control codes. On a terminal this draw
 total, rate, elapsed, ETA); elsewhere (stdout not a TTY, or ``LOONGFORGE_PROGRESS=plain``) it prints
 ``<description>: <done>/<total> <unit> (<rate>/s, eta <s>s)`` at most every ``plain_every`` seconds plus a final
 line. ``LOONGFORGE_PROGRESS=off`` silences both. Only rank 0 (``RANK`` unset or 0) shows anything, so a
-multi-process job prints once.
+multi-process job prints once. A command whose standard output is its product (``loongforge generate --jsonl``)
+passes ``stderr=True``, so the progress never mixes into what a pipe reads. A job counted in ``unit="bytes"``
+(tokenizing text files) shows sizes and rates in kB/MB/GB rather than raw byte counts.
 
 Usage::
 
@@ -27,28 +29,43 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import TextIO, TypeVar
+
+from rich.markup import escape
 
 T = TypeVar("T")
 
 #: Seconds between two plain progress lines (non-TTY).
 PLAIN_EVERY_S = 10.0
+#: The unit whose counts are shown as sizes (decimal, as rich's download columns show them).
+BYTES = "bytes"
 
 
-def _mode() -> str:
-    """``rich``, ``plain`` or ``off`` for this process."""
+def _size(count: float) -> str:
+    """``count`` bytes in the largest decimal unit (up to TB) that keeps it >= 1: ``512 B``, ``52.4 MB``."""
+    units = ("B", "kB", "MB", "GB", "TB")
+    index = 0
+    while count >= 1000 and index < len(units) - 1:
+        count /= 1000
+        index += 1
+    return f"{count:,.0f} B" if index == 0 else f"{count:,.1f} {units[index]}"
+
+
+def _mode(stream: TextIO) -> str:
+    """``rich``, ``plain`` or ``off`` for this process, showing on ``stream``."""
     if os.environ.get("RANK", "0") not in ("", "0"):
         return "off"
     forced = os.environ.get("LOONGFORGE_PROGRESS", "").strip().lower()
     if forced in ("off", "plain", "rich"):
         return forced
-    return "rich" if sys.stdout.isatty() else "plain"
+    return "rich" if stream.isatty() else "plain"
 
 
 class JobProgress:
     """A running job's progress; made by :func:`job_progress`. ``total`` may be ``None`` (unknown length)."""
 
-    def __init__(self, description: str, total: int | None, unit: str, mode: str, plain_every: float) -> None:
+    def __init__(self, description: str, total: int | None, unit: str, mode: str, plain_every: float,
+                 stream: TextIO | None = None) -> None:
         self.description = description
         self.total = total
         self.unit = unit
@@ -56,13 +73,17 @@ class JobProgress:
         self.note = ""
         self._mode = mode
         self._plain_every = plain_every
+        self._stream = stream if stream is not None else sys.stdout
         self._start = time.perf_counter()
         self._last_line = self._start
+        self._last_shown: int | None = None  # ``done`` when the last plain line was printed
         self._bar = None
         self._task = None
         if mode == "rich":
+            from rich.console import Console
             from rich.progress import (
                 BarColumn,
+                DownloadColumn,
                 MofNCompleteColumn,
                 Progress,
                 TextColumn,
@@ -70,12 +91,13 @@ class JobProgress:
                 TimeRemainingColumn,
             )
 
+            count = DownloadColumn() if unit == BYTES else MofNCompleteColumn()
             self._bar = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(bar_width=20), MofNCompleteColumn(),
+                TextColumn("[bold]{task.description}"), BarColumn(bar_width=20), count,
                 TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-                TextColumn("{task.fields[note]}"), transient=False,
+                TextColumn("{task.fields[note]}"), transient=False, console=Console(file=self._stream),
             )
-            self._task = self._bar.add_task(description, total=total, rate="", note="")
+            self._task = self._bar.add_task(escape(description), total=total, rate="", note="")
             self._bar.start()
 
     def advance(self, n: int = 1, *, note: str = "") -> None:
@@ -84,63 +106,77 @@ class JobProgress:
         if note:
             self.note = note
         if self._bar is not None:
-            self._bar.update(self._task, advance=n, rate=f"{self.rate():,.2f} {self.unit}/s", note=self.note)
+            self._bar.update(self._task, advance=n, rate=self._rate_text(), note=escape(self.note))
         elif self._mode == "plain":
             now = time.perf_counter()
             if now - self._last_line >= self._plain_every:
                 self._last_line = now
-                print(self.line(), flush=True)
+                self._print_line()
 
     def message(self, text: str) -> None:
         """A line of text above the bar (or plainly); nothing when progress is off."""
         if self._bar is not None:
-            self._bar.console.print(text)
+            self._bar.console.print(text, markup=False, highlight=False)
         elif self._mode == "plain":
-            print(text, flush=True)
+            print(text, file=self._stream, flush=True)
 
     def rate(self) -> float:
         elapsed = time.perf_counter() - self._start
         return self.done / elapsed if elapsed > 0 else 0.0
 
+    def _rate_text(self) -> str:
+        return f"{_size(self.rate())}/s" if self.unit == BYTES else f"{self.rate():,.2f} {self.unit}/s"
+
     def line(self) -> str:
         """The plain-text status line: done/total, rate, ETA (or elapsed once finished / when total is unknown)."""
         rate = self.rate()
-        count = f"{self.done}/{self.total}" if self.total is not None else f"{self.done}"
         elapsed = time.perf_counter() - self._start
         if self.total is not None and self.done < self.total and rate > 0:
             tail = f"eta {(self.total - self.done) / rate:.0f}s"
         else:
             tail = f"{elapsed:.1f}s"
         note = f" [{self.note}]" if self.note else ""
+        if self.unit == BYTES:
+            count = _size(self.done) if self.total is None else f"{_size(self.done)}/{_size(self.total)}"
+            return f"{self.description}: {count} ({self._rate_text()}, {tail}){note}"
+        count = f"{self.done}/{self.total}" if self.total is not None else f"{self.done}"
         return f"{self.description}: {count} {self.unit} ({rate:,.2f}/s, {tail}){note}"
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
-        elif self._mode == "plain":
-            print(self.line(), flush=True)
+        elif self._mode == "plain" and self._last_shown != self.done:  # the final line, unless just printed
+            self._print_line()
+
+    def _print_line(self) -> None:
+        self._last_shown = self.done
+        print(self.line(), file=self._stream, flush=True)
 
 
 @contextmanager
 def job_progress(description: str, total: int | None = None, *, unit: str = "item",
-                 plain_every: float = PLAIN_EVERY_S) -> Iterator[JobProgress]:
-    """Show ``description``'s progress while the ``with`` body runs (see the module docstring for the modes)."""
-    progress = JobProgress(description, total, unit, _mode(), plain_every)
+                 plain_every: float | None = None, stderr: bool = False) -> Iterator[JobProgress]:
+    """Show ``description``'s progress while the ``with`` body runs (see the module docstring for the modes);
+    ``plain_every`` defaults to :data:`PLAIN_EVERY_S` as it is when the job starts; ``stderr`` shows it there."""
+    stream = sys.stderr if stderr else sys.stdout
+    progress = JobProgress(description, total, unit, _mode(stream), PLAIN_EVERY_S if plain_every is None
+                           else plain_every, stream)
     try:
         yield progress
     finally:
         progress.close()
 
 
-def track(items: Iterable[T], description: str, *, total: int | None = None, unit: str = "item") -> Iterator[T]:
+def track(items: Iterable[T], description: str, *, total: int | None = None, unit: str = "item",
+          stderr: bool = False) -> Iterator[T]:
     """Iterate ``items`` with a progress display; ``total`` defaults to ``len(items)`` when it has one."""
     if total is None:
         try:
             total = len(items)  # type: ignore[arg-type]
         except TypeError:
             total = None
-    with job_progress(description, total, unit=unit) as progress:
+    with job_progress(description, total, unit=unit, stderr=stderr) as progress:
         for item in items:
             yield item
             progress.advance()

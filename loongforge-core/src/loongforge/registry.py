@@ -5,9 +5,10 @@ a kebab-case name (plus aliases such as Hugging Face ids) to a target, which is 
 a lazy ``"package.module:attribute"`` string: registering must stay cheap and torch-free so that
 ``loongforge plugins`` and ``loongforge list`` answer instantly; the target is imported only when a run uses it.
 
-Resolution failures raise :class:`UnknownComponentError` with the known names, a did-you-mean, and, when
-the name belongs to a first-party plugin that is not installed, the ``pip install`` line that provides it (from
-the catalog ``first_party_plugins.json``), or that the plugin providing it is disabled.
+Resolution failures raise :class:`UnknownComponentError`. When the name belongs to a first-party plugin (the
+catalog ``first_party_plugins.json``) that is disabled here or not installed, the message says so -- which variable
+disabled it, or the ``pip install`` line -- instead of suggesting a look-alike name; otherwise it lists the known
+names, a did-you-mean and the disabled plugins that may hold the name.
 
 A config may also name a component outside every registry as ``pkg.module:attr`` (:func:`resolve_import_path`).
 That escape hatch *executes code*: importing a module runs it. It is right for a config the user wrote (their file,
@@ -159,17 +160,20 @@ class Registry:
         return self.entry(name, where=where).load()
 
     def unknown_message(self, name: str, where: str = "") -> str:
-        """One line: what is unknown, where, the known names, a did-you-mean, and an install hint."""
+        """One line: what is unknown and where; then either why (the first-party plugin providing it is disabled or
+        not installed) or the known names, a did-you-mean and the disabled plugins that may provide it. A known
+        reason replaces the did-you-mean, which would point at an unrelated name that merely looks alike."""
         location = f" ({where})" if where else ""
         parts = [f"Unknown {self.kind} '{name}'{location}."]
+        reason = missing_provider_reason(self.kind, name, self.disabled)
+        if reason is not None:
+            return " ".join([*parts, reason])
         known = self.names()
         parts.append(f"Known: {', '.join(known) if known else '(none registered)'}.")
-        candidates = known + sorted(self._aliases)
-        close = difflib.get_close_matches(self._normalise(name), candidates, n=1, cutoff=0.6)
+        close = difflib.get_close_matches(self._normalise(name), known + sorted(self._aliases), n=1, cutoff=0.6)
         if close:
-            suggestion = self._aliases.get(close[0], close[0])
-            parts.append(f"Did you mean '{suggestion}'?")
-        parts.extend(missing_provider_hint(self.kind, name, self.disabled))
+            parts.append(f"Did you mean '{self._aliases.get(close[0], close[0])}'?")
+        parts.extend(disabled_plugins_hint(self.disabled))
         return " ".join(parts)
 
     @staticmethod
@@ -193,20 +197,29 @@ def first_party_provider(kind: str, name: str) -> str | None:
     return None
 
 
-def missing_provider_hint(kind: str, name: str, disabled: dict[str, tuple[str, str]]) -> list[str]:
-    """Why ``name`` may be missing: its first-party plugin is disabled here or not installed; or, for other names,
-    which installed plugins are disabled (a disabled plugin's names cannot be known without loading it)."""
+def missing_provider_reason(kind: str, name: str, disabled: dict[str, tuple[str, str]]) -> str | None:
+    """Why ``name`` is missing when its first-party plugin (:data:`FIRST_PARTY_CATALOG`) is known: that plugin is
+    disabled here (by which variable, and how to undo it) or not installed (the ``pip install`` line); else None."""
     provider = first_party_provider(kind, name)
+    if provider is None:
+        return None
     for plugin, (dist, variable) in disabled.items():
         if dist == provider:
-            return [f"'{name}' is provided by {dist} (plugin '{plugin}'), which is installed but disabled by "
-                    f"{variable}; enable it to use '{name}'."]
-    if provider is not None and not _is_installed(provider):
-        return [f"'{name}' is provided by {provider}, which is not installed: pip install {provider}"]
-    if disabled:
-        listed = ", ".join(f"'{plugin}' ({variable})" for plugin, (_, variable) in sorted(disabled.items()))
-        return [f"Disabled plugins, which may provide it: {listed}."]
-    return []
+            undo = (f"add '{plugin}' to {variable}" if variable == "LOONGFORGE_LOAD_PLUGINS"
+                    else f"remove it from {variable}")
+            return f"It is provided by plugin {dist}, and plugin {dist} is disabled by {variable}: {undo} to use it."
+    if not _is_installed(provider):
+        return f"'{name}' is provided by {provider}, which is not installed: pip install {provider}"
+    return None
+
+
+def disabled_plugins_hint(disabled: dict[str, tuple[str, str]]) -> list[str]:
+    """The disabled plugins, for a name no catalog row places: a disabled plugin's names cannot be known without
+    loading it, so each one may be where the name lives."""
+    if not disabled:
+        return []
+    listed = ", ".join(f"'{plugin}' ({variable})" for plugin, (_, variable) in sorted(disabled.items()))
+    return [f"Disabled plugins, which may provide it: {listed}."]
 
 
 def _is_installed(distribution: str) -> bool:

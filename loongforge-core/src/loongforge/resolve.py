@@ -14,6 +14,7 @@ import difflib
 from typing import Any
 
 from loongforge.config.schema import LoongForgeConfig
+from loongforge.config.sections import origin_of
 from loongforge.errors import ConfigError
 from loongforge.models.family import ModelFamily, check_family
 from loongforge.models.hf_naming import adopt_hf_model
@@ -38,7 +39,7 @@ def registered_family(config: LoongForgeConfig, host: Any = None) -> ModelFamily
     """
     adopt_hf_model(config)  # ``model.load: hf:DIR`` without a name: the model DIR's config.json describes
     registry = config_registry(config, "model", host)
-    name, where = config.model.name, f"model.name in {config.source}"
+    name, where = config.model.name, f"model.name in {origin_of(config.source, 'model.name')}"
     if not name:
         return _default_composition(registry, config)
     found = registry.load(name, where=where)
@@ -117,25 +118,24 @@ def resolve_names(config: LoongForgeConfig, *, engine: str | None = None) -> lis
     ``data.tokenizer`` and is laid out by a torch-native strategy, so those names are neither checked nor shown.
     """
     host = get_host()
-    where = config.source
     adopt_hf_model(config)
-    checks = [("model", config.model.name, f"model.name in {where}")] if config.model.name else []
+    checks = [("model", config.model.name, "model.name")] if config.model.name else []
     if engine != "task":
         checks += [
-            ("strategy", config.parallel.strategy, f"parallel.strategy in {where}"),
-            ("dataset", config.data.dataset, f"data.dataset in {where}"),
-            ("tokenizer", config.data.tokenizer.split(":", 1)[0], f"data.tokenizer in {where}"),
+            ("strategy", config.parallel.strategy, "parallel.strategy"),
+            ("dataset", config.data.dataset, "data.dataset"),
+            ("tokenizer", config.data.tokenizer.split(":", 1)[0], "data.tokenizer"),
         ]
     if config.device != "auto":
-        checks.insert(0, ("device", config.device, f"device in {where}"))
-    checks += [("optimization", name, f"optimizations.{name} in {where}") for name in config.optimizations]
+        checks.insert(0, ("device", config.device, "device"))
+    checks += [("optimization", name, f"optimizations.{name}") for name in config.optimizations]
     lines = []
-    for kind, name, location in checks:
+    for kind, name, key in checks:
         registry = host.registry(kind)
         if ":" in name and name not in registry:
             lines.append(f"{kind}: {name} (import path)")
             continue
-        entry = registry.entry(name, where=location)
+        entry = registry.entry(name, where=f"{key} in {origin_of(config.source, key)}")
         lines.append(f"{kind}: {entry.name} (from {entry.provider})")
     if not config.model.name:  # parts alone: the family that composes them
         lines.insert(0, f"model: {registered_family(config, host).family_name} (composed of parts)")

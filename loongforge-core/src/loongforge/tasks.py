@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
-from loongforge.train.media import MediaLog
+if TYPE_CHECKING:
+    from loongforge.train.media import MediaLog
 
 
 @runtime_checkable
@@ -69,6 +70,23 @@ class TaskBase:
 
     def after_step(self, model: Any) -> None:
         """Called after each optimizer step (EMA updates and the like); the default does nothing."""
+
+    def repeated_blocks(self, model: Any) -> list[Any]:
+        """The repeated blocks of ``model`` (what :meth:`~Task.build_model` made) that ``training.compile:
+        regional`` compiles one by one (:func:`loongforge.train.compile.compile_blocks`): identical blocks share one
+        compiled graph, so the compile time is that of one block.
+
+        The default: the members of the model's outermost ``nn.ModuleList`` containers -- a DiT's transformer
+        blocks, a policy's layers -- in model order. Override it where a model keeps its blocks otherwise."""
+        from torch import nn
+
+        blocks: list[Any] = []
+        inside: set[int] = set()
+        for module in model.modules():  # pre-order: a container comes before everything it holds
+            if isinstance(module, nn.ModuleList) and id(module) not in inside:
+                blocks.extend(module)
+                inside.update(id(held) for held in module.modules())
+        return blocks
 
     def validation_dataset(self, paths: list[str], samples: int) -> Any:
         """``evaluation.interval > 0``: a map-style dataset of validation items (the keys and shapes of

@@ -152,13 +152,13 @@ class CheckpointDir:
         _fsync_path(self.root)
         shutil.rmtree(doomed, ignore_errors=True)
 
-    def _verifies(self, path: Path, on_fail: Callable[[str], None], *, cached: bool) -> bool:
-        """Whether ``path`` verifies (``cached``: trust this process's earlier verdict); a failure quarantines it
-        and reports one line."""
+    def _verifies(self, path: Path, on_fail: Callable[[str], None], *, cached: bool, progress: bool = False) -> bool:
+        """Whether ``path`` verifies (``cached``: trust this process's earlier verdict; ``progress``: show it, when
+        large); a failure quarantines it and reports one line."""
         if cached and path.name in self._verified:
             return True
         try:
-            verify_manifest(path, mode=self.verify)
+            verify_manifest(path, mode=self.verify, progress=progress)
         except CheckpointCorruptError as exc:
             on_fail(f"{exc}; quarantined as {self.quarantine(path).name}, not counted or loaded")
             return False
@@ -209,7 +209,7 @@ class CheckpointDir:
         warnings: list[str] = []
         for path in list_checkpoints(self.root):
             if self._verifies(path, on_fail=lambda line: warnings.append(f"{line}; falling back to an older one"),
-                              cached=False):  # about to be loaded: always checked
+                              cached=False, progress=True):  # about to be loaded (before training): always checked
                 return path, warnings + unchecked_content(path, self.verify)
         return None, warnings
 
@@ -222,22 +222,32 @@ def unchecked_content(path: Path, mode: str) -> list[str]:
             "file goes unnoticed"]
 
 
+def locate_checkpoint(path: str | os.PathLike) -> Path:
+    """``path`` itself if it holds a manifest, else the step a checkpoint root's ``latest`` names; nothing is
+    verified. For looking at a checkpoint's ``config.yaml`` before deciding what to do with it (the claims of
+    ``loongforge convert`` / ``eval`` handlers): the handler that claims it verifies it once, with
+    :func:`find_checkpoint`, instead of every handler hashing it again."""
+    path = Path(path).expanduser()
+    if (path / MANIFEST).is_file():
+        return path
+    latest = CheckpointDir(path).latest()
+    if latest is None:
+        raise CheckpointNotFoundError(
+            f"{path}: not a LoongForge checkpoint (no {MANIFEST}) nor a checkpoint root with a 'latest' pointer"
+        )
+    return latest
+
+
 def find_checkpoint(path: str | os.PathLike, verify: str = "full") -> Path:
     """``path`` itself if it is a checkpoint, else the one a checkpoint root's ``latest`` names; verified as
     ``verify`` says (``none`` prints a warning).
 
     Here, torch-free, so that commands acting on a checkpoint (a policy server, ``loongforge sample``) do not
-    import megatron just to find it.
+    import megatron just to find it. Commands run outside training, so a large checkpoint's verification shows its
+    progress (:data:`~loongforge.checkpoint.manifest.LARGE_CHECKPOINT_BYTES`).
     """
-    path = Path(path).expanduser()
-    if not (path / MANIFEST).is_file():
-        latest = CheckpointDir(path).latest()
-        if latest is None:
-            raise CheckpointNotFoundError(
-                f"{path}: not a LoongForge checkpoint (no {MANIFEST}) nor a checkpoint root with a 'latest' pointer"
-            )
-        path = latest
-    verify_manifest(path, mode=verify)
+    path = locate_checkpoint(path)
+    verify_manifest(path, mode=verify, progress=True)
     for line in unchecked_content(path, verify):
         warn(line)
     return path

@@ -24,6 +24,13 @@ Format (``format`` 1, unchanged; older manifests lack ``block_size`` and ``block
      "files": {"model_optim/__0_0.distcp": {"size": ..., "sha256": "...", "blocks": ["...", ...]}, ...}}
 
 ``blocks`` is there for files longer than one block; whole-file digests and block digests come from the same read.
+
+Hashing a large checkpoint takes minutes (a 140 GB one about ten at that rate), so callers outside a training run
+-- a conversion writing its manifest, a command or a resume verifying every byte -- ask for a progress display
+(:mod:`loongforge.progress`, on standard error) counted in :data:`BLOCK_SIZE` blocks with the file being read as
+its note. Only checkpoints of at least :data:`LARGE_CHECKPOINT_BYTES` show it: a small one hashes in seconds, and a
+line per tiny save would bury what matters. Saves during training stay quiet (the run has its own display, and a
+background save hashes in a thread).
 """
 
 from __future__ import annotations
@@ -32,11 +39,13 @@ import hashlib
 import json
 import os
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from loongforge.errors import LoongForgeError
+from loongforge.progress import job_progress
 
 MANIFEST = "manifest.json"
 _FORMAT = 1
@@ -47,6 +56,9 @@ BLOCK_SIZE = 4 << 20
 SAMPLED_BLOCKS = 4
 #: Values of ``checkpoint.verify``.
 VERIFY_MODES = ("full", "sampled", "none")
+#: Checkpoints whose files add up to at least this many bytes (1 GiB: about four seconds of sha256) show the
+#: progress of hashing them all when the caller asks for it; smaller ones are hashed quietly.
+LARGE_CHECKPOINT_BYTES = 1 << 30
 
 
 class CheckpointCorruptError(LoongForgeError):
@@ -57,9 +69,13 @@ class ManifestIncompleteError(LoongForgeError):
     """The entries merged for a manifest do not name exactly the files of the checkpoint being saved."""
 
 
-def file_entry(path: Path, block_size: int = BLOCK_SIZE) -> dict[str, Any]:
+def _no_report() -> None:
+    """The ``on_block`` of a hashing nobody watches."""
+
+
+def file_entry(path: Path, block_size: int = BLOCK_SIZE, on_block: Callable[[], None] = _no_report) -> dict[str, Any]:
     """``{"size", "sha256"}`` of the file at ``path``, plus ``"blocks"`` (each block's sha256) when it has several
-    blocks; one pass over the file."""
+    blocks; one pass over the file, calling ``on_block()`` after each block."""
     whole = hashlib.sha256()
     blocks = []
     size = 0
@@ -68,16 +84,33 @@ def file_entry(path: Path, block_size: int = BLOCK_SIZE) -> dict[str, Any]:
             whole.update(block)
             blocks.append(hashlib.sha256(block).hexdigest())
             size += len(block)
+            on_block()
     entry: dict[str, Any] = {"size": size, "sha256": whole.hexdigest()}
     if len(blocks) > 1:
         entry["blocks"] = blocks
     return entry
 
 
-def hash_files(root: str | os.PathLike, names: Iterable[str]) -> dict[str, dict[str, Any]]:
-    """:func:`file_entry` of each of ``names`` (paths relative to ``root``)."""
+@contextmanager
+def _reading(description: str | None, sizes: Mapping[str, int]) -> Iterator[Callable[[str], Callable]]:
+    """Yield ``reader(name) -> on_block`` for hashing the files ``sizes`` lists: a progress display per block when
+    ``description`` is given and they add up to :data:`LARGE_CHECKPOINT_BYTES`, else callbacks that do nothing."""
+    if description is None or sum(sizes.values()) < LARGE_CHECKPOINT_BYTES:
+        yield lambda name: _no_report
+        return
+    blocks = sum(-(-size // BLOCK_SIZE) for size in sizes.values())
+    with job_progress(description, total=blocks, unit="block", stderr=True) as progress:
+        yield lambda name: lambda: progress.advance(note=name)
+
+
+def hash_files(root: str | os.PathLike, names: Iterable[str], *,
+               progress: str | None = None) -> dict[str, dict[str, Any]]:
+    """:func:`file_entry` of each of ``names`` (paths relative to ``root``); ``progress`` (a description) shows
+    the hashing of a large checkpoint (see the module docstring)."""
     root = Path(root)
-    return {name: file_entry(root / name) for name in names}
+    names = list(names)
+    with _reading(progress, {name: (root / name).stat().st_size for name in names}) as reader:
+        return {name: file_entry(root / name, on_block=reader(name)) for name in names}
 
 
 def list_files(root: str | os.PathLike) -> list[str]:
@@ -129,8 +162,10 @@ def _block_sha256(path: Path, index: int, block_size: int) -> str:
         return hashlib.sha256(handle.read(block_size)).hexdigest()
 
 
-def _check_file(root: Path, name: str, expected: dict, block_size: int | None, mode: str) -> None:
-    """Raise :class:`CheckpointCorruptError` if file ``name`` does not match ``expected`` as ``mode`` checks."""
+def _check_file(root: Path, name: str, expected: dict, block_size: int | None, mode: str,
+                on_block: Callable[[], None]) -> None:
+    """Raise :class:`CheckpointCorruptError` if file ``name`` does not match ``expected`` as ``mode`` checks;
+    ``on_block`` is called per block a whole-file hash reads."""
     file = root / name
     if not file.is_file():
         raise CheckpointCorruptError(f"checkpoint {root}: file {name} is missing")
@@ -143,7 +178,7 @@ def _check_file(root: Path, name: str, expected: dict, block_size: int | None, m
         return
     blocks = expected.get("blocks") if mode == "sampled" and block_size else None
     if blocks is None:  # full, a one-block file, or a manifest from before block hashes
-        if file_entry(file)["sha256"] != expected["sha256"]:
+        if file_entry(file, on_block=on_block)["sha256"] != expected["sha256"]:
             raise CheckpointCorruptError(f"checkpoint {root}: file {name} does not match its sha256 in {MANIFEST}")
         return
     if len(blocks) != -(-size // block_size):
@@ -155,9 +190,10 @@ def _check_file(root: Path, name: str, expected: dict, block_size: int | None, m
             )
 
 
-def verify_manifest(root: str | os.PathLike, mode: str = "full") -> dict:
+def verify_manifest(root: str | os.PathLike, mode: str = "full", *, progress: bool = False) -> dict:
     """Check every file the manifest lists as ``mode`` (one of :data:`VERIFY_MODES`) says; return the manifest or
-    raise :class:`CheckpointCorruptError`."""
+    raise :class:`CheckpointCorruptError`. ``progress`` shows a ``full`` verification of a large checkpoint (the
+    other modes read a few blocks per file at most)."""
     if mode not in VERIFY_MODES:
         raise ValueError(f"verification mode {mode!r} is not one of {VERIFY_MODES}")
     root = Path(root)
@@ -168,8 +204,10 @@ def verify_manifest(root: str | os.PathLike, mode: str = "full") -> dict:
         manifest = json.loads(path.read_text(encoding="utf-8"))
         files = manifest["files"]
         block_size = manifest.get("block_size")
-        for name, expected in files.items():
-            _check_file(root, name, expected, block_size, mode)
+        shown = f"verifying {root}" if progress and mode == "full" else None
+        with _reading(shown, {name: int(expected["size"]) for name, expected in files.items()}) as reader:
+            for name, expected in files.items():
+                _check_file(root, name, expected, block_size, mode, reader(name))
     except (ValueError, KeyError, TypeError, AttributeError):
         raise CheckpointCorruptError(f"checkpoint {root}: {MANIFEST} is unreadable") from None
     return manifest

@@ -152,7 +152,8 @@ def choose_resume(ckpt_dir: CheckpointDir, resume: str, warn: Callable[[str], No
     """The checkpoint to resume from, agreed by all ranks (rank 0 verifies; the result is broadcast).
 
     ``resume``: ``never``; ``auto`` (newest valid checkpoint, falling back past corrupt ones with a warning,
-    or none); or a checkpoint path, which must verify. Verification is ``ckpt_dir.verify`` (``checkpoint.verify``).
+    or none); or a checkpoint path, which must verify. Verification is ``ckpt_dir.verify`` (``checkpoint.verify``);
+    a large checkpoint's shows its progress (:data:`~loongforge.checkpoint.manifest.LARGE_CHECKPOINT_BYTES`).
     """
     if resume == "never":
         return None
@@ -165,7 +166,7 @@ def choose_resume(ckpt_dir: CheckpointDir, resume: str, warn: Callable[[str], No
                     warn(line)
                 choice[0] = str(path) if path is not None else None
             else:
-                verify_manifest(resume, mode=ckpt_dir.verify)
+                verify_manifest(resume, mode=ckpt_dir.verify, progress=True)  # before training: shown when large
                 for line in unchecked_content(Path(resume), ckpt_dir.verify):
                     warn(line)
                 choice[0] = str(resume)

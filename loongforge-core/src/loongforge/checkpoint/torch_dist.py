@@ -12,6 +12,12 @@ manager, which breaks scripts without a ``__main__`` guard and costs seconds per
 * **finish** (:meth:`_DcpSave.finish`; collective): the write results are gathered and the coordinator writes
   ``.metadata``, as ``dcp.save`` finishes.
 
+A save may report its progress per tensor written (``progress=`` a description, see :mod:`loongforge.progress`):
+the writer asks its source for each item's data just before writing it, so a source that counts those requests
+(:class:`_Reported`) counts the tensors on disk; it shows on standard error, beside a conversion's other
+progress. Conversions use it; training saves do not, since a training run already has its own display and a
+background save writes from a thread.
+
 Both modes run the same torch code on the same bytes -- a host copy holds what the live tensors held -- so a
 background save writes exactly the files a synchronous one does. The writer records no random save id and no
 absolute path in ``.metadata`` (:class:`_ReproducibleWriter`), so two saves of the same state are byte-identical
@@ -38,6 +44,8 @@ from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX
 from torch.distributed.checkpoint.planner import SavePlanner, WriteItem
 from torch.distributed.checkpoint.utils import _DistWrapper
 
+from loongforge.progress import JobProgress, job_progress
+
 
 class _ReproducibleWriter(dcp.FileSystemWriter):
     """torch's file writer (one file per rank, fsynced), without the random save id and the absolute directory
@@ -58,6 +66,20 @@ class _HostCopy:
         return self._data[item.index]
 
 
+class _Reported:
+    """Hands the writer each item's data from ``source`` (the planner or a :class:`_HostCopy`), advancing
+    ``progress`` with the item's tensor name: the writer resolves an item right before writing it."""
+
+    def __init__(self, source: Any, progress: JobProgress) -> None:
+        self._source = source
+        self._progress = progress
+
+    def resolve_data(self, item: WriteItem) -> Any:
+        data = self._source.resolve_data(item)
+        self._progress.advance(note=item.index.fqn)
+        return data
+
+
 def _host_copy(data: Any) -> Any:
     if isinstance(data, io.BytesIO):
         return io.BytesIO(data.getvalue())
@@ -70,12 +92,13 @@ class _DcpSave:
     made (collective); :meth:`write` then :meth:`finish` complete it."""
 
     def __init__(self, state_dict: dict[str, Any], directory: str | Path, planner: SavePlanner, *,
-                 stage: bool) -> None:
+                 stage: bool, progress: str | None = None) -> None:
         # One writer thread, so one file per rank; no copy-ahead loader, so no device work in a background write.
         self._writer = _ReproducibleWriter(directory, thread_count=1, sync_files=True, per_thread_copy_ahead=0)
         self._dist = _DistWrapper(None, dist.is_initialized(), 0)
         self._metadata = None
         self._results: list[Any] | None = None
+        self._progress = progress
 
         def local_step() -> Any:
             planner.set_up_planner(state_dict, storage_meta=self._writer.storage_meta(),
@@ -97,7 +120,11 @@ class _DcpSave:
 
     def write(self) -> None:
         """Write and fsync this rank's file (no collectives: safe in a background thread)."""
-        self._results = self._writer.write_data(self._plan, self._source).value()
+        if self._progress is None:
+            self._results = self._writer.write_data(self._plan, self._source).value()
+        else:
+            with job_progress(self._progress, total=len(self._plan.items), unit="tensor", stderr=True) as progress:
+                self._results = self._writer.write_data(self._plan, _Reported(self._source, progress)).value()
         self._source = None  # the host copy is written: free it
 
     def finish(self) -> None:
@@ -113,15 +140,19 @@ class InProcessTorchDistSaveStrategy(TorchDistSaveShardedStrategy):
     made when it was created, so it may run in a background thread while training goes on.
     """
 
-    def __init__(self, backend: str = "torch_dist", version: int = 1, *, stage: bool = False) -> None:
+    def __init__(self, backend: str = "torch_dist", version: int = 1, *, stage: bool = False,
+                 progress: str | None = None) -> None:
         super().__init__(backend, version, thread_count=1)
         self.stage = stage
+        #: Description of a per-tensor progress display of the write (``None``: quiet).
+        self.progress = progress
         #: The last request's :class:`_DcpSave` (:attr:`_DcpSave.data_file` names what it writes).
         self.last_save: _DcpSave | None = None
 
     def async_save(self, sharded_state_dict: Any, checkpoint_dir: Path | str) -> AsyncRequest:
         state, _, _ = _replace_state_dict_keys_with_sharded_keys(sharded_state_dict, self.keep_only_main_replica)
         planner = MCoreSavePlanner(dedup_replicated_tensors=not self.keep_only_main_replica, flatten_state_dict=False)
-        self.last_save = _DcpSave(mcore_to_pyt_state_dict(state, False), checkpoint_dir, planner, stage=self.stage)
+        self.last_save = _DcpSave(mcore_to_pyt_state_dict(state, False), checkpoint_dir, planner, stage=self.stage,
+                                  progress=self.progress)
         return AsyncRequest(self.last_save.write, (), [self.last_save.finish])
 

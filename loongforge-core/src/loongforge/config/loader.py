@@ -1,7 +1,8 @@
 """YAML files and ``key=value`` overrides -> a validated :class:`LoongForgeConfig`.
 
 Validation is strict on purpose: an unknown key is almost always a typo that would otherwise silently
-fall back to a default and waste a training run. Every error names the file and the dotted key path. The YAML
+fall back to a default and waste a training run. Every error names the dotted key path and where it was set: the
+file, or the command line for a key an override set (:class:`~loongforge.config.sections.ConfigSource`). The YAML
 itself is read by :mod:`loongforge.config.strict_yaml` (``safe_load`` that also refuses duplicate keys, deep
 nesting and runaway aliases), for files and for override values alike, and must be UTF-8.
 """
@@ -15,7 +16,7 @@ import yaml
 
 from loongforge.config import strict_yaml
 from loongforge.config.schema import MODEL_KEYS, LoongForgeConfig, ModelConfig, ParallelConfig
-from loongforge.config.sections import build_section, section_to_dict
+from loongforge.config.sections import COMMAND_LINE, ConfigSource, build_section, section_to_dict
 from loongforge.errors import ConfigError
 
 #: Sections that may be written as a bare name instead of a mapping (``model: qwen3-0.6b``).
@@ -27,12 +28,14 @@ _WORD_SHORTHAND = {"parallel": (ParallelConfig, "auto", {"auto": True})}
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> LoongForgeConfig:
     """Read ``path`` (or start from defaults), apply ``a.b=c`` overrides, and return a typed config."""
     raw: dict[str, Any] = {}
-    source = "<defaults>"
+    file = "<defaults>"
     if path is not None:
-        source = str(path)
+        file = str(path)
         raw = read_yaml_mapping(Path(path))
+    file_keys = frozenset(_key_paths(raw))
     for item in overrides:
-        _apply_override(raw, item, source)
+        _apply_override(raw, item)
+    source = ConfigSource(file, tuple((item.partition("=")[0], item) for item in overrides), file_keys)
     config = build_section(LoongForgeConfig, raw, source, normalize=_shorthands)
     config.source = source
     return config
@@ -87,18 +90,30 @@ def config_to_dict(config: Any) -> dict[str, Any]:
     return section_to_dict(config)
 
 
-def _apply_override(raw: dict[str, Any], item: str, source: str) -> None:
+def _key_paths(mapping: dict[str, Any], prefix: str = "") -> list[str]:
+    """Every dotted key path of a YAML mapping (into nested mappings), for :class:`ConfigSource`."""
+    paths = []
+    for key, value in mapping.items():
+        path = f"{prefix}{key}"
+        paths.append(path)
+        if isinstance(value, dict):
+            paths += _key_paths(value, f"{path}.")
+    return paths
+
+
+def _apply_override(raw: dict[str, Any], item: str) -> None:
+    """Set one ``a.b=c`` override in ``raw``; its own mistakes are the command line's (so say that)."""
     key, sep, text = item.partition("=")
     if not sep or not key:
-        raise ConfigError(f"{source}: override {item!r}: expected key=value, e.g. training.steps=100")
+        raise ConfigError(f"{COMMAND_LINE}: override {item!r}: expected key=value, e.g. training.steps=100")
     try:
         item.encode("utf-8")
     except UnicodeEncodeError:  # argv bytes that were not UTF-8 arrive as lone surrogates
-        raise ConfigError(f"{source}: override {item!r}: not valid UTF-8") from None
+        raise ConfigError(f"{COMMAND_LINE}: override {item!r}: not valid UTF-8") from None
     try:
         value = strict_yaml.load(text) if text else ""
     except strict_yaml.YAMLRefusal as exc:
-        raise ConfigError(f"{source}: override {item!r}: {exc}") from None
+        raise ConfigError(f"{COMMAND_LINE}: override {item!r}: {exc}") from None
     except yaml.YAMLError:  # not YAML: the text itself (a prompt such as "Q: why?")
         value = text
     parts = key.split(".")
@@ -112,7 +127,7 @@ def _apply_override(raw: dict[str, Any], item: str, source: str) -> None:
         if child is None:
             child = {}
         if not isinstance(child, dict):
-            raise ConfigError(f"{source}: override {item!r}: '{'.'.join(parts[: depth + 1])}' is not a section")
+            raise ConfigError(f"{COMMAND_LINE}: override {item!r}: '{'.'.join(parts[: depth + 1])}' is not a section")
         node[part] = child
         node = child
     node[parts[-1]] = value

@@ -345,7 +345,23 @@ class LoggingConfig:
 
     #: Log metrics every N steps.
     interval: int = 10
+    #: Experiment trackers that get the interval-averaged scalars, the resolved config (as hyper-parameters) and a
+    #: run's pictures, on rank 0: any of ``tensorboard`` (``<output_dir>/tensorboard``), ``wandb``
+    #: (``<output_dir>/wandb``), ``mlflow`` (``mlflow_uri``) and ``csv`` (``<output_dir>/metrics.csv``, one row per
+    #: logging step). wandb and mlflow are optional extras: ``pip install 'loongforge-core[wandb]'`` / ``[mlflow]``.
+    trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
+    #: ``false`` drops ``tensorboard`` from ``trackers`` (the switch older configs use); ``true`` changes nothing.
     tensorboard: bool = True
+    #: The W&B project runs are logged to.
+    wandb_project: str = "loongforge"
+    #: W&B's mode: ``offline`` (the default: files only, ``wandb sync <output_dir>/wandb/offline-run-*`` uploads
+    #: them later) or ``online`` (needs a login and the network).
+    wandb_mode: Literal["offline", "online"] = "offline"
+    #: MLflow tracking URI; null: a file store in the run, ``file:<output_dir>/mlruns`` (``mlflow ui
+    #: --backend-store-uri`` that folder shows it). A server (``http://...``) needs the network.
+    mlflow_uri: str | None = None
+    #: The MLflow experiment runs are logged under.
+    mlflow_experiment: str = "loongforge"
     jsonl: bool = True
     #: Show a live progress bar (disabled automatically when stdout is not a terminal).
     progress: bool = True

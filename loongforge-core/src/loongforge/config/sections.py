@@ -40,6 +40,58 @@ INTERNAL = "loongforge_internal"
 Normalizer = Callable[[type, Any], Any]
 
 
+#: How errors name the ``key=value`` overrides of a command (see :class:`ConfigSource`).
+COMMAND_LINE = "command line"
+
+
+class ConfigSource(str):
+    """Where a config was read -- a YAML path or ``<defaults>`` -- that also knows which keys the command line's
+    ``key=value`` overrides set, so that an error about such a key blames the command line, not a file that never
+    held the typo (:meth:`of`).
+
+    It is a ``str`` (the file's name) so that every message naming ``config.source`` reads as it always did;
+    messages about one key ask :func:`origin_of` instead.
+    """
+
+    overrides: tuple[tuple[str, str], ...]
+    file_keys: frozenset[str]
+
+    def __new__(cls, file: str, overrides: tuple[tuple[str, str], ...] = (),
+                file_keys: frozenset[str] = frozenset()) -> ConfigSource:
+        """``overrides``: ``(dotted key, "key=value" as typed)`` in command-line order; ``file_keys``: every dotted
+        key path the file itself holds."""
+        made = super().__new__(cls, file)
+        made.overrides = tuple(overrides)
+        made.file_keys = frozenset(file_keys)
+        return made
+
+    def __reduce__(self) -> tuple[Any, ...]:  # copies and pickles keep the override record
+        return (ConfigSource, (str(self), self.overrides, self.file_keys))
+
+    def of(self, key: str) -> str:
+        """Who set ``key`` (dotted; ``""`` is the whole config): the command line when an override set it or a
+        mapping holding it (the last such override), or set keys under it that the file lacks; the file *with*
+        those overrides when both made the value; else the file."""
+        key = key.split("[", 1)[0]  # 'data.paths[0]': an item of the list a key holds
+        involved = []
+        for override_key, item in reversed(self.overrides):
+            if key == override_key or key.startswith(f"{override_key}."):
+                return f"{COMMAND_LINE} ({item})"
+            if not key or override_key.startswith(f"{key}."):
+                involved.append(item)
+        if not involved:
+            return str(self)
+        items = ", ".join(reversed(involved))
+        both = not key or key in self.file_keys
+        return f"{self} with {COMMAND_LINE} ({items})" if both else f"{COMMAND_LINE} ({items})"
+
+
+def origin_of(source: str, key: str) -> str:
+    """The origin to name in an error about ``key``: :meth:`ConfigSource.of` for a config read with overrides, else
+    ``source`` itself (a plugin's own file, a checkpoint's config.yaml)."""
+    return source.of(key) if isinstance(source, ConfigSource) else source
+
+
 def build_section(cls: type, data: Any, source: str, key: str = "", normalize: Normalizer | None = None) -> Any:
     """An instance of the dataclass ``cls`` from ``data``; ``key`` is the section's dotted path (``""``: the top
     level, ``"task"``, ``"optimizations.dp-balance"``) and ``source`` the file, both named in every error."""
@@ -48,7 +100,7 @@ def build_section(cls: type, data: Any, source: str, key: str = "", normalize: N
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{source}: '{key or '<top>'}' must be a mapping, got {data!r}")
+        raise ConfigError(f"{origin_of(source, key)}: '{key or '<top>'}' must be a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
     fields = [f for f in dataclasses.fields(cls) if f.init and not f.metadata.get(INTERNAL)]
     named = {f.name: f for f in fields if not f.metadata.get(OTHER_KEYS)}
@@ -60,7 +112,7 @@ def build_section(cls: type, data: Any, source: str, key: str = "", normalize: N
     missing = [name for name, f in named.items() if name not in data
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
-        raise ConfigError(f"{source}: '{prefix}{missing[0]}' is required (in '{key or '<top>'}')")
+        raise ConfigError(f"{origin_of(source, key)}: '{prefix}{missing[0]}' is required (in '{key or '<top>'}')")
     kwargs = {name: convert(hints[name], value, source, f"{prefix}{name}", normalize)
               for name, value in data.items() if name in named}
     if rest is not None:
@@ -68,7 +120,7 @@ def build_section(cls: type, data: Any, source: str, key: str = "", normalize: N
     try:
         return cls(**kwargs)
     except (ConfigError, ValueError) as exc:
-        raise ConfigError(f"{source}: {key or '<top>'}: {exc}") from None
+        raise ConfigError(f"{origin_of(source, key)}: {key or '<top>'}: {exc}") from None
 
 
 def path_field(default: str | None = None) -> Any:
@@ -93,7 +145,8 @@ def unknown_key_error(path: str, name: str, known: list[str], source: str) -> Co
     """``unknown key 'a.b' (known keys here: ...)``, with a did-you-mean when one known key is close."""
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     hint = f"; did you mean '{close[0]}'?" if close else ""
-    return ConfigError(f"{source}: unknown key '{path}' (known keys here: {', '.join(known) or 'none'}){hint}")
+    return ConfigError(f"{origin_of(source, path)}: unknown key '{path}' (known keys here: "
+                       f"{', '.join(known) or 'none'}){hint}")
 
 
 def section_to_dict(obj: Any) -> Any:
@@ -125,14 +178,15 @@ def convert(hint: Any, value: Any, source: str, key: str, normalize: Normalizer 
             return value
         close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1, cutoff=0.6)
         hint_text = f"; did you mean '{close[0]}'?" if close else ""
-        raise ConfigError(f"{source}: '{key}' must be one of {', '.join(map(str, args))}, got {value!r}{hint_text}")
+        raise ConfigError(f"{origin_of(source, key)}: '{key}' must be one of {', '.join(map(str, args))}, "
+                          f"got {value!r}{hint_text}")
     if dataclasses.is_dataclass(hint):
         return build_section(hint, value, source, key, normalize)
     if origin is list or hint is list:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             value = [value]
         if not isinstance(value, list):
-            raise ConfigError(f"{source}: '{key}' must be a list, got {value!r}")
+            raise ConfigError(f"{origin_of(source, key)}: '{key}' must be a list, got {value!r}")
         return [convert(args[0], v, source, key, normalize) for v in value] if args else value
     if origin is tuple:
         return _convert_tuple(args, value, source, key, normalize)
@@ -140,7 +194,7 @@ def convert(hint: Any, value: Any, source: str, key: str, normalize: Normalizer 
         if value is None:
             return {}
         if not isinstance(value, dict):
-            raise ConfigError(f"{source}: '{key}' must be a mapping, got {value!r}")
+            raise ConfigError(f"{origin_of(source, key)}: '{key}' must be a mapping, got {value!r}")
         if len(args) == 2:
             return {k: convert(args[1], v, source, f"{key}.{k}", normalize) for k, v in value.items()}
         return value
@@ -159,16 +213,28 @@ def _convert_union(args: tuple[Any, ...], value: Any, source: str, key: str, nor
             errors.append(exc)
     if len(errors) == 1:
         raise errors[0]
-    raise ConfigError(f"{source}: '{key}' must be {' or '.join(_type_name(a) for a in alternatives)}, got {value!r}")
+    words = [word for alternative in alternatives for word in _words(alternative)]
+    close = difflib.get_close_matches(str(value), words, n=1, cutoff=0.6) if isinstance(value, str) else []
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    raise ConfigError(f"{origin_of(source, key)}: '{key}' must be {' or '.join(_type_name(a) for a in alternatives)}, "
+                      f"got {value!r}{hint}")
+
+
+def _words(hint: Any) -> list[str]:
+    """The spellings a type accepts as a bare word (a did-you-mean for a misspelt one): a Literal's choices, YAML's
+    true/false for a bool."""
+    if hint is bool:
+        return ["true", "false"]
+    return [str(a) for a in typing.get_args(hint)] if typing.get_origin(hint) is Literal else []
 
 
 def _convert_tuple(args: tuple[Any, ...], value: Any, source: str, key: str, normalize: Normalizer | None) -> tuple:
     if not isinstance(value, (list, tuple)):
-        raise ConfigError(f"{source}: '{key}' must be a list, got {value!r}")
+        raise ConfigError(f"{origin_of(source, key)}: '{key}' must be a list, got {value!r}")
     if len(args) == 2 and args[1] is Ellipsis:
         return tuple(convert(args[0], v, source, key, normalize) for v in value)
     if args and len(args) != len(value):
-        raise ConfigError(f"{source}: '{key}' must be a list of {len(args)} values, got {value!r}")
+        raise ConfigError(f"{origin_of(source, key)}: '{key}' must be a list of {len(args)} values, got {value!r}")
     return tuple(convert(a, v, source, key, normalize) for a, v in zip(args, value, strict=True)) if args else value
 
 
@@ -176,11 +242,11 @@ def _convert_scalar(hint: Any, value: Any, source: str, key: str) -> Any:
     if hint is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{source}: '{key}' must be true or false, got {value!r}")
+        raise ConfigError(f"{origin_of(source, key)}: '{key}' must be true or false, got {value!r}")
     if hint is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise ConfigError(f"{source}: '{key}' must be an integer, got {value!r}")
+        raise ConfigError(f"{origin_of(source, key)}: '{key}' must be an integer, got {value!r}")
     if hint is float:
         if isinstance(value, float):
             return value
@@ -188,17 +254,18 @@ def _convert_scalar(hint: Any, value: Any, source: str, key: str) -> Any:
             try:
                 return float(value)
             except OverflowError:  # an integer beyond any float
-                raise ConfigError(f"{source}: '{key}' must be a number a float can hold, got {value!r}") from None
+                raise ConfigError(f"{origin_of(source, key)}: '{key}' must be a number a float can hold, "
+                                  f"got {value!r}") from None
         if isinstance(value, str):
             try:
                 return float(value)  # YAML 1.1 reads "3e-4" as a string
             except ValueError:
                 pass
-        raise ConfigError(f"{source}: '{key}' must be a number, got {value!r}")
+        raise ConfigError(f"{origin_of(source, key)}: '{key}' must be a number, got {value!r}")
     if hint is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
-        raise ConfigError(f"{source}: '{key}' must be a string, got {value!r}")
+        raise ConfigError(f"{origin_of(source, key)}: '{key}' must be a string, got {value!r}")
     return value
 
 

@@ -1,4 +1,4 @@
-"""Documents -> a token dataset on disk, with a progress bar.
+"""Documents -> a token dataset on disk, with a progress display (:mod:`loongforge.progress`).
 
 Tokenizing is the slow part of preparing data, so for text files the bar counts input bytes (known up front from
 the file sizes) rather than documents (unknown until the files are read), which gives an honest ETA; streamed
@@ -15,6 +15,7 @@ from loongforge.data.errors import DataError
 from loongforge.data.indexed import MMapTokenDataset, TokenDatasetWriter
 from loongforge.data.sources import check_inputs, iter_documents
 from loongforge.data.tokenizers import Tokenizer
+from loongforge.progress import job_progress
 
 
 def build_token_dataset(
@@ -64,23 +65,10 @@ def write_token_dataset(
 
 @contextmanager
 def _progress(total: int | None, unit: str, *, enabled: bool, label: str) -> Iterator[Callable[[int], None]]:
-    """Yield ``advance(units)``: a rich bar on stderr when enabled, else a no-op."""
+    """Yield ``advance(units)``: the job progress display on stderr (:mod:`loongforge.progress`: a bar on a
+    terminal, a plain line every few seconds elsewhere) when enabled, else a no-op."""
     if not enabled:
         yield lambda units: None
         return
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-        TransferSpeedColumn,
-    )
-
-    counts = (DownloadColumn(), TransferSpeedColumn()) if unit == "bytes" else (MofNCompleteColumn(),)
-    columns = (TextColumn("{task.description}"), BarColumn(), *counts, TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True)) as bar:
-        task = bar.add_task(label, total=total)
-        yield lambda units: bar.advance(task, units)
+    with job_progress(label, total=total, unit=unit, stderr=True) as progress:
+        yield progress.advance

@@ -113,6 +113,6 @@ def mcore_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_size: 
         megatron_model = load_trained_model(path, build_standalone(family, backend, dtype), config)
         full = gather_full_state([megatron_model])
     tensors = adapter.to_hf(full)
-    write_hf_checkpoint(out_dir, tensors, hf_config, max_shard_bytes=max_bytes, carry_from=carry)
+    write_hf_checkpoint(out_dir, tensors, hf_config, max_shard_bytes=max_bytes, carry_from=carry, progress=True)
     architecture = (hf_config.get("architectures") or [family.family_name])[0]
     return f"wrote {out_dir}: {len(tensors)} tensors ({architecture}, {dtype}) from {path}"

@@ -10,7 +10,9 @@ model's vocabulary is refused.
 
 All prompts are decoded as one batch with a KV cache (:mod:`loongforge.models.generate`); in chat mode each
 prompt is rendered with the tokenizer's chat template (:mod:`loongforge.data.chat_template`) first and only the
-reply is the completion.
+reply is the completion. Decoding shows its progress per token position of the batch (:mod:`loongforge.progress`)
+on standard error, since standard output is the completions; reading a Hugging Face directory's weights shows
+it per tensor. A batch that stops early (every prompt at end-of-text) ends its display short of the total.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 from loongforge.checkpoint.manifest import MANIFEST
 from loongforge.errors import InteropError
 from loongforge.models.hf_config import CONFIG_JSON
+from loongforge.progress import job_progress
 
 #: A prompt: text, or (chat mode) a conversation as ``{"role", "content"}`` messages.
 Prompt = str | Sequence[dict[str, str]]
@@ -143,12 +146,15 @@ def complete_from_checkpoint(
     with standalone_world() as backend:
         # the family's own chunk (a composed model's too), with the trained weights (a LoRA run's adapters merged)
         model = load(build_standalone(family, backend, dtype))
-        new = generate_batch(
-            model, encoded, tokens, vocab_size=tok.vocab_size,
-            max_positions=decoder.max_position_embeddings, temperature=temperature, top_k=top_k, top_p=top_p,
-            seed=seed, stop_ids=() if ignore_eos else stop_ids(path if is_hf else path / HF_SOURCE, spec, tok),
-            use_cache=use_cache,
-        )
+        # on stderr: stdout carries the completions (a pipe reading --jsonl must get nothing else)
+        with job_progress("generating", total=tokens, unit="token", stderr=True) as progress:
+            new = generate_batch(
+                model, encoded, tokens, vocab_size=tok.vocab_size,
+                max_positions=decoder.max_position_embeddings, temperature=temperature, top_k=top_k, top_p=top_p,
+                seed=seed, stop_ids=() if ignore_eos else stop_ids(path if is_hf else path / HF_SOURCE, spec, tok),
+                use_cache=use_cache,
+                on_step=lambda writing: progress.advance(note=f"{writing} of {len(encoded)} prompts writing"),
+            )
     return [Completion(text, ids, tok.decode(ids)) for text, ids in zip(texts, new, strict=True)]
 
 

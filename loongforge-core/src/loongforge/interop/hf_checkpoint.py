@@ -9,7 +9,9 @@ Writing produces what ``save_pretrained`` produces: one ``model.safetensors``, o
 index when the tensors exceed the shard size, then ``config.json``, the generation files carried over and the
 tokenizer the weights were trained with (:mod:`loongforge.checkpoint.carried_tokenizer`).
 Everything goes to a temporary sibling directory that is renamed into place, so a failed write leaves
-nothing behind.
+nothing behind. Reading shows progress per tensor and writing (when asked) per file (:mod:`loongforge.progress`),
+with the tensor or file name as the note -- a 70B checkpoint takes minutes either way -- on standard error, because
+standard output is what the command produces (``loongforge generate``'s completions, ``convert``'s summary line).
 """
 
 from __future__ import annotations
@@ -17,19 +19,22 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from loongforge.checkpoint.carried_tokenizer import DESCRIPTOR, TOKENIZER_FILES, write_tokenizer
 from loongforge.errors import InteropError
 from loongforge.models.flavor import DecoderFlavor
 from loongforge.models.hf_adapter import hf_tensor_shapes
 from loongforge.models.hf_names import hf_names, with_base_prefix
+from loongforge.progress import job_progress
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -154,16 +159,30 @@ def check_hf_tensors(infos: dict[str, TensorInfo], flavor: DecoderFlavor, direct
     return first
 
 
+def _read_tensors(file: Path, names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` of each of ``names`` stored in ``file``, one at a time (safetensors reads only those)."""
+    if file.suffix == ".safetensors":
+        with safe_open(str(file), framework="pt") as handle:
+            for name in names:
+                yield name, handle.get_tensor(name)
+    else:
+        loaded = _bin_load(file)
+        for name in names:
+            yield name, loaded[name]
+
+
 def load_hf_tensors(infos: dict[str, TensorInfo], names: set[str] | None = None) -> dict[str, torch.Tensor]:
-    """The tensors ``infos`` lists (or only ``names``), read file by file."""
+    """The tensors ``infos`` lists (or only ``names``), read file by file with a progress display per tensor."""
     wanted = set(infos) if names is None else names
-    by_file: dict[Path, set[str]] = {}
-    for name in wanted:
-        by_file.setdefault(infos[name].file, set()).add(name)
+    by_file: dict[Path, list[str]] = {}
+    for name in sorted(wanted):
+        by_file.setdefault(infos[name].file, []).append(name)
     tensors: dict[str, torch.Tensor] = {}
-    for file, file_names in sorted(by_file.items()):
-        loaded = load_file(str(file)) if file.suffix == ".safetensors" else _bin_load(file)
-        tensors.update({name: loaded[name] for name in file_names})
+    with job_progress("reading Hugging Face tensors", total=len(wanted), unit="tensor", stderr=True) as progress:
+        for file, file_names in sorted(by_file.items()):
+            for name, tensor in _read_tensors(file, file_names):
+                tensors[name] = tensor
+                progress.advance(note=name)
     return tensors
 
 
@@ -241,21 +260,26 @@ def write_hf_checkpoint(
     *,
     max_shard_bytes: int = 5 * 10**9,
     carry_from: CarriedFiles | None = None,
+    progress: bool = False,
 ) -> Path:
     """Write ``tensors`` and ``config`` (and the generation files and tokenizer ``carry_from`` names) as a HF
-    directory."""
+    directory; ``progress`` shows it per file (a conversion does; ``checkpoint.save_hf`` inside a training run, which
+    has its own display, does not)."""
     out_dir = Path(out_dir).expanduser()
     tmp = prepare_out(out_dir)
     try:
         shards = _shards(tensors, max_shard_bytes)
-        if len(shards) == 1:
-            save_file(shards[0], str(tmp / SAFETENSORS), metadata={"format": "pt"})
-        else:
-            weight_map = {}
-            for i, shard in enumerate(shards, start=1):
-                name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        names = [SAFETENSORS] if len(shards) == 1 else [f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+                                                        for i in range(1, len(shards) + 1)]
+        # one safetensors file is written in one call: the display counts its tensors once it is on disk
+        with job_progress("writing Hugging Face tensors", total=len(tensors), unit="tensor",
+                          stderr=True) if progress else nullcontext() as shown:
+            for name, shard in zip(names, shards, strict=True):
                 save_file(shard, str(tmp / name), metadata={"format": "pt"})
-                weight_map.update(dict.fromkeys(shard, name))
+                if shown is not None:
+                    shown.advance(len(shard), note=name)
+        if len(shards) > 1:
+            weight_map = {tensor: name for name, shard in zip(names, shards, strict=True) for tensor in shard}
             total = sum(t.numel() * t.element_size() for t in tensors.values())
             index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
             (tmp / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")

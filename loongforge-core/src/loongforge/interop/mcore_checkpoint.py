@@ -32,7 +32,7 @@ from loongforge.checkpoint.carried_tokenizer import (
     hf_tokenizer_dir,
 )
 from loongforge.checkpoint.layout import fsync_tree
-from loongforge.checkpoint.manifest import write_manifest
+from loongforge.checkpoint.manifest import hash_files, list_files, write_manifest
 from loongforge.checkpoint.saver import CONFIG_YAML, METADATA_JSON, MODEL_OPTIM, unwrap_model
 from loongforge.checkpoint.torch_dist import InProcessTorchDistSaveStrategy
 from loongforge.checkpoint.trust import check_dist_checkpoint
@@ -176,7 +176,8 @@ def write_model_checkpoint(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             dist_checkpointing.save(
-                _template([model]), str(tmp / MODEL_OPTIM), sharded_strategy=InProcessTorchDistSaveStrategy()
+                _template([model]), str(tmp / MODEL_OPTIM),
+                sharded_strategy=InProcessTorchDistSaveStrategy(progress="writing checkpoint tensors"),
             )
         (tmp / HF_SOURCE).mkdir()
         copy_carried_files(hf_source, tmp / HF_SOURCE)
@@ -186,7 +187,7 @@ def write_model_checkpoint(
         (tmp / METADATA_JSON).write_text(
             json.dumps({"format": MODEL_ONLY_FORMAT, **metadata}, indent=1, sort_keys=True) + "\n", encoding="utf-8"
         )
-        write_manifest(tmp, step=0)
+        write_manifest(tmp, step=0, entries=hash_files(tmp, list_files(tmp), progress=f"hashing {out_dir}"))
         fsync_tree(tmp)
         publish(tmp, out_dir)
     except BaseException:

@@ -29,7 +29,7 @@ never perturbs the training RNG streams.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import torch
@@ -168,8 +168,12 @@ def generate_batch(
     seed: int = 0,
     stop_ids: Collection[int] = (),
     use_cache: bool = True,
+    on_step: Callable[[int], None] | None = None,
 ) -> list[list[int]]:
     """Extend each prompt by up to ``max_new_tokens`` ids; returns the new ids of each, in order.
+
+    ``on_step(writing)``, when given, is called after each decoding step with the number of prompts still writing
+    (a progress display counts the steps with it).
 
     A prompt stops early at any of ``stop_ids`` (not included: end-of-text, or a chat model's end-of-turn ids).
     ``vocab_size`` is the tokenizer's: ids beyond it (megatron pads the vocabulary) are never chosen. Prompts
@@ -199,6 +203,8 @@ def generate_batch(
                     if live[row]:
                         new[row].append(token)
                         column[row] = token
+            if on_step is not None:
+                on_step(sum(live))
             if not any(live):
                 break
             context.append(column, live)

@@ -10,8 +10,10 @@ run works on a laptop. Without it, it plans for the devices of the machine it ru
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from loongforge.errors import ConfigError
@@ -38,7 +40,7 @@ def plan_command(args: argparse.Namespace) -> int:
              "device_tflops": args.device_tflops, "intra_node_gbps": args.intra_node_gbps,
              "inter_node_gbps": args.inter_node_gbps, "calibration": args.calibration, "margin": args.margin}
     options = dataclasses.replace(options, **{k: v for k, v in flags.items() if v is not None})
-    facts = GPU_FACTS if options.device_memory is not None else machine_facts(config)
+    facts = GPU_FACTS if options.device_memory is not None else machine_facts(config, args.devices)
     cluster = cluster_from_options(options, args.devices, facts)
     print(describe_devices(cluster))
     calibration = load_calibration(options.calibration)
@@ -50,15 +52,35 @@ def plan_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def machine_facts(config: Any) -> dict[str, Any]:
-    """The facts of the device backend this machine would train ``config`` on (selection probes, then asks)."""
+def machine_facts(config: Any, num_devices: int) -> dict[str, Any]:
+    """The facts of the device backend this machine would train ``config`` on (selection probes, then asks).
+
+    A CPU "device" is a process on this host, and what the host offers each one (its node, its share of memory
+    and cores) depends on how many run here. Outside a launcher, ``--devices N`` on the CPU backend is the run
+    ``loongforge train --nproc N`` starts: N processes on this one host, each told ``LOCAL_WORLD_SIZE=N``. The
+    facts are asked in that environment, so the plan (tp up to N in one node) agrees with what ``--nproc`` runs
+    and with what ``parallel: auto`` later computes inside those processes.
+    """
     from loongforge.devices.selection import select_backend
     from loongforge.plugins import get_host
 
     env = os.environ.get("LOONGFORGE_DEVICE")
     request, source = (env, "LOONGFORGE_DEVICE") if env else (config.device or "auto", f"device in {config.source}")
     backend, _reason = select_backend(request, get_host().registry("device"), source=source)
-    return device_facts(backend)
+    if backend.device_type != "cpu" or "LOCAL_WORLD_SIZE" in os.environ:
+        return device_facts(backend)
+    with _local_world_size(num_devices):
+        return device_facts(backend)
+
+
+@contextlib.contextmanager
+def _local_world_size(processes: int) -> Iterator[None]:
+    """``LOCAL_WORLD_SIZE`` as ``--nproc`` sets it for its processes, for the duration of the block."""
+    os.environ["LOCAL_WORLD_SIZE"] = str(processes)
+    try:
+        yield
+    finally:
+        del os.environ["LOCAL_WORLD_SIZE"]
 
 
 def describe_devices(cluster: ClusterSpec) -> str:

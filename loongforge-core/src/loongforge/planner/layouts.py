@@ -76,7 +76,7 @@ class Candidate:
         parts += [f"etp{self.etp}"] if self.etp != self.tp else []
         parts += [f"dp{self.dp}", f"mbs{self.micro_batch_size}x{self.num_microbatches}"]
         parts += ["sp"] if self.sequence_parallel else []
-        parts += ["distopt"] if self.distributed_optimizer and self.dp * self.cp > 1 else []
+        parts += ["distopt"] if self.distributed_optimizer else []
         parts += [f"rc:{self.recompute.describe(num_layers // (self.pp * self.vpp))}"]
         return " ".join(parts)
 
@@ -164,7 +164,10 @@ def _experts_and_batches(
     sp_choices = (True,) if tp > 1 else (False,)
     vpp_choices = [1] + ([v for v in (2, 4, 5, 8) if pp > 1 and flavor.num_layers % (pp * v) == 0]
                          if space.try_vpp else [])
-    dist_opt = (True, False) if space.allow_plain_optimizer and dp * cp > 1 else (True,)
+    # The distributed optimizer is offered only where there are data-parallel replicas to shard over (dp > 1). At
+    # dp=1 -- one process, or context parallelism alone -- a chosen layout keeps the plain optimizer: sharding over
+    # the context-parallel ranks alone is left to an explicit ``parallel.distributed_optimizer: true``.
+    dist_opt = (False,) if dp == 1 else (True, False) if space.allow_plain_optimizer else (True,)
     for ep, etp in expert_choices:
         for mbs, num_micro in _batch_cuts(dp, space, rejected):
             for vpp in vpp_choices:

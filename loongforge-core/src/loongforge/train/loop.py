@@ -3,13 +3,21 @@ metrics, progress, checkpoint cadence and the summary.
 
 Kept short on purpose (cf. nanoGPT). What differs between a megatron decoder and a task model (a diffusion DiT, a
 robot policy) is one optimizer step, saving and loading, and the parameter groups: the step engine's
-(:mod:`loongforge.train.engines`). So a plugin sees the same hooks, metrics and TensorBoard tags, and a scheduler
+(:mod:`loongforge.train.engines`). So a plugin sees the same hooks, metrics and tracker tags, and a scheduler
 section gives the same learning rates, whichever engine trains.
 
 Per step the loop does no file I/O: every step's metrics are buffered as a JSONL line (the exact loss, which the
-resume tests compare bit for bit) and every ``logging.interval`` steps the sinks are flushed and TensorBoard gets
-the values averaged over the interval; before every checkpoint the sinks are synced to disk, so the metrics of a
-saved step survive a crash.
+resume tests compare bit for bit) and every ``logging.interval`` steps the sinks are flushed and the trackers
+(``logging.trackers``: TensorBoard, W&B, MLflow, CSV) get the values averaged over the interval -- the mean of the
+interval's JSONL values, except ``lr``, which is the logging step's own; before every checkpoint the sinks are
+synced to disk, so the metrics of a saved step survive a crash.
+
+The same ``train/*`` tags for every engine, so that runs of any model compare in one dashboard: ``loss``, ``lr``,
+``grad_norm``, ``step_time`` and ``samples_per_s`` always; a model that reads tokens (the megatron engine: LLMs,
+VLMs) adds ``tokens_per_s`` (``samples_per_s`` times ``data.seq_length``), which is what people compare language
+models by; engine extras (``loss_scale`` with fp16, ``moe_aux_loss`` for MoE) and plugins' ``step_metrics`` join
+under their own names. Every number of a step's JSONL row is a tag; flags and notes (``skipped``, ``bad``,
+``action``, ``checkpoint``) stay per-step, in the JSONL only.
 
 Every step is judged (:mod:`loongforge.train.health`): a NaN or infinite loss or gradient norm, or a loss spike,
 makes a bad step, which is recorded in metrics.jsonl (``"bad"``, ``"action"``), never saved, and handled as
@@ -20,7 +28,7 @@ rewind the steps after that checkpoint are trained (and recorded) again.
 With ``evaluation.interval`` N > 0 the engine evaluates the weights after every N-th step and after step
 ``training.steps`` (:meth:`~loongforge.train.engines.base.StepEngine.evaluate`), on healthy steps only (a bad step's
 weights are not the run's): its numbers join that step's row in metrics.jsonl as ``val_<name>`` (``val_loss``, and
-``val_ppl`` for language models), go to TensorBoard as ``val/<name>`` at that step (never averaged), appear in the
+``val_ppl`` for language models), go to the trackers as ``val/<name>`` at that step (never averaged), appear in the
 progress output, and reach ``on_step_end``'s ``metrics``. Every random stream of the process is put back as it was
 after an evaluation, which reads its own fixed batches: a run trains the same losses with evaluation on as off.
 
@@ -40,6 +48,7 @@ from loongforge.checkpoint.layout import warn
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import ConfigError, TrainingDivergedError, TrainingPreempted
 from loongforge.train.health import BadStep, StepHealth
+from loongforge.train.trackers import validate_trackers
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -52,15 +61,13 @@ if TYPE_CHECKING:
 
 #: Step metrics that are not averaged over a logging interval: the learning rate shown is the current step's.
 _CURRENT = ("lr",)
-#: Step metrics kept out of TensorBoard so that every engine writes the same tags there (throughput is
-#: ``samples_per_s`` for all; an LLM's tokens/s is that times ``data.seq_length``, and stays in the JSONL).
-_NOT_IN_TENSORBOARD = ("tokens_per_s",)
-#: Prefix of the evaluation's numbers in a step's row: TensorBoard has them under ``val/`` instead of ``train/``.
+#: Prefix of the evaluation's numbers in a step's row: the trackers have them under ``val/`` instead of ``train/``.
 _VALIDATION = "val_"
 
 
 def validate_loop_settings(config: LoongForgeConfig) -> None:
-    """Refuse loop settings no run can use, in one line naming the file and key (``check`` and ``train`` alike)."""
+    """Refuse loop settings no run can use (and trackers it cannot open), in one line naming the file and key
+    (``check`` and ``train`` alike)."""
     limits = (
         ("training.steps", config.training.steps, 1, ""),
         ("logging.interval", config.logging.interval, 1, ""),
@@ -78,6 +85,7 @@ def validate_loop_settings(config: LoongForgeConfig) -> None:
     if factor is not None and not (_is_number(factor) and math.isfinite(factor) and factor > 1):
         raise ConfigError(f"{config.source}: training.spike_factor must be a number > 1 (or null: no spike "
                           f"detection), got {factor!r}")
+    validate_trackers(config)
 
 
 def fit(trainer: Trainer, metrics: MetricsWriter, progress: ProgressDisplay,
@@ -164,7 +172,7 @@ def _step(trainer: Trainer, health: StepHealth) -> tuple[StepResult, dict[str, A
 
 
 def _evaluate(trainer: Trainer, metrics: MetricsWriter) -> dict[str, float]:
-    """The engine's validation numbers of this step's weights, written to TensorBoard (``val/<name>``) at once. The
+    """The engine's validation numbers of this step's weights, logged to the trackers (``val/<name>``). The
     process's random streams (Python, NumPy, torch, the device's, megatron's trackers) are restored afterwards, so
     the next step draws exactly what it would have drawn without the evaluation."""
     from loongforge.checkpoint.rng import capture_rng_state, restore_rng_state
@@ -239,10 +247,9 @@ def _diverged(trainer: Trainer, bad: BadStep, why: str) -> TrainingDivergedError
 
 
 def _log(metrics: MetricsWriter, step: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Write the interval's averages to TensorBoard and flush the sinks; return the averages (for progress)."""
+    """Log the interval's averages to the trackers and flush the sinks; return the averages (for progress)."""
     averaged = _averaged(rows)
-    metrics.log(step, {k: v for k, v in averaged.items()
-                       if k not in _NOT_IN_TENSORBOARD and not k.startswith(_VALIDATION)})
+    metrics.log(step, {k: v for k, v in averaged.items() if not k.startswith(_VALIDATION)})
     return averaged
 
 
@@ -261,14 +268,16 @@ def _is_number(value: Any) -> bool:
 
 
 def _summary(trainer: Trainer, history: list[dict[str, Any]], start_step: int) -> dict[str, Any]:
-    """Steps, first and last loss, throughput (the first step of a process includes one-off work -- allocations,
-    lazy init -- so it is left out), the newest evaluation's numbers (``val_loss`` ...) and the newest checkpoint."""
+    """Steps (reached, trained by this process, and ``training.steps``), this process's first and last loss,
+    throughput (the first step of a process includes one-off work -- allocations, lazy init -- so it is left out),
+    the newest evaluation's numbers (``val_loss`` ...) and the newest checkpoint."""
     engine = trainer.engine
     timed = history[1:] or history
     seconds = sum(m["step_time"] for m in timed)
     summary: dict[str, Any] = {
         "steps": trainer.step,
         "steps_this_run": trainer.step - start_step,
+        "steps_total": trainer.config.training.steps,
         "first_loss": history[0]["loss"] if history else None,
         "final_loss": history[-1]["loss"] if history else None,
         "samples_per_s": len(timed) * engine.samples_per_step / seconds if seconds else 0.0,

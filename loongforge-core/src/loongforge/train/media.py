@@ -9,6 +9,7 @@ picture comes with its caption (the prompt it was sampled from, the episode it s
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -31,3 +32,17 @@ class NoMediaLog:
 
     def videos(self, tag: str, videos: Sequence[Any], captions: Sequence[str], *, step: int, fps: int) -> None:
         return None
+
+
+def gif_bytes(video: Any, fps: int) -> bytes:
+    """A ``uint8`` T x H x W x C video as an endlessly looping animated GIF, encoded with Pillow (no video codec or
+    moviepy needed): what TensorBoard's image panel plays, what W&B and MLflow show, and the one GIF encoder the
+    plugins write their sample and rollout files with. Pillow picks a 256-colour palette per frame; a frame delay
+    is whole milliseconds, at least one."""
+    from PIL import Image
+
+    frames = [Image.fromarray(frame[..., 0] if frame.shape[-1] == 1 else frame[..., :3]) for frame in video]
+    buffer = io.BytesIO()
+    frames[0].save(buffer, format="GIF", save_all=True, append_images=frames[1:], duration=max(1, round(1000 / fps)),
+                   loop=0)
+    return buffer.getvalue()

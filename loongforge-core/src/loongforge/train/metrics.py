@@ -1,13 +1,13 @@
-"""Metrics sinks: ``<output_dir>/metrics.jsonl`` and TensorBoard, written by rank 0 only.
+"""Metrics sinks: ``<output_dir>/metrics.jsonl`` and the experiment trackers, written by rank 0 only.
 
 Every step gets a JSON line with the exact loss (``repr`` round-trips a float), which is what the resume
 test compares bit-for-bit; a NaN or infinite value is written as ``null`` so every line is valid JSON. Lines are
 buffered and flushed every ``logging.interval`` steps so the training loop does no per-step file I/O, and synced to
 disk before each checkpoint is saved (:meth:`MetricsWriter.sync`): a run killed after a save has every line up to
 the saved step, so its resume (which drops lines past the checkpoint) leaves neither holes nor duplicates.
-TensorBoard gets what the loop logs at logging steps: the values averaged over the interval
-(:mod:`loongforge.train.loop`), under ``train/<name>``; an evaluation's numbers go under ``val/<name>`` at the step
-evaluated.
+The experiment trackers of ``logging.trackers`` (:mod:`loongforge.train.trackers`: TensorBoard, W&B, MLflow, CSV)
+get what the loop logs at logging steps: the values averaged over the interval (:mod:`loongforge.train.loop`),
+under ``train/<name>``; an evaluation's numbers go under ``val/<name>`` at the step evaluated.
 """
 
 from __future__ import annotations
@@ -18,34 +18,29 @@ import os
 from pathlib import Path
 from typing import Any
 
+from loongforge.train.trackers import Trackers
+
 
 class MetricsWriter:
-    """Append per-step metrics to JSONL and TensorBoard; a no-op on ranks other than 0."""
+    """Append per-step metrics to JSONL and log interval values to the run's trackers; a no-op on ranks other
+    than 0 (which get no trackers)."""
 
     def __init__(
-        self, output_dir: str | Path, *, rank: int, jsonl: bool, tensorboard: bool, start_step: int = 0
+        self, output_dir: str | Path, *, rank: int, jsonl: bool, trackers: Trackers | None = None, start_step: int = 0
     ) -> None:
         self.output_dir = Path(output_dir)
+        self.trackers = trackers if trackers is not None and rank == 0 else Trackers()
         self._jsonl = None
-        self._tb = None
         if rank != 0:
             return
         self.output_dir.mkdir(parents=True, exist_ok=True)
         if jsonl:
             self._drop_steps_after(start_step)
             self._jsonl = open(self.output_dir / "metrics.jsonl", "a", encoding="utf-8")
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(log_dir=str(self.tensorboard_dir))
 
     @property
     def jsonl_path(self) -> Path:
         return self.output_dir / "metrics.jsonl"
-
-    @property
-    def tensorboard_dir(self) -> Path:
-        return self.output_dir / "tensorboard"
 
     def _drop_steps_after(self, step: int) -> None:
         """On resume, forget lines a killed run wrote past the checkpoint so each step appears once."""
@@ -56,18 +51,24 @@ class MetricsWriter:
         path.write_text("".join(kept), encoding="utf-8")
 
     def record(self, step: int, metrics: dict[str, Any]) -> None:
-        """Buffer one step's metrics (numbers only go to TensorBoard; everything JSON-able to the JSONL)."""
+        """Buffer one step's metrics (everything JSON-able) as a JSONL line."""
         if self._jsonl is not None:
             self._jsonl.write(json.dumps(_json_safe({"step": step, **metrics}), allow_nan=False) + "\n")
 
+    def hparams(self, config: dict[str, Any]) -> None:
+        """The resolved config (``config_to_dict``) as the trackers' hyper-parameters, once when the run starts."""
+        self.trackers.hparams(config)
+
     def log(self, step: int, metrics: dict[str, Any], *, group: str = "train") -> None:
-        """A logging-interval step (or an evaluation, ``group="val"``): write ``metrics``' numbers to TensorBoard as
-        ``<group>/<name>`` and flush both sinks."""
-        if self._tb is not None:
-            for key, value in metrics.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self._tb.add_scalar(f"{group}/{key}", value, step)
-        self._flush()
+        """``metrics``' numbers to the trackers as ``<group>/<name>``. A ``train`` call (a logging step) also
+        flushes every sink; a ``val`` call (an evaluation) waits for it, so that a step's evaluation and averages
+        reach a tracker together (one CSV row)."""
+        numbers = {key: value for key, value in metrics.items()
+                   if isinstance(value, (int, float)) and not isinstance(value, bool)}
+        if numbers:
+            self.trackers.scalars(step, numbers, group)
+        if group == "train":
+            self._flush()
 
     def sync(self) -> None:
         """Everything recorded so far onto disk (called right before a checkpoint is saved)."""
@@ -76,8 +77,7 @@ class MetricsWriter:
             os.fsync(self._jsonl.fileno())
 
     def _flush(self) -> None:
-        if self._tb is not None:
-            self._tb.flush()
+        self.trackers.flush()
         if self._jsonl is not None:
             self._jsonl.flush()
 
@@ -85,9 +85,7 @@ class MetricsWriter:
         if self._jsonl is not None:
             self._jsonl.close()
             self._jsonl = None
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        self.trackers.close()
 
 
 def _json_safe(value: Any) -> Any:

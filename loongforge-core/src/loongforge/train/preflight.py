@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from loongforge.config.plugin_sections import device_options, task_options
 from loongforge.config.schema import LOSS_NORMALIZATIONS, LoongForgeConfig
-from loongforge.config.sections import convert, named_paths, unknown_key_error
+from loongforge.config.sections import COMMAND_LINE, convert, named_paths, origin_of, unknown_key_error
 from loongforge.errors import ConfigError, LoongForgeError
 from loongforge.optimizations import check_optimization, optimization_options
 from loongforge.parallel.strategy import check_strategy
@@ -126,11 +126,12 @@ def _check(config: LoongForgeConfig, world_size: int, backend: DeviceBackend, ho
 
 
 def _located(config: LoongForgeConfig, run: Any) -> Any:
-    """``run()``, with a failure that does not name the config file (a plugin's own message) prefixed by it."""
+    """``run()``, with a failure that names neither the config file nor the command line (a plugin's own message)
+    prefixed by the file."""
     try:
         return run()
     except LoongForgeError as exc:
-        if config.source in str(exc):
+        if config.source in str(exc) or COMMAND_LINE in str(exc):
             raise
         raise ConfigError(f"{config.source}: {exc}") from None
 
@@ -142,14 +143,15 @@ def _keyed(config: LoongForgeConfig, key: str, run: Any) -> Any:
     except LoongForgeError as exc:
         if key in str(exc):
             raise
-        raise ConfigError(f"{config.source}: {key}: {exc}") from None
+        raise ConfigError(f"{origin_of(config.source, key)}: {key}: {exc}") from None
 
 
 def _check_loss_normalization(config: LoongForgeConfig) -> None:
     value = config.training.loss_normalization
     if value not in LOSS_NORMALIZATIONS:
-        raise ConfigError(f"{config.source}: training.loss_normalization must be one of "
-                          f"{', '.join(LOSS_NORMALIZATIONS)}, got '{value}'")
+        where = origin_of(config.source, "training.loss_normalization")
+        raise ConfigError(f"{where}: training.loss_normalization must be one of {', '.join(LOSS_NORMALIZATIONS)}, "
+                          f"got '{value}'")
 
 
 def _check_hyperparameters(config: LoongForgeConfig) -> None:
@@ -157,7 +159,8 @@ def _check_hyperparameters(config: LoongForgeConfig) -> None:
     otherwise be ignored, train garbage, or fail deep inside torch or numpy."""
     opt, sched, t = config.optimizer, config.scheduler, config.training
     if opt.name.lower() not in ("adamw", "adam"):
-        raise ConfigError(f"{config.source}: optimizer.name '{opt.name}' is not supported (use adamw)")
+        raise ConfigError(f"{origin_of(config.source, 'optimizer.name')}: optimizer.name '{opt.name}' is not "
+                          "supported (use adamw)")
     rules = (  # (key, value, within range -- given it is a finite number --, what it must be)
         ("optimizer.lr", opt.lr, opt.lr >= 0, "a finite number >= 0"),  # 0: weights stay (parity and load checks)
         ("optimizer.min_lr", opt.min_lr, 0 <= opt.min_lr <= opt.lr, f"a finite number >= 0 and <= optimizer.lr "
@@ -196,7 +199,7 @@ def _check_hyperparameters(config: LoongForgeConfig) -> None:
         rules += (("model.lora.alpha", config.model.lora.alpha, config.model.lora.alpha > 0, "a finite number > 0"),)
     for key, value, in_range, what in rules:
         if not in_range or (isinstance(value, float) and not math.isfinite(value)):
-            raise ConfigError(f"{config.source}: {key} must be {what}, got {value!r}")
+            raise ConfigError(f"{origin_of(config.source, key)}: {key} must be {what}, got {value!r}")
 
 
 def _check_override_types(family: ModelFamily, config: LoongForgeConfig) -> None:
@@ -359,4 +362,4 @@ def _check_paths(config: LoongForgeConfig, paths: list[tuple[str, str]]) -> None
     for key, value in paths:
         path = Path(value).expanduser()
         if not (path.exists() or any(path.parent.glob(f"{path.name}.*"))):
-            raise ConfigError(f"{config.source}: '{key}' names {value}, which does not exist")
+            raise ConfigError(f"{origin_of(config.source, key)}: '{key}' names {value}, which does not exist")

@@ -69,7 +69,7 @@ class ProgressDisplay:
         """Print a line above the bar (or plainly) on rank 0."""
         if self.active:
             if self._bar is not None:
-                self._bar.console.print(text)
+                self._bar.console.print(text, markup=False, highlight=False)
             else:
                 print(text, flush=True)
 

@@ -300,28 +300,35 @@ def _resume(trainer: Any, rank: int) -> None:
 
 def _train(trainer: Any, config: LoongForgeConfig, info: Any, watch: Any) -> dict:
     """The loop with its metrics sinks, progress display and preemption signals, the engine's after-training work
-    (a text sample, a task's samples and scores), ``on_train_end`` and the closing report."""
+    (a text sample, a task's samples and scores: their pictures reach the trackers, which close after it),
+    ``on_train_end`` and the closing report."""
+    from loongforge.config.loader import config_to_dict
     from loongforge.train.loop import fit
     from loongforge.train.metrics import MetricsWriter
     from loongforge.train.progress import ProgressDisplay
+    from loongforge.train.trackers import Trackers, open_trackers
 
     rank = info.rank
 
     if trainer.step >= config.training.steps:
         _say(rank, f"nothing to do: already at step {trainer.step} of {config.training.steps}")
     log = config.logging
-    metrics = MetricsWriter(
-        config.run.output_dir, rank=rank, jsonl=log.jsonl, tensorboard=log.tensorboard, start_step=trainer.step
-    )
-    progress = ProgressDisplay(config.training.steps, start_step=trainer.step, rank=rank, enabled=log.progress)
-    watch.connect(world_size=info.world_size, device=trainer.backend.device(info.local_rank))
+    trackers = open_trackers(config, start_step=trainer.step) if rank == 0 else Trackers()
+    metrics = MetricsWriter(config.run.output_dir, rank=rank, jsonl=log.jsonl, trackers=trackers,
+                            start_step=trainer.step)
+    locations = trackers.locations()
     try:
+        metrics.hparams(config_to_dict(config))
+        trainer.media = trackers
+        progress = ProgressDisplay(config.training.steps, start_step=trainer.step, rank=rank, enabled=log.progress)
+        watch.connect(world_size=info.world_size, device=trainer.backend.device(info.local_rank))
         summary = fit(trainer, metrics, progress, watch)
+        summary.update(trainer.engine.finish(trainer))
     finally:
         metrics.close()
-    summary.update(trainer.engine.finish(trainer))
     summary["metrics_file"] = str(metrics.jsonl_path) if log.jsonl else None
-    summary["tensorboard_dir"] = str(metrics.tensorboard_dir) if log.tensorboard else None
+    summary["trackers"] = locations
+    summary["tensorboard_dir"] = str(metrics.output_dir / "tensorboard") if "tensorboard" in locations else None
     trainer.host.on_train_end(trainer=trainer, metrics=summary)
     _report(summary, rank)
     return summary
@@ -361,8 +368,10 @@ def _report(summary: dict, rank: int) -> None:
     if summary["final_loss"] is not None:
         speed = (f"{summary['tokens_per_s']:,.0f} tokens/s" if "tokens_per_s" in summary
                  else f"{summary['samples_per_s']:,.1f} samples/s")
-        _say(rank, f"done: {summary['steps']} steps, loss {summary['first_loss']:.4f} -> "
-                   f"{summary['final_loss']:.4f}, {speed}")
+        steps = f"{summary['steps_this_run']} steps"
+        if summary["steps_this_run"] != summary["steps"]:  # resumed: the steps before were another process's
+            steps += f" this run ({summary['steps']} of {summary['steps_total']} total)"
+        _say(rank, f"done: {steps}, loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, {speed}")
     if "val_loss" in summary:
         _say(rank, "validation: " + ", ".join(f"{key.removeprefix('val_')} {value:.4f}"
                                               for key, value in summary.items() if key.startswith("val_")))
@@ -370,5 +379,5 @@ def _report(summary: dict, rank: int) -> None:
         _say(rank, f"checkpoint: {summary['checkpoint_dir']}")
     if summary["metrics_file"]:
         _say(rank, f"metrics: {summary['metrics_file']}")
-    if summary["tensorboard_dir"]:
-        _say(rank, f"tensorboard: tensorboard --logdir {summary['tensorboard_dir']}")
+    for name, where in summary["trackers"].items():
+        _say(rank, f"{name}: {where}")

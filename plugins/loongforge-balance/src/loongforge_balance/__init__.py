@@ -1,3 +1,3 @@
 """LoongForge load-balancing optimizations (import name ``loongforge_balance``)."""
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"

@@ -1,3 +1,3 @@
 """LoongForge NVIDIA GPU backend (import name ``loongforge_cuda``)."""
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"

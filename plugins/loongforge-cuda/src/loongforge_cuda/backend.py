@@ -37,8 +37,10 @@ class CUDABackend(DeviceModuleBackend):
         cuda = self.device_module()
         if not cuda.is_available():
             if torch.version.cuda is None:
-                return False, f"torch {torch.__version__} is a build without CUDA"
-            return False, "no CUDA device visible (driver missing or CUDA_VISIBLE_DEVICES empty)"
+                return False, (f"torch {torch.__version__} is a build without CUDA; on a GPU host, install a CUDA "
+                               "build of torch (pytorch.org/get-started/locally)")
+            return False, ("no CUDA device visible: check the driver with nvidia-smi, and that CUDA_VISIBLE_DEVICES "
+                           "(now " + os.environ.get("CUDA_VISIBLE_DEVICES", "unset") + ") names a device")
         return True, f"{cuda.device_count()} CUDA device(s), CUDA {torch.version.cuda}"
 
     def configure_env(self) -> None:

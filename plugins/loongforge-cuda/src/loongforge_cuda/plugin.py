@@ -1,6 +1,7 @@
-"""Entry point of the ``cuda`` plugin: registers the NVIDIA GPU device backend and the ``adaptive-fp8`` optimization.
+"""Entry point of the ``cuda`` plugin: registers the NVIDIA GPU device backend, the ``adaptive-fp8`` optimization and
+the ``loongforge fp8-measure`` command that writes its policy.
 
-Torch-free at import: both are registered by import path and loaded only when selected.
+Torch-free at import: all are registered by import path and loaded only when selected.
 """
 
 from __future__ import annotations
@@ -25,3 +26,10 @@ def loongforge_register_optimizations(registry):
         "loongforge_cuda.fp8.optimization:AdaptiveFP8Optimization",
         description="FP8 per GEMM module only where a measured policy says it beats BF16 at the run's token count",
     )
+
+
+@hookimpl
+def loongforge_register_commands(commands):
+    from loongforge_cuda.commands import register_commands
+
+    register_commands(commands)

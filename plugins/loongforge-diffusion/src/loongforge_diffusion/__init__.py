@@ -1,3 +1,3 @@
 """LoongForge diffusion models (import name ``loongforge_diffusion``)."""
 
-__version__ = "0.7.0"
+__version__ = "0.8.0"

@@ -1,4 +1,6 @@
-"""Entry point of the ``diffusion`` plugin: registers the Wan video DiT and Qwen-Image MMDiT flavors.
+"""Entry point of the ``diffusion`` plugin: registers the Wan video DiT and Qwen-Image MMDiT flavors and the
+plugin's commands (``loongforge sample``, ``loongforge cache-latents``, ``loongforge make-data moving-squares``;
+see :mod:`loongforge_diffusion.commands`).
 
 Torch-free at import and while registering: flavors are plain dataclasses; the torch model is built only when a
 run asks for one (:func:`loongforge_diffusion.task.DiffusionTask.build_model`).
@@ -24,3 +26,9 @@ def loongforge_register_commands(commands):
     commands.add("sample", help="sample videos/images from a diffusion checkpoint",
                  configure="loongforge_diffusion.commands:configure_sample",
                  run="loongforge_diffusion.commands:run_sample")
+    commands.add("cache-latents", help="encode captioned videos into a cache of Wan VAE latents and text states",
+                 configure="loongforge_diffusion.commands:configure_cache_latents",
+                 run="loongforge_diffusion.commands:run_cache_latents")
+    commands.add_generator("moving-squares", help="write a moving-squares video dataset to a .pt file",
+                           configure="loongforge_diffusion.commands:configure_moving_squares",
+                           run="loongforge_diffusion.commands:run_moving_squares")

@@ -3,8 +3,8 @@
 A run config names a Wan flavor (``model: wan-tiny``) and puts the diffusion options under ``task:``::
 
     task:
-      data: null              # a .pt from `python -m loongforge_diffusion.data.moving_squares`, a latent cache
-                              #   directory (`python -m loongforge_diffusion.data.latents`), or
+      data: null              # a .pt from `loongforge make-data moving-squares`, a latent cache
+                              #   directory (`loongforge cache-latents`), or
       samples: 2048           #   moving squares generated on the fly: how many, and their geometry
       frames: 4
       side: 16
@@ -23,9 +23,12 @@ With ``evaluation.interval > 0`` core's loop logs the validation loss: the condi
 dropout) of the trained weights on moving squares of the held-out data seed (or on ``evaluation.data``: one written
 dataset or latent cache, like ``task.data``), with the same noise and noise levels at every evaluation.
 
-After training the task samples videos for held-out captions, writes them as GIFs to ``<output_dir>/samples``
-and, for moving squares, scores them with :mod:`loongforge_diffusion.scoring` (colour, direction, square-ness).
-``loongforge sample CHECKPOINT --prompt "a red square of size 4 moving right"`` samples new captions later.
+After training the task samples videos for held-out captions (the denoising steps shown as progress), writes
+them as GIFs to ``<output_dir>/samples`` with a captioned ``grid.gif`` and ``index.json``
+(:func:`loongforge_diffusion.media.write_samples`), sends them with their captions to the run's trackers (tag
+``samples``, at the last step) and, for moving squares, scores them with :mod:`loongforge_diffusion.scoring`
+(colour, direction, square-ness). ``loongforge sample CHECKPOINT --prompt "a red square of size 4 moving right"``
+samples new captions later (the same files, grid and index in ``--out``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Any
 import torch
 from loongforge.config.plugin_sections import task_options
 from loongforge.errors import ConfigError
+from loongforge.progress import job_progress
 from loongforge.tasks import TaskBase, sample_generators
 from loongforge.train.media import MediaLog
 
@@ -44,11 +48,12 @@ from loongforge_diffusion.data.latents import CachedLatentDataset
 from loongforge_diffusion.data.moving_squares import (
     Geometry,
     MovingSquares,
+    caption,
     caption_tokens,
     embedding_table,
     parse_caption,
 )
-from loongforge_diffusion.media import write_video
+from loongforge_diffusion.media import SampleSettings, write_samples
 from loongforge_diffusion.options import WanTaskOptions
 from loongforge_diffusion.parallel import ContextParallel, context_parallel_step
 from loongforge_diffusion.run_options import (
@@ -78,7 +83,10 @@ class WanRunTask(TaskBase):
         self.flavor = flavor.with_overrides(**config.model.overrides) if config.model.overrides else flavor
         self.flavor_name = config.model.name
         self.source = config.source
-        self.geometry = Geometry(self.options.frames, self.options.side, self.options.speed)
+        try:
+            self.geometry = Geometry(self.options.frames, self.options.side, self.options.speed)
+        except ValueError as exc:
+            raise ConfigError(f"{config.source}: task.frames/side/speed: {exc}") from None
         self.lora = self.options.lora
         self.ema = EMAOption(self.options.ema)
         self.task = DiffusionTask(objective=self.options.flow_matching, context_dropout=self.options.context_dropout,
@@ -170,15 +178,14 @@ class WanRunTask(TaskBase):
         items = [held_out[i] for i in range(len(held_out))]
         context = torch.stack([item["context"] for item in items])
         labels = torch.stack([item["labels"] for item in items])
-        shape = (len(items), *items[0]["video"].shape)
         with self.ema.sampling_weights(model):
-            videos = self.task.sample(model, {"context": context}, opts.steps, shape=shape,
-                                      guidance=opts.guidance, seed=opts.seed)
+            videos = self._sample(model, context, steps=opts.steps, guidance=opts.guidance, seed=opts.seed)
         directory = Path(output_dir) / "samples"
-        for index, video in enumerate(videos):
-            write_video(video, directory / f"sample-{index:03d}")
-        scores = score_videos(videos, labels) if self.options.data is None else {}
-        return {"samples_dir": str(directory), "sample_scores": scores}
+        gallery = write_samples(videos, [caption(label) for label in labels], directory,
+                                SampleSettings(opts.seed, opts.steps, opts.guidance))
+        gallery.log(media, step=self.steps)
+        return {"samples_dir": str(directory), "samples_grid": str(gallery.grid),
+                "sample_scores": score_videos(videos, labels)}
 
     def sample_files(self, model: torch.nn.Module, prompts: list[str], out_dir: Path, *, steps: int, guidance: float,
                      seed: int, fmt: str) -> list[Path]:
@@ -191,7 +198,15 @@ class WanRunTask(TaskBase):
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         context = embedding_table(self.flavor.text_dim)[caption_tokens(labels)]
+        videos = self._sample(model, context, steps=steps, guidance=guidance, seed=seed)
+        return write_samples(videos, prompts, Path(out_dir), SampleSettings(seed, steps, guidance), fmt=fmt).files
+
+    def _sample(self, model: torch.nn.Module, context: torch.Tensor, *, steps: int, guidance: float,
+                seed: int) -> torch.Tensor:
+        """Videos ``(B, 3, frames, side, side)`` for caption states ``context (B, L, text_dim)``, by ``steps``
+        Euler steps shown as progress (sampling a batch of videos on a CPU takes a minute)."""
         geometry = self.geometry
-        shape = (len(prompts), 3, geometry.frames, geometry.side, geometry.side)
-        videos = self.task.sample(model, {"context": context}, steps, shape=shape, guidance=guidance, seed=seed)
-        return [write_video(video, Path(out_dir) / f"sample-{index:03d}", fmt) for index, video in enumerate(videos)]
+        shape = (context.shape[0], 3, geometry.frames, geometry.side, geometry.side)
+        with job_progress(f"sampling {shape[0]} videos", total=steps, unit="step") as progress:
+            return self.task.sample(model, {"context": context}, steps, shape=shape, guidance=guidance, seed=seed,
+                                    on_step=lambda _: progress.advance())

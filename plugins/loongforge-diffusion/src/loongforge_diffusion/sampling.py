@@ -24,11 +24,17 @@ def sigma_schedule(steps: int, shift: float = 1.0) -> list[float]:
 
 
 @torch.no_grad()
-def euler_sample(velocity: Velocity, noise: torch.Tensor, sigmas: list[float]) -> torch.Tensor:
-    """``x <- x + (s_next - s) v(x, s)`` along ``sigmas``; exact whenever the velocity is constant along each path."""
+def euler_sample(velocity: Velocity, noise: torch.Tensor, sigmas: list[float], *,
+                 on_step: Callable[[int], None] | None = None) -> torch.Tensor:
+    """``x <- x + (s_next - s) v(x, s)`` along ``sigmas``; exact whenever the velocity is constant along each path.
+
+    ``on_step(n)``, when given, is called after the ``n``-th step (1-based): what a progress display counts.
+    """
     x = noise
-    for sigma, sigma_next in zip(sigmas[:-1], sigmas[1:], strict=True):
+    for step, (sigma, sigma_next) in enumerate(zip(sigmas[:-1], sigmas[1:], strict=True), start=1):
         x = x + (sigma_next - sigma) * velocity(x, sigma)
+        if on_step is not None:
+            on_step(step)
     return x
 
 

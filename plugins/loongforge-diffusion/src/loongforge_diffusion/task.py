@@ -7,6 +7,7 @@ so the core side is a thin adapter (make model, optimizer and loader; call ``tra
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,7 +57,7 @@ class DiffusionTask:
 
     def build_dataset(self, path: str | Path | None = None, *, length: int = 1024, text_dim: int = 32, seed: int = 0,
                       frames: int = 4, side: int = 16, speed: int = 2) -> Dataset:
-        """A written dataset (``path``, see ``python -m loongforge_diffusion.data.moving_squares``) or
+        """A written dataset (``path``, see ``loongforge make-data moving-squares``) or
         moving squares generated on the fly."""
         if path is not None:
             return TensorVideoDataset(path)
@@ -72,9 +73,11 @@ class DiffusionTask:
 
     @torch.no_grad()
     def sample(self, model: WanModel, cond: dict[str, torch.Tensor], steps: int, *, shape: tuple[int, ...],
-               guidance: float = 1.0, shift: float | None = None, seed: int = 0) -> torch.Tensor:
+               guidance: float = 1.0, shift: float | None = None, seed: int = 0,
+               on_step: Callable[[int], None] | None = None) -> torch.Tensor:
         """Videos of ``shape`` (B, C, T, H, W) for the captions ``cond["context"]``, by ``steps`` Euler steps;
-        ``cond`` may also hold the I2V ``condition`` channels and ``image_context`` tokens.
+        ``cond`` may also hold the I2V ``condition`` channels and ``image_context`` tokens. ``on_step(n)`` is
+        called after each step (a progress display).
 
         ``guidance > 1`` applies classifier-free guidance against an all-zero caption (what caption dropout
         trained the unconditional velocity on). ``shift`` defaults to the flavor's sampling shift.
@@ -97,6 +100,6 @@ class DiffusionTask:
             velocity = guided(velocity, velocity_for(torch.zeros_like(context)), guidance)
         noise = torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(device)
         sigmas = sigma_schedule(steps, model.flavor.sample_shift if shift is None else shift)
-        video = euler_sample(velocity, noise, sigmas)
+        video = euler_sample(velocity, noise, sigmas, on_step=on_step)
         model.train(was_training)
         return video

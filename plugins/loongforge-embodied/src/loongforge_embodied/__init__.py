@@ -1,3 +1,3 @@
 """LoongForge embodied VLA policies (import name ``loongforge_embodied``)."""
 
-__version__ = "0.7.0"
+__version__ = "0.8.0"

@@ -5,14 +5,18 @@
 - ``loongforge eval SOURCE``: closed-loop Meta-World success rate of a policy checkpoint, of a policy server
   (``ws://host:port``) or of uniform random actions (``random``) (:mod:`.sim.evaluate`);
 - ``loongforge convert``: Pi0.5 weights from LeRobot / OpenPI safetensors into ours, and back
-  (:mod:`.convert_lerobot`).
+  (:mod:`.convert_lerobot`);
+- ``loongforge make-data synthetic-episodes ROOT``: a small synthetic LeRobotDataset with camera videos
+  (:mod:`.data.synthetic`), for demos and tests without downloads.
 
 Torch-free and simulator-free: ``loongforge eval`` and ``convert`` ask every plugin's claims about a source, so the
-claims here read only a checkpoint's saved config or a safetensors header; the commands load when they run.
+claims here read only a checkpoint's saved config or a safetensors header, and ``make-data`` sets up every
+generator's options to list them, so those are declared here; the commands load when they run.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -70,6 +74,29 @@ def claims_ours(source: str, *, trust_code: bool) -> bool:
     return "flavor" in safetensors_header(source).get("__metadata__", {})
 
 
+def _positive_int(text: str) -> int:
+    """An argparse ``type``: an integer above zero."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def configure_synthetic_episodes(parser: argparse.ArgumentParser) -> None:
+    """The options of ``loongforge make-data synthetic-episodes`` (run by :func:`loongforge_embodied.data.synthetic.
+    run`)."""
+    parser.add_argument("root", help="output directory (must not hold a dataset yet)")
+    parser.add_argument("--version", default="v3.0", choices=("v2.1", "v3.0"), help="LeRobot format version")
+    parser.add_argument("--codec", default="h264", choices=("h264", "av1", "png"),
+                        help="camera frames as H.264 or AV1 mp4 videos, or PNG images inside the parquet files")
+    parser.add_argument("--lengths", type=_positive_int, nargs="+", metavar="FRAMES",
+                        help="frames of each episode, one episode per length (default: the test set's 12 15 10)")
+    parser.add_argument("--fps", type=_positive_int, default=10, help="frame rate recorded in the dataset")
+
+
 def register_commands(commands: CommandRegistry) -> None:
     module = "loongforge_embodied"
     commands.add("collect", help="record Meta-World's scripted expert as a LeRobotDataset",
@@ -88,3 +115,7 @@ def register_commands(commands: CommandRegistry) -> None:
                          accepts="our Pi0.5 safetensors (written by the LeRobot import, flavor in its metadata)",
                          configure=f"{module}.convert_lerobot:configure_to_lerobot",
                          run=f"{module}.convert_lerobot:run_to_lerobot")
+    commands.add_generator("synthetic-episodes", help="a small synthetic LeRobotDataset (states, actions, camera "
+                                                      "videos of a moving square)",
+                           configure=f"{module}.commands:configure_synthetic_episodes",
+                           run=f"{module}.data.synthetic:run")

@@ -1,3 +1,3 @@
 """LoongForge vision-language models (import name ``loongforge_vlm``)."""
 
-__version__ = "0.6.0"
+__version__ = "0.7.0"

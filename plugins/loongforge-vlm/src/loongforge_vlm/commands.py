@@ -1,11 +1,15 @@
 """What the ``vlm`` plugin adds to the ``loongforge`` command line: Qwen2-VL / Qwen2.5-VL conversion both ways
-(``loongforge convert``) and VQA evaluation of a VLM checkpoint (``loongforge eval``).
+(``loongforge convert``), VQA evaluation of a VLM checkpoint (``loongforge eval``) and the synthetic shapes set
+(``loongforge make-data shapes``).
 
-Torch-free: the claims read ``config.json`` or a checkpoint's saved config; the converters and the evaluator are
-registered by import path and load when they run.
+Torch-free: the claims read ``config.json`` or a checkpoint's saved config; the converters, the evaluator and the
+generator are registered by import path and load when they run. The generator's options are set up here, because
+every generator's are whenever ``make-data`` is parsed, and the drawing module imports numpy and Pillow.
 """
 
 from __future__ import annotations
+
+import argparse
 
 from loongforge.claims import checkpoint_model, hf_config_names
 from loongforge.commands import CommandRegistry
@@ -28,6 +32,19 @@ def claims_vlm_checkpoint(source: str, *, trust_code: bool) -> bool:
     return isinstance(checkpoint_model(source, trust_code=trust_code), VLMFlavor)
 
 
+def configure_shapes(parser: argparse.ArgumentParser) -> None:
+    """The options of ``loongforge make-data shapes`` (run by :func:`loongforge_vlm.data.shapes.make_data`)."""
+    parser.add_argument("out_dir", help="directory to write (or, with --validate, to check)")
+    parser.add_argument("--count", type=int, default=1000, help="samples over both splits (default 1000)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--size", type=int, default=32, help="image side in pixels, even, >= 16 (default 32)")
+    parser.add_argument("--heldout-fraction", type=float, default=0.1, help="share of held-out samples (0.1)")
+    parser.add_argument("--format", default="jsonl", metavar="{jsonl,wds}",
+                        help="jsonl + PNG files (default) or WebDataset tar shards (wds)")
+    parser.add_argument("--shard-size", type=int, default=1000, help="samples per shard with --format wds (1000)")
+    parser.add_argument("--validate", action="store_true", help="only check an existing set; exit 1 on problems")
+
+
 def register_commands(commands: CommandRegistry) -> None:
     commands.add_handler("convert hf-to-mcore", "hf-vlm", claims=claims_hf_vlm,
                          accepts="a transformers Qwen2-VL / Qwen2.5-VL directory (config.json architectures "
@@ -41,3 +58,5 @@ def register_commands(commands: CommandRegistry) -> None:
     commands.add_handler("eval", "vlm-vqa", claims=claims_vlm_checkpoint,
                          accepts="a LoongForge checkpoint of a vision-language model (held-out VQA accuracy)",
                          configure="loongforge_vlm.evaluate:configure", run="loongforge_vlm.evaluate:run")
+    commands.add_generator("shapes", help="synthetic shapes VQA images (colour / shape / count questions)",
+                           configure=configure_shapes, run="loongforge_vlm.data.shapes:make_data")

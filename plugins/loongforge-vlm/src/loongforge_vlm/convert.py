@@ -8,19 +8,18 @@
 Both go through the composed model at TP=PP=1 on CPU with core's readers and writers (safetensors index, atomic
 output, manifest-verified checkpoints, ``dist_checkpointing`` so a checkpoint trained at any tp/pp converts): the
 HF tensors are mapped by :mod:`loongforge_vlm.model.hf_interop`, the language model placed with core's
-``load_full_state`` and read back with ``gather_full_state``. A round trip reproduces the tensors bitwise.
+``load_full_state`` and read back with ``gather_full_state``. A round trip reproduces the tensors bitwise. Those
+readers and writers show their progress per tensor (:mod:`loongforge.progress`).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import loongforge
 import torch
-from loongforge.commands import add_trust_code_option
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import LoongForgeError
 from loongforge.interop.convert import check_out_dir
@@ -112,7 +111,7 @@ def loongforge_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_s
                  **{f"language_model.{k}": v for k, v in language.items()}}
     tensors = saved_layout(to_hf(state, flavor))  # file names as transformers' save_pretrained writes them
     write_hf_checkpoint(out_dir, tensors, hf_config_dict(flavor, dtype="bfloat16" if dtype == "bf16" else "float32"),
-                        max_shard_bytes=max_bytes, carry_from=carry)
+                        max_shard_bytes=max_bytes, carry_from=carry, progress=True)
     return f"wrote {out_dir}: {len(tensors)} tensors ({flavor.hf_architecture}, {dtype}) from {path}"
 
 
@@ -134,25 +133,5 @@ def run_loongforge_to_hf(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m loongforge_vlm.convert``, kept for old scripts; ``loongforge convert`` is the documented way."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    directions = {"hf-to-loongforge": (configure_hf_to_loongforge, run_hf_to_loongforge),
-                  "loongforge-to-hf": (configure_loongforge_to_hf, run_loongforge_to_hf)}
-    for name, (configure, _) in directions.items():
-        sub = commands.add_parser(name)
-        sub.add_argument("source")
-        sub.add_argument("out")
-        add_trust_code_option(sub)
-        configure(sub)
-    args = parser.parse_args(argv)
-    try:
-        return directions[args.command][1](args)
-    except LoongForgeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the old front-end: say where it went rather than exit 0 having done nothing
+    raise SystemExit("python -m loongforge_vlm.convert is now `loongforge convert hf-to-mcore|mcore-to-hf SOURCE OUT`")

@@ -8,7 +8,9 @@ answer's vocabulary, and chance is a uniform guess within the kind (1/4, 1/3, 1/
     loongforge eval runs/vlm-shapes/checkpoints            # the shapes set's held-out split
     loongforge eval CKPT --data heldout.jsonl --limit 100  # any image-text jsonl/shards
 
-Prints per-kind and overall accuracy next to chance, and writes ``eval.json`` beside the checkpoint.
+Prints per-kind and overall accuracy next to chance, and writes ``eval.json`` beside the checkpoint. While it
+runs, a progress display (:mod:`loongforge.progress`, on standard error) counts the questions answered and shows the
+accuracy so far.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from loongforge.commands import add_trust_code_option
+from loongforge.progress import job_progress
 
 from loongforge_vlm.data import shapes
 
@@ -94,20 +96,24 @@ def evaluate(checkpoint: str | Path, *, data: list[str] | None = None, limit: in
     with standalone_world() as backend:
         model = build_standalone(flavor, backend, checkpoint_dtype(path, config)).eval()
         load_trained_weights(path, [model], config)  # a LoRA run: its adapters folded in
-        references, answers = [], []
-        for index in range(count):
-            sample = dataset[index]
-            reference = sample.ids[int(sample.supervised.argmax()):]
-            # The template ends a reply with a newline before eos: compare the stripped texts.
-            references.append(tokenizer.decode([int(t) for t in reference if int(t) != tokenizer.eos_id]).strip())
-            answers.append(tokenizer.decode(answer(model, sample, tokenizer.eos_id, max_tokens)).strip())
+        references, answers, right = [], [], 0
+        with job_progress("answering held-out questions", total=count, unit="question", stderr=True) as progress:
+            for index in range(count):
+                sample = dataset[index]
+                reference = sample.ids[int(sample.supervised.argmax()):]
+                # The template ends a reply with a newline before eos: compare the stripped texts.
+                references.append(tokenizer.decode([int(t) for t in reference
+                                                    if int(t) != tokenizer.eos_id]).strip())
+                answers.append(tokenizer.decode(answer(model, sample, tokenizer.eos_id, max_tokens)).strip())
+                right += answers[-1] == references[-1]
+                progress.advance(note=f"accuracy {right / len(answers):.3f}")
     result = score(references, answers)
     (path / "eval.json").write_text(json.dumps({"checkpoint": str(path), **result}, indent=2) + "\n")
     return result
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """The options of ``loongforge eval CHECKPOINT`` for a VLM checkpoint (and of ``python -m``)."""
+    """The options of ``loongforge eval CHECKPOINT`` for a VLM checkpoint."""
     parser.add_argument("--data", nargs="*", help="jsonl files / shards (default: the shapes set's held-out split)")
     parser.add_argument("--limit", type=int, default=0, help="answer at most this many questions (0: all)")
     parser.add_argument("--max-tokens", type=int, default=8)
@@ -123,14 +129,5 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("source", metavar="checkpoint",
-                        help="a checkpoint step directory or a checkpoint root with 'latest'")
-    add_trust_code_option(parser)
-    configure(parser)
-    run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # the old front-end: say where it went rather than exit 0 having done nothing
+    raise SystemExit("python -m loongforge_vlm.evaluate is now `loongforge eval CHECKPOINT [--data ...] [--limit N]`")

@@ -1,3 +1,3 @@
 """LoongForge Kunlunxin XPU backend (import name ``loongforge_xpu``)."""
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"

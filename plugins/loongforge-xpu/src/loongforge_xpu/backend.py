@@ -25,7 +25,7 @@ from typing import Any
 from loongforge.devices.base import DeviceModuleBackend, check_feature
 
 from loongforge_xpu.environment import DEFAULT_ENV, apply_env_defaults
-from loongforge_xpu.megatron_plugin import GATE, PATCH_MODULE, apply_megatron_xpu_plugin, gate_enabled
+from loongforge_xpu.megatron_plugin import PATCH_MODULE, apply_megatron_xpu_plugin, describe_patches
 
 #: What the P800 stack provides: bf16 and fp16 (vLLM-Kunlun's ``check_if_supports_dtype``) and sequence
 #: parallelism (used by the reference scripts). No FP8, no Transformer Engine (the reference scripts disable
@@ -51,10 +51,12 @@ class XPUBackend(DeviceModuleBackend):
     def probe(self) -> tuple[bool, str]:
         """Available when torch_xmlir is installed and the driver exposes at least one ``/dev/xpuN``."""
         if importlib.util.find_spec("torch_xmlir") is None:
-            return False, "torch_xmlir (Kunlun XPyTorch) is not installed"
+            return False, ("not present: torch_xmlir (Kunlun XPyTorch) is not importable; on a Kunlun host, install "
+                           "Kunlun's XPyTorch wheel into this environment")
         nodes = self.device_nodes()
         if not nodes:
-            return False, f"torch_xmlir is installed but no Kunlun device node matches {self.device_node_glob}"
+            return False, (f"torch_xmlir is installed but no Kunlun device node matches {self.device_node_glob}; "
+                           "check the driver (xpu-smi), or start the container with the /dev/xpu* devices")
         return True, f"{len(nodes)} Kunlun XPU(s) ({', '.join(os.path.basename(n) for n in nodes)}) via torch_xmlir"
 
     def configure_env(self) -> None:
@@ -89,14 +91,19 @@ class XPUBackend(DeviceModuleBackend):
         return LocalSpecProvider()
 
     def doctor_rows(self) -> list[tuple[str, str]]:
-        """The Kunlun stack: torch_xmlir, device nodes, xpu-smi, the patch gate and the XMLIR/BKCL environment."""
+        """The Kunlun stack: torch_xmlir, device nodes, xpu-smi, the patches and the XMLIR/BKCL environment.
+
+        The patch row and the environment rows describe training's environment, that is this one with the
+        :data:`DEFAULT_ENV` defaults ``configure_env`` fills in (without changing this process's)."""
         spec = importlib.util.find_spec("torch_xmlir")
+        patches_installed = importlib.util.find_spec(PATCH_MODULE) is not None
+        training_env = {**{name: value for name, (value, _why) in DEFAULT_ENV.items()}, **os.environ}
         rows = [
             ("torch_xmlir", (spec.origin or "installed") if spec is not None else "not installed"),
             ("device nodes", ", ".join(self.device_nodes()) or f"none matching {self.device_node_glob}"),
             ("xpu-smi", shutil.which("xpu-smi") or "not on PATH"),
-            (PATCH_MODULE, "installed" if importlib.util.find_spec(PATCH_MODULE) is not None else "not installed"),
-            ("megatron patches", f"{'on' if gate_enabled() else 'off'} ({GATE} in this environment)"),
+            (PATCH_MODULE, "installed" if patches_installed else "not installed"),
+            ("megatron patches", describe_patches(training_env, patches_installed)),
         ]
         user_set = {k for k in os.environ if k.startswith(("XMLIR_", "BKCL_"))}
         for name in sorted(set(DEFAULT_ENV) | user_set):

@@ -29,6 +29,23 @@ def gate_enabled(environ: Mapping[str, str] | None = None) -> bool:
     return env.get(GATE) in GATE_ON_VALUES
 
 
+def describe_patches(environ: Mapping[str, str], patch_module_installed: bool) -> str:
+    """What a training run started from ``environ`` will do about the patches, for ``loongforge doctor``.
+
+    ``environ`` is the environment *as training sees it* -- after ``configure_env`` filled in its defaults, which
+    turn the gate on when it is unset -- so an unset gate reads as on, not as the "off" a look at the raw
+    environment would report.
+    """
+    value = environ.get(GATE)
+    if not gate_enabled(environ):
+        return f"off: {GATE}={value!r} (only {', '.join(sorted(GATE_ON_VALUES))} turn them on)"
+    set_by = f"{GATE}={value}" + ("" if GATE in os.environ else ", configure_env's default")
+    if not patch_module_installed:
+        return (f"requested ({set_by}) but '{PATCH_MODULE}' is not installed: training runs without Kunlun's fused "
+                f"megatron-core kernels; install Kunlun's {PATCH_MODULE} package")
+    return f"on ({set_by}): applied when training starts"
+
+
 def apply_megatron_xpu_plugin() -> str:
     """Run ``xpu_plugin.init_megatron_core_xpu_plugin()`` if the gate is on; at most once per process.
 

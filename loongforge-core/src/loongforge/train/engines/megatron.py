@@ -21,8 +21,10 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.parallel import context
 from loongforge.parallel.chunk_feeds import chunk_feeds
+from loongforge.train.compile import CompileReport, compile_blocks
 from loongforge.train.engines.base import StepEngine, StepResult
 from loongforge.train.moe_stats import MoEStats
+from loongforge.train.optim import fuse_cpu_adamw
 
 if TYPE_CHECKING:
     from loongforge.train.batches import ValidationSet
@@ -32,6 +34,23 @@ if TYPE_CHECKING:
 
 #: ``math.exp`` overflows above this; a larger validation loss has an infinite perplexity.
 _LARGEST_EXP = 709.0
+
+
+def _compile_targets(chunks: list[Any]) -> tuple[list[Any], list[Any]]:
+    """``training.compile``'s modules in megatron's model chunks: every transformer layer (the blocks), and the
+    modules around the decoder stacks (embedding, final norm, output layer: what ``true`` adds)."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer.transformer_layer import TransformerLayer
+
+    modules = [module for chunk in chunks for module in chunk.modules()]
+    layers = [module for module in modules if isinstance(module, TransformerLayer)]
+    rest = []
+    for model in (module for module in modules if isinstance(module, GPTModel)):
+        if model.pre_process:
+            rest.append(model.embedding)
+        if model.post_process:  # the final norm is megatron's None where the stage has none
+            rest += [part for part in (model.decoder.final_layernorm, model.output_layer) if part is not None]
+    return layers, rest
 
 
 def _masked_mean_loss(loss_mask: torch.Tensor, per_token_loss: torch.Tensor) -> tuple[torch.Tensor, dict]:
@@ -102,6 +121,8 @@ class MegatronEngine(StepEngine):
         self._moe = MoEStats(model, model_config) if model_config.num_moe_experts else None
         # The interleaved schedule wants one iterator per model chunk, all yielding the same micro-batches.
         self._data_iterator = chunk_feeds(data, len(model)) if len(model) > 1 else data
+        layers, around = _compile_targets(model)
+        self.compiled: CompileReport = compile_blocks(layers, config.training.compile, rest=around)
 
     # -- one step --------------------------------------------------------------------------------
 
@@ -247,6 +268,7 @@ class MegatronEngine(StepEngine):
 
     def load(self, trainer: Trainer, path: Path) -> None:
         self._checkpoints.load(trainer, path)
+        fuse_cpu_adamw(self.optimizer)  # a checkpoint's parameter groups name the kernel they were saved with
 
     def data_position(self) -> dict[str, Any]:
         return self.data.state_dict()
@@ -255,4 +277,30 @@ class MegatronEngine(StepEngine):
         self.data.load_state_dict(position)
 
     def finish(self, trainer: Trainer) -> dict[str, Any]:
-        return {"sample": self._sample(self.model)}
+        """The text sample, what ``training.compile`` compiled and cost, and this rank's memory by component."""
+        return {"sample": self._sample(self.model), **self.compiled.summary(),
+                "memory_mib": self._memory_mib(trainer)}
+
+    def _memory_mib(self, trainer: Trainer) -> dict[str, float]:
+        """This rank's memory by component, in MiB: ``parameters`` (the model's, in their dtype), ``gradients``
+        (megatron DDP's gradient buffers), ``optimizer_state`` (Adam's moments and step counts), ``main_params``
+        (the optimizer's fp32 copies of half-precision weights; 0 in fp32, where it updates the weights
+        themselves) and ``peak`` (the device backend's ``peak_allocated``: the allocator's peak on an
+        accelerator, so ``peak`` minus the others bounds the activations; the process's peak RSS on CPU, which
+        also holds the libraries)."""
+
+        def mib(tensors: Any) -> float:
+            return round(sum(t.numel() * t.element_size() for t in tensors) / 2**20, 2)
+
+        model_params = [p for chunk in self.model for p in chunk.parameters()]
+        own = {p.data_ptr() for p in model_params}
+        return {
+            "parameters": mib(model_params),
+            "gradients": mib(buffer.grad_data for chunk in self.model
+                             for buffer in chunk.buffers + chunk.expert_parallel_buffers),
+            "optimizer_state": mib(t for _, state in self.optimizer.state.items() for t in state.values()
+                                   if torch.is_tensor(t)),
+            "main_params": mib(p for group in self.optimizer.param_groups for p in group["params"]
+                               if p.data_ptr() not in own),
+            "peak": round(trainer.backend.memory_stats()["peak_allocated"] / 2**20, 2),
+        }

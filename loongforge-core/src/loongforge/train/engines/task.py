@@ -29,7 +29,7 @@ from safetensors.torch import save as safetensors_bytes
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from loongforge.checkpoint.layout import CONFIG_YAML
+from loongforge.checkpoint.layout import CONFIG_YAML, warn
 from loongforge.checkpoint.rng import capture_rng_state, restore_rng_state
 from loongforge.checkpoint.writer import CheckpointWriter, RankShare, write_blobs
 from loongforge.config.loader import config_to_dict
@@ -38,7 +38,7 @@ from loongforge.errors import ConfigError
 from loongforge.parallel.strategy import check_strategy
 from loongforge.tasks import VALIDATION_STEP, TaskBase, sample_generators
 from loongforge.train.batches import validation_batch_count
-from loongforge.train.checkpointing import warn
+from loongforge.train.compile import CompileReport, compile_blocks
 from loongforge.train.engines.base import StepEngine, StepResult
 from loongforge.train.resume_settings import SETTINGS_KEY, check_resume_settings, schedule_settings
 
@@ -174,16 +174,42 @@ class TaskEngine(StepEngine):
         self.samples_per_step = config.training.micro_batch_size * self.dp_size
         self.order = BatchOrder(len(self.data), self.samples_per_step, config.run.seed)
         self.validation, self.validation_batches = self._validation() if config.evaluation.interval else (None, 0)
+        unwrapped = model
         if strategy is not None:
             model = strategy.wrap(model, layout, config.parallel, bf16=config.training.precision == "bf16",
                                   run_forward=self._probe_forward)
         self.model = model
+        #: What ``training.compile`` compiled (after the strategy's probe forward, which runs one sample and
+        #: would otherwise compile a graph for a batch of one); its time is printed after the first step.
+        self.compiled = self._compile(unwrapped)
+        self._compile_reported = False
         opt = config.optimizer
         params = [p for p in self.model.parameters() if p.requires_grad]
         adamw = dict(lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, weight_decay=opt.weight_decay,
                      fused=fused_adamw_applies(params))
         self.optimizer = strategy.optimizer(params, **adamw) if strategy else torch.optim.AdamW(params, **adamw)
         self._saves = CheckpointWriter(background=config.checkpoint.async_save)
+
+    def _compile(self, model: nn.Module) -> CompileReport:
+        """``training.compile``: ``regional`` compiles the task's repeated blocks (:meth:`TaskBase.repeated_blocks`)
+        one by one, ``true`` the whole model as one module (its forward around the blocks too: embeddings, head,
+        loss-side reshapes). Both in place, so parameter names, checkpoints and the strategy's wrapping stay."""
+        mode = self.config.training.compile
+        if mode != "regional":
+            return compile_blocks([], mode, rest=[model])
+        blocks = self.task.repeated_blocks(model)
+        if not blocks:
+            raise ConfigError(f"{self.config.source}: training.compile: regional: model '{self.config.model.name}' "
+                              "has no repeated blocks to compile; use training.compile: true (the whole model)")
+        return compile_blocks(blocks, mode)
+
+    def _report_compile(self) -> None:
+        """One line after the first step (when the forward and backward graphs have been compiled)."""
+        self._compile_reported = True
+        if self.compiled.enabled and self.rank == 0:
+            modules = ", ".join(f"{count} {name}" for name, count in self.compiled.modules.items())
+            print(f"[loongforge] training.compile {self.compiled.mode}: {modules} compiled in "
+                  f"{self.compiled.compile_s():.1f} s ({self.compiled.graphs()} graph(s))", flush=True)
 
     def _validation(self) -> tuple[Any, int]:
         """The task's validation samples (its held-out split, or ``evaluation.data``) and the global batches of them
@@ -237,6 +263,8 @@ class TaskEngine(StepEngine):
                 return StepResult(loss=float(loss), grad_norm=grad_norm, skipped=True, bad=bad)
         self.optimizer.step()
         self.task.after_step(self.model)
+        if not self._compile_reported:
+            self._report_compile()
         return StepResult(loss=float(loss), grad_norm=grad_norm)
 
     def evaluate(self) -> dict[str, float]:
@@ -367,7 +395,17 @@ class TaskEngine(StepEngine):
     # -- after training ------------------------------------------------------------------------------------------
     def finish(self, trainer: Trainer) -> dict[str, Any]:
         """The task's after-training work on rank 0 (on an unsharded copy of the model when several ranks trained),
-        its entries printed there one per line."""
+        its entries printed there one per line, and what ``training.compile`` cost (``compile``, ``compile_s``,
+        ``compile_graphs``, ``compiled_modules``: :meth:`loongforge.train.compile.CompileReport.summary`).
+
+        The task's work runs eagerly even when training was compiled: sampling feeds other batch shapes than
+        training's, and compiling a graph for each would cost more than the few dozen forwards it speeds up."""
+        with torch.compiler.set_stance("force_eager"):
+            results = self._task_finish(trainer)
+        return {**results, **self.compiled.summary()} if self.rank == 0 else results
+
+    def _task_finish(self, trainer: Trainer) -> dict[str, Any]:
+        """:meth:`Task.finish <loongforge.tasks.Task.finish>`'s entries (printed on rank 0; empty on the others)."""
         if self.strategy is None:
             results = self.task.finish(self.model, trainer.output_dir, trainer.media) or {}
         else:

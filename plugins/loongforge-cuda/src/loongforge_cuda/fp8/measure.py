@@ -2,21 +2,23 @@
 
 Run it on the GPU you will train on, with the model and tensor-parallel size of the run::
 
-    python -m loongforge_cuda.fp8.measure --model qwen3-8b --tp 2 --recipe blockwise --out fp8_policy.json
-    python -m loongforge_cuda.fp8.measure --shape mlp.linear_fc1=4096,28672 --tokens 1024,4096,16384 --out p.json
+    loongforge fp8-measure --model qwen3-8b --tp 2 --recipe blockwise --out fp8_policy.json
+    loongforge fp8-measure --shape mlp.linear_fc1=4096,28672 --tokens 1024,4096,16384 --out p.json
 
 then switch it on with ``optimizations: {adaptive-fp8: {policy: fp8_policy.json}}``. Without a GPU (or with
 ``--device cpu``) FP8 is emulated on the CPU: the run proves the tool and the file format, says EMULATION, and
-writes a policy marked ``emulated`` that training refuses.
+writes a policy marked ``emulated`` that training refuses. A progress display (:mod:`loongforge.progress`, on
+standard error) counts the measured points, each a module at one token count. The options are set up by
+:func:`loongforge_cuda.commands.configure_fp8_measure`.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from loongforge.errors import LoongForgeError
+from loongforge.errors import ConfigError
+from loongforge.progress import job_progress
 
 from loongforge_cuda.fp8.policy import Policy, derive_policy, save_policy
 from loongforge_cuda.fp8.shapes import Shapes, module_shapes, parse_shape
@@ -25,9 +27,15 @@ from loongforge_cuda.fp8.shapes import Shapes, module_shapes, parse_shape
 DEFAULT_TOKENS = {"cuda": (512, 1024, 2048, 4096, 8192, 16384, 32768), "cpu": (32, 64, 128)}
 
 
-def measure(shapes: Mapping[str, tuple[int, int, float]], tokens: Sequence[int], timer) -> dict:
+def _no_report(kind: str, tokens: int) -> None:
+    """The ``on_point`` of a measurement nobody watches."""
+
+
+def measure(shapes: Mapping[str, tuple[int, int, float]], tokens: Sequence[int], timer,
+            on_point: Callable[[str, int], None] = _no_report) -> dict:
     """``{kind: {tokens: (bf16_ms, fp8_ms)}}``; a module's token count is scaled by its ``tokens_scale``
-    (routed experts see a fraction of the micro-batch), and the results stay keyed by the run's count."""
+    (routed experts see a fraction of the micro-batch), and the results stay keyed by the run's count.
+    ``on_point(kind, tokens)`` is called after each point is timed in both precisions."""
     results: dict[str, dict[int, tuple[float, float]]] = {}
     for kind, (in_features, out_features, scale) in shapes.items():
         results[kind] = {}
@@ -37,6 +45,7 @@ def measure(shapes: Mapping[str, tuple[int, int, float]], tokens: Sequence[int],
                 timer.time_ms(in_features, out_features, rows, fp8=False),
                 timer.time_ms(in_features, out_features, rows, fp8=True),
             )
+            on_point(kind, count)
     return results
 
 
@@ -62,38 +71,33 @@ def _shapes_from_args(args: argparse.Namespace) -> Shapes:
     return module_shapes(flavor, tp=args.tp)
 
 
-def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m loongforge_cuda.fp8.measure", description=__doc__.split("\n")[0])
-    what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--model", help="model flavor name (its transformer layer's GEMMs are measured)")
-    what.add_argument("--shape", action="append", help="kind=in_features,out_features[,tokens_scale] (repeatable)")
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size of the run (splits the GEMMs)")
-    parser.add_argument("--tokens", help="comma-separated token counts per micro-batch (default: by device)")
-    parser.add_argument("--recipe", default="auto", help="FP8 recipe: auto, blockwise, tensorwise, mxfp8, delayed")
-    parser.add_argument("--device", default="auto", help="auto, cuda or cpu (cpu: FP8 emulated)")
-    parser.add_argument("--min-speedup", type=float, default=1.0, help="FP8 must beat BF16 by this factor to win")
-    parser.add_argument("--repeat", type=int, help="timed repetitions per point (median is kept)")
-    parser.add_argument("--out", required=True, help="policy JSON file to write")
-    return parser.parse_args(argv)
+def _token_counts(text: str) -> list[int]:
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) <= 0:
+        raise ConfigError(f"--tokens: expected comma-separated positive token counts, got {text!r}")
+    return counts
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """``loongforge fp8-measure``: time every point, print the report, write the policy to ``args.out``."""
     from loongforge_cuda.fp8.runners import make_timer
 
-    try:
+    try:  # a bad shape, recipe or device: one line naming it
         shapes = _shapes_from_args(args)
         timer = make_timer(args.device, args.recipe, repeat=args.repeat)
-        ladder = DEFAULT_TOKENS["cpu" if timer.emulated else "cuda"]
-        tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else list(ladder)
-    except (ValueError, RuntimeError, LoongForgeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except (ValueError, RuntimeError) as exc:
+        raise ConfigError(str(exc)) from None
+    tokens = _token_counts(args.tokens) if args.tokens else list(DEFAULT_TOKENS["cpu" if timer.emulated else "cuda"])
     if timer.emulated:
         print("EMULATION: no FP8 GPU in use; FP8 runs as the CPU reference, so these timings prove the tool and "
               "the file format only (the policy is marked emulated and training refuses it)")
     print(f"device: {timer.device}, recipe: {timer.recipe}, tokens: {','.join(map(str, tokens))}")
-    results = measure(shapes, tokens, timer)
+    with job_progress("timing BF16 vs FP8", total=len(shapes) * len(tokens), unit="point", stderr=True) as progress:
+        results = measure(shapes, tokens, timer,
+                          on_point=lambda kind, count: progress.advance(note=f"{kind} at {count} tokens"))
     policy = derive_policy(shapes, results, device=timer.device, recipe=timer.recipe, emulated=timer.emulated,
                            min_speedup=args.min_speedup)
     print(format_report(policy))
@@ -101,5 +105,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the old front-end: say where it went rather than exit 0 having done nothing
+    raise SystemExit("python -m loongforge_cuda.fp8.measure is now `loongforge fp8-measure ...`")

@@ -9,7 +9,7 @@ the run's tokens per micro-batch do not reach runs its forward inside ``fp8_auto
     training: {precision: fp8, micro_batch_size: 2}
     device_options: {fp8_recipe: blockwise}
     optimizations:
-      adaptive-fp8: {policy: fp8_policy.json}   # written by python -m loongforge_cuda.fp8.measure
+      adaptive-fp8: {policy: fp8_policy.json}   # written by loongforge fp8-measure
 
 Enabling it where there is no FP8 (CPU, no Transformer Engine, a precision other than fp8, an emulated
 policy) fails with a one-line error saying why; it never quietly trains in another precision.
@@ -45,13 +45,13 @@ class AdaptiveFP8Options:
     """``optimizations.adaptive-fp8``: the measured policy file, and optionally the tokens per micro-batch to plan
     for (default: the run's ``micro_batch_size * seq_length``)."""
 
-    #: The JSON file written by ``python -m loongforge_cuda.fp8.measure`` (required).
+    #: The JSON file written by ``loongforge fp8-measure`` (required).
     policy: str = ""
     tokens_per_microbatch: int | None = None
 
     def __post_init__(self) -> None:
         if not self.policy:
-            raise ConfigError("policy is required: the JSON file written by python -m loongforge_cuda.fp8.measure")
+            raise ConfigError("policy is required: the JSON file written by loongforge fp8-measure")
 
 
 def keep_in_bf16(modules: Mapping[str, Any], plan: Mapping[str, bool], bf16_context: Callable[[], Any]) -> list[str]:
@@ -95,7 +95,7 @@ def why_not_fp8(modules: Mapping[str, Any], policy: Policy, te_classes: tuple[ty
                 "megatron's local layer, which has no FP8 path")
     if policy.emulated:
         return (f"{policy.source} was measured in CPU emulation (key emulated: true), so its timings say nothing "
-                "about this GPU: re-run python -m loongforge_cuda.fp8.measure on it")
+                "about this GPU: re-run loongforge fp8-measure on it")
     return None
 
 

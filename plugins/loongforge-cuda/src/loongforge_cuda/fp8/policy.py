@@ -84,7 +84,7 @@ class Policy:
         except KeyError:
             raise PolicyError(
                 f"{self.source}: no entry modules.{kind} (the policy has {', '.join(sorted(self.modules)) or 'none'});"
-                " it was measured for another model: re-run python -m loongforge_cuda.fp8.measure for this one"
+                " it was measured for another model: re-run loongforge fp8-measure for this one"
             ) from None
 
 
@@ -143,7 +143,7 @@ def load_policy(path: str | Path) -> Policy:
     try:
         raw = json.loads(path.read_text())
     except FileNotFoundError:
-        raise PolicyError(f"{path}: FP8 policy file not found; create it with python -m loongforge_cuda.fp8.measure "
+        raise PolicyError(f"{path}: FP8 policy file not found; create it with loongforge fp8-measure "
                           "--model <name> --out <file>") from None
     except json.JSONDecodeError as exc:
         raise PolicyError(f"{path}: not valid JSON ({exc})") from None

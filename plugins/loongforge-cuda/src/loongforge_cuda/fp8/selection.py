@@ -82,7 +82,7 @@ def check_shapes(shapes: Mapping[str, tuple[int, int]], policy: Policy) -> None:
             raise PolicyError(
                 f"{policy.source}: modules.{kind} was measured at in_features={entry.in_features}, "
                 f"out_features={entry.out_features} but {name} is {in_features} -> {out_features}; re-run "
-                "python -m loongforge_cuda.fp8.measure with this model and tensor-parallel size"
+                "loongforge fp8-measure with this model and tensor-parallel size"
             )
 
 

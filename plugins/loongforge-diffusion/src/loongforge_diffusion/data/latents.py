@@ -3,13 +3,14 @@
 Training a Wan DiT sees each clip many times, while its VAE and text encoder are frozen: encoding once and
 reading the results back saves most of the step time and all of their memory. The command::
 
-    python -m loongforge_diffusion.data.latents --vae DIR --text-encoder DIR --videos JSONL_OR_DIR --out OUT_DIR \
+    loongforge cache-latents --vae DIR --text-encoder DIR --videos JSONL_OR_DIR --out OUT_DIR \
         [--tokenizer DIR] [--frames 81 --height 480 --width 832] [--text-len 512] [--batch 4] [--shard-size 256]
 
 reads captioned videos (:mod:`loongforge_diffusion.data.video_files`), encodes them as the diffusers Wan
-pipelines do, and writes ``OUT_DIR/latents-00000.safetensors ...`` plus ``index.json``. ``--vae`` is a diffusers
-``AutoencoderKLWan`` directory, ``--text-encoder`` a transformers ``UMT5EncoderModel``/``T5EncoderModel``
-directory (with its tokenizer, or ``--tokenizer``); both load with ``local_files_only`` -- nothing is downloaded.
+pipelines do (progress per video), and writes ``OUT_DIR/latents-00000.safetensors ...`` plus ``index.json``.
+``--vae`` is a diffusers ``AutoencoderKLWan`` directory, ``--text-encoder`` a transformers
+``UMT5EncoderModel``/``T5EncoderModel`` directory (with its tokenizer, or ``--tokenizer``); both load with
+``local_files_only`` -- nothing is downloaded. The command's arguments are in :mod:`loongforge_diffusion.commands`.
 
 - video: the posterior mean of the VAE, normalised per channel as ``(z - latents_mean) / latents_std`` with the
   VAE config's statistics (what ``WanPipeline`` undoes before decoding);
@@ -24,7 +25,6 @@ so a reader never sees a half-written cache, and an existing output is never ove
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import hashlib
 import html
@@ -32,26 +32,25 @@ import importlib
 import json
 import os
 import shutil
-import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from loongforge.data.errors import DataError
-from loongforge.errors import LoongForgeError
+from loongforge.progress import job_progress
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch.utils.data import Dataset
 
+from loongforge_diffusion.commands import ENCODE_DTYPES
 from loongforge_diffusion.data.video_files import Clip, fit, list_clips
 
 INDEX = "index.json"
 FORMAT = "loongforge-latents"
 VERSION = 1
 NORMALISATION = "(z - latents_mean) / latents_std, z = the VAE posterior mean"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {name: getattr(torch, name) for name in ENCODE_DTYPES}
 TEXT_ENCODERS = {"umt5": "UMT5EncoderModel", "t5": "T5EncoderModel"}
 
 
@@ -214,8 +213,8 @@ def _check_geometry(encoders: Encoders, frames: int, height: int, width: int) ->
 
 def build_cache(videos: str | Path, encoders: Encoders, out: str | Path, *, frames: int | None = None,
                 height: int | None = None, width: int | None = None, text_len: int = 512, batch: int = 4,
-                shard_size: int = 256, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Encode every clip of ``videos`` into a new cache directory ``out``; returns its index.
+                shard_size: int = 256) -> dict[str, Any]:
+    """Encode every clip of ``videos`` into a new cache directory ``out`` (progress per video); returns its index.
 
     ``frames``/``height``/``width`` default to the first clip's own size.
     """
@@ -231,13 +230,14 @@ def build_cache(videos: str | Path, encoders: Encoders, out: str | Path, *, fram
     _check_geometry(encoders, frames, height, width)
     writer = _ShardWriter(out, shard_size)
     try:
-        for start in range(0, len(clips), batch):
-            group = clips[start:start + batch]
-            pixels = torch.stack([fit(clip.load(), frames, height, width, source=clip.source) for clip in group])
-            latents = encoders.encode_videos(pixels)
-            context, mask = encoders.encode_captions([clip.caption for clip in group], text_len)
-            writer.add(latents, context, mask, group)
-            log(f"encoded {start + len(group)}/{len(clips)} videos into {out}")
+        with job_progress(f"encoding videos into {out}", total=len(clips), unit="video") as progress:
+            for start in range(0, len(clips), batch):
+                group = clips[start:start + batch]
+                pixels = torch.stack([fit(clip.load(), frames, height, width, source=clip.source) for clip in group])
+                latents = encoders.encode_videos(pixels)
+                context, mask = encoders.encode_captions([clip.caption for clip in group], text_len)
+                writer.add(latents, context, mask, group)
+                progress.advance(len(group), note=group[-1].source)
         index = {"format": FORMAT, "version": VERSION, "count": len(clips),
                  "shapes": {"video": list(latents.shape[1:]), "context": list(context.shape[1:])},
                  "input": {"frames": frames, "height": height, "width": width, "text_len": text_len},
@@ -313,7 +313,7 @@ class CachedLatentDataset(Dataset):
 def _read_index(path: Path) -> dict[str, Any]:
     file = path / INDEX
     if not file.is_file():
-        raise DataError(f"{path}: no {INDEX}; write a cache with python -m loongforge_diffusion.data.latents")
+        raise DataError(f"{path}: no {INDEX}; write a cache with loongforge cache-latents")
     try:
         index = json.loads(file.read_text())
         ok = index.get("format") == FORMAT and isinstance(index["shards"], list) and index["shapes"]
@@ -326,36 +326,5 @@ def _read_index(path: Path) -> dict[str, Any]:
     return index
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loongforge_diffusion.data.latents",
-                                     description="Encode captioned videos into a cache of Wan VAE latents and "
-                                                 "text-encoder states.")
-    parser.add_argument("--vae", required=True, help="a diffusers AutoencoderKLWan directory")
-    parser.add_argument("--text-encoder", required=True, help="a transformers UMT5/T5 encoder directory")
-    parser.add_argument("--tokenizer", help="the tokenizer directory (default: --text-encoder)")
-    parser.add_argument("--videos", required=True, help="a .jsonl of {video, caption}, a directory or a .pt file")
-    parser.add_argument("--out", required=True, help="the cache directory to create (must not exist)")
-    parser.add_argument("--frames", type=int, help="frames per clip, 1 + 4k (default: the first clip's)")
-    parser.add_argument("--height", type=int, help="pixels (default: the first clip's)")
-    parser.add_argument("--width", type=int, help="pixels (default: the first clip's)")
-    parser.add_argument("--text-len", type=int, default=512, help="caption tokens, padded or truncated (Wan: 512)")
-    parser.add_argument("--batch", type=int, default=4, help="clips encoded together")
-    parser.add_argument("--shard-size", type=int, default=256, help="samples per shard file")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="the encoders' compute dtype")
-    args = parser.parse_args(argv)
-    try:
-        encoders = load_encoders(args.vae, args.text_encoder, args.tokenizer, device=args.device, dtype=args.dtype)
-        index = build_cache(args.videos, encoders, args.out, frames=args.frames, height=args.height,
-                            width=args.width, text_len=args.text_len, batch=args.batch, shard_size=args.shard_size,
-                            log=lambda line: print(line, file=sys.stderr, flush=True))
-    except LoongForgeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"wrote {index['count']} samples in {len(index['shards'])} shard(s) to {args.out}: "
-          f"video {tuple(index['shapes']['video'])}, context {tuple(index['shapes']['context'])}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the old front-end: say where it went rather than exit 0 having done nothing
+    raise SystemExit("python -m loongforge_diffusion.data.latents is now `loongforge cache-latents ...`")

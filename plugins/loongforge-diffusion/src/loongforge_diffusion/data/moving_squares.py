@@ -9,18 +9,20 @@ map-style, reproducible and has no storage.
 Captions are three tokens (colour, direction, size) looked up in a fixed random embedding table, standing in
 for a text encoder's states (``context`` of shape ``(3, text_dim)``).
 
-Command line (writes the tensors to one ``.pt`` file that :class:`TensorVideoDataset` reads)::
+Command line (writes the tensors to one ``.pt`` file that :class:`TensorVideoDataset` reads; its arguments are in
+:mod:`loongforge_diffusion.commands`)::
 
-    python -m loongforge_diffusion.data.moving_squares OUT.pt --count 512 --seed 0
+    loongforge make-data moving-squares OUT.pt --count 512 --seed 0
 """
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from loongforge.data.errors import DataError
+from loongforge.progress import track
 from torch.utils.data import Dataset
 
 #: RGB in [-1, 1]; every colour has a channel at +1 so foreground is "max channel > 0" on the -1 background.
@@ -43,6 +45,8 @@ class Geometry:
     speed: int = 2
 
     def __post_init__(self) -> None:
+        if self.frames < 1 or self.speed < 0:
+            raise ValueError(f"{self}: a video needs at least one frame and a speed of at least 0")
         if self.side < max(SIZES) + self.speed * (self.frames - 1):
             raise ValueError(f"{self}: the largest square cannot travel {self.frames - 1} steps inside the frame")
 
@@ -150,30 +154,22 @@ class TensorVideoDataset(Dataset):
 
 
 def write(path: str | Path, dataset: MovingSquares) -> Path:
-    """Materialise ``dataset`` into ``path`` (so a run can read fixed samples or another tool can inspect them)."""
-    samples = [dataset[i] for i in range(len(dataset))]
+    """Materialise ``dataset`` into ``path`` (so a run can read fixed samples or another tool can inspect them),
+    showing progress per video."""
+    if len(dataset) < 1:
+        raise DataError(f"{path}: a dataset needs at least one video, got {len(dataset)}")
+    samples = [dataset[i] for i in track(range(len(dataset)), f"generating moving squares for {path}", unit="video")]
     stored = {k: torch.stack([s[k] for s in samples]) for k in ("video", "context", "labels")}
     stored["geometry"] = asdict(dataset.geometry)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(stored, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(stored, path)
+    except OSError as exc:
+        raise DataError(f"{path}: cannot write the dataset ({exc.strerror or exc})") from None
     return path
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Write a moving-squares video dataset to a .pt file.")
-    parser.add_argument("out", help="output file (.pt)")
-    parser.add_argument("--count", type=int, default=512)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--text-dim", type=int, default=32)
-    parser.add_argument("--frames", type=int, default=Geometry.frames)
-    parser.add_argument("--side", type=int, default=Geometry.side)
-    parser.add_argument("--speed", type=int, default=Geometry.speed)
-    args = parser.parse_args(argv)
-    dataset = MovingSquares(args.count, text_dim=args.text_dim, seed=args.seed,
-                            geometry=Geometry(args.frames, args.side, args.speed))
-    print(f"wrote {len(dataset)} videos to {write(args.out, dataset)}")
-
-
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # the old front-end: say where it went rather than exit 0 having done nothing
+    raise SystemExit(
+        "python -m loongforge_diffusion.data.moving_squares is now `loongforge make-data moving-squares OUT ...`")

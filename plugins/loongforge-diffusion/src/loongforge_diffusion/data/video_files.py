@@ -5,7 +5,7 @@ The input of the latent cache (:mod:`loongforge_diffusion.data.latents`), in one
 - a JSON-lines file of ``{"video": "clip.mp4" | "frames_dir/", "caption": "..."}`` (paths relative to the file);
   MP4 (and anything else FFmpeg reads) is decoded with PyAV, a frames directory is its images in name order;
 - a directory of videos (``*.mp4`` files or frame directories), each captioned by a sibling ``<name>.txt``;
-- a moving-squares ``.pt`` file (``python -m loongforge_diffusion.data.moving_squares``), captioned by
+- a moving-squares ``.pt`` file (``loongforge make-data moving-squares``), captioned by
   :func:`~loongforge_diffusion.data.moving_squares.caption` -- a self-contained input for tests and tutorials.
 
 Clips are listed up front (cheap) and decoded one at a time when encoded, so memory holds one batch of pixels.

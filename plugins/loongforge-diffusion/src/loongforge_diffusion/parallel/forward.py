@@ -22,7 +22,7 @@ def layout_forward(model: WanModel, patches: torch.Tensor, timestep: torch.Tenso
     """Head outputs for this rank's tokens of ``layout``.
 
     :param patches: ``(B, S, patch rows)`` of the whole sequence; ``timestep`` ``(B, 1)`` or ``(B, S)``;
-        ``rope`` ``(S, head_dim // 2)``; contexts as the layout packs them.
+        ``rope`` ``(S, head_dim // 2, 2)``; contexts as the layout packs them.
     """
     if layout.cp is not None:
         layout.cp.check(model.flavor.num_heads, layout.tokens)

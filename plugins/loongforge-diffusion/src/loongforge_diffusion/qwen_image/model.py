@@ -118,7 +118,9 @@ class QwenImageModel(nn.Module):
         batch, tokens = hidden_states.shape[:2]
         grids = sample_layout(img_shapes, batch, tokens)
         text_len = encoder_hidden_states.shape[1]
-        image_rope, text_rope = rope_tables(grids, text_len, self.flavor.axes_dims, ROPE_THETA, hidden_states.device)
+        # apply_rope takes (cos, sin) pairs: zero-copy real views of the complex tables
+        image_rope, text_rope = map(torch.view_as_real, rope_tables(grids, text_len, self.flavor.axes_dims,
+                                                                    ROPE_THETA, hidden_states.device))
         mask = None
         if encoder_hidden_states_mask is not None:
             image_keys = torch.ones(batch, tokens, dtype=torch.bool, device=hidden_states.device)

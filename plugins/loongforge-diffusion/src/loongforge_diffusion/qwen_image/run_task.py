@@ -20,9 +20,11 @@ pipeline passes ``timestep / 1000``). Noise is drawn per sample from (seed, step
 train the same run as one process. With ``evaluation.interval > 0`` core's loop logs the validation loss: the
 conditional flow-matching loss (no caption dropout) of the trained weights on still squares of the held-out data
 seed, with the same noise and noise levels at every evaluation. After training the task samples held-out captions
-with classifier-free guidance, writes PNGs to ``<output_dir>/samples`` and scores colour and square-ness
+with classifier-free guidance (the denoising steps shown as progress), writes PNGs, a captioned ``grid.png`` and
+``index.json`` to ``<output_dir>/samples`` (:func:`loongforge_diffusion.media.write_samples`), sends the images with
+their captions to the run's trackers (tag ``samples``, at the last step) and scores colour and square-ness
 (:mod:`loongforge_diffusion.scoring`). ``loongforge sample CHECKPOINT --prompt "a red square of size 4" --format
-png`` samples new captions later.
+png`` samples new captions later (the same files, grid and index in ``--out``).
 """
 
 from __future__ import annotations
@@ -33,13 +35,14 @@ from typing import Any
 import torch
 from loongforge.config.plugin_sections import task_options
 from loongforge.errors import ConfigError
+from loongforge.progress import job_progress
 from loongforge.tasks import TaskBase, sample_generators
 from loongforge.train.media import MediaLog
 
-from loongforge_diffusion.data.moving_squares import parse_caption
+from loongforge_diffusion.data.moving_squares import caption, parse_caption
 from loongforge_diffusion.data.still_squares import StillSquares, still_context
 from loongforge_diffusion.flow_matching import NUM_TRAIN_TIMESTEPS
-from loongforge_diffusion.media import to_frames
+from loongforge_diffusion.media import SampleSettings, write_samples
 from loongforge_diffusion.options import QwenImageTaskOptions
 from loongforge_diffusion.qwen_image.flavors import QwenImageFlavor
 from loongforge_diffusion.qwen_image.model import QwenImageModel, pack_latents, unpack_latents
@@ -156,9 +159,11 @@ class QwenImageRunTask(TaskBase):
             images = self.sample(model, torch.stack([item["context"] for item in items]), steps=opts.steps,
                                  guidance=opts.guidance, shift=opts.shift, seed=opts.seed)
         directory = Path(output_dir) / "samples"
-        for index, image in enumerate(images):
-            write_image(image, directory / f"sample-{index:03d}.png")
-        return {"samples_dir": str(directory), "sample_scores": score_videos(images[:, :, None], labels)}
+        gallery = write_samples(images[:, :, None], [caption(label, moving=False) for label in labels], directory,
+                                SampleSettings(opts.seed, opts.steps, opts.guidance), fmt="png", still=True)
+        gallery.log(media, step=self.steps)
+        return {"samples_dir": str(directory), "samples_grid": str(gallery.grid),
+                "sample_scores": score_videos(images[:, :, None], labels)}
 
     def sample_files(self, model: torch.nn.Module, prompts: list[str], out_dir: Path, *, steps: int, guidance: float,
                      seed: int, fmt: str) -> list[Path]:
@@ -171,14 +176,15 @@ class QwenImageRunTask(TaskBase):
             raise ConfigError(str(exc)) from None
         images = self.sample(model, still_context(labels, self.flavor.text_dim), steps=steps, guidance=guidance,
                              shift=self.sample_options.shift, seed=seed)
-        return [write_image(image, Path(out_dir) / f"sample-{index:03d}.{fmt}") for index, image in enumerate(images)]
+        settings = SampleSettings(seed, steps, guidance)
+        return write_samples(images[:, :, None], prompts, Path(out_dir), settings, fmt=fmt, still=True).files
 
     @torch.no_grad()
     def sample(self, model: torch.nn.Module, context: torch.Tensor, *, steps: int, guidance: float = 1.0,
                shift: float = 1.0, seed: int = 0) -> torch.Tensor:
         """Images ``(B, 3, side, side)`` in [-1, 1] for caption states ``context (B, L, text_dim)``, by ``steps``
         Euler steps from seeded noise; ``guidance != 1`` guides against the all-zero caption that caption dropout
-        trained the unconditional velocity on."""
+        trained the unconditional velocity on. The steps are shown as progress."""
         was_training = model.training
         model.eval()
         device = next(model.parameters()).device
@@ -194,7 +200,9 @@ class QwenImageRunTask(TaskBase):
         p = self.flavor.patch_size
         noise = torch.randn((context.shape[0], CHANNELS, self.side, self.side),
                             generator=torch.Generator().manual_seed(seed))
-        tokens = euler_sample(velocity, pack_latents(noise, p).to(device), sigma_schedule(steps, shift))
+        with job_progress(f"sampling {context.shape[0]} images", total=steps, unit="step") as progress:
+            tokens = euler_sample(velocity, pack_latents(noise, p).to(device), sigma_schedule(steps, shift),
+                                  on_step=lambda _: progress.advance())
         model.train(was_training)
         return unpack_latents(tokens, self.side // p, self.side // p, p)
 
@@ -202,13 +210,6 @@ class QwenImageRunTask(TaskBase):
         """``img_shapes`` for a batch: one image of ``side / p`` x ``side / p`` tokens per sample."""
         tokens = self.side // self.flavor.patch_size
         return [(1, tokens, tokens)] * batch
-
-
-def write_image(image: torch.Tensor, path: Path, *, scale: int = 8) -> Path:
-    """One ``(3, H, W)`` image in [-1, 1] as ``path`` (PNG or GIF by its suffix), enlarged with crisp pixels."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    to_frames(image[:, None], scale)[0].save(path)
-    return path
 
 
 def _released_weights(path: str, flavor: QwenImageFlavor) -> dict[str, torch.Tensor]:

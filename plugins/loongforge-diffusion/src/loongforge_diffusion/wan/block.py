@@ -3,7 +3,9 @@
 The six modulation vectors (shift, scale, gate for attention; the same for the FFN) are the block's own
 learned table plus the time embedding's projection, so every block shares one time MLP yet modulates
 differently. Normalisation and the modulated residual adds run in float32, as in the reference, so bf16
-training does not drift from it.
+training does not drift from it. Each modulation is one fused multiply-add (``torch.addcmul``) instead of a
+multiply and an add over the whole activation, which eagerly saves one pass over it per modulation (the DiT's
+element-wise work dominates a small model's step); compiled, Inductor fuses either form.
 """
 
 from __future__ import annotations
@@ -30,7 +32,12 @@ class FeedForward(nn.Module):
 
 def modulate(norm: FloatLayerNorm, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``norm(x) * (1 + scale) + shift`` in float32, returned in ``x``'s dtype."""
-    return (norm(x.float()) * (1 + scale) + shift).type_as(x)
+    return torch.addcmul(shift, norm(x.float()), 1 + scale).type_as(x)
+
+
+def gated_residual(x: torch.Tensor, branch: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """``x + branch * gate`` in float32, returned in ``x``'s dtype."""
+    return torch.addcmul(x.float(), branch.float(), gate).type_as(x)
 
 
 class WanBlock(nn.Module):
@@ -51,7 +58,7 @@ class WanBlock(nn.Module):
         videos, context parallelism) chooses the attention kernels, see ``attention.attend``."""
         shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = (self.modulation + time_mod.float()).unbind(2)
         attn = self.self_attn(modulate(self.norm_attn, x, shift_a, scale_a), rope, layout)
-        x = (x.float() + attn * gate_a).type_as(x)
+        x = gated_residual(x, attn, gate_a)
         x = x + self.cross_attn(self.norm_cross(x), context, image_context, layout)
         ffn = self.ffn(modulate(self.norm_ffn, x, shift_f, scale_f))
-        return (x.float() + ffn.float() * gate_f).type_as(x)
+        return gated_residual(x, ffn, gate_f)

@@ -113,7 +113,7 @@ class WanModel(nn.Module):
         (``loongforge_diffusion.parallel``), which embed and place the tokens themselves.
 
         :param timestep: ``(B, 1)`` or ``(B, S)``, one per token of ``x``.
-        :param rope: ``(S, head_dim // 2)`` rotations of exactly the tokens in ``x``.
+        :param rope: ``(S, head_dim // 2, 2)`` rotations (cos, sin) of exactly the tokens in ``x``.
         :param layout: which tokens attend to which, see ``attention.attend``; ``None`` for one whole video.
         """
         temb, time_mod = self.time_embed(timestep)

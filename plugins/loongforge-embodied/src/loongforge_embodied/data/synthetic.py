@@ -1,15 +1,21 @@
 """Small synthetic episodes for tests and demos: smooth states and actions, and camera frames in which every
 frame of an episode differs clearly from its neighbours (a moving square over a drifting gradient), so a
 reader that returns the wrong frame is caught even through lossy video compression.
+
+``loongforge make-data synthetic-episodes ROOT [--version v3.0] [--codec h264] [--lengths 12 15 10]`` writes such a
+set from the command line (no downloads).
 """
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from loongforge.errors import LoongForgeError
 
+from loongforge_embodied.data.lerobot_format import INFO_PATH
 from loongforge_embodied.data.lerobot_writer import EpisodeData, VideoOptions, write_lerobot_dataset
 
 #: The tiny dataset the tests use: 3 episodes, an episode boundary inside a v3.0 file and one across files.
@@ -63,20 +69,19 @@ def write_synthetic_dataset(
     return path, episodes
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m loongforge_embodied.data.synthetic ROOT [--version v3.0] [--codec h264] [--lengths 12 15 10]``"""
-    import argparse
-
-    parser = argparse.ArgumentParser(description="write a small synthetic LeRobotDataset (no downloads)")
-    parser.add_argument("root")
-    parser.add_argument("--version", default="v3.0", choices=("v2.1", "v3.0"))
-    parser.add_argument("--codec", default="h264", choices=("h264", "av1", "png"))
-    parser.add_argument("--lengths", type=int, nargs="+", default=list(TINY_LENGTHS))
-    args = parser.parse_args(argv)
-    root, episodes = write_synthetic_dataset(args.root, version=args.version, codec=args.codec, lengths=args.lengths)
-    frames = sum(args.lengths)
-    print(f"wrote {len(episodes)} episodes ({frames} frames, LeRobot {args.version}, {args.codec}) to {root}")
+def run(args: argparse.Namespace) -> int:
+    """``loongforge make-data synthetic-episodes ROOT``: write the set and print one line (options:
+    :func:`loongforge_embodied.commands.configure_synthetic_episodes`)."""
+    if (Path(args.root) / INFO_PATH).exists():
+        raise LoongForgeError(f"{args.root} already holds a LeRobotDataset; choose a new directory or delete it")
+    lengths = args.lengths or TINY_LENGTHS
+    root, episodes = write_synthetic_dataset(args.root, version=args.version, codec=args.codec, lengths=lengths,
+                                             fps=args.fps)
+    print(f"wrote {len(episodes)} episodes ({sum(lengths)} frames at {args.fps} fps, LeRobot {args.version}, "
+          f"{args.codec}) to {root}")
+    return 0
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # the old front-end: say where it went rather than exit 0 having done nothing
+    raise SystemExit(
+        "python -m loongforge_embodied.data.synthetic is now `loongforge make-data synthetic-episodes ROOT ...`")

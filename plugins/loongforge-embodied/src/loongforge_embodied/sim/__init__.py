@@ -11,7 +11,8 @@ Importing this package is free (no MuJoCo, torch or websockets): the names below
 - :mod:`~loongforge_embodied.sim.server` / :mod:`~loongforge_embodied.sim.client`: ``loongforge serve
   CKPT`` and ``PolicyClient``
 - :mod:`~loongforge_embodied.sim.evaluate`: ``loongforge eval CKPT`` success rate on
-  unseen seeds, in process or through a server
+  unseen seeds, in process or through a server, with a ``summary.json``
+- :mod:`~loongforge_embodied.sim.recording`: ``RolloutRecorder``, one MP4/GIF per evaluated episode (``--videos``)
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ _EXPORTS = {
     "PolicyServerError": "client",
     "make_server": "server",
     "evaluate": "evaluate",
+    "RolloutRecorder": "recording",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from websockets.exceptions import ConnectionClosed
+from loongforge.errors import LoongForgeError
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import connect
 
 from loongforge_embodied.sim.protocol import PROTOCOL, pack, unpack
@@ -20,8 +21,9 @@ from loongforge_embodied.sim.protocol import PROTOCOL, pack, unpack
 MAX_REPLY_BYTES = 16 * 2**20
 
 
-class PolicyServerError(RuntimeError):
-    """The server answered with an error message, refused the connection, or closed it (the reason is given)."""
+class PolicyServerError(LoongForgeError, RuntimeError):
+    """The server answered with an error message, refused the connection, was not reachable, or closed it (the
+    reason is given; ``loongforge eval ws://...`` prints it as one line)."""
 
 
 class PolicyClient:
@@ -35,7 +37,11 @@ class PolicyClient:
     def __init__(self, url: str, *, timeout: float = 60.0) -> None:
         self.url, self.timeout = url, timeout
         # entered as a context manager (what websockets >= 17.1 asks for); close() leaves it
-        self._connection = connect(url, max_size=MAX_REPLY_BYTES, compression=None, open_timeout=timeout).__enter__()
+        try:
+            self._connection = connect(url, max_size=MAX_REPLY_BYTES, compression=None,
+                                       open_timeout=timeout).__enter__()
+        except (OSError, InvalidURI, InvalidHandshake) as err:  # refused, unresolvable, not a websocket server
+            raise PolicyServerError(f"cannot connect to the policy server at {url}: {err}") from None
         try:
             self.metadata: dict[str, Any] = self._receive()
         except PolicyServerError:  # refused: the server is at its connection limit

@@ -16,19 +16,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+from loongforge.errors import LoongForgeError
+from loongforge.progress import job_progress
 
 from loongforge_embodied.data.lerobot_writer import EpisodeData, VideoOptions, write_lerobot_dataset
 from loongforge_embodied.sim.metaworld_env import MetaWorldEnv, expert
 
 #: Written next to LeRobot's metadata: how the set was made.
 REPORT_PATH = "meta/collect.json"
+
+
+class CollectError(LoongForgeError, RuntimeError):
+    """A collection that cannot be written: the output already holds a dataset, or too few expert runs succeeded."""
 
 
 @dataclass
@@ -76,38 +81,38 @@ def expert_episode(env: MetaWorldEnv, seed: int, *, max_steps: int, tail: int) -
 
 
 def collect(root: str | Path, env_name: str, *, episodes: int, seed: int = 0, max_steps: int = 200, tail: int = 10,
-            version: str = "v3.0", cameras: Sequence[str] = (), image_size: int = 64, max_attempts: int | None = None,
-            log=None) -> CollectReport:
+            version: str = "v3.0", cameras: Sequence[str] = (), image_size: int = 64,
+            max_attempts: int | None = None) -> CollectReport:
     """Write ``episodes`` successful expert episodes of ``env_name`` under ``root``; returns what happened.
 
-    Tries at most ``max_attempts`` seeds (default ``2 * episodes + 10``) and fails when too few succeeded.
-    ``log(line)`` receives one progress line per episode (default: stderr)."""
-    log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    Tries at most ``max_attempts`` seeds (default ``2 * episodes + 10``) and fails when too few succeeded. Shows
+    progress per written episode (:mod:`loongforge.progress`) and a line per skipped seed."""
     root = Path(root)
     if (root / "meta" / "info.json").exists():
-        raise FileExistsError(f"{root} already holds a LeRobotDataset; choose a new directory or delete it")
+        raise CollectError(f"{root} already holds a LeRobotDataset; choose a new directory or delete it")
     env = MetaWorldEnv(env_name, cameras=cameras, image_size=image_size)
     report = CollectReport(env=env_name, max_steps=max_steps, tail=tail)
     attempts = max_attempts if max_attempts is not None else 2 * episodes + 10
     written: list[EpisodeData] = []
     start = time.perf_counter()
-    for s in range(seed, seed + attempts):
-        if len(written) == episodes:
-            break
-        episode, success_step = expert_episode(env, s, max_steps=max_steps, tail=tail)
-        if episode is None:
-            report.failed_seeds.append(s)
-            log(f"seed {s}: expert did not succeed in {max_steps} steps, skipped ({len(report.failed_seeds)} so far)")
-            continue
-        written.append(episode)
-        report.seeds.append(s)
-        report.success_steps.append(success_step)
-        report.lengths.append(episode.length)
-        log(f"[{len(written)}/{episodes}] seed {s}: success at step {success_step}, {episode.length} frames "
-            f"({time.perf_counter() - start:.1f} s)")
+    with job_progress(f"collecting {env_name} expert episodes", total=episodes, unit="episode") as progress:
+        for s in range(seed, seed + attempts):
+            if len(written) == episodes:
+                break
+            episode, success_step = expert_episode(env, s, max_steps=max_steps, tail=tail)
+            if episode is None:
+                report.failed_seeds.append(s)
+                progress.message(f"seed {s}: expert did not succeed in {max_steps} steps, skipped "
+                                 f"({len(report.failed_seeds)} so far)")
+                continue
+            written.append(episode)
+            report.seeds.append(s)
+            report.success_steps.append(success_step)
+            report.lengths.append(episode.length)
+            progress.advance(note=f"seed {s}: success at step {success_step}, {episode.length} frames")
     env.close()
     if len(written) < episodes:
-        raise RuntimeError(f"only {len(written)} of {attempts} expert episodes of {env_name} succeeded within "
+        raise CollectError(f"only {len(written)} of {attempts} expert episodes of {env_name} succeeded within "
                            f"{max_steps} steps (wanted {episodes}); raise --max-steps or lower --episodes")
     write_lerobot_dataset(root, written, fps=env.fps, version=version, video=VideoOptions(),
                           robot_type="sawyer")
@@ -118,7 +123,7 @@ def collect(root: str | Path, env_name: str, *, episodes: int, seed: int = 0, ma
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """The arguments of ``loongforge collect`` (and of ``python -m``)."""
+    """The arguments of ``loongforge collect``."""
     parser.add_argument("root", help="output directory (must not hold a dataset yet)")
     parser.add_argument("--env", default="reach-v3", help="Meta-World v3 task (default reach-v3)")
     parser.add_argument("--episodes", type=int, default=50, help="successful episodes to write")
@@ -141,13 +146,5 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m loongforge_embodied.sim.collect``, kept for old scripts; ``loongforge collect`` is the
-    documented way."""
-    parser = argparse.ArgumentParser(description="record Meta-World's scripted expert as a LeRobotDataset")
-    configure(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # the old front-end: say where it went rather than exit 0 having done nothing
+    raise SystemExit("python -m loongforge_embodied.sim.collect is now `loongforge collect ...`")

@@ -8,18 +8,21 @@ episode depends on what ran before it. The observation is the same 39 numbers ei
 opening, two object poses (xyz + quaternion), the previous frame's first 18 values and the goal xyz.
 
 Cameras are optional (off by default): rendering needs an OpenGL platform, ``MUJOCO_GL=egl`` (a GPU driver, or
-Mesa's software EGL: about a second per 64-pixel frame on a busy 2-core machine) or ``MUJOCO_GL=osmesa`` (Debian's
-``libosmesa6``). State-only policies need none.
+Mesa's software EGL: about half a second per 64-pixel frame on a busy 2-core machine) or ``MUJOCO_GL=osmesa``
+(Debian's ``libosmesa6``). State-only policies need none. A process that renders and has no display picks EGL
+itself (:func:`use_headless_gl`): MuJoCo's own default, GLFW, needs a window system.
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from loongforge.errors import LoongForgeError
 
 #: Task texts a policy is conditioned on; other tasks read their name (``"drawer-open-v3"`` -> "drawer open").
 TASK_TEXTS = {
@@ -38,6 +41,38 @@ TASK_TEXTS = {
 CAMERAS = ("topview", "corner", "corner2", "corner3", "behindGripper", "gripperPOV")
 
 
+class MetaWorldError(LoongForgeError, ValueError):
+    """An unknown task or camera, or rendering without an OpenGL platform: one line saying what to change."""
+
+
+def use_headless_gl() -> None:
+    """Choose MuJoCo's EGL backend when nothing chose one and there is no display, so a headless machine renders
+    without extra settings. MuJoCo reads ``MUJOCO_GL`` once, when it is first imported: call this before that
+    (:class:`MetaWorldEnv` does when it has cameras; the evaluator does before recording videos)."""
+    if "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
+        os.environ["MUJOCO_GL"] = "egl"
+
+
+#: ``MUJOCO_GL`` values with which MuJoCo renders nothing.
+GL_OFF = ("disable", "disabled", "off", "false", "0")
+#: What to do when rendering fails (the end of the error message).
+GL_HINT = ("set MUJOCO_GL=egl (GPU driver or Mesa's EGL) or MUJOCO_GL=osmesa (apt-get install libosmesa6), or run "
+           "without cameras and videos")
+
+
+def _goal_observable_envs() -> dict[str, Any]:
+    """Meta-World's goal-observable task classes by name. Importing Meta-World imports MuJoCo, which sets up the
+    ``MUJOCO_GL`` backend then: a backend whose library is missing fails there, and says so here in one line."""
+    try:
+        from metaworld.env_dict import ALL_V3_ENVIRONMENTS_GOAL_OBSERVABLE
+    except ModuleNotFoundError as err:
+        raise MetaWorldError(f"Meta-World is not installed ({err}): pip install 'loongforge-embodied[sim]'") from err
+    except Exception as err:  # PyOpenGL raises AttributeError/ImportError for a backend it cannot load
+        raise MetaWorldError(f"cannot load MuJoCo with MUJOCO_GL={os.environ.get('MUJOCO_GL', '')!r} "
+                             f"({type(err).__name__}: {err}); {GL_HINT}") from err
+    return ALL_V3_ENVIRONMENTS_GOAL_OBSERVABLE
+
+
 def task_text(name: str) -> str:
     """The instruction for task ``name`` (table above, else the name's words without the version)."""
     return TASK_TEXTS.get(name) or " ".join(name.split("-")[:-1])
@@ -45,9 +80,7 @@ def task_text(name: str) -> str:
 
 def env_names() -> list[str]:
     """Every Meta-World v3 task name."""
-    from metaworld.env_dict import ALL_V3_ENVIRONMENTS
-
-    return sorted(ALL_V3_ENVIRONMENTS)
+    return sorted(key.removesuffix("-goal-observable") for key in _goal_observable_envs())
 
 
 def expert(name: str) -> Callable[[np.ndarray], np.ndarray]:
@@ -57,7 +90,7 @@ def expert(name: str) -> Callable[[np.ndarray], np.ndarray]:
     class_name = "Sawyer" + "".join(part.capitalize() for part in name.split("-")) + "Policy"
     if not hasattr(policies, class_name):
         known = sorted(n for n in dir(policies) if n.startswith("Sawyer") and n.endswith("Policy"))
-        raise ValueError(f"no scripted Meta-World policy for '{name}' (looked for {class_name}); known: "
+        raise MetaWorldError(f"no scripted Meta-World policy for '{name}' (looked for {class_name}); known: "
                          f"{', '.join(known)}")
     policy = getattr(policies, class_name)()
 
@@ -71,10 +104,12 @@ def expert(name: str) -> Callable[[np.ndarray], np.ndarray]:
 
 @dataclass
 class Observation:
-    """One frame: the state vector (float64, as Meta-World returns it) and camera images (H, W, 3) uint8."""
+    """One frame: the state vector (float64, as Meta-World returns it), camera images (H, W, 3) uint8, and the
+    reward of the step that led to it (0 after a reset)."""
 
     state: np.ndarray
     images: dict[str, np.ndarray] = field(default_factory=dict)
+    reward: float = 0.0
 
 
 class MetaWorldEnv:
@@ -86,18 +121,20 @@ class MetaWorldEnv:
     """
 
     def __init__(self, name: str, *, cameras: Sequence[str] = (), image_size: int = 64) -> None:
-        from metaworld.env_dict import ALL_V3_ENVIRONMENTS_GOAL_OBSERVABLE
-
+        if cameras:
+            use_headless_gl()
+        envs = _goal_observable_envs()
         key = f"{name}-goal-observable"
-        if key not in ALL_V3_ENVIRONMENTS_GOAL_OBSERVABLE:
-            raise ValueError(f"unknown Meta-World task '{name}'; known: {', '.join(env_names())}")
+        if key not in envs:
+            raise MetaWorldError(f"unknown Meta-World task '{name}'; known: {', '.join(env_names())}")
         unknown = sorted(set(cameras) - set(CAMERAS))
         if unknown:
-            raise ValueError(f"unknown Meta-World cameras {unknown}; known: {', '.join(CAMERAS)}")
+            raise MetaWorldError(f"unknown Meta-World cameras {unknown}; known: {', '.join(CAMERAS)}")
         self.name, self.cameras, self.image_size = name, tuple(cameras), image_size
         self.task = task_text(name)
-        self._cls = ALL_V3_ENVIRONMENTS_GOAL_OBSERVABLE[key]
-        self._renderer: Any = None
+        self._cls = envs[key]
+        #: One MuJoCo renderer per image side (the policy's cameras and a video may differ), made on first use.
+        self._renderers: dict[int, Any] = {}
         self._env: Any = self._make(0)
         self._started = False
         #: Control frequency: one action every ``frame_skip`` physics steps (80 Hz for every v3 task).
@@ -117,15 +154,15 @@ class MetaWorldEnv:
         """Apply ``action`` (4,) in [-1, 1]; returns the next observation and whether the task is now solved."""
         if not self._started:
             raise RuntimeError("call reset(seed) before step()")
-        state, _, _, _, info = self._env.step(np.clip(np.asarray(action, np.float32), -1.0, 1.0))
-        return self._observe(state), bool(info["success"])
+        state, reward, _, _, info = self._env.step(np.clip(np.asarray(action, np.float32), -1.0, 1.0))
+        return self._observe(state, float(reward)), bool(info["success"])
 
     def close(self) -> None:
-        if self._renderer is not None:
-            self._renderer.close()
+        for renderer in self._renderers.values():
+            renderer.close()
         if self._env is not None:
             self._env.close()
-        self._env = self._renderer = None
+        self._env, self._renderers = None, {}
         self._started = False
 
     def _make(self, seed: int) -> Any:
@@ -133,21 +170,28 @@ class MetaWorldEnv:
             warnings.simplefilter("ignore")
             return self._cls(seed=seed)
 
-    def _observe(self, state: np.ndarray) -> Observation:
-        return Observation(np.asarray(state, np.float64), {cam: self._render(cam) for cam in self.cameras})
+    def _observe(self, state: np.ndarray, reward: float = 0.0) -> Observation:
+        images = {cam: self.render(cam, self.image_size) for cam in self.cameras}
+        return Observation(np.asarray(state, np.float64), images, reward)
 
-    def _render(self, camera: str) -> np.ndarray:
-        """(S, S, 3) uint8 RGB from ``camera``. Meta-World's ``corner*`` cameras are mounted upside down (their
-        images show the table hanging from the top), so those are turned by 180 degrees."""
+    def render(self, camera: str, size: int) -> np.ndarray:
+        """(size, size, 3) uint8 RGB of the current frame from ``camera`` (reading the simulation, not changing
+        it: an episode is the same with or without rendering). Meta-World's ``corner*`` cameras are mounted upside
+        down (their images show the table hanging from the top), so those are turned by 180 degrees."""
         import mujoco
 
-        if self._renderer is None:
+        if camera not in CAMERAS:
+            raise MetaWorldError(f"unknown Meta-World camera '{camera}'; known: {', '.join(CAMERAS)}")
+        if os.environ.get("MUJOCO_GL", "").strip().lower() in GL_OFF:
+            raise MetaWorldError(f"cannot render Meta-World cameras: MUJOCO_GL={os.environ['MUJOCO_GL']} turns "
+                                 f"rendering off; {GL_HINT}")
+        if size not in self._renderers:
             try:
-                self._renderer = mujoco.Renderer(self._env.model, self.image_size, self.image_size)
+                self._renderers[size] = mujoco.Renderer(self._env.model, size, size)
             except Exception as err:  # mujoco raises plain Exceptions for a missing GL platform
-                raise RuntimeError(
-                    f"cannot render Meta-World cameras ({err}); set MUJOCO_GL=egl (GPU driver) or MUJOCO_GL=osmesa "
-                    "(apt-get install libosmesa6), or collect without cameras") from err
-        self._renderer.update_scene(self._env.data, camera=camera)
-        image = self._renderer.render()
+                raise MetaWorldError(f"cannot render Meta-World cameras ({' '.join(str(err).split())}); "
+                                     f"{GL_HINT}") from err
+        renderer = self._renderers[size]
+        renderer.update_scene(self._env.data, camera=camera)
+        image = renderer.render()
         return np.ascontiguousarray(image[::-1, ::-1] if camera.startswith("corner") else image)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import logging
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,7 +130,7 @@ def make_server(policy: Any, host: str = "127.0.0.1", port: int = 8765, limits: 
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """The arguments of ``loongforge serve`` (and of ``python -m``)."""
+    """The arguments of ``loongforge serve``."""
     parser.add_argument("checkpoint", help="a checkpoint directory, or a checkpoint root (its latest)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
@@ -183,13 +182,5 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m loongforge_embodied.sim.server``, kept for old scripts; ``loongforge serve`` is the documented
-    way."""
-    parser = argparse.ArgumentParser(description="serve a policy checkpoint over a websocket (msgpack messages)")
-    configure(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # the old front-end: say where it went rather than exit 0 having done nothing
+    raise SystemExit("python -m loongforge_embodied.sim.server is now `loongforge serve CHECKPOINT ...`")

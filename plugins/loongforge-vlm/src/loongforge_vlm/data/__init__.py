@@ -1,7 +1,7 @@
 """Image-text data for VLM training: sources, the Qwen vision processor, vision tokens, checks and packed batches.
 
 Importing this package is free (no numpy, PIL or torch): the names below load from their submodules on first
-use, so ``python -m loongforge_vlm.data.shapes`` and plugin registration stay light. Modules:
+use, so plugin registration stays light. Modules:
 
 - :mod:`~loongforge_vlm.data.processor`: images/videos -> Qwen ViT patch rows + ``grid_thw``, or fixed-size
   (SigLIP) pixels
@@ -10,7 +10,7 @@ use, so ``python -m loongforge_vlm.data.shapes`` and plugin registration stay li
 - :mod:`~loongforge_vlm.data.dataset` / :mod:`~loongforge_vlm.data.skips`: checked samples, counted skips
 - :mod:`~loongforge_vlm.data.batching`: rows (packed or not) and the batch dict
 - :mod:`~loongforge_vlm.data.kind`: the dataset kinds a config names; tokenizer/processor for a VLM flavor
-- :mod:`~loongforge_vlm.data.shapes`: the synthetic shapes set (a command)
+- :mod:`~loongforge_vlm.data.shapes`: the synthetic shapes set (`loongforge make-data shapes`)
 """
 
 from __future__ import annotations

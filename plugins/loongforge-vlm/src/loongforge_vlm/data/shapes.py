@@ -12,9 +12,9 @@ either the background or exactly one palette colour, so answers can be re-checke
 Sample ``i`` is drawn from its own generator seeded with ``(seed, i)``, so it is the same whatever ``--count``
 is, and whether it lands in the held-out split is decided by that generator too. Usage::
 
-    python -m loongforge_vlm.data.shapes OUT_DIR --count 2000 --seed 0           # write
-    python -m loongforge_vlm.data.shapes OUT_DIR --format wds --shard-size 500   # write WebDataset shards
-    python -m loongforge_vlm.data.shapes OUT_DIR --validate                      # check an existing set
+    loongforge make-data shapes OUT_DIR --count 2000 --seed 0           # write (progress per image)
+    loongforge make-data shapes OUT_DIR --format wds --shard-size 500   # write WebDataset shards
+    loongforge make-data shapes OUT_DIR --validate                      # check an existing set
 
 With ``--format jsonl`` (the default) ``OUT_DIR`` then holds ``img-000001.png ...``, ``train.jsonl``,
 ``heldout.jsonl`` (one conversation per line, image paths relative to the file) and ``meta.json`` (the
@@ -31,11 +31,13 @@ import io
 import json
 import sys
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from loongforge.data.errors import DataError
 from PIL import Image, ImageDraw
 
 #: Palette colours (name -> RGB), far apart so that no colour is mistaken for another.
@@ -133,19 +135,31 @@ def render(sample: Sample, size: int = 32) -> Image.Image:
     return image
 
 
-def generate(out_dir: str | Path, count: int, seed: int, *, size: int = 32, heldout_fraction: float = 0.1,
-             layout: str = "jsonl", shard_size: int = 1000) -> dict[str, int]:
-    """Write ``count`` samples (images + split jsonl files, or tar shards; ``meta.json``); returns split sizes."""
+def check_arguments(count: int, *, size: int, heldout_fraction: float, layout: str, shard_size: int) -> None:
+    """Refuse arguments :func:`generate` cannot draw a set with, in one line naming the option."""
     if layout not in LAYOUTS:
-        raise ValueError(f"shapes: --format must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        raise DataError(f"shapes: --format must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     if shard_size <= 0:
-        raise ValueError(f"shapes: --shard-size must be positive, got {shard_size}")
+        raise DataError(f"shapes: --shard-size must be positive, got {shard_size}")
     if count <= 0:
-        raise ValueError(f"shapes: --count must be positive, got {count}")
+        raise DataError(f"shapes: --count must be positive, got {count}")
     if size < 16 or size % 2:
-        raise ValueError(f"shapes: --size must be even and >= 16 (four quadrants of shapes), got {size}")
+        raise DataError(f"shapes: --size must be even and >= 16 (four quadrants of shapes), got {size}")
     if not 0.0 <= heldout_fraction < 1.0:
-        raise ValueError(f"shapes: --heldout-fraction must lie in [0, 1), got {heldout_fraction}")
+        raise DataError(f"shapes: --heldout-fraction must lie in [0, 1), got {heldout_fraction}")
+
+
+def _no_report(name: str) -> None:
+    """The ``on_image`` of a generation nobody watches (a dataset made on first use)."""
+
+
+def generate(out_dir: str | Path, count: int, seed: int, *, size: int = 32, heldout_fraction: float = 0.1,
+             layout: str = "jsonl", shard_size: int = 1000,
+             on_image: Callable[[str], None] = _no_report) -> dict[str, int]:
+    """Write ``count`` samples (images + split jsonl files, or tar shards; ``meta.json``); returns split sizes.
+
+    ``on_image(name)`` is called once each image is written (a progress display counts them)."""
+    check_arguments(count, size=size, heldout_fraction=heldout_fraction, layout=layout, shard_size=shard_size)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     samples: dict[str, list[Sample]] = {split: [] for split in SPLITS}
@@ -160,15 +174,17 @@ def generate(out_dir: str | Path, count: int, seed: int, *, size: int = 32, held
         for split, split_samples in samples.items():
             for sample in split_samples:
                 render(sample, size).save(out / sample.image_name)
+                on_image(sample.image_name)
             (out / f"{split}.jsonl").write_text("".join(json.dumps(s.record()) + "\n" for s in split_samples))
     else:
-        meta["shards"] = {split: _write_shards(out, split, split_samples, size, shard_size)
+        meta["shards"] = {split: _write_shards(out, split, split_samples, size, shard_size, on_image)
                           for split, split_samples in samples.items()}
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     return sizes
 
 
-def _write_shards(out: Path, split: str, samples: list[Sample], size: int, shard_size: int) -> list[str]:
+def _write_shards(out: Path, split: str, samples: list[Sample], size: int, shard_size: int,
+                  on_image: Callable[[str], None]) -> list[str]:
     """WebDataset shards of one split (``key.json`` + ``key.png`` per sample); returns the shard file names."""
     names = []
     for first in range(0, len(samples), shard_size):
@@ -181,6 +197,7 @@ def _write_shards(out: Path, split: str, samples: list[Sample], size: int, shard
                 record = {**sample.record(), "image": "png"}
                 _add_member(tar, f"{key}.json", json.dumps(record).encode())
                 _add_member(tar, f"{key}.png", image.getvalue())
+                on_image(f"{name}:{key}.png")
         names.append(name)
     return names
 
@@ -304,24 +321,19 @@ def _validate_shards(out: Path, shards: dict[str, list[str]], size: int | None) 
     return problems
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loongforge_vlm.data.shapes", description=__doc__.split("\n\n")[0])
-    parser.add_argument("out_dir", help="directory to write (or, with --validate, to check)")
-    parser.add_argument("--count", type=int, default=1000, help="samples over both splits (default 1000)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--size", type=int, default=32, help="image side in pixels, even, >= 16 (default 32)")
-    parser.add_argument("--heldout-fraction", type=float, default=0.1, help="share of held-out samples (0.1)")
-    parser.add_argument("--format", choices=LAYOUTS, default="jsonl",
-                        help="jsonl + PNG files (default) or WebDataset tar shards")
-    parser.add_argument("--shard-size", type=int, default=1000, help="samples per shard with --format wds (1000)")
-    parser.add_argument("--validate", action="store_true", help="only check an existing set; exit 1 on problems")
-    args = parser.parse_args(argv)
+def make_data(args: argparse.Namespace) -> int:
+    """``loongforge make-data shapes`` (options: :func:`loongforge_vlm.commands.configure_shapes`): write the set
+    with a progress display per image, then validate it; 1 when it has problems (each printed on stderr)."""
+    from loongforge.progress import job_progress
+
     if not args.validate:
-        try:
+        check_arguments(args.count, size=args.size, heldout_fraction=args.heldout_fraction, layout=args.format,
+                        shard_size=args.shard_size)
+        with job_progress(f"drawing shapes into {args.out_dir}", total=args.count, unit="image",
+                          stderr=True) as progress:
             sizes = generate(args.out_dir, args.count, args.seed, size=args.size,
-                             heldout_fraction=args.heldout_fraction, layout=args.format, shard_size=args.shard_size)
-        except ValueError as exc:
-            parser.error(str(exc))
+                             heldout_fraction=args.heldout_fraction, layout=args.format, shard_size=args.shard_size,
+                             on_image=lambda name: progress.advance(note=name))
         print(f"wrote {sizes['train']} train + {sizes['heldout']} held-out samples to {args.out_dir}")
     problems = validate(args.out_dir)
     for problem in problems:
@@ -333,5 +345,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the old front-end: say where it went rather than exit 0 having done nothing
+    raise SystemExit("python -m loongforge_vlm.data.shapes is now `loongforge make-data shapes OUT_DIR ...`")
