@@ -5,8 +5,9 @@ Sides (``--sides``, all by default):
 * ``loongforge`` / ``loongforge-compiled`` -- the public train API (``training.compile: regional`` for the second);
 * ``plain`` / ``plain-compiled`` -- a hand-written PyTorch loop (:mod:`plain_llama`), eager and ``torch.compile``;
 * ``hf`` -- Hugging Face ``LlamaForCausalLM`` (SDPA attention) in the same plain loop;
-* ``hf-trainer`` -- the same model through ``transformers.Trainer`` (needs ``accelerate``; ``--hf-python`` runs
-  the two Hugging Face sides with another interpreter, e.g. the environment of the ``hf`` extra).
+* ``hf-trainer`` -- the same model through ``transformers.Trainer`` (``pip install './loongforge-core[bench]'``
+  installs transformers and accelerate beside the torch already there; ``--hf-python`` runs the two Hugging Face
+  sides with another interpreter instead).
 
 Why fresh processes, alternating: each side runs in its own worker process (so peak RSS and time to first step
 are its own) and the order flips every round, so machine noise hits every side alike; figures are medians over
@@ -22,7 +23,7 @@ cores). Usage::
 
     python benchmarks/llm_pretrain.py                                 # the settings, 6 rounds
     python benchmarks/llm_pretrain.py --rounds 3 --sides loongforge,plain --json out.json
-    python benchmarks/llm_pretrain.py --nproc 2 --hf-python .nox/bench_lerobot/bin/python
+    python benchmarks/llm_pretrain.py --nproc 2                       # also tp=2 and dp=2 on two processes
 
 Every side: fp32, AdamW (lr 3e-4, betas 0.9/0.95, wd 0.1 on matrices), gradient clipping at 1.0, untied output
 layer, causal SDPA, ``--layers``/``--hidden``/... the shape (defaults: the issue's 4 layers, d256, 4 heads MHA,

@@ -46,14 +46,6 @@ SERVER = "a tool that serves until stopped (TensorBoard)"
 EXCLUDED: dict[str, dict[str, str]] = {
     "README.md": {
         "pip install": NETWORK,
-        "loongforge train CONFIG": SYNOPSIS,
-        "loongforge check CONFIG": SYNOPSIS,
-        "loongforge list models|devices": SYNOPSIS,
-        "loongforge preprocess FILES": SYNOPSIS,
-        "loongforge convert hf-to-mcore SOURCE": SYNOPSIS,
-        "loongforge generate CHECKPOINT_OR_HF_DIR": SYNOPSIS,
-        "loongforge launch slurm|k8s": SYNOPSIS,
-        "loongforge sample | eval": SYNOPSIS,
     },
     "docs/cluster.md": {
         "torchrun --nnodes 2": CLUSTER,

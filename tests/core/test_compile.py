@@ -161,7 +161,8 @@ def test_megatron_regional_compile_trains_the_eager_losses_at_tp1_and_at_tp2_wit
     assert eager_summary["compile"] == "off"
     memory = eager_summary["memory_mib"]  # fp32: DDP's gradient buffer matches the weights, Adam keeps two moments
     assert memory["parameters"] > 0 and memory["gradients"] == memory["parameters"]
-    assert memory["optimizer_state"] == pytest.approx(2 * memory["parameters"], rel=1e-3)
+    # two moments per weight, plus one 4-byte step count per tensor; each figure is rounded to 0.01 MiB
+    assert memory["optimizer_state"] == pytest.approx(2 * memory["parameters"], abs=0.02)
     assert memory["main_params"] == 0.0 and memory["peak"] > memory["parameters"]
     summary, compiled = train("regional", "training.compile=regional")
     _assert_same_training(compiled, eager)

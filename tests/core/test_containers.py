@@ -244,7 +244,8 @@ _CUDA = PROJECTS["loongforge-cuda"].version
 MISTAKES = [
     ("cuda.Dockerfile", f'"loongforge-core[hf]=={_CORE}"', f'"loongforge-core[hf]=={_CORE}.post1"',
      f"is {_CORE} in its pyproject"),
-    ("cuda.Dockerfile", f'"loongforge-cuda[te,flash]=={_CUDA}"', f'"loongforge-cuda[te,fp4]=={_CUDA}"', "unknown extra"),
+    ("cuda.Dockerfile", f'"loongforge-cuda[te,flash]=={_CUDA}"', f'"loongforge-cuda[te,fp4]=={_CUDA}"',
+     "unknown extra"),
     ("cuda.Dockerfile", "flash-attn==2.8.3.post2", "flash-attn==2.5.9", "outside the declared flash-attn>=2.6"),
     ("cuda.Dockerfile", "numpy==2.4.6", "numpy==1.23.5", "outside the declared numpy>=1.24"),
     ("cuda.Dockerfile", " tokenizers==0.23.3", "", "tokenizers>=0.15 is declared by an installed package"),

@@ -56,7 +56,7 @@ def test_unusable_scaling_values_are_refused_by_check_in_one_line(tmp_path, caps
 
     assert main(["check", str(QUICKSTART), f"run.output_dir={tmp_path}", override]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"error: {QUICKSTART}: {key} must be ") and "\n" not in err, err
+    assert err.startswith(f"error: command line ({override}): {key} must be ") and "\n" not in err, err
 
 
 def test_cpu_refuses_fp16_before_building(tmp_path, capsys):

@@ -38,7 +38,9 @@ def _config_cases(root) -> list[Case]:
     for index, config in enumerate(CONFIGS):
         path = root / f"{index:04d}.yaml"
         path.write_bytes(config.body)
-        cases.append(Case(config.name, (str(path), *config.overrides), root, (str(path),)))
+        # a fault given as an override is blamed on the command line, one in the file on the file
+        where = "command line" if config.overrides else str(path)
+        cases.append(Case(config.name, (str(path), *config.overrides), root, (where,)))
     return cases
 
 
@@ -70,7 +72,8 @@ def _line(label: str, outcomes: list[Outcome]) -> str:
             f"accepted, {counts['badly_reported']} badly reported ({counts['runs']} runs, {seconds:.1f} s)")
 
 
-#: The failures issue 17 reported, as ``(config text, overrides, the error after "error: {path}")``.
+#: The failures issue 17 reported, as ``(config text, overrides, the error after "error: {path}")`` (after
+#: "error: command line" where an override is at fault).
 REPORTED = [
     (b"model: llama-tiny\nrun:\n  name: caf\xe9\n", (),
      ":3: not valid UTF-8 (byte 0xe9 at offset 34); save the file as UTF-8"),
@@ -100,7 +103,10 @@ def test_the_reported_failures_are_one_line(tmp_path, capfd, body, overrides, me
     for command in COMMANDS:
         outcome = run(case, command, capfd)
         assert outcome.problem() is None, outcome.problem()
-        where = f"parallel.strategy in {path}" if "fsdp2" in message else str(path)
+        if overrides:  # a malformed override is the command line's, a bad value the override that gave it
+            where = "command line" if message.startswith(": override") else f"command line ({overrides[0]})"
+        else:
+            where = f"parallel.strategy in {path}" if "fsdp2" in message else str(path)
         assert outcome.error_line == f"error: {where}{message}"
 
 

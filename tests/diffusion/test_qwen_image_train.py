@@ -101,7 +101,8 @@ def config_task(config):
 @pytest.mark.parametrize("override,message", [
     ("task.smaples=3", "{cli}: unknown key 'task.smaples' (known keys here: samples, side"),
     ("task.sample={videos: 2}", "{cli}: unknown key 'task.sample.videos' (known keys here: images"),
-    ("task.ema={decy: 0.9}", "{cli}: unknown key 'task.ema.decy' (known keys here: decay, warmup); did you mean 'decay'?"),
+    ("task.ema={decy: 0.9}",
+     "{cli}: unknown key 'task.ema.decy' (known keys here: decay, warmup); did you mean 'decay'?"),
     ("task.flow_matching={shfit: 2}", "{cli}: unknown key 'task.flow_matching.shfit' (known keys here: shift"),
     ("task.context_dropout=lots", "{cli}: 'task.context_dropout' must be a number, got 'lots'"),
     ("model.overrides.in_channels=16", "pixel-space training needs in_channels 12 (RGB in 2x2 patches)"),

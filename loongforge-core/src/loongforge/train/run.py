@@ -372,6 +372,12 @@ def _report(summary: dict, rank: int) -> None:
         if summary["steps_this_run"] != summary["steps"]:  # resumed: the steps before were another process's
             steps += f" this run ({summary['steps']} of {summary['steps_total']} total)"
         _say(rank, f"done: {steps}, loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, {speed}")
+    if summary.get("compiled_modules"):  # training.compile (either engine)
+        modules = ", ".join(f"{count} {name}" for name, count in summary["compiled_modules"].items())
+        _say(rank, f"compile: {summary['compile']} ({modules}; {summary['compile_graphs']} graph(s), "
+                   f"{summary['compile_s']:.1f} s)")
+    if summary.get("memory_mib"):  # this rank's memory by component (megatron engine)
+        _say(rank, "memory (MiB): " + ", ".join(f"{name} {mib:,.1f}" for name, mib in summary["memory_mib"].items()))
     if "val_loss" in summary:
         _say(rank, "validation: " + ", ".join(f"{key.removeprefix('val_')} {value:.4f}"
                                               for key, value in summary.items() if key.startswith("val_")))
