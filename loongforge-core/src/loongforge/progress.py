@@ -31,8 +31,6 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import TextIO, TypeVar
 
-from rich.markup import escape
-
 T = TypeVar("T")
 
 #: Seconds between two plain progress lines (non-TTY).
@@ -81,6 +79,7 @@ class JobProgress:
         self._task = None
         if mode == "rich":
             from rich.console import Console
+            from rich.markup import escape
             from rich.progress import (
                 BarColumn,
                 DownloadColumn,
@@ -98,6 +97,7 @@ class JobProgress:
                 TextColumn("{task.fields[note]}"), transient=False, console=Console(file=self._stream),
             )
             self._task = self._bar.add_task(escape(description), total=total, rate="", note="")
+            self._escape = escape  # rich is imported only for the bar (plain lines need none of it)
             self._bar.start()
 
     def advance(self, n: int = 1, *, note: str = "") -> None:
@@ -106,7 +106,7 @@ class JobProgress:
         if note:
             self.note = note
         if self._bar is not None:
-            self._bar.update(self._task, advance=n, rate=self._rate_text(), note=escape(self.note))
+            self._bar.update(self._task, advance=n, rate=self._rate_text(), note=self._escape(self.note))
         elif self._mode == "plain":
             now = time.perf_counter()
             if now - self._last_line >= self._plain_every:
