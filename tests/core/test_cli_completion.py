@@ -7,14 +7,11 @@ on a TAB and reads ``COMPREPLY`` -- what a user would see offered.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 from loongforge.plugins import get_host
-
-pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="the completion script is checked by bash")
 
 
 def completion(shell: str) -> str:
