@@ -6,12 +6,15 @@ config checks answer instantly, and torch is imported only when a run is built.
 
 from __future__ import annotations
 
+from loongforge import megatron_import
 from loongforge.config import LoongForgeConfig, load_config
 from loongforge.errors import ConfigError, LoongForgeError, PluginLoadError
 from loongforge.plugins import PluginHost, get_host, get_registry, hookimpl
 from loongforge.registry import Registry, UnknownComponentError
 
 __version__ = "0.5.0"
+
+megatron_import.install()  # before any LoongForge module imports megatron-core: see loongforge.megatron_import
 
 
 def train(config: LoongForgeConfig | str, overrides: list[str] | tuple[str, ...] = ()) -> dict:

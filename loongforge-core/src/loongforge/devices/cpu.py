@@ -1,4 +1,4 @@
-"""The built-in CPU backend: gloo, the CPU generator, process RSS, megatron CPU patches.
+"""The built-in CPU backend: gloo, the CPU generator, process RSS, megatron CPU patches, glibc malloc tuning.
 
 Always available, lowest priority: ``device: auto`` falls back to it when no accelerator plugin is usable.
 Importing this module does not import torch (selection and ``loongforge plugins`` stay instant).
@@ -29,6 +29,19 @@ class CPUBackend(DeviceBackend):
     def probe(self) -> tuple[bool, str]:
         """Always available."""
         return True, f"CPU backend is always available ({os.cpu_count()} logical CPUs)"
+
+    def configure_env(self) -> None:
+        """Tune glibc malloc for training (unless the user chose the allocator); see
+        :mod:`loongforge.devices.cpu_malloc`."""
+        from loongforge.devices.cpu_malloc import tune_glibc_malloc
+
+        tune_glibc_malloc()
+
+    def doctor_rows(self) -> list[tuple[str, str]]:
+        """What :meth:`configure_env` does to glibc malloc in a run started from this environment."""
+        from loongforge.devices.cpu_malloc import planned_malloc
+
+        return [("malloc", planned_malloc())]
 
     def apply_patches(self) -> None:
         """Apply the megatron CPU patches (idempotent); see :mod:`loongforge.devices.megatron_cpu`."""

@@ -17,6 +17,8 @@ assumption where megatron looks the name up, so the rest of megatron runs unmodi
   sizes as host sequences for gloo.
 * :func:`~loongforge.devices.megatron_cpu.rope_cp.patch_rope_cp_slice` -- RoPE's per-rank slice under context
   parallelism (megatron moves its index with ``.cuda()``).
+* :func:`~loongforge.devices.megatron_cpu.rope.patch_rope_kernel` -- RoPE in one pass each way (megatron's
+  unfused path is six kernels and a copy per call; TE's fused RoPE replaces it on GPU).
 * :func:`~loongforge.devices.megatron_cpu.embedding.patch_tied_embedding_setup` -- tied embeddings at PP > 1
   (the construction-time all-reduce of the two copies).
 
@@ -45,6 +47,7 @@ def apply_megatron_cpu_patches() -> None:
     from loongforge.devices.megatron_cpu.moe import patch_alltoall_splits, patch_router_gemm
     from loongforge.devices.megatron_cpu.optimizer import patch_clip_grads, patch_optimizer_type_checks
     from loongforge.devices.megatron_cpu.rng import patch_rng_tracker
+    from loongforge.devices.megatron_cpu.rope import patch_rope_kernel
     from loongforge.devices.megatron_cpu.rope_cp import patch_rope_cp_slice
 
     install_torch_views()
@@ -55,4 +58,5 @@ def apply_megatron_cpu_patches() -> None:
     patch_alltoall_splits()
     patch_tied_embedding_setup()
     patch_rope_cp_slice()
+    patch_rope_kernel()
     _applied = True

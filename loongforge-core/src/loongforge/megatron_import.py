@@ -1,0 +1,127 @@
+"""A lighter import of megatron-core: what it loads at import time and LoongForge never uses.
+
+Importing ``megatron.core`` costs ~155 MiB of RSS and ~3 s, against ~47 MiB of tensors for the tiny Llama the
+benchmarks train. Two of its import-time choices account for ~90 MiB and ~2 s of that, and neither does anything
+on LoongForge's path:
+
+* ``megatron.core.jit`` binds ``jit_fuser = torch.compile``, and its fusion helpers are decorated with it as their
+  modules load. ``torch.compile(fn)`` imports dynamo, Inductor and sympy on the spot (~70 MiB, ~1.5 s) although
+  compiling only happens at a first call, and the local/CPU layers never call those helpers. Here
+  ``jit_fuser`` becomes :func:`deferred_compile`: the same ``torch.compile`` with the same arguments, made at the
+  helper's first call instead of at decoration. Inside a graph being traced the helper runs as written, which is
+  what dynamo inlines anyway.
+* ``megatron.core.timers`` and the dynamic inference engine import ``wandb`` if it is installed (~20 MiB, 0.5 s),
+  for writers LoongForge never hands them (its own trackers log; see :mod:`loongforge.train.trackers`). While
+  those modules load, ``wandb`` reads as absent -- the branch megatron takes when it is not installed. A ``wandb``
+  imported before keeps its place (nothing is hidden then), and one imported after is the real one.
+
+:func:`install` puts a meta-path finder in front that touches only the modules of :data:`ADJUSTMENTS`, as each
+loads; :mod:`loongforge` installs it on import, so it is in place before any LoongForge module imports megatron.
+If megatron was imported before LoongForge, nothing changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.abc
+import importlib.machinery
+import sys
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import Any
+
+#: Optional modules megatron imports for features LoongForge does not use, hidden while the modules below load.
+HIDDEN_OPTIONAL = ("wandb",)
+
+
+def deferred_compile(fn: Callable | None = None, **options: Any) -> Any:
+    """``torch.compile`` made at the first call of ``fn`` (decorator form with or without options)."""
+    if fn is None:
+        return functools.partial(deferred_compile, **options)
+    compiled: list[Callable] = []
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        if torch.compiler.is_compiling():  # an enclosing graph traces the helper itself
+            return fn(*args, **kwargs)
+        if not compiled:
+            compiled.append(torch.compile(fn, **options))
+        return compiled[0](*args, **kwargs)
+
+    return call
+
+
+@contextlib.contextmanager
+def _optional_modules_hidden() -> Iterator[None]:
+    """``import wandb`` raises ImportError inside (unless it was already imported); restored after."""
+    hidden = [name for name in HIDDEN_OPTIONAL if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # type: ignore[assignment]  # the import system's "not importable" mark
+    try:
+        yield
+    finally:
+        for name in hidden:
+            if sys.modules.get(name, ...) is None:
+                del sys.modules[name]
+
+
+def _defer_jit_fuser(module: ModuleType) -> None:
+    import torch
+
+    if module.jit_fuser is torch.compile:
+        module.jit_fuser = deferred_compile
+
+
+#: module name -> (hide the optional modules while it executes?, what to adjust once it has, if anything).
+ADJUSTMENTS: dict[str, tuple[bool, Callable[[ModuleType], None] | None]] = {
+    "megatron.core.jit": (False, _defer_jit_fuser),
+    "megatron.core.timers": (True, None),
+    "megatron.core.inference.contexts.dynamic_context": (True, None),
+    "megatron.core.inference.engines.dynamic_engine": (True, None),
+}
+
+
+class _AdjustingLoader(importlib.abc.Loader):
+    """The module's own loader, run with :data:`ADJUSTMENTS`' treatment for it."""
+
+    def __init__(self, loader: importlib.abc.Loader, hide: bool,
+                 adjust: Callable[[ModuleType], None] | None) -> None:
+        self._loader = loader
+        self._hide = hide
+        self._adjust = adjust
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        with _optional_modules_hidden() if self._hide else contextlib.nullcontext():
+            self._loader.exec_module(module)
+        if self._adjust is not None:
+            self._adjust(module)
+
+
+class MegatronImportFinder(importlib.abc.MetaPathFinder):
+    """Finds the modules of :data:`ADJUSTMENTS` through the other finders and wraps their loaders."""
+
+    def find_spec(self, fullname: str, path: Any, target: ModuleType | None = None) -> Any:
+        if fullname not in ADJUSTMENTS:
+            return None
+        for finder in sys.meta_path:
+            if finder is self:
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                hide, adjust = ADJUSTMENTS[fullname]
+                spec.loader = _AdjustingLoader(spec.loader, hide, adjust)
+                return spec
+        return None
+
+
+def install() -> None:
+    """Put :class:`MegatronImportFinder` first on ``sys.meta_path`` (once; a no-op after megatron is imported)."""
+    if "megatron.core" in sys.modules or any(isinstance(f, MegatronImportFinder) for f in sys.meta_path):
+        return
+    sys.meta_path.insert(0, MegatronImportFinder())
