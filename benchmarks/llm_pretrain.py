@@ -2,7 +2,8 @@
 
 Sides (``--sides``, all by default):
 
-* ``loongforge`` / ``loongforge-compiled`` -- the public train API (``training.compile: regional`` for the second);
+* ``loongforge`` / ``loongforge-compiled`` -- the public train API (``training.compile: true`` for the second, the
+  counterpart of ``plain-compiled``'s whole-model ``torch.compile``; ``--compile-mode regional`` compiles each layer);
 * ``plain`` / ``plain-compiled`` -- a hand-written PyTorch loop (:mod:`plain_llama`), eager and ``torch.compile``;
 * ``hf`` -- Hugging Face ``LlamaForCausalLM`` (SDPA attention) in the same plain loop;
 * ``hf-trainer`` -- the same model through ``transformers.Trainer`` (``pip install './loongforge-core[bench]'``
@@ -325,8 +326,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated subset of {', '.join(SIDES)}")
-    parser.add_argument("--compile-mode", default="regional", choices=("regional", "true"),
-                        help="training.compile of the loongforge-compiled side")
+    parser.add_argument("--compile-mode", default="true", choices=("regional", "true"),
+                        help="training.compile of the loongforge-compiled side (true: layers and the modules "
+                             "around them, as plain-compiled compiles its whole model)")
     parser.add_argument("--hf-python", default=None, help="interpreter for the Hugging Face sides")
     parser.add_argument("--nproc", type=int, default=1, choices=(1, 2), help="2: also tp=2 and dp=2 layouts")
     parser.add_argument("--json", default=None, help="write the figures here")
