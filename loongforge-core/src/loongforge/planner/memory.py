@@ -206,14 +206,14 @@ def _stage_activations(workload: Workload, cand: Candidate, stage: int, coeffs: 
     tokens = workload.seq_length * cand.micro_batch_size / cand.cp
     norm_split = cand.tp if cand.sequence_parallel else 1
     kernels = workload.kernels
-    # The unfused RoPE keeps its cos/sin tables (fp32) per layer.
-    rope = 4 * flavor.kv_channels * workload.seq_length / cand.cp * 4 if kernels == "local" else 0.0
-    full_layer = sum(layer_activation_elements(flavor, cand, (), kernels).values()) * tokens * e + rope
+    # RoPE keeps no per-layer tables: TE's fused kernel and the CPU build's one-pass RoPE
+    # (loongforge.devices.megatron_cpu.rope) share one cos/sin pair across the layers of a forward pass.
+    full_layer = sum(layer_activation_elements(flavor, cand, (), kernels).values()) * tokens * e
     rc = cand.recompute
     layers = flavor.num_layers // cand.pp
     if rc.granularity == "selective":
         selective = sum(layer_activation_elements(flavor, cand, rc.modules, kernels).values()) * tokens * e
-        kept = (selective + rope) * layers
+        kept = selective * layers
     elif rc.granularity == "full":
         recomputed = min(rc.num_layers, layers // cand.vpp) * cand.vpp
         kept = recomputed * flavor.hidden_size * tokens * e / norm_split + (layers - recomputed) * full_layer
@@ -234,7 +234,7 @@ def _stage_activations(workload: Workload, cand: Candidate, stage: int, coeffs: 
         # the re-run adds to the peak only when every layer of the rank is recomputed.
         rematerialized = full_layer if recomputed >= layers else 0.0
     elif rc.granularity == "selective":
-        rematerialized = full_layer - selective - rope
+        rematerialized = full_layer - selective
     else:
         rematerialized = 0.0
     workspace = coeffs.transient_layers + (coeffs.sp_transient_layers if cand.sequence_parallel else 0.0)
