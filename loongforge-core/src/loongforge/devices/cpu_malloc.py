@@ -27,6 +27,8 @@ M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 << 20
 #: Free memory at the top of the heap is returned to the system only beyond this much.
 TRIM_THRESHOLD = 1 << 30
+#: The tuning in words (``loongforge doctor`` and :func:`tune_glibc_malloc` say it).
+SETTINGS = f"mmap threshold {MMAP_THRESHOLD >> 20} MiB, trim threshold {TRIM_THRESHOLD >> 20} MiB"
 #: Environment variables through which a user already chose the allocator's behaviour.
 USER_CHOICE_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
                          "MALLOC_MMAP_MAX_", "GLIBC_TUNABLES")
@@ -53,7 +55,7 @@ def planned_malloc() -> str:
     reason = _left_alone_because()
     if reason is not None:
         return f"left as configured ({reason})"
-    return f"tuned at run start: mmap threshold {MMAP_THRESHOLD >> 20} MiB, trim threshold {TRIM_THRESHOLD >> 20} MiB"
+    return f"tuned at run start: {SETTINGS}"
 
 
 def tune_glibc_malloc() -> str:
@@ -66,4 +68,4 @@ def tune_glibc_malloc() -> str:
                                                                                   TRIM_THRESHOLD) == 1
     if not applied:
         return "malloc: glibc refused the thresholds; left as configured"
-    return f"malloc: mmap threshold {MMAP_THRESHOLD >> 20} MiB, trim threshold {TRIM_THRESHOLD >> 20} MiB"
+    return f"malloc: {SETTINGS}"
