@@ -23,10 +23,11 @@ state do not leak between cases; ``--budget-s`` (default 420 s) bounds the whole
 minutes even if a case hangs (each child gets what is left).
 
 Throughput: tokens per second over the steps after ``--warmup`` (the compiled cases compile in those). Model FLOPs
-utilisation counts the matmul FLOPs the model needs per trained token -- 6 x (parameters used in matmuls, output
-layer included, input embedding excluded) + 6 x layers x seq x (query width), the causal-attention score and value
-products for forward and backward -- over the GPU's dense bf16 peak (looked up by name below, or ``--peak-tflops``;
-the H200's is 989 TFLOP/s). Recompute is off, so no FLOPs are counted twice.
+utilisation counts the matmul FLOPs the model needs per trained token -- the layout planner's count
+(:func:`loongforge.planner.timing.flops_per_token`, which a run's own ``mfu`` metric uses too): 6 x (parameters used
+in matmuls, output layer included, input embedding excluded) + 6 x layers x seq x (query width), the
+causal-attention score and value products for forward and backward -- over the GPU's dense bf16 peak (looked up by
+name below, or ``--peak-tflops``; the H200's is 989 TFLOP/s). Recompute is off, so no FLOPs are counted twice.
 
 ``--dry-run`` runs the same planner, children, runners and JSON writer on the CPU with ``llama-tiny`` at seq 64,
 fp32 (megatron-core through LoongForge's CPU patches), 3 steps; TE and FP8 cases are listed as not run. It checks
@@ -105,15 +106,6 @@ def plan(*, te_classes: frozenset[str], capability: tuple[int, int] | None) -> l
     # fp16 parameters with megatron's dynamic loss scaler: the final loss shows that scaling works (CPUs refuse fp16)
     cases.append((Case("lf-local-fp16", "loongforge", "local", "fp16"), "CPU dry run" if capability is None else None))
     return cases
-
-
-def model_flops_per_token(flavor, seq_length: int) -> float:
-    """Training matmul FLOPs per token (forward + backward = 3 x forward's 2 x multiply-adds)."""
-    from loongforge.models.flavor import flavor_num_params
-
-    matmul_params = flavor_num_params(flavor, include_embeddings=False) + flavor.vocab_size * flavor.hidden_size
-    attention = flavor.num_layers * seq_length * flavor.num_attention_heads * flavor.kv_channels
-    return 6.0 * matmul_params + 6.0 * attention
 
 
 def _peak_mem_gib(device: str) -> float:
@@ -259,10 +251,12 @@ def _row(case: Case, **fields) -> dict:
 def run_case(case: Case, shape: Shape, device: str, steps: int, warmup: int) -> dict:
     """One case in this (child) process: its figures, FLOPs and memory included."""
     from loongforge.models.llama import FLAVORS
+    from loongforge.planner.memory import Workload
+    from loongforge.planner.timing import flops_per_token
 
     runner = run_loongforge if case.runner == "loongforge" else run_mcore
     figures = runner(case, shape, device, steps, warmup)
-    flops = model_flops_per_token(FLAVORS[shape.model], shape.seq_length)
+    flops = flops_per_token(Workload(FLAVORS[shape.model], shape.seq_length))[0]  # the runs' own mfu count
     tokens_per_s = shape.seq_length * shape.micro_batch_size / (figures["step_ms"] / 1e3)
     return {**figures, "tokens_per_s": tokens_per_s, "flops_per_token": flops,
             "tflops": tokens_per_s * flops / 1e12, "peak_mem_gib": _peak_mem_gib(device)}

@@ -16,11 +16,12 @@ are its own) and the order flips every round, so machine noise hits every side a
 ``--warmup`` steps. The non-LoongForge sides read the very batches LoongForge's pipeline produces (the shipped
 corpus, byte tokenizer), saved once by the parent, and import nothing from LoongForge.
 
-MFU: training FLOPs per token from the layout planner's model (:func:`loongforge.planner.timing.flops_per_token`:
-6 x parameters in the matmuls plus attention), against a peak measured here by an fp32 GEMM probe at the same
-thread count. ``--nproc 2`` adds LoongForge at tp=2 and dp=2 on two processes (torchrun, gloo, one thread each):
-tokens/s per layout and the scaling efficiency (layout tokens/s over the one-process eager figure on the same
-cores). Usage::
+MFU: training FLOPs per token from the layout planner's model (:func:`loongforge.planner.timing.flops_per_token`: 6
+x parameters in the matmuls plus attention), against a peak measured here by the CPU backend's fp32 GEMM probe
+(:func:`loongforge.devices.matmul_peak.measured_matmul_peak`, the peak a CPU run's ``mfu`` metric uses) at the same
+thread count, the best of every round's probe. ``--nproc 2`` adds LoongForge at tp=2 and dp=2 on two processes
+(torchrun, gloo, one thread each): tokens/s per layout and the scaling efficiency (layout tokens/s over the
+one-process eager figure on the same cores). Usage::
 
     python benchmarks/llm_pretrain.py                                 # the issue's settings, 6 rounds
     python benchmarks/llm_pretrain.py --rounds 3 --sides loongforge,plain --json out.json
@@ -290,23 +291,6 @@ def _save_batches(args: argparse.Namespace, path: Path) -> None:
                 for next_batch in (next(batches) for _ in range(args.steps))], path)
 
 
-def gemm_peak_flops(threads: int, size: int = 1024, repeats: int = 10) -> float:
-    """The best fp32 GEMM rate (FLOP/s) of ``repeats`` ``size``-square matmuls at ``threads`` threads."""
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    torch.set_num_threads(previous)
-    return 2 * size**3 / best
-
-
 def _median_spread(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(values), min(values), max(values)
 
@@ -351,18 +335,19 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown side(s) {', '.join(unknown)}; choose from {', '.join(SIDES)}")
     _shape(args)
+    from loongforge.devices.matmul_peak import measured_matmul_peak
     from loongforge.planner.memory import Workload
     from loongforge.planner.timing import flops_per_token
 
     flops = flops_per_token(Workload(args.flavor, args.seq, "fp32", kernels="local"))[0]
-    peak = gemm_peak_flops(args.threads)  # probed again every round: the best rate is the least disturbed one
+    peak = measured_matmul_peak(threads=args.threads)  # again every round: the best rate is the least disturbed one
     tokens_per_step = args.batch * args.seq
     samples: dict[str, list[dict]] = {side: [] for side in sides}
     with tempfile.TemporaryDirectory() as scratch:
         args.batches = str(Path(scratch) / "batches.pt")
         _save_batches(args, Path(args.batches))
         for round_index in range(args.rounds):
-            peak = max(peak, gemm_peak_flops(args.threads))
+            peak = max(peak, measured_matmul_peak(threads=args.threads))
             for side in sides if round_index % 2 == 0 else reversed(sides):
                 result = run_worker(side, args)
                 result["tokens_per_s"] = tokens_per_step / statistics.median(result["step_times"][args.warmup:])

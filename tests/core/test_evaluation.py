@@ -42,7 +42,7 @@ RECIPES = {
 }
 #: The training tags every run writes (test_training_loop.py) and the two an evaluating LLM run adds.
 TRAIN_TAGS = {"train/loss", "train/lr", "train/grad_norm", "train/step_time", "train/samples_per_s",
-              "train/tokens_per_s"}
+              "train/tokens_per_s", "train/tflops", "train/mfu"}
 VAL_TAGS = {"val/loss", "val/ppl"}
 
 

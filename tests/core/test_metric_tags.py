@@ -11,7 +11,8 @@ from loongforge import load_config
 from test_training_loop import RECIPES, ROOT
 
 STEPS, EVERY = 8, 4
-#: The tags every engine logs; a model that reads tokens (the LLM) adds train/tokens_per_s.
+#: The tags every engine logs; a model that reads tokens (the LLM) adds train/tokens_per_s and, counting its FLOPs,
+#: train/tflops and train/mfu.
 COMMON = {"train/loss", "train/lr", "train/grad_norm", "train/step_time", "train/samples_per_s"}
 #: Per-step flags and notes of a JSONL row, never tags.
 PER_STEP = {"step", "skipped", "bad", "action", "checkpoint"}
@@ -42,7 +43,7 @@ def runs(tmp_path_factory):
 def test_every_engine_logs_the_same_train_tags(runs):
     tags = {recipe: set(scalars) for recipe, (scalars, _) in runs.items()}
     assert tags["diffusion"] == tags["embodied"] == COMMON
-    assert tags["llm"] == COMMON | {"train/tokens_per_s"}
+    assert tags["llm"] == COMMON | {"train/tokens_per_s", "train/tflops", "train/mfu"}
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))

@@ -78,9 +78,9 @@ def test_a_bad_run_directory_is_one_line(make, args, message, tmp_path, capsys):
 
 def test_unknown_metric_and_missing_matplotlib_are_one_line(two_runs, tmp_path, capsys, monkeypatch):
     out = tmp_path / "x.png"
-    assert main(["plot", str(two_runs[0]), "--out", str(out), "--metrics", "loss,mfu"]) == 2
-    assert capsys.readouterr().err == ("error: --metrics: no run recorded mfu; recorded: grad_norm, loss, lr, "
-                                       "samples_per_s, step_time, tokens_per_s\n")
+    assert main(["plot", str(two_runs[0]), "--out", str(out), "--metrics", "loss,perplexity"]) == 2
+    assert capsys.readouterr().err == ("error: --metrics: no run recorded perplexity; recorded: grad_norm, loss, lr, "
+                                       "mfu, samples_per_s, step_time, tflops, tokens_per_s\n")
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the plot extra were not installed
     assert main(["plot", str(two_runs[0]), "--out", str(out)]) == 2
     assert capsys.readouterr().err == "error: loongforge plot needs matplotlib: pip install 'loongforge-core[plot]'\n"

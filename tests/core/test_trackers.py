@@ -51,7 +51,7 @@ def test_wandb_mlflow_and_csv_offline_hold_the_interval_means_and_the_config(tmp
         table = list(csv.DictReader(handle))
     assert [int(row["step"]) for row in table] == [3, 6]
     assert set(table[0]) == {"step", "train/loss", "train/lr", "train/grad_norm", "train/step_time",
-                             "train/samples_per_s", "train/tokens_per_s"}
+                             "train/samples_per_s", "train/tokens_per_s", "train/tflops", "train/mfu"}
     assert [float(row["train/loss"]) for row in table] == pytest.approx([mean_loss[3], mean_loss[6]], rel=1e-12)
     assert float(table[1]["train/lr"]) == rows[5]["lr"]  # the logging step's own rate, not a mean
     assert float(table[0]["train/tokens_per_s"]) == pytest.approx(_means(rows, "tokens_per_s", range(1, 4)))

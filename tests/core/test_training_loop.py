@@ -30,7 +30,8 @@ RECIPES = {
                                                 "task.action_horizon=4", "task.eval={frames: 0}"]),
 }
 STOP_AT = 3
-#: The TensorBoard scalars every engine writes; a model that reads tokens (the LLM) adds ``train/tokens_per_s``.
+#: The TensorBoard scalars every engine writes; a model that reads tokens (the LLM) adds ``train/tokens_per_s``,
+#: ``train/tflops`` and ``train/mfu``.
 TAGS = {"train/loss", "train/lr", "train/grad_norm", "train/step_time", "train/samples_per_s"}
 
 
@@ -103,7 +104,9 @@ def test_both_engines_behave_the_same_under_the_loop(recipe, tmp_path, register_
 
     events = EventAccumulator(str(out / "tensorboard"))
     events.Reload()
-    assert set(events.Tags()["scalars"]) == TAGS | ({"train/tokens_per_s"} if recipe == "llm" else set())
+    # the LLM counts tokens and model FLOPs (so TFLOP/s and MFU); the task models count samples only
+    llm_tags = {"train/tokens_per_s", "train/tflops", "train/mfu"}
+    assert set(events.Tags()["scalars"]) == TAGS | (llm_tags if recipe == "llm" else set())
     loss = {event.step: event.value for event in events.Scalars("train/loss")}
     # step 2 logs the mean of steps 1-2; step 3 (stopped between logging steps) logs itself
     assert set(loss) == {2, 3}

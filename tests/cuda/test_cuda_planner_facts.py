@@ -9,7 +9,7 @@ from loongforge.config.schema import PlannerConfig
 from loongforge.planner.auto import cluster_from_options
 from loongforge.planner.hardware import GIB, UNKNOWN_ACCELERATOR, device_facts
 from loongforge_cuda.backend import CUDABackend
-from loongforge_cuda.planner_facts import ACHIEVED_FRACTION, gpu_speeds, lookup
+from loongforge_cuda.planner_facts import ACHIEVED_FRACTION, dense_peak, gpu_speeds, lookup
 
 
 class FakeWiredCUDABackend(CUDABackend):
@@ -87,3 +87,22 @@ def test_probe_never_reads_the_properties():
     assert not fake.initialized
     backend.planner_facts()
     assert fake.initialized  # reading device properties initialises CUDA, which is why only the trainer asks
+
+
+@pytest.mark.parametrize(("name", "capability", "label", "peak", "intra", "inter"), KNOWN)
+def test_mfu_peak_is_the_dense_tensor_core_figure(name, capability, label, peak, intra, inter):
+    for precision in ("bf16", "fp16", "fp8"):  # fp8 runs are measured against the bf16 peak, by convention
+        assert dense_peak(name, capability, precision) == peak
+    assert dense_peak(name, capability, "fp32") is None  # TF32 or not is torch's switch: no one figure
+
+
+def test_no_mfu_peak_for_a_gpu_the_table_does_not_know():
+    assert dense_peak("NVIDIA XYZ", (12, 0), "bf16") is None
+    assert dense_peak("NVIDIA H100 80GB HBM3", (8, 0), "bf16") is None
+
+
+def test_backend_peak_reads_the_current_gpu():
+    fake = FakeCudaModule(capability=(9, 0), device_count=8, name="NVIDIA H200", total_memory=141 * GIB)
+    backend = FakeWiredCUDABackend(fake)
+    assert backend.dense_peak_flops("bf16") == 989e12
+    assert backend.dense_peak_flops("fp32") is None

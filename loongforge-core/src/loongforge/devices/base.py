@@ -175,6 +175,16 @@ class DeviceBackend(abc.ABC):
         """
         return []
 
+    def dense_peak_flops(self, precision: str) -> float | None:
+        """One device's dense matmul peak in FLOP/s for ``precision`` (``fp32``, ``bf16``, ``fp16``), the
+        denominator of the model-FLOPs utilisation (``mfu``) the training metrics report; ``None`` when the backend
+        has no figure for this device and precision, and the metrics then show achieved ``tflops`` only.
+
+        A datasheet figure (the CUDA plugin's table: dense, no sparsity) or, where none means much, a measurement
+        (the CPU backend's GEMM probe). Called once per run after selection, so it may initialise the device.
+        The default knows no figure."""
+        return None
+
     def planner_facts(self) -> dict[str, Any]:
         """What the parallel planner (``loongforge plan``, ``parallel: auto``) should assume about this device.
 

@@ -6,6 +6,7 @@ Importing this module does not import torch (selection and ``loongforge plugins`
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import sys
@@ -105,11 +106,28 @@ class CPUBackend(DeviceBackend):
         """The host as the planner sees it: :func:`host_facts`, under this backend's name."""
         return {**host_facts(), "name": self.name}
 
+    def dense_peak_flops(self, precision: str) -> float | None:
+        """Measured, not from a datasheet: the best square-GEMM rate in ``precision`` at this process's thread count
+        (:func:`~loongforge.devices.matmul_peak.measured_matmul_peak`), so ``mfu`` is the fraction of what this
+        machine's matmuls reach with the threads the run was given. Measured once per process and setting."""
+        import torch
+
+        return _measured_peak(precision, torch.get_num_threads()) if precision in ("fp32", "bf16") else None
+
     def spec_provider(self) -> Any:
         """:class:`~loongforge.devices.cpu_spec.CPUSpecProvider` (local linears, SDPA, fused RMSNorm)."""
         from loongforge.devices.cpu_spec import CPUSpecProvider
 
         return CPUSpecProvider()
+
+
+@functools.cache
+def _measured_peak(precision: str, threads: int) -> float:
+    import torch
+
+    from loongforge.devices.matmul_peak import measured_matmul_peak
+
+    return measured_matmul_peak({"fp32": torch.float32, "bf16": torch.bfloat16}[precision], threads)
 
 
 def host_facts() -> dict[str, Any]:

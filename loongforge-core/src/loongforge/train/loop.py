@@ -15,9 +15,11 @@ synced to disk, so the metrics of a saved step survive a crash.
 The same ``train/*`` tags for every engine, so that runs of any model compare in one dashboard: ``loss``, ``lr``,
 ``grad_norm``, ``step_time`` and ``samples_per_s`` always; a model that reads tokens (the megatron engine: LLMs,
 VLMs) adds ``tokens_per_s`` (``samples_per_s`` times ``data.seq_length``), which is what people compare language
-models by; engine extras (``loss_scale`` with fp16, ``moe_aux_loss`` for MoE) and plugins' ``step_metrics`` join
-under their own names. Every number of a step's JSONL row is a tag; flags and notes (``skipped``, ``bad``,
-``action``, ``checkpoint``) stay per-step, in the JSONL only.
+models by, and ``tflops`` (model TFLOP/s per device) with ``mfu`` (model-FLOPs utilisation, a fraction of the
+device's dense peak, where the backend knows one; :mod:`loongforge.train.throughput`); engine extras (``loss_scale``
+with fp16, ``moe_aux_loss`` for MoE) and plugins' ``step_metrics`` join under their own names. Every number of a
+step's JSONL row is a tag; flags and notes (``skipped``, ``bad``, ``action``, ``checkpoint``) stay per-step, in the
+JSONL only.
 
 Every step is judged (:mod:`loongforge.train.health`): a NaN or infinite loss or gradient norm, or a loss spike,
 makes a bad step, which is recorded in metrics.jsonl (``"bad"``, ``"action"``), never saved, and handled as
@@ -48,6 +50,7 @@ from loongforge.checkpoint.layout import warn
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import ConfigError, TrainingDivergedError, TrainingPreempted
 from loongforge.train.health import BadStep, StepHealth
+from loongforge.train.throughput import StepSpeed
 from loongforge.train.trackers import validate_trackers
 
 if TYPE_CHECKING:
@@ -102,9 +105,10 @@ def fit(trainer: Trainer, metrics: MetricsWriter, progress: ProgressDisplay,
     history: list[dict[str, Any]] = []
     unlogged: list[dict[str, Any]] = []
     host.on_train_start(trainer=trainer)
+    speed = StepSpeed.of(trainer)
     try:
         while trainer.step < total and not trainer.should_stop:
-            result, row = _step(trainer, health)
+            result, row = _step(trainer, health, speed)
             trainer.step += 1
             bad = result.bad or health.judge(result.loss, result.grad_norm)
             if bad is not None:  # a background save in flight is the newest checkpoint to name or rewind to
@@ -149,12 +153,12 @@ def fit(trainer: Trainer, metrics: MetricsWriter, progress: ProgressDisplay,
         _complete_save(trainer, progress, wait=True)
     finally:
         progress.close()
-    return _summary(trainer, history, start_step)
+    return _summary(trainer, history, start_step, speed)
 
 
-def _step(trainer: Trainer, health: StepHealth) -> tuple[StepResult, dict[str, Any]]:
-    """One optimizer step (screened by ``health`` when bad updates must be left out) and its metrics; the
-    schedule moves on after every update the optimizer made."""
+def _step(trainer: Trainer, health: StepHealth, speed: StepSpeed) -> tuple[StepResult, dict[str, Any]]:
+    """One optimizer step (screened by ``health`` when bad updates must be left out) and its metrics (its speed in
+    ``speed``'s units); the schedule moves on after every update the optimizer made."""
     engine = trainer.engine
     start = time.perf_counter()
     trainer.step_metrics = {}
@@ -164,9 +168,7 @@ def _step(trainer: Trainer, health: StepHealth) -> tuple[StepResult, dict[str, A
         trainer.scheduler.step(increment=engine.samples_per_step)
     step_time = time.perf_counter() - start
     row = {**result.extra, **trainer.step_metrics, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
-           "samples_per_s": engine.samples_per_step / step_time}
-    if engine.tokens_per_step is not None:
-        row["tokens_per_s"] = engine.tokens_per_step / step_time
+           **speed.metrics(1, step_time)}
     row.update(step_time=step_time, skipped=result.skipped)
     return result, row
 
@@ -267,11 +269,11 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, Real) and not isinstance(value, bool)
 
 
-def _summary(trainer: Trainer, history: list[dict[str, Any]], start_step: int) -> dict[str, Any]:
+def _summary(trainer: Trainer, history: list[dict[str, Any]], start_step: int, speed: StepSpeed) -> dict[str, Any]:
     """Steps (reached, trained by this process, and ``training.steps``), this process's first and last loss,
-    throughput (the first step of a process includes one-off work -- allocations, lazy init -- so it is left out),
-    the newest evaluation's numbers (``val_loss`` ...) and the newest checkpoint."""
-    engine = trainer.engine
+    throughput (samples/s, tokens/s, TFLOP/s per device and MFU where known; the first step of a process includes
+    one-off work -- allocations, lazy init, compilation -- so it is left out), the newest evaluation's numbers
+    (``val_loss`` ...) and the newest checkpoint."""
     timed = history[1:] or history
     seconds = sum(m["step_time"] for m in timed)
     summary: dict[str, Any] = {
@@ -280,10 +282,8 @@ def _summary(trainer: Trainer, history: list[dict[str, Any]], start_step: int) -
         "steps_total": trainer.config.training.steps,
         "first_loss": history[0]["loss"] if history else None,
         "final_loss": history[-1]["loss"] if history else None,
-        "samples_per_s": len(timed) * engine.samples_per_step / seconds if seconds else 0.0,
+        **speed.metrics(len(timed), seconds),
     }
-    if engine.tokens_per_step is not None:
-        summary["tokens_per_s"] = len(timed) * engine.tokens_per_step / seconds if seconds else 0.0
     evaluated = [row for row in history if f"{_VALIDATION}loss" in row]
     if evaluated:  # the newest evaluation of this run
         summary.update({key: value for key, value in evaluated[-1].items() if key.startswith(_VALIDATION)})

@@ -1,4 +1,4 @@
-"""Progress display: a rich bar (step/total, loss, lr, tokens/s, ETA) or plain log lines.
+"""Progress display: a rich bar (step/total, loss, lr, tokens/s, MFU where known, ETA) or plain log lines.
 
 Plain lines are used when stdout is not a terminal (CI, ``tee``, subprocesses) or ``logging.progress`` is
 false, so logs stay greppable. Only rank 0 displays anything. The bar is refreshed from ``update`` calls by
@@ -20,7 +20,8 @@ def _fmt(metrics: dict[str, Any]) -> str:
     norm = f"{grad_norm:.3f}" if grad_norm is not None else "n/a"  # None when clipping is off
     speed = (f"{metrics['tokens_per_s']:,.0f} tok/s" if "tokens_per_s" in metrics
              else f"{metrics['samples_per_s']:,.1f} samples/s")  # task models (diffusion, VLA) count samples
-    return f"loss {metrics['loss']:.4f} | lr {metrics['lr']:.3e} | grad_norm {norm} | {speed}"
+    mfu = f" | MFU {metrics['mfu']:.1%}" if "mfu" in metrics else ""
+    return f"loss {metrics['loss']:.4f} | lr {metrics['lr']:.3e} | grad_norm {norm} | {speed}{mfu}"
 
 
 class ProgressDisplay:

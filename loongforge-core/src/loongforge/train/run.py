@@ -260,6 +260,7 @@ def _build_trainer(
         extra_inputs=flavor.extra_inputs,
         sample=lambda chunks: _sample(chunks, decoder, tokenizer, config, info.rank),
         validation=validation,
+        flops_per_step=_model_flops_per_step(config, flavor, backend, global_batch),
     )
     trainer = _trainer_for(engine, checkpoints, config, host, backend, info.rank)
     _resume(trainer, info.rank)
@@ -277,6 +278,16 @@ def _build_task_trainer(config: LoongForgeConfig, task: Any, host: Any, backend:
     _resume(trainer, info.rank)
     _say(info.rank, engine.describe())
     return trainer
+
+
+def _model_flops_per_step(config: LoongForgeConfig, flavor: Any, backend: Any, global_batch: int) -> float:
+    """The model FLOPs of one step of the resolved model ``flavor`` (the planner's count of the decoder and the
+    parts the family adds outside it), which the metrics' ``tflops`` and ``mfu`` divide by the step time."""
+    from loongforge.planner.auto import kernels_of, workload_for
+    from loongforge.train.throughput import model_flops_per_step
+
+    workload = workload_for(config, flavor, kernels_of(backend))
+    return model_flops_per_step(workload, global_batch)
 
 
 def _trainer_for(engine: Any, checkpoints: Any, config: LoongForgeConfig, host: Any, backend: Any,
@@ -368,6 +379,9 @@ def _report(summary: dict, rank: int) -> None:
     if summary["final_loss"] is not None:
         speed = (f"{summary['tokens_per_s']:,.0f} tokens/s" if "tokens_per_s" in summary
                  else f"{summary['samples_per_s']:,.1f} samples/s")
+        if "tflops" in summary:  # the model's FLOP rate per device, and against the device's peak where known
+            speed += f", {summary['tflops']:.3g} TFLOP/s per device"
+            speed += f" (MFU {summary['mfu']:.1%})" if "mfu" in summary else ""
         steps = f"{summary['steps_this_run']} steps"
         if summary["steps_this_run"] != summary["steps"]:  # resumed: the steps before were another process's
             steps += f" this run ({summary['steps']} of {summary['steps_total']} total)"

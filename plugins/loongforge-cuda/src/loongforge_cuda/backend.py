@@ -78,6 +78,15 @@ class CUDABackend(DeviceModuleBackend):
         properties = module.get_device_properties(module.current_device())
         return {**module_device_facts(module), **gpu_speeds(properties.name, (properties.major, properties.minor))}
 
+    def dense_peak_flops(self, precision: str) -> float | None:
+        """The current GPU's datasheet dense peak for ``precision`` (:func:`loongforge_cuda.planner_facts.dense_peak`:
+        989 TFLOP/s bf16 on an H100/H200 SXM; none for fp32 or an unlisted GPU)."""
+        from loongforge_cuda.planner_facts import dense_peak
+
+        module = self.device_module()
+        properties = module.get_device_properties(module.current_device())
+        return dense_peak(properties.name, (properties.major, properties.minor), precision)
+
     def profiler_range(self, name: str) -> Any:
         """An NVTX range, which Nsight Systems shows on the timeline."""
         return self.device_module().nvtx.range(name)

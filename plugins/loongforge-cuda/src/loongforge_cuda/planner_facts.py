@@ -89,6 +89,15 @@ def lookup(name: str, capability: tuple[int, int]) -> GPUFigures | None:
     return next((gpu for gpu in GPUS if gpu.matches(name, capability)), None)
 
 
+def dense_peak(name: str, capability: tuple[int, int], precision: str) -> float | None:
+    """The datasheet's dense tensor-core peak (FLOP/s) of one GPU model for ``precision``: the bf16 figure for bf16
+    and fp16 (the same rate on every row of the table), and for fp8 too -- the usual MFU convention, since attention
+    and the layers outside the FP8 recipe still run in bf16; ``None`` for fp32, whose rate depends on whether torch
+    lets matmuls use TF32, and for a GPU the table does not know."""
+    gpu = lookup(name, capability)
+    return gpu.peak_bf16_flops if gpu is not None and precision in ("bf16", "fp16", "fp8") else None
+
+
 def gpu_speeds(name: str, capability: tuple[int, int]) -> dict[str, Any]:
     """Achieved throughput, link bandwidths, latency and a descriptive name for one GPU model."""
     gpu = lookup(name, capability)

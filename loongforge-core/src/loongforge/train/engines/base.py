@@ -49,6 +49,10 @@ class StepEngine(abc.ABC):
     samples_per_step: int
     #: Tokens in one step (megatron engine: global batch x sequence length); ``None`` where tokens are not the unit.
     tokens_per_step: int | None = None
+    #: Model training FLOPs of one step over all ranks (forward and backward, recompute left out), from which the
+    #: loop reports ``tflops`` and ``mfu`` (:mod:`loongforge.train.throughput`); ``None`` where the engine does not
+    #: count them.
+    flops_per_step: float | None = None
     #: MoE: the last step's tokens per expert, ``[layer][expert]`` (see :class:`~loongforge.train.trainer.Trainer`).
     expert_tokens: list[list[int]] | None = None
 

@@ -82,7 +82,8 @@ class MegatronEngine(StepEngine):
 
     ``extra_inputs`` are the batch keys the model's forward takes beside the text (a VLM's pixels); ``sample``
     writes the after-training text sample (``None`` when there is none); ``validation`` is what :meth:`evaluate`
-    reads (``None`` while ``evaluation.interval`` is 0).
+    reads (``None`` while ``evaluation.interval`` is 0); ``flops_per_step`` is the model's FLOP count of one step
+    (:func:`~loongforge.train.throughput.model_flops_per_step`).
     """
 
     name: ClassVar[str] = "megatron"
@@ -90,7 +91,7 @@ class MegatronEngine(StepEngine):
     def __init__(self, *, config: LoongForgeConfig, model: list[Any], optimizer: Any, data: Any,
                  num_microbatches: int, global_batch_size: int, checkpoints: RunCheckpoints,
                  extra_inputs: tuple[str, ...], sample: Callable[[Any], str | None],
-                 validation: ValidationSet | None = None) -> None:
+                 validation: ValidationSet | None = None, flops_per_step: float | None = None) -> None:
         self.config = config
         self.model = model
         self.optimizer = optimizer
@@ -98,6 +99,7 @@ class MegatronEngine(StepEngine):
         self.num_microbatches = num_microbatches
         self.samples_per_step = global_batch_size
         self.tokens_per_step = global_batch_size * config.data.seq_length
+        self.flops_per_step = flops_per_step
         self._checkpoints = checkpoints
         self._sample = sample
         self._extra_inputs = extra_inputs
