@@ -82,24 +82,3 @@ def test_table_cache_follows_new_and_modified_freqs() -> None:
     other = torch.randn(4, 1, 1, 8)
     torch.testing.assert_close(apply(t, other), MEGATRON(t, other), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(apply(t, other, mscale=0.5), MEGATRON(t, other, mscale=0.5), rtol=1e-6, atol=1e-6)
-
-
-def test_the_rotated_query_is_laid_out_for_attention():
-    """Forward writes ``[s, b, heads, dim]`` in ``[b, heads, s, dim]`` memory order (what SDPA reads); the
-    gradient stays contiguous like the fused projection's gradient it joins; values match either way."""
-    torch.manual_seed(0)
-    qkv = torch.randn(16, 3, 2, 24, requires_grad=True)  # [s, b, heads, 3 x dim]: q is a strided view
-    q = qkv[..., :8]
-    freqs = torch.randn(16, 1, 1, 8)
-    cos, sin = torch.cos(freqs), torch.sin(freqs)
-    rotated = RotaryHalves.apply(q, cos, sin)
-    assert rotated.permute(1, 2, 0, 3).is_contiguous()
-    half = 4
-    expected = q * cos + torch.cat((-q[..., half:], q[..., :half]), dim=-1) * sin
-    torch.testing.assert_close(rotated, expected, rtol=0, atol=1e-6)
-    grad = torch.randn_like(rotated)
-    (dq,) = torch.autograd.grad(rotated, q, grad)
-    (reference,) = torch.autograd.grad(expected, q, grad)
-    torch.testing.assert_close(dq, reference, rtol=0, atol=1e-6)
-    flat = torch.randn(16, 8)  # not [s, b, heads, dim]: contiguous as it was
-    assert RotaryHalves.apply(flat, cos[:, 0, 0], sin[:, 0, 0]).is_contiguous()

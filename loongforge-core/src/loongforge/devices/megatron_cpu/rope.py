@@ -8,9 +8,7 @@ all of it; on CPU, at the tiny Llama benchmark's shape, it was ~5% of the traini
 
 :class:`RotaryHalves` writes each half of the output with one ``mul`` and one ``addcmul`` and derives the gradient
 analytically (the rotation is linear in ``t``), saving only ``cos``/``sin``. The tables of the step's ``freqs``
-are computed once and reused by every layer (megatron passes the same tensor to all of them). Its output is laid
-out the way attention reads it (:func:`_heads_major`), so the SDPA kernel reads the rotated query and key
-contiguously.
+are computed once and reused by every layer (megatron passes the same tensor to all of them).
 
 Only the cases it covers change: non-interleaved rotation, no multi-latent attention. Those and every other
 argument go to megatron's own function, as does tracing under ``torch.compile`` (where Inductor fuses the plain
@@ -50,13 +48,12 @@ class RotaryHalves(torch.autograd.Function):
 
 
 def _rotate(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, sign: float) -> torch.Tensor:
-    """The forward rotation (``sign`` 1, into :func:`_heads_major` memory) or its transpose (``sign`` -1, the
-    gradient, into a contiguous tensor like the fused projection's gradient it joins), into a fresh tensor."""
+    """The forward rotation (``sign`` 1) or its transpose (``sign`` -1, the gradient), into a fresh tensor."""
     rot = cos.shape[-1]
     half = rot // 2
     t1, t2 = t[..., :half], t[..., half:rot]
     c1, c2, s1, s2 = cos[..., :half], cos[..., half:], sin[..., :half], sin[..., half:]
-    out = _heads_major(t) if sign > 0 else torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
     first, second = out[..., :half], out[..., half:rot]
     if sign > 0:  # y1 = t1 c1 - t2 s1 ; y2 = t2 c2 + t1 s2
         torch.mul(t1, c1, out=first).addcmul_(t2, s1, value=-1.0)
@@ -67,21 +64,6 @@ def _rotate(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, sign: floa
     if rot < t.shape[-1]:  # partial rotary: the rest of the channels pass unchanged (and so do their gradients)
         out[..., rot:] = t[..., rot:]
     return out
-
-
-def _heads_major(t: torch.Tensor) -> torch.Tensor:
-    """An empty ``[s, b, heads, dim]`` tensor laid out as ``[b, heads, s, dim]`` in memory (any other shape:
-    contiguous).
-
-    The rotated query and key go straight into attention, which reads them per batch row and head as
-    ``[b, heads, s, dim]``. Written in that order, each head's rows are adjacent in memory, where the fused QKV
-    projection's layout spaces them ``b x 3 x hidden`` floats apart (a page apart at 8 x 256 x 4). The SDPA kernel
-    then reads contiguous blocks, which at the tiny Llama benchmark's shape saves more than the rotation costs; the
-    values are the same in either layout."""
-    if t.dim() != 4:
-        return torch.empty(t.shape, dtype=t.dtype, device=t.device)
-    s, b, heads, dim = t.shape
-    return torch.empty((b, heads, s, dim), dtype=t.dtype, device=t.device).permute(2, 0, 1, 3)
 
 
 class _TableCache:
