@@ -69,3 +69,32 @@ def test_rope_rotation_is_the_same_eagerly_and_under_compile():
     torch.testing.assert_close(compiled, eager, rtol=1e-6, atol=1e-6)
     # rotations keep each pair's length
     torch.testing.assert_close(eager.unflatten(-1, (-1, 2)).norm(dim=-1), x.unflatten(-1, (-1, 2)).norm(dim=-1))
+
+
+def _compiled_targets(function, *inputs):
+    """The ops in the graph ``torch.compile`` traces for ``function(*inputs)``, and its output."""
+    targets: list[str] = []
+
+    def record(graph_module, _example_inputs):
+        targets.extend(str(node.target) for node in graph_module.graph.nodes if node.op == "call_function")
+        return graph_module.forward
+
+    torch._dynamo.reset()
+    return targets, torch.compile(function, backend=record, fullgraph=True)(*inputs)
+
+
+@pytest.mark.parametrize(("keys", "explicit"), [(8, True), (16, True), (17, False)])
+def test_compiled_attention_writes_out_short_contexts_and_keeps_sdpa_for_long_ones(keys, explicit):
+    from loongforge_diffusion.wan.attention import attend
+
+    q, k, v = torch.randn(2, 24, 3, 16), torch.randn(2, keys, 3, 16), torch.randn(2, keys, 3, 16)
+    targets, compiled = _compiled_targets(attend, q, k, v)
+    # keys no longer than the head dim (16) are attended with the written-out softmax, which Inductor fuses
+    assert any("scaled_dot_product_attention" in target for target in targets) is not explicit
+    assert any("softmax" in target for target in targets) is explicit
+    # either way the numbers are SDPA's, in the (B, S, H*D) layout
+    reference = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                                 v.transpose(1, 2)).transpose(1, 2).flatten(2)
+    assert compiled.shape == (2, 24, 48)
+    torch.testing.assert_close(compiled, reference, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(attend(q, k, v), reference, rtol=0, atol=0)  # eagerly: SDPA itself

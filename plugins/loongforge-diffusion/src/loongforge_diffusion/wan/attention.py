@@ -22,9 +22,24 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
     Every attention call below takes its kernel from an optional ``layout`` (duck-typed, see
     ``loongforge_diffusion.parallel.layout.TokenLayout``): packed videos attend per video and context-parallel
-    ranks exchange heads for sequence there, so this module stays single-device and free of masks."""
+    ranks exchange heads for sequence there, so this module stays single-device and free of masks.
+
+    Under ``torch.compile``, a short key sequence (no longer than the head dim: a small text context) is attended
+    with the explicit softmax formula (:func:`explicit_attention`) instead of SDPA: Inductor then fuses it with
+    the projections and norms around it, where SDPA stays an opaque call that splits the graph. Its saved
+    probabilities (``B*H*S*L`` values) are then no larger than the query, so the memory SDPA saves does not
+    matter. On the tiny Wan benchmark this cuts ~7% off a compiled training step; eagerly SDPA is as fast."""
+    if torch.compiler.is_compiling() and k.shape[1] <= q.shape[-1]:
+        return explicit_attention(q, k, v)
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
     return out.transpose(1, 2).flatten(2)
+
+
+def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``softmax(q k^T / sqrt(D)) v`` written out, the same contract as :func:`attend`."""
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    probabilities = torch.softmax((q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5, dim=-1)
+    return (probabilities @ v).transpose(1, 2).flatten(2)
 
 
 class SelfAttention(nn.Module):
