@@ -6,8 +6,8 @@ inputs; a step is forward, an MSE loss against a fixed velocity target, backward
 
 - ``loongforge``: ``WanModel`` eagerly, with the AdamW the task engine uses (PyTorch's fused kernel where it
   applies: :func:`loongforge.train.engines.task.fused_adamw_applies`);
-- ``loongforge-compiled``: the same, its blocks compiled by :func:`loongforge.train.compile.compile_blocks` as
-  ``training.compile: regional`` does (``--compile true``: the whole model);
+- ``loongforge-compiled``: the same, compiled by :func:`loongforge.train.compile.compile_blocks` as
+  ``training.compile: true`` does, the whole model (``--compile regional``: only its blocks);
 - ``diffusers``: ``WanTransformer3DModel`` eagerly with ``torch.optim.AdamW``'s defaults, as diffusers' training
   examples build it;
 - ``diffusers-compiled``: the same, compiled as diffusers recommends, ``compile_repeated_blocks()`` (its regional
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
                         help="wall-clock or this process's CPU seconds per step")
-    parser.add_argument("--compile", choices=("regional", "true"), default="regional",
+    parser.add_argument("--compile", choices=("regional", "true"), default="true",
                         help="training.compile of the loongforge-compiled side")
     parser.add_argument("--diffusers-compile", choices=("regional", "full"), default="regional")
     parser.add_argument("--sides", nargs="*", choices=SIDES, default=list(SIDES))

@@ -12,9 +12,11 @@ Sides (``--sides``, all by default):
 
 Why fresh processes, alternating: each side runs in its own worker process (so peak RSS and time to first step
 are its own) and the order flips every round, so machine noise hits every side alike; figures are medians over
-``--rounds`` with the spread (min-max) beside them. Throughput is ``batch x seq`` over the median step time after
-``--warmup`` steps. The non-LoongForge sides read the very batches LoongForge's pipeline produces (the shipped
-corpus, byte tokenizer), saved once by the parent, and import nothing from LoongForge.
+``--rounds`` with the spread (min-max) beside them, and each ratio to LoongForge eager is also given as the median
+of the ratios within each round (``round``), which slow drifts of the host's speed do not move. Throughput is
+``batch x seq`` over the median step time after ``--warmup`` steps. The non-LoongForge sides read the very batches
+LoongForge's pipeline produces (the shipped corpus, byte tokenizer), saved once by the parent, and import nothing
+from LoongForge.
 
 MFU: training FLOPs per token from the layout planner's model (:func:`loongforge.planner.timing.flops_per_token`: 6
 x parameters in the matmuls plus attention), against a peak measured here by the CPU backend's fp32 GEMM probe
@@ -368,8 +370,8 @@ def main() -> None:
     print(f"FLOPs/token {flops / 1e6:.1f} M (planner), fp32 GEMM peak {peak / 1e9:.0f} GFLOP/s (probe)\n")
     reference = statistics.median(r["tokens_per_s"] for r in samples.get("loongforge", [])) if "loongforge" in \
         samples else None
-    header = f"{'side':22s}{'tokens/s':>10s}{'(min-max)':>16s}{'vs LF':>7s}{'MFU':>7s}{'peak RSS MiB':>18s}" \
-             f"{'first step s':>14s}"
+    header = f"{'side':22s}{'tokens/s':>10s}{'(min-max)':>16s}{'vs LF':>7s}{'round':>7s}{'MFU':>7s}" \
+             f"{'peak RSS MiB':>18s}{'first step s':>14s}"
     print(header)
     table = {}
     for side, results in samples.items():
@@ -378,6 +380,12 @@ def main() -> None:
                "rounds": len(results)}
         line = f"{side:22s}{tps:10,.0f}{f'({low:,.0f}-{high:,.0f})':>16s}"
         line += f"{tps / reference:7.2f}" if reference else f"{'':7s}"
+        if reference:  # the same ratio taken within each round (adjacent processes), then its median
+            row["vs_loongforge_per_round"] = statistics.median(
+                r["tokens_per_s"] / lf["tokens_per_s"] for r, lf in zip(results, samples["loongforge"], strict=True))
+            line += f"{row['vs_loongforge_per_round']:7.2f}"
+        else:
+            line += f"{'':7s}"
         line += f"{row['mfu']:7.1%}"
         if "peak_rss_mib" in results[0]:
             rss = _median_spread([r["peak_rss_mib"] for r in results])
@@ -392,7 +400,8 @@ def main() -> None:
             line += f"   scaling {row['scaling_efficiency']:.2f}"
         table[side] = row
         print(line)
-    print("\n'vs LF' is the side's tokens/s over LoongForge eager's (below 1.00: LoongForge is faster).")
+    print("\n'vs LF' is the side's tokens/s over LoongForge eager's (below 1.00: LoongForge is faster); 'round' is "
+          "the median of that ratio within each round, which the machine's drift between rounds does not move.")
     if args.json:
         Path(args.json).write_text(json.dumps({
             "settings": {name: getattr(args, name) for name in _SHARED if name != "batches"} | {
