@@ -164,7 +164,14 @@ def test_megatron_regional_compile_trains_the_eager_losses_at_tp1_and_at_tp2_wit
     # two moments per weight, plus one 4-byte step count per tensor; each figure is rounded to 0.01 MiB
     assert memory["optimizer_state"] == pytest.approx(2 * memory["parameters"], abs=0.02)
     assert memory["main_params"] == 0.0 and memory["peak"] > memory["parameters"]
+    # the first step's saved activations, by component: the four layers hold almost all of them
+    activations = eager_summary["activation_mib"]
+    assert set(activations) == {"embedding", "decoder", "output_layer", "rest"}
+    assert memory["activations"] == pytest.approx(sum(activations.values()), abs=0.02)
+    assert activations["decoder"] > 0.9 * memory["activations"] > 0
     summary, compiled = train("regional", "training.compile=regional")
+    # not counted under compile (the counting hooks would be guarded on and the blocks compiled twice)
+    assert "activations" not in summary["memory_mib"] and summary["activation_mib"] == {}
     _assert_same_training(compiled, eager)
     assert summary["compile"] == "regional"
     assert summary["compiled_modules"] == {"TransformerLayer": 4}

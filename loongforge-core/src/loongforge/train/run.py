@@ -392,6 +392,9 @@ def _report(summary: dict, rank: int) -> None:
                    f"{summary['compile_s']:.1f} s)")
     if summary.get("memory_mib"):  # this rank's memory by component (megatron engine)
         _say(rank, "memory (MiB): " + ", ".join(f"{name} {mib:,.1f}" for name, mib in summary["memory_mib"].items()))
+    if summary.get("activation_mib"):
+        _say(rank, "activations per micro-batch (MiB, saved for backward): "
+             + ", ".join(f"{name} {mib:,.1f}" for name, mib in summary["activation_mib"].items()))
     if "val_loss" in summary:
         _say(rank, "validation: " + ", ".join(f"{key.removeprefix('val_')} {value:.4f}"
                                               for key, value in summary.items() if key.startswith("val_")))

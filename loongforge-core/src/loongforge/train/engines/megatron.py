@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -18,9 +19,11 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
+from loongforge.checkpoint.saver import unwrap_model
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.parallel import context
 from loongforge.parallel.chunk_feeds import chunk_feeds
+from loongforge.train.activation_memory import SavedActivations
 from loongforge.train.compile import CompileReport, compile_blocks
 from loongforge.train.engines.base import StepEngine, StepResult
 from loongforge.train.moe_stats import MoEStats
@@ -123,6 +126,10 @@ class MegatronEngine(StepEngine):
         self._moe = MoEStats(model, model_config) if model_config.num_moe_experts else None
         # The interleaved schedule wants one iterator per model chunk, all yielding the same micro-batches.
         self._data_iterator = chunk_feeds(data, len(model)) if len(model) > 1 else data
+        #: One micro-batch's activations (what its forward saves for backward) per model component, in MiB,
+        #: counted in the first step (:class:`~loongforge.train.activation_memory.SavedActivations`); None before
+        #: it and in compiled runs.
+        self._activation_mib: dict[str, float] | None = None
         layers, around = _compile_targets(model)
         self.compiled: CompileReport = compile_blocks(layers, config.training.compile, rest=around)
 
@@ -197,15 +204,22 @@ class MegatronEngine(StepEngine):
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        reduced = self._forward_backward(
-            forward_step_func=self._forward_step,
-            data_iterator=self._data_iterator,
-            model=self.model if len(self.model) > 1 else self.model[0],
-            num_microbatches=self.num_microbatches,
-            seq_length=self.config.data.seq_length,
-            micro_batch_size=self.config.training.micro_batch_size,
-            forward_only=False,
-        )
+        # The first step also counts what the forward saves for backward; not under training.compile, where the
+        # hooks would be part of what dynamo guards on and the blocks would compile again in the second step.
+        first = self._activation_mib is None and not self.compiled.enabled
+        measuring = SavedActivations(unwrap_model(chunk) for chunk in self.model) if first else nullcontext()
+        with measuring:
+            reduced = self._forward_backward(
+                forward_step_func=self._forward_step,
+                data_iterator=self._data_iterator,
+                model=self.model if len(self.model) > 1 else self.model[0],
+                num_microbatches=self.num_microbatches,
+                seq_length=self.config.data.seq_length,
+                micro_batch_size=self.config.training.micro_batch_size,
+                forward_only=False,
+            )
+        if first:
+            self._activation_mib = measuring.mib()
         loss = self._reduce_loss(reduced)
         bad = screen.screen(loss, self._gradient_sum) if screen is not None else None
         if bad is not None:  # left out: weights, Adam's moments and step count stay as they are
@@ -281,15 +295,16 @@ class MegatronEngine(StepEngine):
     def finish(self, trainer: Trainer) -> dict[str, Any]:
         """The text sample, what ``training.compile`` compiled and cost, and this rank's memory by component."""
         return {"sample": self._sample(self.model), **self.compiled.summary(),
-                "memory_mib": self._memory_mib(trainer)}
+                "memory_mib": self._memory_mib(trainer), "activation_mib": dict(self._activation_mib or {})}
 
     def _memory_mib(self, trainer: Trainer) -> dict[str, float]:
         """This rank's memory by component, in MiB: ``parameters`` (the model's, in their dtype), ``gradients``
         (megatron DDP's gradient buffers), ``optimizer_state`` (Adam's moments and step counts), ``main_params``
         (the optimizer's fp32 copies of half-precision weights; 0 in fp32, where it updates the weights
-        themselves) and ``peak`` (the device backend's ``peak_allocated``: the allocator's peak on an
-        accelerator, so ``peak`` minus the others bounds the activations; the process's peak RSS on CPU, which
-        also holds the libraries)."""
+        themselves), ``activations`` (one micro-batch's saved activations, counted in the first step of an eager
+        run; by component in the summary's ``activation_mib``) and ``peak`` (the device backend's
+        ``peak_allocated``: the allocator's peak on an accelerator; the process's peak RSS on CPU, which also holds
+        the libraries)."""
 
         def mib(tensors: Any) -> float:
             return round(sum(t.numel() * t.element_size() for t in tensors) / 2**20, 2)
@@ -304,5 +319,6 @@ class MegatronEngine(StepEngine):
                                    if torch.is_tensor(t)),
             "main_params": mib(p for group in self.optimizer.param_groups for p in group["params"]
                                if p.data_ptr() not in own),
+            **({} if self._activation_mib is None else {"activations": round(sum(self._activation_mib.values()), 2)}),
             "peak": round(trainer.backend.memory_stats()["peak_allocated"] / 2**20, 2),
         }
