@@ -33,6 +33,27 @@ def test_each_saved_storage_counts_once_for_the_component_that_saved_it_first():
     assert saved.mib() == {"act": round(512 / 2**20, 2), "first": round(256 / 2**20, 2), REST: 0.0}
 
 
+def test_a_list_of_blocks_is_one_component():
+    class Stack(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList([nn.Tanh(), nn.Sigmoid()])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for block in self.blocks:  # iterated, never called itself
+                x = block(x)
+            return x.sum()
+
+    with SavedActivations([Stack()]) as saved:
+        Stack()(torch.randn(3, 5, requires_grad=True))  # another instance: nothing of it is hooked
+    assert saved.bytes_by_component == {}
+    model = Stack()
+    with SavedActivations([model]) as saved:
+        model(torch.randn(3, 5, requires_grad=True)).backward()
+    # tanh and sigmoid each save their output
+    assert saved.bytes_by_component == {"blocks": 2 * 3 * 5 * 4}
+
+
 def test_only_the_first_forward_counts_and_the_numbers_are_unchanged():
     torch.manual_seed(0)
     model, x = TwoLinears(), torch.randn(4, 16)

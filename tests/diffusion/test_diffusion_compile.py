@@ -30,6 +30,10 @@ def test_regional_compile_trains_the_same_steps_as_eager(tmp_path, capsys):
     eager = _run(tmp_path, "eager", "logging.interval=1")
     compiled = _run(tmp_path, "regional", "logging.interval=1", "training.compile=regional")
     assert eager["compile"] == "off"
+    # the eager run counted one micro-batch's saved activations by component: the DiT blocks hold most of them
+    activations = eager["activation_mib"]
+    assert max(activations, key=activations.get) == "blocks" and activations["blocks"] > 0.5 * sum(activations.values())
+    assert compiled["activation_mib"] == {}  # not counted under compile
     assert compiled["compile"] == "regional" and compiled["compiled_modules"] == {"WanBlock": 2}
     # both blocks share one graph (a second would mean a recompile per block), and the video sampled after training
     # (batch 1, no gradients) ran eagerly instead of compiling another

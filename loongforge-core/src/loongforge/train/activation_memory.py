@@ -12,7 +12,8 @@ so views of one buffer (the query, key and value split from one projection) and 
 cos/sin) count once, as the allocator holds them. Parameters are left out: they are saved by reference and are
 counted as ``parameters``. Each storage is charged to the top-level component whose forward is running when it is
 first saved (the model's direct children: ``embedding``, ``decoder``, ``output_layer`` for megatron's GPT, a
-vision tower for a VLM); what the model computes outside its children (the loss) is ``rest``.
+vision tower for a VLM; a list of blocks counts as one component under its name); what the model computes outside
+its children (the loss) is ``rest``.
 
 It is meant for one step (the engine measures the first): the hooks cost a Python call per saved tensor. Tensors a
 backward saves (double backward) and those saved outside any model's forward do not count.
@@ -55,9 +56,9 @@ class SavedActivations:
         for index, model in enumerate(self._models):
             self._handles.append(model.register_forward_pre_hook(self._entered(index, REST)))
             self._handles.append(model.register_forward_hook(self._left_model(index)))
-            for name, child in model.named_children():
-                self._handles.append(child.register_forward_pre_hook(self._entered(index, name)))
-                self._handles.append(child.register_forward_hook(self._left))
+            for name, component in _components(model):
+                self._handles.append(component.register_forward_pre_hook(self._entered(index, name)))
+                self._handles.append(component.register_forward_hook(self._left))
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
         self._hooks.__enter__()
         return self
@@ -101,6 +102,16 @@ class SavedActivations:
         """One micro-batch's saved activations per component in MiB, largest first."""
         ordered = sorted(self.bytes_by_component.items(), key=lambda item: -item[1])
         return {name: round(count / 2**20, 2) for name, count in ordered}
+
+
+def _components(model: nn.Module) -> Iterable[tuple[str, nn.Module]]:
+    """``(component name, module)`` for the direct children of ``model``; a container child (``ModuleList``,
+    ``ModuleDict``: a stack of blocks, which the model iterates instead of calling) stands for its members."""
+    for name, child in model.named_children():
+        if isinstance(child, nn.ModuleList | nn.ModuleDict):
+            yield from ((name, member) for member in child.children())
+        else:
+            yield name, child
 
 
 def _unpack(tensor: torch.Tensor) -> torch.Tensor:

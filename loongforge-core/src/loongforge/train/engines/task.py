@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import json
 import random
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -37,6 +38,7 @@ from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import ConfigError
 from loongforge.parallel.strategy import check_strategy
 from loongforge.tasks import VALIDATION_STEP, TaskBase, sample_generators
+from loongforge.train.activation_memory import SavedActivations
 from loongforge.train.batches import validation_batch_count
 from loongforge.train.compile import CompileReport, compile_blocks
 from loongforge.train.engines.base import StepEngine, StepResult
@@ -183,6 +185,12 @@ class TaskEngine(StepEngine):
         #: would otherwise compile a graph for a batch of one); its time is printed after the first step.
         self.compiled = self._compile(unwrapped)
         self._compile_reported = False
+        #: One micro-batch's saved activations by component (MiB), counted in the first step of an eager run whose
+        #: parameters are whole on every rank; sharded (DTensor) parameters are gathered into buffers the
+        #: count could not tell from activations.
+        self._activation_mib: dict[str, float] | None = None
+        self._activations_of = None if self.compiled.enabled or any(
+            isinstance(p, DTensor) for p in unwrapped.parameters()) else unwrapped
         opt = config.optimizer
         params = [p for p in self.model.parameters() if p.requires_grad]
         adamw = dict(lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, weight_decay=opt.weight_decay,
@@ -242,12 +250,17 @@ class TaskEngine(StepEngine):
         indices = self.order.next()[self.dp_rank * mbs : (self.dp_rank + 1) * mbs]
         batch = _collate([self.data[i] for i in indices], indices, self.device)
         self.model.train()
-        loss = self.task.training_step(self.model, batch)
-        self.optimizer.zero_grad(set_to_none=True)
-        # The strategies average gradients over all ranks, but a context-parallel rank holds only its share
-        # (1/cp of the tokens) of its group's gradient: scaling by cp turns that average into the mean over
-        # data-parallel groups, i.e. the gradient of the global batch.
-        (loss * self.cp if self.cp > 1 else loss).backward()
+        first = self._activations_of is not None and self._activation_mib is None
+        measuring = SavedActivations([self._activations_of]) if first else nullcontext()
+        with measuring:
+            loss = self.task.training_step(self.model, batch)
+            self.optimizer.zero_grad(set_to_none=True)
+            # The strategies average gradients over all ranks, but a context-parallel rank holds only its share
+            # (1/cp of the tokens) of its group's gradient: scaling by cp turns that average into the mean over
+            # data-parallel groups, i.e. the gradient of the global batch.
+            (loss * self.cp if self.cp > 1 else loss).backward()
+        if first:
+            self._activation_mib = measuring.mib()
         clip = self.config.optimizer.grad_clip
         grad_norm = None
         if clip > 0:
@@ -395,14 +408,17 @@ class TaskEngine(StepEngine):
     # -- after training ------------------------------------------------------------------------------------------
     def finish(self, trainer: Trainer) -> dict[str, Any]:
         """The task's after-training work on rank 0 (on an unsharded copy of the model when several ranks trained),
-        its entries printed there one per line, and what ``training.compile`` cost (``compile``, ``compile_s``,
-        ``compile_graphs``, ``compiled_modules``: :meth:`loongforge.train.compile.CompileReport.summary`).
+        its entries printed there one per line, what ``training.compile`` cost (``compile``, ``compile_s``,
+        ``compile_graphs``, ``compiled_modules``: :meth:`loongforge.train.compile.CompileReport.summary`) and one
+        micro-batch's saved activations by component (``activation_mib``; empty when not counted).
 
         The task's work runs eagerly even when training was compiled: sampling feeds other batch shapes than
         training's, and compiling a graph for each would cost more than the few dozen forwards it speeds up."""
         with torch.compiler.set_stance("force_eager"):
             results = self._task_finish(trainer)
-        return {**results, **self.compiled.summary()} if self.rank == 0 else results
+        if self.rank != 0:
+            return results
+        return {**results, **self.compiled.summary(), "activation_mib": dict(self._activation_mib or {})}
 
     def _task_finish(self, trainer: Trainer) -> dict[str, Any]:
         """:meth:`Task.finish <loongforge.tasks.Task.finish>`'s entries (printed on rank 0; empty on the others)."""
