@@ -105,3 +105,24 @@ def test_a_megatron_layer_saves_what_the_planner_counts(megatron_cpu_world, name
     per_layer = decoder_bytes(3) - decoder_bytes(2)
     elements = sum(layer_activation_elements(flavor, Candidate(1, 1, 1), (), "local").values())
     assert per_layer == pytest.approx(elements * 128 * 4, rel=0.005)
+
+
+def test_an_engine_counts_its_first_step_only_and_nothing_when_told_not_to():
+    from loongforge.train.activation_memory import FirstStepActivations
+
+    model, x = TwoLinears(), torch.randn(4, 16)
+    counted = FirstStepActivations([model])
+    assert counted.mib is None  # before the first step
+    with counted.step():
+        model(x).backward()
+    first = counted.mib
+    assert first == {"act": round(512 / 2**20, 2), "first": round(256 / 2**20, 2), REST: 0.0}
+    with counted.step():  # later steps: no hooks, the first figure stays
+        model(torch.randn(40, 16)).backward()
+        assert not model._forward_hooks
+    assert counted.mib is first
+    never = FirstStepActivations(None)  # compiled or sharded runs
+    with never.step():
+        model(x).backward()
+        assert not model._forward_hooks
+    assert never.mib is None

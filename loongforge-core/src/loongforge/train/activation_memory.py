@@ -21,7 +21,8 @@ backward saves (double backward) and those saved outside any model's forward do 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
 
@@ -104,6 +105,27 @@ class SavedActivations:
         return {name: round(count / 2**20, 2) for name, count in ordered}
 
 
+class FirstStepActivations:
+    """What an engine keeps: :class:`SavedActivations` over ``models`` in the first step run through :meth:`step`,
+    then nothing (the hooks cost a Python call per saved tensor). ``models`` None: never counted (compiled or
+    sharded runs); :attr:`mib` stays None then, and until the first step has finished."""
+
+    def __init__(self, models: Iterable[nn.Module] | None) -> None:
+        self._models = None if models is None else list(models)
+        #: One micro-batch's saved activations per component in MiB (:meth:`SavedActivations.mib`), or None.
+        self.mib: dict[str, float] | None = None
+
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        """Around one step's forward and backward."""
+        if self._models is None or self.mib is not None:
+            yield
+            return
+        with SavedActivations(self._models) as saved:
+            yield
+        self.mib = saved.mib()
+
+
 def _components(model: nn.Module) -> Iterable[tuple[str, nn.Module]]:
     """``(component name, module)`` for the direct children of ``model``; a container child (``ModuleList``,
     ``ModuleDict``: a stack of blocks, which the model iterates instead of calling) stands for its members."""
@@ -118,4 +140,4 @@ def _unpack(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-__all__ = ["REST", "SavedActivations"]
+__all__ = ["REST", "FirstStepActivations", "SavedActivations"]

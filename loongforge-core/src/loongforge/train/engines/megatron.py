@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -23,7 +22,7 @@ from loongforge.checkpoint.saver import unwrap_model
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.parallel import context
 from loongforge.parallel.chunk_feeds import chunk_feeds
-from loongforge.train.activation_memory import SavedActivations
+from loongforge.train.activation_memory import FirstStepActivations
 from loongforge.train.compile import CompileReport, compile_blocks
 from loongforge.train.engines.base import StepEngine, StepResult
 from loongforge.train.moe_stats import MoEStats
@@ -126,12 +125,12 @@ class MegatronEngine(StepEngine):
         self._moe = MoEStats(model, model_config) if model_config.num_moe_experts else None
         # The interleaved schedule wants one iterator per model chunk, all yielding the same micro-batches.
         self._data_iterator = chunk_feeds(data, len(model)) if len(model) > 1 else data
-        #: One micro-batch's activations (what its forward saves for backward) per model component, in MiB,
-        #: counted in the first step (:class:`~loongforge.train.activation_memory.SavedActivations`); None before
-        #: it and in compiled runs.
-        self._activation_mib: dict[str, float] | None = None
         layers, around = _compile_targets(model)
         self.compiled: CompileReport = compile_blocks(layers, config.training.compile, rest=around)
+        # One micro-batch's activations by component, counted in the first step; not under training.compile, where
+        # the counting hooks would be part of what dynamo guards on and the blocks would compile again.
+        self._activations = FirstStepActivations(
+            None if self.compiled.enabled else [unwrap_model(chunk) for chunk in model])
 
     # -- one step --------------------------------------------------------------------------------
 
@@ -204,11 +203,7 @@ class MegatronEngine(StepEngine):
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        # The first step also counts what the forward saves for backward; not under training.compile, where the
-        # hooks would be part of what dynamo guards on and the blocks would compile again in the second step.
-        first = self._activation_mib is None and not self.compiled.enabled
-        measuring = SavedActivations(unwrap_model(chunk) for chunk in self.model) if first else nullcontext()
-        with measuring:
+        with self._activations.step():
             reduced = self._forward_backward(
                 forward_step_func=self._forward_step,
                 data_iterator=self._data_iterator,
@@ -218,8 +213,6 @@ class MegatronEngine(StepEngine):
                 micro_batch_size=self.config.training.micro_batch_size,
                 forward_only=False,
             )
-        if first:
-            self._activation_mib = measuring.mib()
         loss = self._reduce_loss(reduced)
         bad = screen.screen(loss, self._gradient_sum) if screen is not None else None
         if bad is not None:  # left out: weights, Adam's moments and step count stay as they are
@@ -295,7 +288,7 @@ class MegatronEngine(StepEngine):
     def finish(self, trainer: Trainer) -> dict[str, Any]:
         """The text sample, what ``training.compile`` compiled and cost, and this rank's memory by component."""
         return {"sample": self._sample(self.model), **self.compiled.summary(),
-                "memory_mib": self._memory_mib(trainer), "activation_mib": dict(self._activation_mib or {})}
+                "memory_mib": self._memory_mib(trainer), "activation_mib": dict(self._activations.mib or {})}
 
     def _memory_mib(self, trainer: Trainer) -> dict[str, float]:
         """This rank's memory by component, in MiB: ``parameters`` (the model's, in their dtype), ``gradients``
@@ -311,6 +304,7 @@ class MegatronEngine(StepEngine):
 
         model_params = [p for chunk in self.model for p in chunk.parameters()]
         own = {p.data_ptr() for p in model_params}
+        activations = self._activations.mib
         return {
             "parameters": mib(model_params),
             "gradients": mib(buffer.grad_data for chunk in self.model
@@ -319,6 +313,6 @@ class MegatronEngine(StepEngine):
                                    if torch.is_tensor(t)),
             "main_params": mib(p for group in self.optimizer.param_groups for p in group["params"]
                                if p.data_ptr() not in own),
-            **({} if self._activation_mib is None else {"activations": round(sum(self._activation_mib.values()), 2)}),
+            **({} if activations is None else {"activations": round(sum(activations.values()), 2)}),
             "peak": round(trainer.backend.memory_stats()["peak_allocated"] / 2**20, 2),
         }

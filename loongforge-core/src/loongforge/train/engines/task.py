@@ -16,7 +16,6 @@ from __future__ import annotations
 import io
 import json
 import random
-from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -38,7 +37,7 @@ from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import ConfigError
 from loongforge.parallel.strategy import check_strategy
 from loongforge.tasks import VALIDATION_STEP, TaskBase, sample_generators
-from loongforge.train.activation_memory import SavedActivations
+from loongforge.train.activation_memory import FirstStepActivations
 from loongforge.train.batches import validation_batch_count
 from loongforge.train.compile import CompileReport, compile_blocks
 from loongforge.train.engines.base import StepEngine, StepResult
@@ -185,12 +184,11 @@ class TaskEngine(StepEngine):
         #: would otherwise compile a graph for a batch of one); its time is printed after the first step.
         self.compiled = self._compile(unwrapped)
         self._compile_reported = False
-        #: One micro-batch's saved activations by component (MiB), counted in the first step of an eager run whose
-        #: parameters are whole on every rank; sharded (DTensor) parameters are gathered into buffers the
-        #: count could not tell from activations.
-        self._activation_mib: dict[str, float] | None = None
-        self._activations_of = None if self.compiled.enabled or any(
-            isinstance(p, DTensor) for p in unwrapped.parameters()) else unwrapped
+        # One micro-batch's saved activations by component, counted in the first step of an eager run whose
+        # parameters are whole on every rank; sharded (DTensor) parameters are gathered into buffers the count
+        # could not tell from activations.
+        sharded = any(isinstance(p, DTensor) for p in unwrapped.parameters())
+        self._activations = FirstStepActivations(None if self.compiled.enabled or sharded else [unwrapped])
         opt = config.optimizer
         params = [p for p in self.model.parameters() if p.requires_grad]
         adamw = dict(lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, weight_decay=opt.weight_decay,
@@ -250,17 +248,13 @@ class TaskEngine(StepEngine):
         indices = self.order.next()[self.dp_rank * mbs : (self.dp_rank + 1) * mbs]
         batch = _collate([self.data[i] for i in indices], indices, self.device)
         self.model.train()
-        first = self._activations_of is not None and self._activation_mib is None
-        measuring = SavedActivations([self._activations_of]) if first else nullcontext()
-        with measuring:
+        with self._activations.step():
             loss = self.task.training_step(self.model, batch)
             self.optimizer.zero_grad(set_to_none=True)
             # The strategies average gradients over all ranks, but a context-parallel rank holds only its share
             # (1/cp of the tokens) of its group's gradient: scaling by cp turns that average into the mean over
             # data-parallel groups, i.e. the gradient of the global batch.
             (loss * self.cp if self.cp > 1 else loss).backward()
-        if first:
-            self._activation_mib = measuring.mib()
         clip = self.config.optimizer.grad_clip
         grad_norm = None
         if clip > 0:
@@ -418,7 +412,7 @@ class TaskEngine(StepEngine):
             results = self._task_finish(trainer)
         if self.rank != 0:
             return results
-        return {**results, **self.compiled.summary(), "activation_mib": dict(self._activation_mib or {})}
+        return {**results, **self.compiled.summary(), "activation_mib": dict(self._activations.mib or {})}
 
     def _task_finish(self, trainer: Trainer) -> dict[str, Any]:
         """:meth:`Task.finish <loongforge.tasks.Task.finish>`'s entries (printed on rank 0; empty on the others)."""
