@@ -32,6 +32,11 @@ one-process eager figure on the same cores). Usage::
 Every side: fp32, AdamW (lr 3e-4, betas 0.9/0.95, wd 0.1 on matrices), gradient clipping at 1.0, untied output
 layer, causal SDPA, ``--layers``/``--hidden``/... the shape (defaults: the issue's 4 layers, d256, 4 heads MHA,
 ffn 688, vocab 384, seq 256, micro-batch 8).
+
+Kernels: the peers run torch's own (``mm`` through MKL, the unfused SwiGLU and norm backward of autograd). LoongForge
+runs what its CPU backend picks: on x86 processors other than Intel's its linear layers use oneDNN's GEMM
+(:mod:`loongforge.devices.megatron_cpu.gemm`), plus its SwiGLU, RMSNorm and RoPE kernels; run with
+``LOONGFORGE_CPU_GEMM=aten`` to compare on torch's GEMM.
 """
 
 from __future__ import annotations

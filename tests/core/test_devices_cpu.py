@@ -197,3 +197,30 @@ def test_sp_norm_matches_torch_rmsnorm_and_tags_params_for_sequence_parallel(meg
     assert SPNorm(sp_config, hidden_size=64).weight.sequence_parallel is True
     layer_norm = SPNorm(_attention_config(normalization="LayerNorm"), hidden_size=64)
     assert torch.allclose(layer_norm(x), torch.nn.functional.layer_norm(x, (64,)), atol=1e-6)
+
+
+@pytest.mark.parametrize("zero_centered", [False, True])
+def test_sp_rmsnorm_gradients_match_torch_rmsnorm(megatron_cpu_world, zero_centered):
+    """The analytic backward (RMSNormFunction) against autograd through torch's RMSNorm: forward bitwise (the same
+    fused kernel), input and weight gradients to float rounding, for a strided input (a q/k-norm over heads)."""
+    from loongforge.devices.norm import RMSNormFunction, SPNorm
+
+    norm = SPNorm(_attention_config(normalization="RMSNorm", layernorm_zero_centered_gamma=zero_centered),
+                  hidden_size=16, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.uniform_(-0.5, 0.5)
+    reference = torch.nn.RMSNorm(16, eps=1e-6)
+    with torch.no_grad():
+        reference.weight.copy_(norm.weight + 1 if zero_centered else norm.weight)
+    base = torch.randn(7, 3, 4, 40) * 2
+    x1, x2 = (base[..., 8:24].clone().requires_grad_() for _ in range(2))
+    out, ref = norm(x1), reference(x2)
+    assert torch.equal(out, ref)
+    upstream = torch.randn_like(out)
+    out.backward(upstream)
+    ref.backward(upstream)
+    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(norm.weight.grad, reference.weight.grad, rtol=1e-5, atol=1e-5)
+    x64 = torch.randn(3, 2, 8, dtype=torch.float64, requires_grad=True)
+    w64 = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: RMSNormFunction.apply(a, b, 1e-6), (x64, w64))

@@ -39,10 +39,12 @@ class CPUBackend(DeviceBackend):
         tune_glibc_malloc()
 
     def doctor_rows(self) -> list[tuple[str, str]]:
-        """What :meth:`configure_env` does to glibc malloc in a run started from this environment."""
+        """What :meth:`configure_env` does to glibc malloc and which GEMM library the linear layers use, in a run
+        started from this environment."""
         from loongforge.devices.cpu_malloc import planned_malloc
+        from loongforge.devices.megatron_cpu.gemm import planned_kernel
 
-        return [("malloc", planned_malloc())]
+        return [("malloc", planned_malloc()), ("linear GEMM", planned_kernel())]
 
     def apply_patches(self) -> None:
         """Apply the megatron CPU patches (idempotent); see :mod:`loongforge.devices.megatron_cpu`."""

@@ -119,7 +119,7 @@ def transformer_config(
         qk_layernorm=flavor.qk_layernorm,
         hidden_dropout=0.0,
         attention_dropout=0.0,
-        bias_activation_fusion=False,
+        bias_activation_fusion=flavor.fused_swiglu,
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,

@@ -199,6 +199,17 @@ class DecoderFlavor(ModelFamily):
         return self.num_experts is not None
 
     @property
+    def fused_swiglu(self) -> bool:
+        """Whether the MLP runs through megatron's fused SwiGLU entry point (``bias_activation_fusion``).
+
+        Dense SwiGLU decoders do, as Megatron-LM's ``--swiglu`` does by default; the device supplies the kernel
+        (megatron's compiled one on GPU, :mod:`loongforge.devices.megatron_cpu.swiglu` on CPU), which keeps only
+        the ``linear_fc1`` output for backward. MoE decoders keep the unfused path: their experts scale the
+        activation by the router's probabilities, which is megatron's separate weighted kernel.
+        """
+        return self.gated_linear_unit and self.activation == "silu" and not self.is_moe
+
+    @property
     def context_parallel_blocker(self) -> str | None:
         """Why this decoder cannot split its sequences over context-parallel ranks, or ``None`` when it can: core's
         attention soft-caps logits and applies sliding windows over whole sequences only."""

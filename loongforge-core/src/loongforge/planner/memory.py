@@ -153,15 +153,16 @@ def layer_activation_elements(
     t = cand.tp
     norm_split = t if cand.sequence_parallel else 1
     local = kernels == "local"
-    # Per norm: its input and output (saved by the following linear) and 1/row; the unfused norm also keeps
-    # the normalised input.
-    parts = {"norms": 2 * ((3 if local else 2) * h + 1) / norm_split}
+    # Per norm: its input and output (saved by the following linear) and 1/row (TE's norm and the CPU build's
+    # analytic RMSNorm backward, loongforge.devices.norm, alike).
+    parts = {"norms": 2 * (2 * h + 1) / norm_split}
     # qkv output (kept whole by the V view), rotated q and k, attention output and log-sum-exp per head.
     attention = (q + 2 * kv) + q + kv + q + ("core_attn" not in modules) * n
     if flavor.qk_layernorm:
-        attention += q + n + q + g + kv  # contiguous q, q/k norm statistics and normalised q/k
+        attention += q + n + g  # the contiguous q the q-norm keeps, q/k norm statistics (1/row per head)
     parts["attention"] = attention / t
-    # SwiGLU per expert-width f: fc1 output (2f) and fc2 input (f); the unfused one also SiLU(x) and a copy.
+    # SwiGLU per expert-width f: fc1 output (2f) and fc2 input (f); the unfused one (local MoE experts) also
+    # SiLU(x) and a copy. Dense SwiGLU is fused on every device (DecoderFlavor.fused_swiglu).
     glu = 5 if local else 3
     if flavor.num_experts:
         k = flavor.moe_router_topk
@@ -173,7 +174,7 @@ def layer_activation_elements(
         if shared and "shared_experts" not in modules and "moe" not in modules:
             parts["shared_expert"] = glu * shared / t
     elif "mlp" not in modules:
-        parts["mlp"] = glu * flavor.ffn_hidden_size / t
+        parts["mlp"] = (3 if flavor.fused_swiglu else glu) * flavor.ffn_hidden_size / t
     return parts
 
 

@@ -19,6 +19,10 @@ assumption where megatron looks the name up, so the rest of megatron runs unmodi
   parallelism (megatron moves its index with ``.cuda()``).
 * :func:`~loongforge.devices.megatron_cpu.rope.patch_rope_kernel` -- RoPE in one pass each way (megatron's
   unfused path is six kernels and a copy per call; TE's fused RoPE replaces it on GPU).
+* :func:`~loongforge.devices.megatron_cpu.swiglu.patch_swiglu_kernel` -- megatron's fused-SwiGLU entry point
+  without ``torch.compile`` (two kernels each way, no gradient ``cat``; megatron's compiled kernel on GPU).
+* :func:`~loongforge.devices.megatron_cpu.gemm.patch_linear_gemm` -- the local linear layers on oneDNN's GEMM
+  where a probe finds it faster than torch's MKL ``mm`` (AMD hosts: ~25% on the layers' products).
 * :func:`~loongforge.devices.megatron_cpu.embedding.patch_tied_embedding_setup` -- tied embeddings at PP > 1
   (the construction-time all-reduce of the two copies).
 
@@ -43,12 +47,14 @@ def apply_megatron_cpu_patches() -> None:
     if _applied:
         return
     from loongforge.devices.megatron_cpu.embedding import patch_tied_embedding_setup
+    from loongforge.devices.megatron_cpu.gemm import patch_linear_gemm
     from loongforge.devices.megatron_cpu.modules import install_torch_views
     from loongforge.devices.megatron_cpu.moe import patch_alltoall_splits, patch_router_gemm
     from loongforge.devices.megatron_cpu.optimizer import patch_clip_grads, patch_optimizer_type_checks
     from loongforge.devices.megatron_cpu.rng import patch_rng_tracker
     from loongforge.devices.megatron_cpu.rope import patch_rope_kernel
     from loongforge.devices.megatron_cpu.rope_cp import patch_rope_cp_slice
+    from loongforge.devices.megatron_cpu.swiglu import patch_swiglu_kernel
 
     install_torch_views()
     patch_rng_tracker()
@@ -59,4 +65,6 @@ def apply_megatron_cpu_patches() -> None:
     patch_tied_embedding_setup()
     patch_rope_cp_slice()
     patch_rope_kernel()
+    patch_swiglu_kernel()
+    patch_linear_gemm()
     _applied = True

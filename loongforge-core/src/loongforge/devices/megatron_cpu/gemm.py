@@ -1,0 +1,184 @@
+"""megatron's local linear layers on oneDNN's fp32 GEMM where that is the faster library on this CPU.
+
+torch sends every fp32 ``mm`` on x86 to MKL. On AMD processors MKL does not take its best code paths, and oneDNN
+(which torch ships too, behind ``torch.ops.mkldnn._linear_pointwise``, the kernel Inductor's CPU linear fusions
+use) runs the tiny Llama benchmark's layer shapes 20-28% faster there for the forward product and ~18% for the
+input gradient; the weight gradient (a long reduction over tokens, read transposed) is no faster, so it stays
+``mm``. The layers' GEMMs are ~60% of a CPU training step, so this is the largest single speed lever on such hosts.
+
+Which library serves a run (:func:`linear_kernel`): ``LOONGFORGE_CPU_GEMM=auto`` (default) takes oneDNN on x86
+processors other than Intel's and torch's ``mm`` on Intel's (MKL's home ground) and off x86; ``onednn`` or ``aten``
+force a choice. The rule reads the processor's vendor rather than timing both at start-up: a timing near a tie could
+pick differently in the next process, and a resumed run must compute as the first one did. ``loongforge doctor``
+shows the choice.
+
+:func:`patch_linear_gemm` replaces ``linear_with_grad_accumulation_and_async_allreduce`` where megatron's
+``ColumnParallelLinear``/``RowParallelLinear`` look it up, with one that hands the cases it covers -- fp32, no
+sequence parallelism, no fused gradient accumulation, no deferred embedding weight gradient -- to
+:class:`OneDNNLinear` and everything else to megatron's function. Results differ from ``mm``'s by float rounding
+(a different summation order), like any other GEMM library.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+#: megatron's module whose ``linear_with_grad_accumulation_and_async_allreduce`` is replaced.
+LAYERS = "megatron.core.tensor_parallel.layers"
+#: Environment variable choosing the GEMM library: ``auto`` (measure), ``onednn`` or ``aten`` (torch's ``mm``).
+GEMM_VARIABLE = "LOONGFORGE_CPU_GEMM"
+CHOICES = ("auto", "onednn", "aten")
+
+_ONEDNN_LINEAR = getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
+
+
+def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ weight.T + bias`` by oneDNN, for any leading dimensions of ``x`` (strided ``weight`` allowed).
+
+    The kernel returns a view for a 3-D input; an autograd Function must not return a view of its own temporary
+    (an in-place op downstream would bypass its backward), so the product is taken in 2-D and reshaped with
+    ``_unsafe_view``, which makes no view.
+    """
+    out = _ONEDNN_LINEAR(x.reshape(-1, x.shape[-1]), weight, bias, "none", [], "")
+    return torch.ops.aten._unsafe_view(out, (*x.shape[:-1], weight.shape[0]))
+
+
+@torch.library.custom_op("loongforge::onednn_linear", mutates_args=())
+def onednn_linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """:func:`_onednn` as an operator of its own, so that ``torch.compile`` keeps it as one opaque call in the graph
+    (Inductor has no lowering for the raw oneDNN kernel with plain weights)."""
+    return _onednn(x, weight, bias)
+
+
+@onednn_linear_op.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+#: ``(x, weight) -> x @ weight.T`` by oneDNN, or None without the kernel (the matmul-peak probe times it too).
+onednn_product: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = (
+    None if _ONEDNN_LINEAR is None else lambda x, weight: _onednn(x, weight, None))
+
+
+class OneDNNLinear(torch.autograd.Function):
+    """``y = x @ W^T + b`` with oneDNN for the output and the input gradient, ``mm`` for the weight gradient.
+
+    ``allreduce_dgrad`` (a column-parallel layer at tensor parallelism > 1) sums the input gradient over
+    ``tp_group``, as megatron's function does. The weight gradient lands in ``weight.grad`` for megatron's DDP hook
+    to add into its buffer, as with megatron's function when gradient accumulation fusion is off.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, allreduce_dgrad: bool,
+                tp_group: Any) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.use_bias = bias is not None
+        ctx.allreduce_dgrad = allreduce_dgrad
+        ctx.tp_group = tp_group
+        return onednn_linear_op(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        x, weight = ctx.saved_tensors
+        grad_x = onednn_linear_op(grad, weight.t(), None)
+        handle = None
+        if ctx.allreduce_dgrad:
+            handle = torch.distributed.all_reduce(grad_x, group=ctx.tp_group, async_op=True)
+        grad_2d = grad.reshape(-1, grad.shape[-1])
+        grad_weight = grad_2d.t().mm(x.reshape(-1, x.shape[-1]))
+        grad_bias = grad_2d.sum(0) if ctx.use_bias else None
+        if handle is not None:
+            handle.wait()
+        return grad_x, grad_weight, grad_bias, None, None
+
+
+def cpu_vendor(cpuinfo: str = "/proc/cpuinfo") -> str | None:
+    """The x86 vendor string of this machine (``AuthenticAMD``, ``GenuineIntel``, ...), or None off x86/Linux."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                if line.startswith("vendor_id"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        return None
+    return None
+
+
+def _automatic(vendor: str | None) -> str:
+    """oneDNN on x86 processors MKL does not tune for (every x86 vendor but Intel), torch's ``mm`` elsewhere."""
+    return "onednn" if vendor is not None and vendor != "GenuineIntel" else "aten"
+
+
+@functools.cache
+def linear_kernel() -> str:
+    """``"onednn"`` or ``"aten"``: the GEMM library this process's linear layers use (see the module docstring)."""
+    choice = _requested()
+    if _ONEDNN_LINEAR is None:
+        if choice == "onednn":
+            raise ValueError(f"{GEMM_VARIABLE}=onednn: this torch build has no oneDNN linear kernel")
+        return "aten"
+    return _automatic(cpu_vendor()) if choice == "auto" else choice
+
+
+def _requested() -> str:
+    choice = os.environ.get(GEMM_VARIABLE, "auto").strip().lower() or "auto"
+    if choice not in CHOICES:
+        raise ValueError(f"{GEMM_VARIABLE}={choice!r}: use one of {', '.join(CHOICES)}")
+    return choice
+
+
+@torch.compiler.assume_constant_result
+def _uses_onednn() -> bool:
+    """:func:`linear_kernel` is oneDNN (a constant of the process, also to ``torch.compile``'s tracer)."""
+    return linear_kernel() == "onednn"
+
+
+def planned_kernel() -> str:
+    """What :func:`linear_kernel` chooses here, in words (for ``loongforge doctor``)."""
+    choice = _requested()
+    if _ONEDNN_LINEAR is None:
+        return "aten mm (this torch build has no oneDNN linear kernel)"
+    if choice != "auto":
+        return f"{choice} ({GEMM_VARIABLE}={choice})"
+    vendor = cpu_vendor() or "unknown vendor"
+    return f"{_automatic(cpu_vendor())} (auto for {vendor}; {GEMM_VARIABLE}=onednn|aten to choose)"
+
+
+def onednn_linear(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """megatron's ``linear_with_grad_accumulation_and_async_allreduce`` with :class:`OneDNNLinear` where it applies."""
+
+    def linear_with_grad_accumulation_and_async_allreduce(
+        input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gradient_accumulation_fusion: bool,
+        allreduce_dgrad: bool, sequence_parallel: bool, grad_output_buffer: list | None = None,
+        wgrad_deferral_limit: int | None = 0, async_grad_allreduce: bool | None = None, tp_group: Any = None,
+    ) -> torch.Tensor:
+        covered = (not sequence_parallel and not gradient_accumulation_fusion and grad_output_buffer is None
+                   and input.dtype == torch.float32 and weight.dtype == torch.float32
+                   and not (allreduce_dgrad and torch.compiler.is_compiling()) and _uses_onednn())
+        if not covered:
+            return original(input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad, sequence_parallel,
+                            grad_output_buffer, wgrad_deferral_limit, async_grad_allreduce, tp_group)
+        if allreduce_dgrad and tp_group is None:
+            from megatron.core.parallel_state import get_tensor_model_parallel_group
+
+            tp_group = get_tensor_model_parallel_group()
+        return OneDNNLinear.apply(input, weight, bias, allreduce_dgrad, tp_group)
+
+    linear_with_grad_accumulation_and_async_allreduce.megatron_original = original  # type: ignore[attr-defined]
+    # megatron's function reads and sets its warn-once flag through the module's name, which is now this one.
+    linear_with_grad_accumulation_and_async_allreduce.warned = getattr(original, "warned", False)  # type: ignore[attr-defined]
+    return linear_with_grad_accumulation_and_async_allreduce
+
+
+def patch_linear_gemm() -> None:
+    """Install :func:`onednn_linear` where megatron's parallel linear layers look their function up (once)."""
+    module = importlib.import_module(LAYERS)
+    current = module.linear_with_grad_accumulation_and_async_allreduce
+    if getattr(current, "megatron_original", None) is None:
+        module.linear_with_grad_accumulation_and_async_allreduce = onednn_linear(current)
