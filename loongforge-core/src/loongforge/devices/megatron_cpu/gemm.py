@@ -22,12 +22,13 @@ sequence parallelism, no fused gradient accumulation, no deferred embedding weig
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from loongforge.devices.megatron_cpu.wrapping import replace_once
 
 #: megatron's module whose ``linear_with_grad_accumulation_and_async_allreduce`` is replaced.
 LAYERS = "megatron.core.tensor_parallel.layers"
@@ -146,8 +147,8 @@ def planned_kernel() -> str:
         return "aten mm (this torch build has no oneDNN linear kernel)"
     if choice != "auto":
         return f"{choice} ({GEMM_VARIABLE}={choice})"
-    vendor = cpu_vendor() or "unknown vendor"
-    return f"{_automatic(cpu_vendor())} (auto for {vendor}; {GEMM_VARIABLE}=onednn|aten to choose)"
+    vendor = cpu_vendor()
+    return f"{_automatic(vendor)} (auto for {vendor or 'an unknown vendor'}; {GEMM_VARIABLE}=onednn|aten to choose)"
 
 
 def onednn_linear(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -170,7 +171,6 @@ def onednn_linear(original: Callable[..., torch.Tensor]) -> Callable[..., torch.
             tp_group = get_tensor_model_parallel_group()
         return OneDNNLinear.apply(input, weight, bias, allreduce_dgrad, tp_group)
 
-    linear_with_grad_accumulation_and_async_allreduce.megatron_original = original  # type: ignore[attr-defined]
     # megatron's function reads and sets its warn-once flag through the module's name, which is now this one.
     linear_with_grad_accumulation_and_async_allreduce.warned = getattr(original, "warned", False)  # type: ignore[attr-defined]
     return linear_with_grad_accumulation_and_async_allreduce
@@ -178,7 +178,4 @@ def onednn_linear(original: Callable[..., torch.Tensor]) -> Callable[..., torch.
 
 def patch_linear_gemm() -> None:
     """Install :func:`onednn_linear` where megatron's parallel linear layers look their function up (once)."""
-    module = importlib.import_module(LAYERS)
-    current = module.linear_with_grad_accumulation_and_async_allreduce
-    if getattr(current, "megatron_original", None) is None:
-        module.linear_with_grad_accumulation_and_async_allreduce = onednn_linear(current)
+    replace_once(LAYERS, "linear_with_grad_accumulation_and_async_allreduce", onednn_linear)

@@ -17,11 +17,12 @@ formula itself).
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from loongforge.devices.megatron_cpu.wrapping import replace_once
 
 #: megatron's module whose ``_apply_rotary_pos_emb_bshd`` (looked up by its ``apply_rotary_pos_emb`` and
 #: ``apply_rotary_pos_emb_with_cos_sin``) is replaced.
@@ -95,13 +96,9 @@ def fused_bshd(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Ten
         cos, sin = cache.tables(freqs, mscale, t.dtype)
         return RotaryHalves.apply(t, cos, sin)
 
-    apply_rotary_pos_emb_bshd.megatron_original = original  # type: ignore[attr-defined]
     return apply_rotary_pos_emb_bshd
 
 
 def patch_rope_kernel() -> None:
     """Install :func:`fused_bshd` where megatron's RoPE functions look ``_apply_rotary_pos_emb_bshd`` up (once)."""
-    module = importlib.import_module(ROPE_UTILS)
-    current = module._apply_rotary_pos_emb_bshd
-    if getattr(current, "megatron_original", None) is None:
-        module._apply_rotary_pos_emb_bshd = fused_bshd(current)
+    replace_once(ROPE_UTILS, "_apply_rotary_pos_emb_bshd", fused_bshd)

@@ -18,12 +18,13 @@ the input go to megatron's own function.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from loongforge.devices.megatron_cpu.wrapping import replace_once
 
 #: megatron's modules that look ``bias_swiglu_impl`` up in their globals (the dense MLP and the shared experts).
 SWIGLU_CALLERS = ("megatron.core.transformer.mlp", "megatron.core.transformer.moe.shared_experts")
@@ -70,14 +71,10 @@ def eager_bias_swiglu(original: Callable[..., torch.Tensor]) -> Callable[..., to
             return F.silu(gate) * up
         return SwiGLUHalves.apply(x)
 
-    bias_swiglu_impl.megatron_original = original  # type: ignore[attr-defined]
     return bias_swiglu_impl
 
 
 def patch_swiglu_kernel() -> None:
     """Install :func:`eager_bias_swiglu` where megatron's MLPs look ``bias_swiglu_impl`` up (once)."""
     for name in SWIGLU_CALLERS:
-        module = importlib.import_module(name)
-        current = module.bias_swiglu_impl
-        if getattr(current, "megatron_original", None) is None:
-            module.bias_swiglu_impl = eager_bias_swiglu(current)
+        replace_once(name, "bias_swiglu_impl", eager_bias_swiglu)
