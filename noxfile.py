@@ -123,8 +123,9 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Side-by-side benchmark: LoongForge vs a plain PyTorch loop on the same tiny Llama."""
-    _install_core(session)
+    """Side-by-side benchmark: LoongForge vs plain PyTorch (eager, compiled) and Hugging Face's Trainer on the same
+    tiny Llama (the ``bench`` extra brings transformers and accelerate for the Trainer side)."""
+    _install_core(session, "bench")
     session.run("python", "benchmarks/llm_pretrain.py", *session.posargs)
 
 

@@ -13,20 +13,25 @@ inputs; a step is forward, an MSE loss against a fixed velocity target, backward
 - ``diffusers-compiled``: the same, compiled as diffusers recommends, ``compile_repeated_blocks()`` (its regional
   compile of the ``WanTransformerBlock`` stack; ``--diffusers-compile full``: ``torch.compile`` of the whole model).
 
-Every side first runs ``--warmup`` steps (the compiled sides compile there; their first step is reported as the
-compile cost). Then ``--rounds`` rounds, each running ``--steps`` steps of every side in turn, the order rotated
-every round, so machine noise (other processes on shared cores) hits all sides alike. Reported: each side's
-median step over all timed steps, the spread of its per-round medians, and speed-ups: the other side's median over
-this side's, and the median over rounds of the same ratio within each round (``round_speedup``; the sturdier of
-the two when the load changes between rounds, as it does on shared cores). ``--clock cpu`` times each step by the
-CPU seconds this process spent in it (``time.process_time``: every thread's, so with ``--threads 2`` it counts
-both cores) instead of wall-clock seconds: time spent waiting for a core another process holds is left out, which
-makes figures taken on busy shared cores comparable. Usage::
+Each side runs as its user would run it, in a fresh process of its own: the LoongForge sides first set the process
+up as every LoongForge run does (the selected device backend's ``configure_env``; on CPU that tunes glibc malloc,
+see :mod:`loongforge.devices.cpu_malloc`; ``LOONGFORGE_CPU_MALLOC=system`` leaves glibc's defaults for a comparison
+without it), the diffusers sides run in a plain process. A process runs ``--warmup`` untimed steps (the compiled
+sides compile there; their first step is reported as the compile cost), then ``--steps`` timed steps. ``--rounds``
+rounds start one process per side each, the order rotated every round, so machine drift (other processes on shared
+cores) hits all sides alike. Reported: each side's median step over all timed steps, the spread of its per-round
+medians, its peak RSS, and speed-ups: the other side's median over this side's, and the median over rounds of the
+same ratio within each round (``round_speedup``; the sturdier of the two when the load changes between rounds, as
+it does on shared cores). ``--clock cpu`` times each step by the CPU seconds the process spent in it
+(``time.process_time``: every thread's, so with ``--threads 2`` it counts both cores) instead of wall-clock
+seconds: time spent waiting for a core another process holds is left out, which makes figures taken on busy shared
+cores comparable. Usage::
 
     python benchmarks/diffusion_wan_step.py                           # d64, 2 layers, 4x16x16 video, batch 8
     python benchmarks/diffusion_wan_step.py --rounds 8 --steps 10 --out wan_step.json
     python benchmarks/diffusion_wan_step.py --dim 256 --heads 4 --layers 4 --side 32 --threads 2
     python benchmarks/diffusion_wan_step.py --threads 1 --clock cpu               # on cores other jobs share
+    LOONGFORGE_CPU_MALLOC=system python benchmarks/diffusion_wan_step.py          # glibc's defaults on every side
 
 Needs diffusers (``pip install loongforge-diffusion[test]``) and, for the compiled sides, a C++ compiler.
 Targets (issue 21): loongforge-compiled >= 1.5x diffusers and >= 1.1x diffusers-compiled.
@@ -36,22 +41,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from diffusers import WanTransformer3DModel
-from loongforge.train.compile import compile_blocks
-from loongforge.train.engines.task import fused_adamw_applies
-from loongforge_diffusion.wan.diffusers_adapter import diffusers_config, from_diffusers
-from loongforge_diffusion.wan.flavors import FLAVORS
-from loongforge_diffusion.wan.model import WanModel
+from loongforge_diffusion.wan.flavors import FLAVORS, WanFlavor
 
 SIDES = ("loongforge", "loongforge-compiled", "diffusers", "diffusers-compiled")
-
-
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
@@ -71,38 +73,97 @@ def training_step(model: torch.nn.Module, forward: Callable[[], torch.Tensor], t
     return step
 
 
-def build_sides(args: argparse.Namespace) -> dict[str, Callable[[], float]]:
-    flavor = FLAVORS["wan-tiny"].with_overrides(dim=args.dim, num_heads=args.heads, num_layers=args.layers,
-                                                ffn_dim=2 * args.dim)
-    torch.manual_seed(0)
+def tiny_flavor(args: argparse.Namespace) -> WanFlavor:
+    return FLAVORS["wan-tiny"].with_overrides(dim=args.dim, num_heads=args.heads, num_layers=args.layers,
+                                              ffn_dim=2 * args.dim)
+
+
+def inputs(args: argparse.Namespace, flavor: WanFlavor) -> tuple[torch.Tensor, ...]:
+    """The batch every side trains on: video latents, velocity target, text context, timesteps (seeded)."""
+    generator = torch.Generator().manual_seed(0)
     shape = (args.batch, flavor.in_channels, args.frames, args.side, args.side)
-    video, target = torch.randn(shape), torch.randn(shape)
-    context = torch.randn(args.batch, flavor.text_len, flavor.text_dim)
-    timestep = torch.rand(args.batch) * 1000
-    weights = WanTransformer3DModel(**diffusers_config(flavor)).state_dict()
-    sides = {}
-    for name in SIDES:
-        if name.startswith("loongforge"):
-            model = WanModel(flavor)
-            model.load_state_dict(from_diffusers(weights))
-            if name.endswith("compiled"):
-                mode = True if args.compile == "true" else "regional"
-                compile_blocks([] if mode is True else model.blocks, mode, rest=[model])
-            params = list(model.parameters())
-            optimizer = torch.optim.AdamW(params, lr=1e-4, fused=fused_adamw_applies(params))
-            forward = (lambda m: lambda: m(video, timestep, context))(model)
+    return (torch.randn(shape, generator=generator), torch.randn(shape, generator=generator),
+            torch.randn(args.batch, flavor.text_len, flavor.text_dim, generator=generator),
+            torch.rand(args.batch, generator=generator) * 1000)
+
+
+def write_weights(args: argparse.Namespace, path: Path) -> None:
+    """diffusers' initial weights for the config, saved once for every side's process to load."""
+    from diffusers import WanTransformer3DModel
+    from loongforge_diffusion.wan.diffusers_adapter import diffusers_config
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    save_file(WanTransformer3DModel(**diffusers_config(tiny_flavor(args))).state_dict(), path)
+
+
+def loongforge_side(args: argparse.Namespace, weights: dict[str, torch.Tensor], flavor: WanFlavor,
+                    video: torch.Tensor, timestep: torch.Tensor, context: torch.Tensor,
+                    ) -> tuple[torch.nn.Module, Callable[[], torch.Tensor], torch.optim.Optimizer]:
+    """``WanModel`` in a process set up as a LoongForge run sets it up (the device backend's ``configure_env``)."""
+    from loongforge.devices.selection import select_backend
+    from loongforge.plugins import get_host
+    from loongforge.train.compile import compile_blocks
+    from loongforge.train.engines.task import fused_adamw_applies
+    from loongforge_diffusion.wan.diffusers_adapter import from_diffusers
+    from loongforge_diffusion.wan.model import WanModel
+
+    backend, _ = select_backend("auto", get_host().registry("device"))
+    backend.configure_env()
+    model = WanModel(flavor)
+    model.load_state_dict(from_diffusers(weights))
+    if args.worker.endswith("compiled"):
+        mode = True if args.compile == "true" else "regional"
+        compile_blocks([] if mode is True else model.blocks, mode, rest=[model])
+    params = list(model.parameters())
+    optimizer = torch.optim.AdamW(params, lr=1e-4, fused=fused_adamw_applies(params))
+    return model, lambda: model(video, timestep, context), optimizer
+
+
+def diffusers_side(args: argparse.Namespace, weights: dict[str, torch.Tensor], flavor: WanFlavor,
+                   video: torch.Tensor, timestep: torch.Tensor, context: torch.Tensor,
+                   ) -> tuple[torch.nn.Module, Callable[[], torch.Tensor], torch.optim.Optimizer]:
+    """``WanTransformer3DModel`` in a plain process, compiled the way diffusers documents."""
+    from diffusers import WanTransformer3DModel
+    from loongforge_diffusion.wan.diffusers_adapter import diffusers_config
+
+    model = WanTransformer3DModel(**diffusers_config(flavor))
+    model.load_state_dict(weights)
+    if args.worker.endswith("compiled"):
+        if args.diffusers_compile == "full":
+            model.compile()
         else:
-            model = WanTransformer3DModel(**diffusers_config(flavor))
-            model.load_state_dict(weights)
-            if name.endswith("compiled"):
-                if args.diffusers_compile == "full":
-                    model.compile()
-                else:
-                    model.compile_repeated_blocks()
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-            forward = (lambda m: lambda: m(video, timestep, context, return_dict=False)[0])(model)
-        sides[name] = training_step(model, forward, target, optimizer, CLOCKS[args.clock])
-    return sides
+            model.compile_repeated_blocks()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    return model, lambda: model(video, timestep, context, return_dict=False)[0], optimizer
+
+
+def worker(args: argparse.Namespace) -> dict:
+    """One side in this process: ``--warmup`` untimed steps (the first one timed as the compile cost), then
+    ``--steps`` timed ones."""
+    from safetensors.torch import load_file
+
+    torch.set_num_threads(args.threads)
+    flavor = tiny_flavor(args)
+    video, target, context, timestep = inputs(args, flavor)
+    build = loongforge_side if args.worker.startswith("loongforge") else diffusers_side
+    model, forward, optimizer = build(args, load_file(args.weights), flavor, video, timestep, context)
+    step = training_step(model, forward, target, optimizer, CLOCKS[args.clock])
+    first = step()
+    for _ in range(args.warmup - 1):
+        step()
+    times = [step() for _ in range(args.steps)]
+    return {"step_s": times, "first_step_s": first,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def run_side(name: str, argv: list[str], weights: Path) -> dict:
+    """:func:`worker` for side ``name`` in a fresh interpreter; its one JSON line."""
+    command = [sys.executable, __file__, *argv, "--worker", name, "--weights", str(weights)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"side {name} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -113,34 +174,61 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--frames", type=int, default=4)
     parser.add_argument("--side", type=int, default=16)
-    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per side (the compiled sides compile)")
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--steps", type=int, default=8, help="timed steps per side and round")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per process (the compiled sides "
+                                                              "compile in the first)")
+    parser.add_argument("--rounds", type=int, default=6, help="processes per side, started alternately")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per process")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
-                        help="wall-clock or this process's CPU seconds per step")
+                        help="wall-clock or the process's CPU seconds per step")
     parser.add_argument("--compile", choices=("regional", "true"), default="true",
                         help="training.compile of the loongforge-compiled side")
     parser.add_argument("--diffusers-compile", choices=("regional", "full"), default="regional")
     parser.add_argument("--sides", nargs="*", choices=SIDES, default=list(SIDES))
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    sides = {name: step for name, step in build_sides(args).items() if name in args.sides}
+    parser.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
+    parser.add_argument("--weights", type=Path, help=argparse.SUPPRESS)
+    raw = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(raw)
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return {}
+    passed = [a for a in raw if a not in ("--sides", *SIDES)]
+    names = list(args.sides)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    round_medians: dict[str, list[float]] = {name: [] for name in names}
+    first: dict[str, list[float]] = {name: [] for name in names}
+    rss: dict[str, list[float]] = {name: [] for name in names}
+    with tempfile.TemporaryDirectory() as scratch:
+        weights = Path(scratch) / "wan.safetensors"
+        write_weights(args, weights)
+        for index in range(args.rounds):
+            for name in names[index % len(names):] + names[:index % len(names)]:
+                result = run_side(name, _without_out(passed), weights)
+                times[name] += result["step_s"]
+                round_medians[name].append(statistics.median(result["step_s"]))
+                first[name].append(result["first_step_s"])
+                rss[name].append(result["peak_rss_mib"])
+                print(f"round {index + 1} {name:20s} {round_medians[name][-1] * 1e3:8.2f} ms", flush=True)
+    return report(args, names, times, round_medians, first, rss)
 
-    first: dict[str, float] = {}
-    for name, step in sides.items():
-        first[name] = step()
-        for _ in range(args.warmup - 1):
-            step()
-    times: dict[str, list[float]] = {name: [] for name in sides}
-    round_medians: dict[str, list[float]] = {name: [] for name in sides}
-    names = list(sides)
-    for index in range(args.rounds):
-        for name in names[index % len(names):] + names[:index % len(names)]:
-            elapsed = [sides[name]() for _ in range(args.steps)]
-            times[name] += elapsed
-            round_medians[name].append(statistics.median(elapsed))
+
+def _without_out(argv: list[str]) -> list[str]:
+    """``argv`` less ``--out PATH`` (only the parent writes the figures)."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--out":
+            skip = True
+        elif not arg.startswith("--out="):
+            kept.append(arg)
+    return kept
+
+
+def report(args: argparse.Namespace, names: list[str], times: dict[str, list[float]],
+           round_medians: dict[str, list[float]], first: dict[str, list[float]], rss: dict[str, list[float]]) -> dict:
+    """Print the table and speed-ups; write ``--out``; return the figures."""
     medians = {name: statistics.median(values) for name, values in times.items()}
     speedups = {name: {other: medians[other] / medians[name] for other in medians if other != name}
                 for name in medians}
@@ -148,28 +236,32 @@ def main(argv: list[str] | None = None) -> dict:
                                                                             strict=True))
                              for other in medians if other != name} for name in medians}
     tokens = args.batch * args.frames * (args.side // 2) ** 2
-    report = {
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    figures = {
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+                   if k not in ("worker", "weights")},
         "tokens_per_step": tokens, "torch": torch.__version__,
         "sides": {name: {"median_step_ms": medians[name] * 1e3, "tokens_per_s": tokens / medians[name],
-                         "round_median_ms": [t * 1e3 for t in round_medians[name]], "first_step_s": first[name]}
-                  for name in sides},
+                         "round_median_ms": [t * 1e3 for t in round_medians[name]],
+                         "first_step_s": statistics.median(first[name]),
+                         "peak_rss_mib": statistics.median(rss[name])}
+                  for name in names},
         "speedup": speedups, "round_speedup": round_speedups,
     }
-    print(f"config: d{args.dim} {args.heads} heads {args.layers} layers, batch {args.batch}, {tokens} tokens/step, "
-          f"{args.threads} threads, {args.rounds} rounds x {args.steps} timed steps per side, {args.clock} clock")
-    print(f"{'side':>20} {'median ms':>10} {'round medians ms (min-max)':>28} {'first step s':>13}")
-    for name in sides:
+    print(f"\nconfig: d{args.dim} {args.heads} heads {args.layers} layers, batch {args.batch}, {tokens} tokens/step, "
+          f"{args.threads} threads, {args.rounds} processes x {args.steps} timed steps per side, {args.clock} clock")
+    print(f"{'side':>20} {'median ms':>10} {'round medians ms (min-max)':>28} {'first step s':>13} "
+          f"{'peak RSS MiB':>13}")
+    for name in names:
         spread = round_medians[name]
         print(f"{name:>20} {medians[name] * 1e3:10.2f} {min(spread) * 1e3:13.2f} - {max(spread) * 1e3:<12.2f} "
-              f"{first[name]:13.2f}")
-    for name in (n for n in ("loongforge", "loongforge-compiled") if n in sides):
+              f"{statistics.median(first[name]):13.2f} {statistics.median(rss[name]):13.0f}")
+    for name in (n for n in ("loongforge", "loongforge-compiled") if n in names):
         against = ", ".join(f"{speedups[name][other]:.2f}x vs {other} (per round {round_speedups[name][other]:.2f}x)"
-                            for other in sides if other.startswith("diffusers"))
+                            for other in names if other.startswith("diffusers"))
         print(f"{name}: {against}")
     if args.out:
-        args.out.write_text(json.dumps(report, indent=1))
-    return report
+        args.out.write_text(json.dumps(figures, indent=1))
+    return figures
 
 
 if __name__ == "__main__":
