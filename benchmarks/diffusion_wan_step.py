@@ -158,7 +158,8 @@ def worker(args: argparse.Namespace) -> dict:
 
 
 def run_side(name: str, argv: list[str], weights: Path) -> dict:
-    """:func:`worker` for side ``name`` in a fresh interpreter; its one JSON line."""
+    """:func:`worker` for side ``name`` in a fresh interpreter given the parent's ``argv`` (a worker reads only
+    the config options of it: ``--sides`` and ``--out`` are the parent's); its one JSON line."""
     command = [sys.executable, __file__, *argv, "--worker", name, "--weights", str(weights)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -193,7 +194,6 @@ def main(argv: list[str] | None = None) -> dict:
     if args.worker:
         print(json.dumps(worker(args)))
         return {}
-    passed = [a for a in raw if a not in ("--sides", *SIDES)]
     names = list(args.sides)
     times: dict[str, list[float]] = {name: [] for name in names}
     round_medians: dict[str, list[float]] = {name: [] for name in names}
@@ -204,26 +204,13 @@ def main(argv: list[str] | None = None) -> dict:
         write_weights(args, weights)
         for index in range(args.rounds):
             for name in names[index % len(names):] + names[:index % len(names)]:
-                result = run_side(name, _without_out(passed), weights)
+                result = run_side(name, raw, weights)
                 times[name] += result["step_s"]
                 round_medians[name].append(statistics.median(result["step_s"]))
                 first[name].append(result["first_step_s"])
                 rss[name].append(result["peak_rss_mib"])
                 print(f"round {index + 1} {name:20s} {round_medians[name][-1] * 1e3:8.2f} ms", flush=True)
     return report(args, names, times, round_medians, first, rss)
-
-
-def _without_out(argv: list[str]) -> list[str]:
-    """``argv`` less ``--out PATH`` (only the parent writes the figures)."""
-    kept, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg == "--out":
-            skip = True
-        elif not arg.startswith("--out="):
-            kept.append(arg)
-    return kept
 
 
 def report(args: argparse.Namespace, names: list[str], times: dict[str, list[float]],
