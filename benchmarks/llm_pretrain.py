@@ -10,13 +10,16 @@ Sides (``--sides``, all by default):
   installs transformers and accelerate beside the torch already there; ``--hf-python`` runs the two Hugging Face
   sides with another interpreter instead).
 
-Why fresh processes, alternating: each side runs in its own worker process (so peak RSS and time to first step
-are its own) and the order flips every round, so machine noise hits every side alike; figures are medians over
-``--rounds`` with the spread (min-max) beside them, and each ratio to LoongForge eager is also given as the median
-of the ratios within each round (``round``), which slow drifts of the host's speed do not move. Throughput is
-``batch x seq`` over the median step time after ``--warmup`` steps. The non-LoongForge sides read the very batches
-LoongForge's pipeline produces (the shipped corpus, byte tokenizer), saved once by the parent, and import nothing
-from LoongForge.
+Why fresh processes taking turns: each side runs in its own worker process (so peak RSS and time to first step
+are its own), and the workers of one round take turns step by step (:mod:`lockstep`: side A's step k, side B's step
+k, ...; the others wait, blocked, using no CPU), so every step of every side is timed within a second of the other
+sides' same step and the host's drift (10-20% within minutes on shared cores) hits all sides alike. Start-up is one
+side at a time. Figures are medians over ``--rounds`` rounds (fresh processes each, the order flipped every round)
+with the spread (min-max) beside them; each ratio to LoongForge eager is also given as the median of the step-by-step
+ratios (``paired``: LoongForge's step time over the side's, at the same step of the same round), the figure the
+drift does not move. Throughput is ``batch x seq`` over the median step time after ``--warmup`` steps. The
+non-LoongForge sides read the very batches LoongForge's pipeline produces (the shipped corpus, byte tokenizer),
+saved once by the parent, and import nothing from LoongForge.
 
 MFU: training FLOPs per token from the layout planner's model (:func:`loongforge.planner.timing.flops_per_token`: 6
 x parameters in the matmuls plus attention), against a peak measured here by the CPU backend's fp32 GEMM probe
@@ -52,6 +55,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from lockstep import Baton, paired_ratio, run_in_lockstep
+
 HERE = Path(__file__).resolve().parent
 HF_SIDES = ("hf", "hf-trainer")
 SIDES = ("loongforge", "loongforge-compiled", "plain", "plain-compiled", *HF_SIDES)
@@ -85,7 +90,7 @@ def _loongforge_overrides(args: argparse.Namespace, out: str) -> list[str]:
     ]
 
 
-def worker_loongforge(args: argparse.Namespace, compiled: bool = False) -> dict:
+def worker_loongforge(args: argparse.Namespace, baton: Baton, compiled: bool = False) -> dict:
     from loongforge import hookimpl
     from loongforge.config import load_config
     from loongforge.plugins import get_host
@@ -96,10 +101,17 @@ def worker_loongforge(args: argparse.Namespace, compiled: bool = False) -> dict:
 
     class Timer:
         @hookimpl
+        def loongforge_on_train_start(self, trainer):
+            baton.take()
+
+        @hookimpl
         def loongforge_on_step_end(self, step, metrics):
             step_times.append(metrics["step_time"])
             if not first_step_at:
                 first_step_at.append(_process_age())
+            baton.give_back()
+            if step < args.steps:
+                baton.take()
 
     get_host().register(Timer(), "benchmark-timer")
     with tempfile.TemporaryDirectory() as out:
@@ -123,12 +135,13 @@ def _decay_groups(model) -> list[dict]:
     return [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def _plain_loop(args: argparse.Namespace, model, loss_of) -> dict:
+def _plain_loop(args: argparse.Namespace, baton: Baton, model, loss_of) -> dict:
     import torch
 
     optimizer = torch.optim.AdamW(_decay_groups(model), lr=3e-4, betas=(0.9, 0.95), eps=1e-8, foreach=True)
     step_times, first_step_s = [], None
     for batch in _saved_batches(args)[: args.steps]:
+        baton.take()
         start = time.perf_counter()
         loss = loss_of(model, batch["tokens"], batch["labels"])
         loss.backward()
@@ -139,10 +152,11 @@ def _plain_loop(args: argparse.Namespace, model, loss_of) -> dict:
         step_times.append(time.perf_counter() - start)
         if first_step_s is None:
             first_step_s = _process_age()
+        baton.give_back()
     return {"step_times": step_times, "first_step_s": first_step_s}
 
 
-def worker_plain(args: argparse.Namespace, compiled: bool = False) -> dict:
+def worker_plain(args: argparse.Namespace, baton: Baton, compiled: bool = False) -> dict:
     import torch
 
     sys.path.insert(0, str(HERE))
@@ -153,7 +167,7 @@ def worker_plain(args: argparse.Namespace, compiled: bool = False) -> dict:
     model = PlainLlama(vocab=args.vocab, dim=args.hidden, layers=args.layers, heads=args.heads, groups=args.groups,
                        ffn=args.ffn, seq=args.seq, theta=args.rope_theta, eps=args.norm_eps)
     forward = torch.compile(model) if compiled else model
-    return _plain_loop(args, model, lambda _, tokens, labels: forward(tokens, labels))
+    return _plain_loop(args, baton, model, lambda _, tokens, labels: forward(tokens, labels))
 
 
 def _hf_model(args: argparse.Namespace):
@@ -177,11 +191,11 @@ def _hf_loss(model, tokens, labels):
     return F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), labels.view(-1))
 
 
-def worker_hf(args: argparse.Namespace) -> dict:
-    return _plain_loop(args, _hf_model(args), _hf_loss)
+def worker_hf(args: argparse.Namespace, baton: Baton) -> dict:
+    return _plain_loop(args, baton, _hf_model(args), _hf_loss)
 
 
-def worker_hf_trainer(args: argparse.Namespace) -> dict:
+def worker_hf_trainer(args: argparse.Namespace, baton: Baton) -> dict:
     import torch
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -190,12 +204,14 @@ def worker_hf_trainer(args: argparse.Namespace) -> dict:
 
     class Timer(TrainerCallback):
         def on_step_begin(self, *_, **__):
+            baton.take()
             started.append(time.perf_counter())
 
         def on_step_end(self, *_, **__):
             step_times.append(time.perf_counter() - started[-1])
             if not first_step_at:
                 first_step_at.append(_process_age())
+            baton.give_back()
 
     class Batches(torch.utils.data.Dataset):  # one saved batch per step, in order
         def __len__(self):
@@ -228,9 +244,9 @@ def worker_hf_trainer(args: argparse.Namespace) -> dict:
 
 WORKERS = {
     "loongforge": worker_loongforge,
-    "loongforge-compiled": lambda args: worker_loongforge(args, compiled=True),
+    "loongforge-compiled": lambda args, baton: worker_loongforge(args, baton, compiled=True),
     "plain": worker_plain,
-    "plain-compiled": lambda args: worker_plain(args, compiled=True),
+    "plain-compiled": lambda args, baton: worker_plain(args, baton, compiled=True),
     "hf": worker_hf,
     "hf-trainer": worker_hf_trainer,
 }
@@ -240,16 +256,18 @@ _SHARED = ("model", "steps", "batch", "seq", "threads", "layers", "hidden", "hea
            "rope_theta", "norm_eps", "batches", "compile_mode")
 
 
-def run_worker(side: str, args: argparse.Namespace) -> dict:
+def worker_command(side: str, args: argparse.Namespace) -> list[str]:
     python = args.hf_python if side in HF_SIDES and args.hf_python else sys.executable
     command = [python, __file__, "--worker", side]
     for name in _SHARED:
         command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    return command
+
+
+def run_round(sides: list[str], args: argparse.Namespace) -> dict[str, dict]:
+    """One worker per side, taking turns step by step (:func:`lockstep.run_in_lockstep`); their results."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": str(args.threads)}
-    result = subprocess.run(command, capture_output=True, text=True, env=env)
-    if result.returncode != 0:
-        raise SystemExit(f"{side} worker failed:\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return run_in_lockstep({side: worker_command(side, args) for side in sides}, args.steps, env)
 
 
 def run_layout(layout: str, args: argparse.Namespace) -> dict:
@@ -332,8 +350,10 @@ def main() -> None:
     if args.worker:
         if args.vocab is not None:
             args.vocab = int(args.vocab)
-        result = WORKERS[args.worker](args)
+        baton = Baton.from_environment()
+        result = WORKERS[args.worker](args, baton)
         result["peak_rss_mib"] = _peak_rss_mib()
+        baton.wait_to_finish()
         print(json.dumps(result))
         return
 
@@ -355,8 +375,9 @@ def main() -> None:
         _save_batches(args, Path(args.batches))
         for round_index in range(args.rounds):
             peak = max(peak, measured_matmul_peak(threads=args.threads))
-            for side in sides if round_index % 2 == 0 else reversed(sides):
-                result = run_worker(side, args)
+            results = run_round(sides if round_index % 2 == 0 else sides[::-1], args)
+            for side in sides:
+                result = results[side]
                 result["tokens_per_s"] = tokens_per_step / statistics.median(result["step_times"][args.warmup:])
                 samples[side].append(result)
                 print(f"round {round_index + 1} {side:20s} {result['tokens_per_s']:9,.0f} tokens/s", flush=True)
@@ -375,7 +396,7 @@ def main() -> None:
     print(f"FLOPs/token {flops / 1e6:.1f} M (planner), fp32 GEMM peak {peak / 1e9:.0f} GFLOP/s (probe)\n")
     reference = statistics.median(r["tokens_per_s"] for r in samples.get("loongforge", [])) if "loongforge" in \
         samples else None
-    header = f"{'side':22s}{'tokens/s':>10s}{'(min-max)':>16s}{'vs LF':>7s}{'round':>7s}{'MFU':>7s}" \
+    header = f"{'side':22s}{'tokens/s':>10s}{'(min-max)':>16s}{'vs LF':>7s}{'paired':>7s}{'MFU':>7s}" \
              f"{'peak RSS MiB':>18s}{'first step s':>14s}"
     print(header)
     table = {}
@@ -385,10 +406,11 @@ def main() -> None:
                "rounds": len(results)}
         line = f"{side:22s}{tps:10,.0f}{f'({low:,.0f}-{high:,.0f})':>16s}"
         line += f"{tps / reference:7.2f}" if reference else f"{'':7s}"
-        if reference:  # the same ratio taken within each round (adjacent processes), then its median
-            row["vs_loongforge_per_round"] = statistics.median(
-                r["tokens_per_s"] / lf["tokens_per_s"] for r, lf in zip(results, samples["loongforge"], strict=True))
-            line += f"{row['vs_loongforge_per_round']:7.2f}"
+        if reference and "tokens_per_step" not in results[0]:  # step by step, at the same step of the same round
+            timed = [(lf["step_times"][step], r["step_times"][step]) for r, lf in
+                     zip(results, samples["loongforge"], strict=True) for step in range(args.warmup, args.steps)]
+            row["vs_loongforge_paired"] = paired_ratio(*zip(*timed, strict=True))
+            line += f"{row['vs_loongforge_paired']:7.2f}"
         else:
             line += f"{'':7s}"
         line += f"{row['mfu']:7.1%}"
@@ -405,8 +427,9 @@ def main() -> None:
             line += f"   scaling {row['scaling_efficiency']:.2f}"
         table[side] = row
         print(line)
-    print("\n'vs LF' is the side's tokens/s over LoongForge eager's (below 1.00: LoongForge is faster); 'round' is "
-          "the median of that ratio within each round, which the machine's drift between rounds does not move.")
+    print("\n'vs LF' is the side's tokens/s over LoongForge eager's (below 1.00: LoongForge is faster); 'paired' is "
+          "the median of LoongForge's step time over the side's at the same step of the same round (the sides take "
+          "turns step by step), which the machine's drift does not move.")
     if args.json:
         Path(args.json).write_text(json.dumps({
             "settings": {name: getattr(args, name) for name in _SHARED if name != "batches"} | {
