@@ -17,18 +17,20 @@ Each side runs as its user would run it, in a fresh process of its own: the Loon
 up as every LoongForge run does (the selected device backend's ``configure_env``; on CPU that tunes glibc malloc,
 see :mod:`loongforge.devices.cpu_malloc`; ``LOONGFORGE_CPU_MALLOC=system`` leaves glibc's defaults for a comparison
 without it), the diffusers sides run in a plain process. A process runs ``--warmup`` untimed steps (the compiled
-sides compile there; their first step is reported as the compile cost), then ``--steps`` timed steps. ``--rounds``
-rounds start one process per side each, the order rotated every round, so machine drift (other processes on shared
-cores) hits all sides alike. Reported: each side's median step over all timed steps, the spread of its per-round
-medians, its peak RSS, and speed-ups: the other side's median over this side's, and the median over rounds of the
-same ratio within each round (``round_speedup``; the sturdier of the two when the load changes between rounds, as
-it does on shared cores). ``--clock cpu`` times each step by the CPU seconds the process spent in it
-(``time.process_time``: every thread's, so with ``--threads 2`` it counts both cores) instead of wall-clock
-seconds: time spent waiting for a core another process holds is left out, which makes figures taken on busy shared
-cores comparable. Usage::
+sides compile there; their first step is reported as the compile cost), then ``--steps`` timed steps.
+
+Why the processes take turns: on a shared 2-core host the speed of the same code drifts by 10-20% within minutes,
+more than the differences measured here. All sides of a round are alive at once and run in turn, ``--turn-steps``
+steps at a time (:mod:`lockstep`; a turn of a few ~30 ms steps keeps each side's caches warm), so every turn of a
+side is measured within a second of the other sides' turns. ``--rounds`` rounds start fresh processes, the order
+rotated every round. Reported: each side's median step over all timed steps, the spread of its per-round medians,
+its peak RSS, and speed-ups: the other side's median over this side's, and the median over every turn of the same
+ratio taken turn by turn (``paired_speedup``: the machine was the same for both, so drift does not move it).
+``--clock cpu`` times each step by the CPU seconds the process spent in it (``time.process_time``: every thread's,
+so with ``--threads 2`` it counts both cores) instead of wall-clock seconds. Usage::
 
     python benchmarks/diffusion_wan_step.py                           # d64, 2 layers, 4x16x16 video, batch 8
-    python benchmarks/diffusion_wan_step.py --rounds 8 --steps 10 --out wan_step.json
+    python benchmarks/diffusion_wan_step.py --rounds 8 --steps 20 --turn-steps 4 --out wan_step.json
     python benchmarks/diffusion_wan_step.py --dim 256 --heads 4 --layers 4 --side 32 --threads 2
     python benchmarks/diffusion_wan_step.py --threads 1 --clock cpu               # on cores other jobs share
     LOONGFORGE_CPU_MALLOC=system python benchmarks/diffusion_wan_step.py          # glibc's defaults on every side
@@ -41,9 +43,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,6 +53,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from lockstep import Baton, paired_ratio, run_in_lockstep
 from loongforge_diffusion.wan.flavors import FLAVORS, WanFlavor
 
 SIDES = ("loongforge", "loongforge-compiled", "diffusers", "diffusers-compiled")
@@ -138,11 +141,12 @@ def diffusers_side(args: argparse.Namespace, weights: dict[str, torch.Tensor], f
     return model, lambda: model(video, timestep, context, return_dict=False)[0], optimizer
 
 
-def worker(args: argparse.Namespace) -> dict:
-    """One side in this process: ``--warmup`` untimed steps (the first one timed as the compile cost), then
-    ``--steps`` timed ones."""
+def worker(args: argparse.Namespace, baton: Baton) -> dict:
+    """One side in this process. Its first turn builds the model and runs ``--warmup`` untimed steps (the first
+    one timed as the compile cost); each later turn runs ``--turn-steps`` timed steps."""
     from safetensors.torch import load_file
 
+    baton.take()
     torch.set_num_threads(args.threads)
     flavor = tiny_flavor(args)
     video, target, context, timestep = inputs(args, flavor)
@@ -152,19 +156,22 @@ def worker(args: argparse.Namespace) -> dict:
     first = step()
     for _ in range(args.warmup - 1):
         step()
-    times = [step() for _ in range(args.steps)]
-    return {"step_s": times, "first_step_s": first,
+    baton.give_back()
+    turns = []
+    for _ in range(args.steps // args.turn_steps):
+        baton.take()
+        turns.append([step() for _ in range(args.turn_steps)])
+        baton.give_back()
+    return {"turns_s": turns, "first_step_s": first,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def run_side(name: str, argv: list[str], weights: Path) -> dict:
-    """:func:`worker` for side ``name`` in a fresh interpreter given the parent's ``argv`` (a worker reads only
-    the config options of it: ``--sides`` and ``--out`` are the parent's); its one JSON line."""
-    command = [sys.executable, __file__, *argv, "--worker", name, "--weights", str(weights)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"side {name} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def run_round(names: list[str], argv: list[str], weights: Path, turns: int) -> dict[str, dict]:
+    """One worker per side (:func:`worker` in a fresh interpreter given the parent's ``argv``: a worker reads only
+    the config options of it), taking turns; their results."""
+    commands = {name: [sys.executable, __file__, *argv, "--worker", name, "--weights", str(weights)]
+                for name in names}
+    return run_in_lockstep(commands, 1 + turns, {**os.environ, "PYTHONWARNINGS": "ignore"})
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -178,7 +185,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per process (the compiled sides "
                                                               "compile in the first)")
     parser.add_argument("--rounds", type=int, default=6, help="processes per side, started alternately")
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per process")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per process")
+    parser.add_argument("--turn-steps", type=int, default=4, help="timed steps per turn (a divisor of --steps)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
                         help="wall-clock or the process's CPU seconds per step")
@@ -192,9 +200,15 @@ def main(argv: list[str] | None = None) -> dict:
     raw = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(raw)
     if args.worker:
-        print(json.dumps(worker(args)))
+        baton = Baton.from_environment()
+        result = worker(args, baton)
+        baton.wait_to_finish()
+        print(json.dumps(result))
         return {}
+    if args.turn_steps < 1 or args.steps % args.turn_steps:
+        parser.error(f"--turn-steps {args.turn_steps} must divide --steps {args.steps}")
     names = list(args.sides)
+    turn_medians: dict[str, list[float]] = {name: [] for name in names}
     times: dict[str, list[float]] = {name: [] for name in names}
     round_medians: dict[str, list[float]] = {name: [] for name in names}
     first: dict[str, list[float]] = {name: [] for name in names}
@@ -203,25 +217,29 @@ def main(argv: list[str] | None = None) -> dict:
         weights = Path(scratch) / "wan.safetensors"
         write_weights(args, weights)
         for index in range(args.rounds):
-            for name in names[index % len(names):] + names[:index % len(names)]:
-                result = run_side(name, raw, weights)
-                times[name] += result["step_s"]
-                round_medians[name].append(statistics.median(result["step_s"]))
+            order = names[index % len(names):] + names[:index % len(names)]
+            results = run_round(order, raw, weights, args.steps // args.turn_steps)
+            for name in names:
+                result = results[name]
+                steps = [t for turn in result["turns_s"] for t in turn]
+                times[name] += steps
+                turn_medians[name] += [statistics.median(turn) for turn in result["turns_s"]]
+                round_medians[name].append(statistics.median(steps))
                 first[name].append(result["first_step_s"])
                 rss[name].append(result["peak_rss_mib"])
                 print(f"round {index + 1} {name:20s} {round_medians[name][-1] * 1e3:8.2f} ms", flush=True)
-    return report(args, names, times, round_medians, first, rss)
+    return report(args, names, times, round_medians, turn_medians, first, rss)
 
 
 def report(args: argparse.Namespace, names: list[str], times: dict[str, list[float]],
-           round_medians: dict[str, list[float]], first: dict[str, list[float]], rss: dict[str, list[float]]) -> dict:
+           round_medians: dict[str, list[float]], turn_medians: dict[str, list[float]],
+           first: dict[str, list[float]], rss: dict[str, list[float]]) -> dict:
     """Print the table and speed-ups; write ``--out``; return the figures."""
     medians = {name: statistics.median(values) for name, values in times.items()}
     speedups = {name: {other: medians[other] / medians[name] for other in medians if other != name}
                 for name in medians}
-    round_speedups = {name: {other: statistics.median(o / t for o, t in zip(round_medians[other], round_medians[name],
-                                                                            strict=True))
-                             for other in medians if other != name} for name in medians}
+    paired = {name: {other: paired_ratio(turn_medians[other], turn_medians[name]) for other in medians if other != name}
+              for name in medians}
     tokens = args.batch * args.frames * (args.side // 2) ** 2
     figures = {
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
@@ -232,10 +250,11 @@ def report(args: argparse.Namespace, names: list[str], times: dict[str, list[flo
                          "first_step_s": statistics.median(first[name]),
                          "peak_rss_mib": statistics.median(rss[name])}
                   for name in names},
-        "speedup": speedups, "round_speedup": round_speedups,
+        "speedup": speedups, "paired_speedup": paired,
     }
     print(f"\nconfig: d{args.dim} {args.heads} heads {args.layers} layers, batch {args.batch}, {tokens} tokens/step, "
-          f"{args.threads} threads, {args.rounds} processes x {args.steps} timed steps per side, {args.clock} clock")
+          f"{args.threads} threads, {args.rounds} processes x {args.steps} timed steps per side "
+          f"in turns of {args.turn_steps}, {args.clock} clock")
     print(f"{'side':>20} {'median ms':>10} {'round medians ms (min-max)':>28} {'first step s':>13} "
           f"{'peak RSS MiB':>13}")
     for name in names:
@@ -243,7 +262,7 @@ def report(args: argparse.Namespace, names: list[str], times: dict[str, list[flo
         print(f"{name:>20} {medians[name] * 1e3:10.2f} {min(spread) * 1e3:13.2f} - {max(spread) * 1e3:<12.2f} "
               f"{statistics.median(first[name]):13.2f} {statistics.median(rss[name]):13.0f}")
     for name in (n for n in ("loongforge", "loongforge-compiled") if n in names):
-        against = ", ".join(f"{speedups[name][other]:.2f}x vs {other} (per round {round_speedups[name][other]:.2f}x)"
+        against = ", ".join(f"{speedups[name][other]:.2f}x vs {other} (paired {paired[name][other]:.2f}x)"
                             for other in names if other.startswith("diffusers"))
         print(f"{name}: {against}")
     if args.out:

@@ -316,6 +316,14 @@ def _save_batches(args: argparse.Namespace, path: Path) -> None:
                 for next_batch in (next(batches) for _ in range(args.steps))], path)
 
 
+def _paired(numerator: list[dict], denominator: list[dict], args: argparse.Namespace) -> float:
+    """Median over the timed steps of every round of ``numerator``'s step time over ``denominator``'s at the same
+    step (the two sides took turns step by step, so each pair saw the same machine)."""
+    pairs = [(a["step_times"][step], b["step_times"][step]) for a, b in zip(numerator, denominator, strict=True)
+             for step in range(args.warmup, args.steps)]
+    return paired_ratio(*zip(*pairs, strict=True))
+
+
 def _median_spread(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(values), min(values), max(values)
 
@@ -407,9 +415,7 @@ def main() -> None:
         line = f"{side:22s}{tps:10,.0f}{f'({low:,.0f}-{high:,.0f})':>16s}"
         line += f"{tps / reference:7.2f}" if reference else f"{'':7s}"
         if reference and "tokens_per_step" not in results[0]:  # step by step, at the same step of the same round
-            timed = [(lf["step_times"][step], r["step_times"][step]) for r, lf in
-                     zip(results, samples["loongforge"], strict=True) for step in range(args.warmup, args.steps)]
-            row["vs_loongforge_paired"] = paired_ratio(*zip(*timed, strict=True))
+            row["vs_loongforge_paired"] = _paired(samples["loongforge"], results, args)
             line += f"{row['vs_loongforge_paired']:7.2f}"
         else:
             line += f"{'':7s}"
@@ -430,11 +436,17 @@ def main() -> None:
     print("\n'vs LF' is the side's tokens/s over LoongForge eager's (below 1.00: LoongForge is faster); 'paired' is "
           "the median of LoongForge's step time over the side's at the same step of the same round (the sides take "
           "turns step by step), which the machine's drift does not move.")
+    compiled = {}
+    if {"loongforge-compiled", "plain-compiled"} <= samples.keys():
+        compiled = {"speedup": table["loongforge-compiled"]["tokens_per_s"] / table["plain-compiled"]["tokens_per_s"],
+                    "paired_speedup": _paired(samples["plain-compiled"], samples["loongforge-compiled"], args)}
+        print(f"loongforge-compiled over plain-compiled: {compiled['speedup']:.2f}x tokens/s, "
+              f"paired {compiled['paired_speedup']:.2f}x")
     if args.json:
         Path(args.json).write_text(json.dumps({
             "settings": {name: getattr(args, name) for name in _SHARED if name != "batches"} | {
                 "warmup": args.warmup, "rounds": args.rounds, "hf_python": args.hf_python},
-            "flops_per_token": flops, "gemm_peak_flops": peak, "sides": table,
+            "flops_per_token": flops, "gemm_peak_flops": peak, "sides": table, "compiled": compiled,
         }, indent=2))
         print(f"wrote {args.json}")
 
