@@ -365,6 +365,8 @@ def main() -> None:
         print(json.dumps(result))
         return
 
+    if args.steps <= args.warmup:
+        parser.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup}): the warm-up steps are left out")
     sides = [side.strip() for side in args.sides.split(",") if side.strip()]
     unknown = sorted(set(sides) - set(SIDES))
     if unknown:
