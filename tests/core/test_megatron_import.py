@@ -1,7 +1,7 @@
 """The lighter megatron-core import (:mod:`loongforge.megatron_import`), each case in a fresh interpreter.
 
-What must hold: after ``import loongforge``, importing megatron neither imports ``wandb`` nor runs dynamo, megatron
-sees ``wandb`` as absent while a later ``import wandb`` gets the real module (or the genuine "not installed"),
+What must hold: after ``import loongforge``, importing megatron imports neither ``wandb`` nor TensorBoard nor runs
+dynamo, megatron sees them as absent while a later import gets the real module (or the genuine "not installed"),
 megatron's ``jit_fuser`` still compiles -- at a helper's first call -- with the helper's results unchanged, and a
 megatron imported before LoongForge is left as it was.
 """
@@ -22,25 +22,43 @@ def _run(code: str) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def test_megatron_imports_without_wandb_or_dynamo_and_wandb_stays_importable() -> None:
+def test_megatron_imports_without_wandb_tensorboard_or_dynamo_and_they_stay_importable() -> None:
     facts = _run("""
         import json, sys
         import loongforge
         import megatron.core, megatron.core.timers, megatron.core.models.gpt, megatron.core.optimizer
         facts = {"wandb_loaded": "wandb" in sys.modules, "dynamo_loaded": "torch._dynamo" in sys.modules,
-                 "timers_wandb_is_none": megatron.core.timers.wandb is None}
+                 "tensorboard_loaded": sorted(m for m in sys.modules if "tensorboard" in m),
+                 "timers_wandb_is_none": megatron.core.timers.wandb is None,
+                 "timers_writer_is_none": megatron.core.timers.SummaryWriter is None}
         try:
             import wandb
             facts["later_wandb"] = wandb.__name__
         except ModuleNotFoundError as error:
             facts["later_wandb"] = "missing: " + str(error)
+        from torch.utils.tensorboard import SummaryWriter
+        facts["later_writer"] = SummaryWriter.__module__
         print(json.dumps(facts))
     """)
     assert facts["wandb_loaded"] is False
     assert facts["dynamo_loaded"] is False
+    assert facts["tensorboard_loaded"] == []
     assert facts["timers_wandb_is_none"] is True
+    assert facts["timers_writer_is_none"] is True
     installed = importlib.util.find_spec("wandb") is not None
     assert facts["later_wandb"] == ("wandb" if installed else "missing: No module named 'wandb'")
+    assert facts["later_writer"] == "torch.utils.tensorboard.writer"
+
+
+def test_tensorboard_imported_before_megatron_keeps_its_place() -> None:
+    facts = _run("""
+        import json
+        from torch.utils.tensorboard import SummaryWriter
+        import loongforge
+        import megatron.core.timers
+        print(json.dumps({"same_writer": megatron.core.timers.SummaryWriter is SummaryWriter}))
+    """)
+    assert facts == {"same_writer": True}
 
 
 def test_jit_fuser_compiles_at_first_call_with_unchanged_results() -> None:

@@ -1,7 +1,7 @@
 """A lighter import of megatron-core: what it loads at import time and LoongForge never uses.
 
 Importing ``megatron.core`` costs ~155 MiB of RSS and ~3 s, against ~47 MiB of tensors for the tiny Llama the
-benchmarks train. Two of its import-time choices account for ~90 MiB and ~2 s of that, and neither does anything
+benchmarks train. The import-time choices below account for ~90 MiB and over 2 s of that, and none does anything
 on LoongForge's path:
 
 * ``megatron.core.jit`` binds ``jit_fuser = torch.compile``, and its fusion helpers are decorated with it as their
@@ -11,9 +11,10 @@ on LoongForge's path:
   helper's first call instead of at decoration. Inside a graph being traced the helper runs as written, which is
   what dynamo inlines anyway.
 * ``megatron.core.timers`` and the dynamic inference engine import ``wandb`` if it is installed (~20 MiB, 0.5 s),
-  for writers LoongForge never hands them (its own trackers log; see :mod:`loongforge.train.trackers`). While
-  those modules load, ``wandb`` reads as absent -- the branch megatron takes when it is not installed. A ``wandb``
-  imported before keeps its place (nothing is hidden then), and one imported after is the real one.
+  and the timers also ``torch.utils.tensorboard`` (protobuf, absl and TensorBoard's TensorFlow stub: ~0.25 s), for
+  writers LoongForge never hands them (its own trackers log; see :mod:`loongforge.train.trackers`). While those
+  modules load, these read as absent -- the branch megatron takes when they are not installed. A module imported
+  before keeps its place (nothing is hidden then), and one imported after is the real one.
 
 :func:`install` puts a meta-path finder in front that touches only the modules of :data:`ADJUSTMENTS`, as each
 loads; :mod:`loongforge` installs it on import, so it is in place before any LoongForge module imports megatron.
@@ -28,11 +29,19 @@ import importlib.abc
 import importlib.machinery
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-#: Optional modules megatron imports for features LoongForge does not use, hidden while the modules below load.
-HIDDEN_OPTIONAL = ("wandb",)
+
+@dataclass(frozen=True)
+class Adjustment:
+    """What :class:`MegatronImportFinder` does around one megatron module's execution."""
+
+    #: Modules that read as not installed while it executes (unless already imported).
+    hidden: tuple[str, ...] = ()
+    #: Called with the executed module.
+    after: Callable[[ModuleType], None] | None = None
 
 
 def deferred_compile(fn: Callable | None = None, **options: Any) -> Any:
@@ -55,9 +64,9 @@ def deferred_compile(fn: Callable | None = None, **options: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _optional_modules_hidden() -> Iterator[None]:
-    """``import wandb`` raises ImportError inside (unless it was already imported); restored after."""
-    hidden = [name for name in HIDDEN_OPTIONAL if name not in sys.modules]
+def _modules_hidden(names: tuple[str, ...]) -> Iterator[None]:
+    """Importing any of ``names`` raises ImportError inside (unless it was already imported); restored after."""
+    hidden = [name for name in names if name not in sys.modules]
     for name in hidden:
         sys.modules[name] = None  # type: ignore[assignment]  # the import system's "not importable" mark
     try:
@@ -75,32 +84,33 @@ def _defer_jit_fuser(module: ModuleType) -> None:
         module.jit_fuser = deferred_compile
 
 
-#: module name -> (hide the optional modules while it executes?, what to adjust once it has, if anything).
-ADJUSTMENTS: dict[str, tuple[bool, Callable[[ModuleType], None] | None]] = {
-    "megatron.core.jit": (False, _defer_jit_fuser),
-    "megatron.core.timers": (True, None),
-    "megatron.core.inference.contexts.dynamic_context": (True, None),
-    "megatron.core.inference.engines.dynamic_engine": (True, None),
+#: Writers' libraries the timers and the dynamic inference engine import for features LoongForge does not use.
+_UNUSED_WRITERS = ("wandb",)
+
+#: megatron module name -> what to do around its execution.
+ADJUSTMENTS: dict[str, Adjustment] = {
+    "megatron.core.jit": Adjustment(after=_defer_jit_fuser),
+    "megatron.core.timers": Adjustment(hidden=(*_UNUSED_WRITERS, "torch.utils.tensorboard")),
+    "megatron.core.inference.contexts.dynamic_context": Adjustment(hidden=_UNUSED_WRITERS),
+    "megatron.core.inference.engines.dynamic_engine": Adjustment(hidden=_UNUSED_WRITERS),
 }
 
 
 class _AdjustingLoader(importlib.abc.Loader):
-    """The module's own loader, run with :data:`ADJUSTMENTS`' treatment for it."""
+    """The module's own loader, run with its :class:`Adjustment`."""
 
-    def __init__(self, loader: importlib.abc.Loader, hide: bool,
-                 adjust: Callable[[ModuleType], None] | None) -> None:
+    def __init__(self, loader: importlib.abc.Loader, adjustment: Adjustment) -> None:
         self._loader = loader
-        self._hide = hide
-        self._adjust = adjust
+        self._adjustment = adjustment
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         return self._loader.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
-        with _optional_modules_hidden() if self._hide else contextlib.nullcontext():
+        with _modules_hidden(self._adjustment.hidden):
             self._loader.exec_module(module)
-        if self._adjust is not None:
-            self._adjust(module)
+        if self._adjustment.after is not None:
+            self._adjustment.after(module)
 
 
 class MegatronImportFinder(importlib.abc.MetaPathFinder):
@@ -114,8 +124,7 @@ class MegatronImportFinder(importlib.abc.MetaPathFinder):
                 continue
             spec = finder.find_spec(fullname, path, target)
             if spec is not None and spec.loader is not None:
-                hide, adjust = ADJUSTMENTS[fullname]
-                spec.loader = _AdjustingLoader(spec.loader, hide, adjust)
+                spec.loader = _AdjustingLoader(spec.loader, ADJUSTMENTS[fullname])
                 return spec
         return None
 
