@@ -12,11 +12,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from loongforge.devices.megatron_cpu import apply_megatron_cpu_patches, gemm
-from loongforge.devices.megatron_cpu.gemm import OneDNNLinear, onednn_linear
+from loongforge.devices.megatron_cpu.gemm import OneDNNLinear, onednn_linear, onednn_linear_op
 from megatron.core.tensor_parallel import layers
 
 apply_megatron_cpu_patches()
 MEGATRON = layers.linear_with_grad_accumulation_and_async_allreduce.megatron_original
+#: The grad_fn of the covered case's output (the operator's registered backward).
+OPERATOR_BACKWARD = "GeneratedBackwardFor_loongforge_onednn_linear_defaultBackward"
 
 
 @pytest.fixture
@@ -37,14 +39,31 @@ def test_the_patch_is_installed_where_megatrons_linears_look_it_up() -> None:
     assert layers.linear_with_grad_accumulation_and_async_allreduce.megatron_original is MEGATRON
 
 
+def _all_reduced(x, weight, bias):
+    """:class:`OneDNNLinear` over a one-rank gloo group (the all-reduce runs, and sums one contribution)."""
+    import torch.distributed as dist
+
+    return OneDNNLinear.apply(x, weight, bias, dist.new_group([0], backend="gloo"))
+
+
+@pytest.fixture
+def gloo_world(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("function", [onednn_linear_op, _all_reduced], ids=["operator", "all-reduced"])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_values_and_gradients_against_float64(with_bias: bool) -> None:
+def test_values_and_gradients_against_float64(with_bias: bool, function, gloo_world) -> None:
     torch.manual_seed(0)
     wide = torch.randn(12, 3, 40)
     x = wide[..., 4:36].clone().transpose(0, 1).requires_grad_()  # [3, 12, 32], not contiguous
     weight = torch.randn(24, 32, requires_grad=True)
     bias = torch.randn(24, requires_grad=True) if with_bias else None
-    out = OneDNNLinear.apply(x, weight, bias, False, None)
+    out = function(x, weight, bias)
     assert out._base is None  # not a view: in-place ops downstream keep the custom backward
     upstream = torch.randn_like(out)
     out.backward(upstream)
@@ -90,7 +109,7 @@ def test_covered_case_is_onednn_and_aten_keeps_megatrons_function(kernel) -> Non
     x, weight = torch.randn(4, 2, 8, requires_grad=True), torch.randn(6, 8, requires_grad=True)
     kernel("onednn")
     out = linear(x, weight, None, False, False, False)
-    assert not calls and out.grad_fn.name() == "OneDNNLinearBackward"
+    assert not calls and out.grad_fn.name() == OPERATOR_BACKWARD
     kernel("aten")
     linear(x, weight, None, False, False, False)
     assert len(calls) == 1
@@ -115,7 +134,7 @@ def test_a_column_parallel_layer_trains_the_same_on_both_libraries(kernel, tmp_p
             out.square().sum().backward()
             results[library] = (out.detach(), inp.grad, layer.weight.grad, layer.bias.grad,
                                 out.grad_fn.name())
-    assert results["onednn"][-1] == "OneDNNLinearBackward" and results["aten"][-1] != "OneDNNLinearBackward"
+    assert results["onednn"][-1] == OPERATOR_BACKWARD and results["aten"][-1] != OPERATOR_BACKWARD
     for ours, theirs in zip(results["onednn"][:-1], results["aten"][:-1], strict=True):
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-4)
 

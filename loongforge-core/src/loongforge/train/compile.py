@@ -25,7 +25,11 @@ time is read afterwards from dynamo's own accounting: :meth:`CompileReport.summa
 inductor's FX graph cache and AOTAutograd's cache are on by default in torch 2.13
 (``torch._inductor.config.fx_graph_cache``, ``torch._functorch.config.enable_autograd_cache``), kept under
 ``TORCHINDUCTOR_CACHE_DIR`` (default ``/tmp/torchinductor_<user>``), so a second run of the same model reuses the
-compiled kernels and its ``compile_s`` drops to the tracing time.
+compiled kernels and its ``compile_s`` drops to dynamo's tracing time. AOTAutograd's cache refuses a graph that
+holds an autograd Function (traced as ``autograd_function_apply``); such a graph is re-traced and re-partitioned
+in every process, so backends keep them out of the layers where they can (the CPU backend's linears are a
+differentiable operator, and its tensor-parallel crossings vanish on one rank: tiny Llama's warm ``compile_s``
+4.7 s -> 2.4 s).
 
 Usage by an engine (the task engine's DiT/policy blocks alike)::
 

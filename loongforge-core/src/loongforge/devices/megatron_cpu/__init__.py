@@ -23,6 +23,9 @@ assumption where megatron looks the name up, so the rest of megatron runs unmodi
   without ``torch.compile`` (two kernels each way, no gradient ``cat``; megatron's compiled kernel on GPU).
 * :func:`~loongforge.devices.megatron_cpu.gemm.patch_linear_gemm` -- the local linear layers on oneDNN's GEMM
   where a probe finds it faster than torch's MKL ``mm`` (AMD hosts: ~25% on the layers' products).
+* :func:`~loongforge.devices.megatron_cpu.tp_regions.patch_single_rank_crossings` -- the tensor-parallel region
+  crossings as plain identities on a one-rank group (no autograd node; keeps compiled layers in AOTAutograd's
+  cache).
 * :func:`~loongforge.devices.megatron_cpu.embedding.patch_tied_embedding_setup` -- tied embeddings at PP > 1
   (the construction-time all-reduce of the two copies).
 
@@ -55,6 +58,7 @@ def apply_megatron_cpu_patches() -> None:
     from loongforge.devices.megatron_cpu.rope import patch_rope_kernel
     from loongforge.devices.megatron_cpu.rope_cp import patch_rope_cp_slice
     from loongforge.devices.megatron_cpu.swiglu import patch_swiglu_kernel
+    from loongforge.devices.megatron_cpu.tp_regions import patch_single_rank_crossings
 
     install_torch_views()
     patch_rng_tracker()
@@ -67,4 +71,5 @@ def apply_megatron_cpu_patches() -> None:
     patch_rope_kernel()
     patch_swiglu_kernel()
     patch_linear_gemm()
+    patch_single_rank_crossings()
     _applied = True

@@ -14,9 +14,10 @@ shows the choice.
 
 :func:`patch_linear_gemm` replaces ``linear_with_grad_accumulation_and_async_allreduce`` where megatron's
 ``ColumnParallelLinear``/``RowParallelLinear`` look it up, with one that hands the cases it covers -- fp32, no
-sequence parallelism, no fused gradient accumulation, no deferred embedding weight gradient -- to
-:class:`OneDNNLinear` and everything else to megatron's function. Results differ from ``mm``'s by float rounding
-(a different summation order), like any other GEMM library.
+sequence parallelism, no fused gradient accumulation, no deferred embedding weight gradient -- to the
+differentiable operator :func:`onednn_linear_op` (to :class:`OneDNNLinear` where the input gradient is all-reduced
+over the tensor-parallel group) and everything else to megatron's function. Results differ from ``mm``'s by float
+rounding (a different summation order), like any other GEMM library.
 """
 
 from __future__ import annotations
@@ -67,20 +68,42 @@ onednn_product: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = (
     None if _ONEDNN_LINEAR is None else lambda x, weight: _onednn(x, weight, None))
 
 
-class OneDNNLinear(torch.autograd.Function):
-    """``y = x @ W^T + b`` with oneDNN for the output and the input gradient, ``mm`` for the weight gradient.
+def _weight_and_bias_grads(grad: torch.Tensor, x: torch.Tensor, use_bias: bool,
+                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weight gradient by ``mm`` (oneDNN is no faster for this long reduction over tokens) and the bias's."""
+    grad_2d = grad.reshape(-1, grad.shape[-1])
+    grad_weight = grad_2d.t().mm(x.reshape(-1, x.shape[-1]))
+    return grad_weight, grad_2d.sum(0) if use_bias else None
 
-    ``allreduce_dgrad`` (a column-parallel layer at tensor parallelism > 1) sums the input gradient over
-    ``tp_group``, as megatron's function does. The weight gradient lands in ``weight.grad`` for megatron's DDP hook
-    to add into its buffer, as with megatron's function when gradient accumulation fusion is off.
+
+def _save_for_backward(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    x, weight, bias = inputs[:3]
+    ctx.save_for_backward(x, weight)
+    ctx.use_bias = bias is not None
+
+
+def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    x, weight = ctx.saved_tensors
+    return onednn_linear_op(grad, weight.t(), None), *_weight_and_bias_grads(grad, x, ctx.use_bias)
+
+
+# Differentiable as a registered operator rather than an autograd Function: ``torch.compile`` traces an autograd
+# Function as a higher-order op that AOTAutograd's cache refuses, so layers built on it would be re-traced in
+# every process; an operator's registered backward is cacheable.
+onednn_linear_op.register_autograd(_backward, setup_context=_save_for_backward)
+
+
+class OneDNNLinear(torch.autograd.Function):
+    """:func:`onednn_linear_op` whose input gradient is summed over ``tp_group`` (a column-parallel layer at tensor
+    parallelism > 1, ``allreduce_dgrad``), as megatron's function does: the all-reduce runs while the weight
+    gradient is computed. The weight gradient lands in ``weight.grad`` for megatron's DDP hook to add into its
+    buffer, as with megatron's function when gradient accumulation fusion is off.
     """
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, allreduce_dgrad: bool,
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 tp_group: Any) -> torch.Tensor:
-        ctx.save_for_backward(x, weight)
-        ctx.use_bias = bias is not None
-        ctx.allreduce_dgrad = allreduce_dgrad
+        _save_for_backward(ctx, (x, weight, bias), None)
         ctx.tp_group = tp_group
         return onednn_linear_op(x, weight, bias)
 
@@ -88,15 +111,10 @@ class OneDNNLinear(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         x, weight = ctx.saved_tensors
         grad_x = onednn_linear_op(grad, weight.t(), None)
-        handle = None
-        if ctx.allreduce_dgrad:
-            handle = torch.distributed.all_reduce(grad_x, group=ctx.tp_group, async_op=True)
-        grad_2d = grad.reshape(-1, grad.shape[-1])
-        grad_weight = grad_2d.t().mm(x.reshape(-1, x.shape[-1]))
-        grad_bias = grad_2d.sum(0) if ctx.use_bias else None
-        if handle is not None:
-            handle.wait()
-        return grad_x, grad_weight, grad_bias, None, None
+        handle = torch.distributed.all_reduce(grad_x, group=ctx.tp_group, async_op=True)
+        grad_weight, grad_bias = _weight_and_bias_grads(grad, x, ctx.use_bias)
+        handle.wait()
+        return grad_x, grad_weight, grad_bias, None
 
 
 def cpu_vendor(cpuinfo: str = "/proc/cpuinfo") -> str | None:
@@ -152,7 +170,8 @@ def planned_kernel() -> str:
 
 
 def onednn_linear(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """megatron's ``linear_with_grad_accumulation_and_async_allreduce`` with :class:`OneDNNLinear` where it applies."""
+    """megatron's ``linear_with_grad_accumulation_and_async_allreduce`` on oneDNN where it applies:
+    :func:`onednn_linear_op`, or :class:`OneDNNLinear` where the input gradient is all-reduced."""
 
     def linear_with_grad_accumulation_and_async_allreduce(
         input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gradient_accumulation_fusion: bool,
@@ -165,11 +184,13 @@ def onednn_linear(original: Callable[..., torch.Tensor]) -> Callable[..., torch.
         if not covered:
             return original(input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad, sequence_parallel,
                             grad_output_buffer, wgrad_deferral_limit, async_grad_allreduce, tp_group)
-        if allreduce_dgrad and tp_group is None:
+        if not allreduce_dgrad:
+            return onednn_linear_op(input, weight, bias)
+        if tp_group is None:
             from megatron.core.parallel_state import get_tensor_model_parallel_group
 
             tp_group = get_tensor_model_parallel_group()
-        return OneDNNLinear.apply(input, weight, bias, allreduce_dgrad, tp_group)
+        return OneDNNLinear.apply(input, weight, bias, tp_group)
 
     # megatron's function reads and sets its warn-once flag through the module's name, which is now this one.
     linear_with_grad_accumulation_and_async_allreduce.warned = getattr(original, "warned", False)  # type: ignore[attr-defined]
