@@ -76,15 +76,19 @@ def _weight_and_bias_grads(grad: torch.Tensor, x: torch.Tensor, use_bias: bool,
     return grad_weight, grad_2d.sum(0) if use_bias else None
 
 
-def _save_for_backward(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-    x, weight, bias = inputs[:3]
+def _save_for_backward(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    x, weight, bias = inputs
     ctx.save_for_backward(x, weight)
     ctx.use_bias = bias is not None
 
 
+def _input_grad(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+    """``grad @ W`` by oneDNN, from what :func:`_save_for_backward` kept."""
+    return onednn_linear_op(grad, ctx.saved_tensors[1].t(), None)
+
+
 def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    x, weight = ctx.saved_tensors
-    return onednn_linear_op(grad, weight.t(), None), *_weight_and_bias_grads(grad, x, ctx.use_bias)
+    return _input_grad(ctx, grad), *_weight_and_bias_grads(grad, ctx.saved_tensors[0], ctx.use_bias)
 
 
 # Differentiable as a registered operator rather than an autograd Function: ``torch.compile`` traces an autograd
@@ -109,10 +113,9 @@ class OneDNNLinear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        x, weight = ctx.saved_tensors
-        grad_x = onednn_linear_op(grad, weight.t(), None)
+        grad_x = _input_grad(ctx, grad)
         handle = torch.distributed.all_reduce(grad_x, group=ctx.tp_group, async_op=True)
-        grad_weight, grad_bias = _weight_and_bias_grads(grad, x, ctx.use_bias)
+        grad_weight, grad_bias = _weight_and_bias_grads(grad, ctx.saved_tensors[0], ctx.use_bias)
         handle.wait()
         return grad_x, grad_weight, grad_bias, None
 

@@ -12,6 +12,7 @@ below return their input (what megatron's Function returns there too); on more r
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -36,11 +37,10 @@ def _one_rank(group: Any) -> bool:
 def skip_on_one_rank(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     """``original(input_, group)``, or ``input_`` itself where the group has one rank."""
 
+    @functools.wraps(original)
     def crossing(input_: torch.Tensor, group: Any = None) -> torch.Tensor:
         return input_ if _one_rank(group) else original(input_, group=group)
 
-    crossing.__name__ = crossing.__qualname__ = original.__name__
-    crossing.__doc__ = original.__doc__
     return crossing
 
 
