@@ -20,7 +20,7 @@ import time
 
 import torch
 from loongforge.interop.world import standalone_world
-from loongforge.models.building import build_standalone
+from loongforge.models.chunks import build_standalone
 from loongforge.models.generate import generate_batch, supports_kv_cache
 from loongforge.models.registration import all_flavors
 

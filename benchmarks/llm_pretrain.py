@@ -293,7 +293,7 @@ def run_layout(layout: str, args: argparse.Namespace) -> dict:
 
 def _shape(args: argparse.Namespace) -> None:
     """Fill the vocabulary (padded as LoongForge pads it), RoPE base and norm epsilon from the model flavor."""
-    from loongforge.models.builder import padded_vocab_size
+    from loongforge.models.decoder_model import padded_vocab_size
     from loongforge.plugins import get_registry
 
     flavor = get_registry("model").load(args.model)

@@ -118,7 +118,7 @@ def _megatron_check() -> dict:
     import torch
     import torch.distributed as dist
     from loongforge.devices.cpu import CPUBackend
-    from loongforge.models.builder import ParallelSettings, build_model
+    from loongforge.models.decoder_model import ParallelSettings, build_model
     from loongforge.models.moe import FLAVORS
     from loongforge_balance.taot.optimization import TAOTOptimization
     from megatron.core import parallel_state as ps

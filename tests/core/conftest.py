@@ -144,15 +144,15 @@ def checkpoint_logits(checkpoint, tokens):
         checkpoint_config,
         checkpoint_dtype,
         load_model_weights,
-        resolve_flavor,
+        resolve_family,
     )
     from loongforge.interop.world import standalone_world
-    from loongforge.models.building import build_standalone
+    from loongforge.models.chunks import build_standalone
 
     path = find_checkpoint(checkpoint)
     config = checkpoint_config(path)
     with standalone_world() as backend:
-        model = build_standalone(resolve_flavor(config), backend, checkpoint_dtype(path, config))
+        model = build_standalone(resolve_family(config), backend, checkpoint_dtype(path, config))
         load_model_weights(path, [model])
         positions = torch.arange(tokens.shape[1]).unsqueeze(0).expand(tokens.shape[0], -1)
         with torch.no_grad():

@@ -87,7 +87,7 @@ def test_hooks_are_removed_after_the_block():
 def test_a_megatron_layer_saves_what_the_planner_counts(megatron_cpu_world, name):
     """One more layer of the CPU build saves the planner's ``local`` activation count per token (the planner's
     count is checked against live bytes in ``test_planner_memory``: two independent measures agree)."""
-    from loongforge.models.builder import build_model
+    from loongforge.models.decoder_model import build_model
     from loongforge.models.registration import all_flavors
     from loongforge.planner.layouts import Candidate
     from loongforge.planner.memory import layer_activation_elements

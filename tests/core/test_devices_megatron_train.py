@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from loongforge.models.builder import build_model  # noqa: E402
+from loongforge.models.decoder_model import build_model  # noqa: E402
 from loongforge.models.llama import FLAVORS  # noqa: E402
 
 SEQ, MICRO_BATCH, MICROBATCHES = 32, 2, 2

@@ -57,7 +57,7 @@ SCRIPT = textwrap.dedent(
         from megatron.core.distributed import finalize_model_grads
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.pipeline_parallel import get_forward_backward_func
-        from loongforge.models.builder import ParallelSettings, build_model
+        from loongforge.models.decoder_model import ParallelSettings, build_model
         from loongforge.models.llama import FLAVORS
 
         ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)

@@ -74,7 +74,7 @@ def _recomputed_loss(config, checkpoint: Path, samples: int) -> float:
     import torch.nn.functional as F
     from loongforge.interop.mcore_checkpoint import load_trained_model
     from loongforge.interop.world import standalone_world
-    from loongforge.models.building import build_standalone
+    from loongforge.models.chunks import build_standalone
     from loongforge.plugins import get_host
     from loongforge.resolve import resolve_model_flavor
     from loongforge.train.batches import load_tokenizer, open_dataset, split_dataset

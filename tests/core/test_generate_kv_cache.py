@@ -38,7 +38,7 @@ def _load(directory, backend):
     """The megatron model of a HF directory filled as ``loongforge generate`` fills it, and its vocabulary size."""
     from loongforge.interop.hf_checkpoint import index_hf_tensors, load_hf_tensors
     from loongforge.interop.sharding import load_full_state
-    from loongforge.models.building import build_standalone
+    from loongforge.models.chunks import build_standalone
     from loongforge.models.hf_config import read_hf_config
 
     flavor = read_hf_config(directory).flavor

@@ -64,11 +64,11 @@ SCRIPT = textwrap.dedent(
         backend.apply_patches()
         from megatron.core import parallel_state as ps, tensor_parallel
         from loongforge import load_config
-        from loongforge.models.hf_naming import name_flavor
+        from loongforge.models.hf_adopt import name_flavor
         from loongforge.models.hf_config import read_hf_config
         from loongforge.interop.online import load_initial_weights
         from loongforge.interop.sharding import gather_full_state
-        from loongforge.models.builder import ParallelSettings, build_model
+        from loongforge.models.decoder_model import ParallelSettings, build_model
         from loongforge.models.hf_adapter import megatron_to_hf
 
         ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,

@@ -12,7 +12,7 @@ def test_save_hf_and_convert_of_a_lora_run_match_the_unmerged_model(tmp_path):
     from loongforge.interop.convert import mcore_to_hf
     from loongforge.interop.mcore_checkpoint import load_model_weights
     from loongforge.interop.world import standalone_world
-    from loongforge.models.builder import build_model
+    from loongforge.models.decoder_model import build_model
     from loongforge.models.llama import FLAVORS
     from loongforge.models.lora import apply_lora
     from loongforge.train.run import run_training
@@ -56,7 +56,7 @@ def test_generate_on_a_lora_checkpoint_uses_its_adapters(tmp_path):
     from loongforge.interop.generate import generate_from_checkpoint
     from loongforge.interop.mcore_checkpoint import load_model_weights
     from loongforge.interop.world import standalone_world
-    from loongforge.models.building import build_standalone
+    from loongforge.models.chunks import build_standalone
     from loongforge.models.generate import generate_text
     from loongforge.models.llama import FLAVORS
     from loongforge.train.run import run_training
@@ -97,7 +97,7 @@ def test_model_load_of_a_lora_checkpoint_starts_from_its_merged_weights(tmp_path
     as its Hugging Face export has them), not from the base weights alone, and leaves every weight trainable."""
     from loongforge.interop.mcore_checkpoint import load_model_weights
     from loongforge.interop.world import standalone_world
-    from loongforge.models.building import build_standalone
+    from loongforge.models.chunks import build_standalone
     from loongforge.models.llama import FLAVORS
     from loongforge.train.run import run_training
 

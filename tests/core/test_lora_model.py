@@ -8,7 +8,7 @@ from loongforge.config import load_config  # noqa: E402
 from loongforge.config.schema import LoRAConfig  # noqa: E402
 from loongforge.devices.cpu import CPUBackend  # noqa: E402
 from loongforge.errors import ConfigError  # noqa: E402
-from loongforge.models.builder import build_model  # noqa: E402
+from loongforge.models.decoder_model import build_model  # noqa: E402
 from loongforge.models.llama import FLAVORS  # noqa: E402
 from loongforge.models.lora import (  # noqa: E402
     apply_adapters,

@@ -95,7 +95,7 @@ def _adapters(checkpoint):
     """The checkpoint's adapter tensors at tp=1 (read through dist_checkpointing into a tp=1 model)."""
     from loongforge.interop.mcore_checkpoint import load_model_weights
     from loongforge.interop.world import standalone_world
-    from loongforge.models.building import build_standalone
+    from loongforge.models.chunks import build_standalone
     from loongforge.models.llama import FLAVORS
     from loongforge.models.lora import add_lora
 

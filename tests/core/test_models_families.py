@@ -14,10 +14,10 @@ import json
 import pytest
 import torch
 from conftest import HF_FAMILY_CASES, make_hf_model, tiny_settings  # noqa: E402
-from loongforge.models.builder import build_model  # noqa: E402
+from loongforge.models.decoder_model import build_model  # noqa: E402
 from loongforge.models.flavor import flavor_num_params  # noqa: E402
 from loongforge.models.hf_adapter import flavor_from_hf_config, hf_tensor_shapes, hf_to_megatron, megatron_to_hf
-from loongforge.models.hf_names import hf_names  # noqa: E402
+from loongforge.models.hf_layouts import hf_names  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 FAMILY_OF = {"gpt2-tied": "gpt2", "pythia-parallel-rotary": "gpt-neox", "phi-shared-norm-gqa": "phi",

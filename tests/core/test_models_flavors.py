@@ -77,7 +77,7 @@ def test_decoder_flavor_is_plain_data():
 
 def test_transformer_config_and_vocab_padding():
     import torch
-    from loongforge.models.builder import ParallelSettings, padded_vocab_size, transformer_config
+    from loongforge.models.decoder_model import ParallelSettings, padded_vocab_size, transformer_config
 
     assert [padded_vocab_size(v, tp) for v, tp in ((259, 1), (384, 2), (151936, 4), (100, 3))] == [
         384, 384, 151936, 384]
@@ -97,7 +97,7 @@ def test_transformer_config_and_vocab_padding():
 
 
 def test_built_model_has_flavor_shapes(megatron_cpu_world):
-    from loongforge.models.builder import build_model
+    from loongforge.models.decoder_model import build_model
 
     flavor = all_flavors()["qwen3-tiny"]
     model = build_model(flavor, backend=megatron_cpu_world)

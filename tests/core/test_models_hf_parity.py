@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from loongforge.models.builder import build_model  # noqa: E402
+from loongforge.models.decoder_model import build_model  # noqa: E402
 from loongforge.models.hf_adapter import flavor_from_hf_config, fuse_qkv, hf_to_megatron  # noqa: E402
 
 _COMMON = dict(

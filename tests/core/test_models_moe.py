@@ -11,7 +11,7 @@ import pytest
 import torch
 import transformers  # noqa: F401 - the test needs it installed
 from conftest import HF_TINY_COMMON, make_hf_model  # noqa: E402
-from loongforge.models.builder import build_model  # noqa: E402
+from loongforge.models.decoder_model import build_model  # noqa: E402
 from loongforge.models.hf_adapter import (  # noqa: E402
     flavor_from_hf_config,
     hf_tensor_shapes,

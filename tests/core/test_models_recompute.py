@@ -12,7 +12,7 @@ import pytest
 import torch
 from loongforge.config.schema import RecomputeConfig  # noqa: E402
 from loongforge.errors import ConfigError  # noqa: E402
-from loongforge.models.builder import build_model  # noqa: E402
+from loongforge.models.decoder_model import build_model  # noqa: E402
 from loongforge.models.llama import FLAVORS  # noqa: E402
 from loongforge.models.recompute import recompute_kwargs  # noqa: E402
 from loongforge.parallel.init import initialize_layout_independent  # noqa: E402

@@ -113,7 +113,7 @@ def test_local_counts_match_live_bytes_after_forward(megatron_cpu_world, name):
     import gc
 
     import torch
-    from loongforge.models.builder import build_model
+    from loongforge.models.decoder_model import build_model
     from loongforge.train.measure import profiled_live_bytes
     from torch.profiler import ProfilerActivity, profile
 

@@ -8,7 +8,7 @@ from loongforge.config.schema import DataConfig  # noqa: E402
 from loongforge.data.chat_dataset import shipped_chat  # noqa: E402
 from loongforge.data.packing import block_causal_mask  # noqa: E402
 from loongforge.data.tokenizers import ByteTokenizer  # noqa: E402
-from loongforge.models.builder import build_model  # noqa: E402
+from loongforge.models.decoder_model import build_model  # noqa: E402
 from loongforge.models.llama import FLAVORS  # noqa: E402
 from loongforge.train.engines.megatron import _masked_mean_loss  # noqa: E402
 
@@ -70,7 +70,7 @@ def test_packed_rows_give_the_unpacked_loss_and_grads(megatron_cpu_world):
 def test_sdpa_attention_applies_a_block_causal_mask_exactly(megatron_cpu_world):
     """SDPAttention takes an explicit [b,1,s,s] mask instead of its causal flag; the mask must carry causality."""
     from loongforge.devices.sdpa_attention import SDPAttention
-    from loongforge.models.builder import transformer_config
+    from loongforge.models.decoder_model import transformer_config
     from megatron.core.transformer.enums import AttnMaskType
 
     config = transformer_config(FLAVORS["llama-debug"])

@@ -51,7 +51,7 @@ def _recomputed(checkpoint: Path, samples: int, global_batch: int, paths: list[s
     validation samples of ``paths`` (default: the task's held-out split)."""
     import torch
     from loongforge.tasks import sample_generators
-    from loongforge.train.task_loop import load_task_model
+    from loongforge.train.task_checkpoint import load_task_model
 
     task, model, path = load_task_model(checkpoint)
     seed = load_config(str(path / "config.yaml")).run.seed

@@ -73,9 +73,9 @@ def test_loss_equals_transformers_at_unpadded_vocabularies(tmp_path):
 def _loss_and_head_grads(directory: str, tp: int, backend) -> dict:
     from loongforge import load_config
     from loongforge.interop.online import load_initial_weights
-    from loongforge.models.builder import ParallelSettings, build_model
+    from loongforge.models.decoder_model import ParallelSettings, build_model
+    from loongforge.models.hf_adopt import name_flavor
     from loongforge.models.hf_config import read_hf_config
-    from loongforge.models.hf_naming import name_flavor
     from megatron.core import parallel_state as ps
 
     flavor = read_hf_config(directory).flavor

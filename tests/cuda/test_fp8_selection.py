@@ -42,7 +42,7 @@ def _flavor(name: str, **overrides):
 
 
 def _built(backend, flavor):
-    from loongforge.models.builder import build_model
+    from loongforge.models.decoder_model import build_model
 
     return build_model(flavor, backend=backend)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from loongforge.cli import main
-from loongforge.train.task_loop import load_task_model
+from loongforge.train.task_checkpoint import load_task_model
 from loongforge_diffusion.data.moving_squares import Geometry, MovingSquares, caption
 from loongforge_diffusion.data.still_squares import StillSquares
 from loongforge_diffusion.media import CAPTION_BACKGROUND, GRID_BACKGROUND, GUTTER, wrap_caption

@@ -12,7 +12,7 @@ import pytest
 import torch
 from loongforge.config.loader import load_config
 from loongforge.train.media import NoMediaLog
-from loongforge.train.task_loop import load_task_model
+from loongforge.train.task_checkpoint import load_task_model
 from loongforge_embodied.data.lerobot_dataset import LeRobotDataset
 from loongforge_embodied.policies.flavors import FLAVORS
 from loongforge_embodied.train_task import ACTION, NOT_INPUTS, STATE

@@ -24,7 +24,7 @@ def _worker(out_dir: Path) -> None:
     import torch.distributed as dist
     from loongforge.devices.cpu import CPUBackend
     from loongforge.interop.sharding import load_full_state
-    from loongforge.models.builder import ParallelSettings
+    from loongforge.models.decoder_model import ParallelSettings
     from loongforge_vlm.model.flavors import FLAVORS
     from loongforge_vlm.model.hf_interop import from_hf
     from loongforge_vlm.model.vlm import build_vlm

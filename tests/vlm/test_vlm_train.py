@@ -127,14 +127,14 @@ def test_eval_and_convert_read_a_lora_run_with_its_adapters_folded_in(tmp_path, 
     from loongforge.checkpoint.layout import find_checkpoint
     from loongforge.interop import mcore_checkpoint
     from loongforge.interop.world import standalone_world
-    from loongforge.models.building import build_standalone
+    from loongforge.models.chunks import build_standalone
     from loongforge.train.run import run_training
     from loongforge_vlm.evaluate import evaluate
 
     run_training(_config(tmp_path / "run", "model.lora.rank=4", "training.steps=3", "checkpoint.save_at_end=true"))
     path = find_checkpoint(tmp_path / "run" / "checkpoints")
     config = mcore_checkpoint.checkpoint_config(path)
-    flavor = mcore_checkpoint.resolve_flavor(config)
+    flavor = mcore_checkpoint.resolve_family(config)
     with standalone_world() as backend:
         merged = build_standalone(flavor, backend, "fp32")
         mcore_checkpoint.load_trained_weights(path, [merged], config)

@@ -16,7 +16,7 @@ from loongforge.commands import CommandRegistry
 def claims_hf_decoder(source: str, *, trust_code: bool) -> bool:
     """A Hugging Face directory whose ``config.json`` names a decoder family core reads (by architecture, or by
     ``model_type`` when it names no architecture)."""
-    from loongforge.models.hf_names import FAMILIES
+    from loongforge.models.hf_layouts import FAMILIES
 
     arch, model_type = hf_config_names(source)
     if arch is not None:
@@ -32,7 +32,7 @@ def claims_decoder_checkpoint(source: str, *, trust_code: bool) -> bool:
 
 
 def _hf_decoder_accepts() -> str:
-    from loongforge.models.hf_names import FAMILIES
+    from loongforge.models.hf_layouts import FAMILIES
 
     return f"a Hugging Face directory whose config.json architectures is {'/'.join(r[0] for r in FAMILIES.values())}"
 

@@ -17,7 +17,7 @@ from loongforge.config.schema import LoongForgeConfig
 from loongforge.config.sections import origin_of
 from loongforge.errors import ConfigError
 from loongforge.models.family import ModelFamily, check_family
-from loongforge.models.hf_naming import adopt_hf_model
+from loongforge.models.hf_adopt import adopt_hf_model
 from loongforge.plugins import get_host
 from loongforge.registry import Registry
 

@@ -30,11 +30,11 @@ from loongforge.interop.mcore_checkpoint import (
     checkpoint_dtype,
     hf_side_files,
     load_trained_model,
-    resolve_flavor,
+    resolve_family,
     write_model_checkpoint,
 )
+from loongforge.models.hf_adopt import name_flavor
 from loongforge.models.hf_config import read_hf_config
-from loongforge.models.hf_naming import name_flavor
 
 
 def check_out_dir(out_dir: Path) -> None:
@@ -57,7 +57,7 @@ def hf_to_mcore(hf_dir: str | Path, out_dir: str | Path, *, model: str | None = 
     """Convert the HF checkpoint in ``hf_dir`` to a model-only LoongForge checkpoint; return a summary line."""
     from loongforge.interop.sharding import load_full_state
     from loongforge.interop.world import standalone_world
-    from loongforge.models.building import build_standalone
+    from loongforge.models.chunks import build_standalone
 
     hf_dir, out_dir = Path(hf_dir).expanduser(), Path(out_dir).expanduser()
     hf = read_hf_config(hf_dir)
@@ -93,13 +93,13 @@ def mcore_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_size: 
     """
     from loongforge.interop.sharding import gather_full_state
     from loongforge.interop.world import standalone_world
-    from loongforge.models.building import build_standalone
+    from loongforge.models.chunks import build_standalone
     from loongforge.resolve import model_label
 
     out_dir = Path(out_dir).expanduser()
     path = find_checkpoint(checkpoint)
     config = checkpoint_config(path, trust_code=trust_code)
-    family = resolve_flavor(config)
+    family = resolve_family(config)
     adapter = family.hf_adapter()
     if adapter is None:
         raise InteropError(f"{path}: model '{model_label(config, family)}' has no Hugging Face "

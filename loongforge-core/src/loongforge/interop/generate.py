@@ -3,7 +3,7 @@
 A directory with ``config.json`` and no ``manifest.json`` is read as a Hugging Face checkpoint, anything
 else as a LoongForge checkpoint (a step directory, a checkpoint root with ``latest``, or a converted one).
 The model is built at TP=PP=1 on CPU through its family's ``build_chunk`` (the one builder,
-:mod:`loongforge.models.building`) and filled by the same loaders conversion uses, so what this prints is what
+:mod:`loongforge.models.chunks`) and filled by the same loaders conversion uses, so what this prints is what
 a converted or trained model computes. Text is encoded with the tokenizer the checkpoint carries
 (:mod:`loongforge.checkpoint.carried_tokenizer`) unless ``--tokenizer`` names another; one with more ids than the
 model's vocabulary is refused.
@@ -66,13 +66,13 @@ def _open_checkpoint(path: Path, trust_code: bool) -> tuple[Any, str, Callable[[
         checkpoint_dtype,
         checkpoint_tokenizer,
         load_trained_model,
-        resolve_flavor,
+        resolve_family,
     )
     from loongforge.resolve import model_label
 
     path = find_checkpoint(path)
     config = checkpoint_config(path, trust_code=trust_code)
-    family = resolve_flavor(config)
+    family = resolve_family(config)
     if family.engine != "megatron":
         raise InteropError(f"{path}: model '{model_label(config, family)}' is trained by the {family.engine!r} engine; "
                            "`loongforge generate` writes text with megatron language models")
@@ -119,7 +119,7 @@ def complete_from_checkpoint(
     """
     from loongforge.interop.mcore_checkpoint import HF_SOURCE
     from loongforge.interop.world import standalone_world
-    from loongforge.models.building import build_standalone
+    from loongforge.models.chunks import build_standalone
     from loongforge.models.generate import generate_batch
 
     if tokens < 0:

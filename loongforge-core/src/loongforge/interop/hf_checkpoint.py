@@ -33,7 +33,7 @@ from loongforge.checkpoint.carried_tokenizer import DESCRIPTOR, TOKENIZER_FILES,
 from loongforge.errors import InteropError
 from loongforge.models.flavor import DecoderFlavor
 from loongforge.models.hf_adapter import hf_tensor_shapes
-from loongforge.models.hf_names import hf_names, with_base_prefix
+from loongforge.models.hf_layouts import hf_names, with_base_prefix
 from loongforge.progress import job_progress
 
 SAFETENSORS = "model.safetensors"

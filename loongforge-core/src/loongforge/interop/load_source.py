@@ -4,7 +4,7 @@ Its own module so that ``loongforge check`` can check a Hugging Face directory w
 (only a LoongForge checkpoint source needs the checkpoint reader, imported when one is named).
 
 A ``model.load: hf:DIR`` without a ``model.name`` has been named by then
-(:func:`loongforge.models.hf_naming.adopt_hf_model`, called by name resolution).
+(:func:`loongforge.models.hf_adopt.adopt_hf_model`, called by name resolution).
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ def model_load_source(config: LoongForgeConfig, flavor: Any) -> Path:
         source = hf.path
         diffs = flavor_differences(hf.flavor, flavor)
     else:
-        from loongforge.interop.mcore_checkpoint import checkpoint_config, resolve_flavor
+        from loongforge.interop.mcore_checkpoint import checkpoint_config, resolve_family
 
         directory = find_checkpoint(spec)
         source = directory / "config.yaml"
         recorded = checkpoint_config(directory, trust_code=config.run.trust_code)
-        diffs = flavor_differences(resolve_flavor(recorded), flavor)
+        diffs = flavor_differences(resolve_family(recorded), flavor)
     if diffs:
         raise InteropError(f"model.load in {config.source}: {source} does not match model '{config.model.name}': "
                            f"{'; '.join(diffs)}")

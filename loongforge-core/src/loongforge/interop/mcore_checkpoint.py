@@ -48,7 +48,7 @@ HF_SOURCE = "hf_source"
 MODEL_ONLY_FORMAT = "loongforge-model-only"
 
 
-def resolve_flavor(config: LoongForgeConfig) -> ModelFamily:
+def resolve_family(config: LoongForgeConfig) -> ModelFamily:
     """The model ``config.model`` describes (registry name or ``pkg.module:factory``, parts, then overrides):
     the family whose ``build_chunk`` rebuilds the checkpoint's model."""
     from loongforge.resolve import resolve_model_flavor

@@ -19,7 +19,7 @@ from loongforge.interop.mcore_checkpoint import (
     checkpoint_config,
     hf_side_files,
     load_trained_weights,
-    resolve_flavor,
+    resolve_family,
 )
 
 #: Sub-directory of a checkpoint that ``checkpoint.save_hf`` fills.
@@ -42,11 +42,11 @@ def load_initial_weights(model_chunks: list[Any], config: LoongForgeConfig) -> N
 
     from loongforge.interop.hf_checkpoint import check_hf_tensors, index_hf_tensors, load_hf_tensors
     from loongforge.interop.sharding import load_full_state
-    from loongforge.models.builder import padded_vocab_size
+    from loongforge.models.decoder_model import padded_vocab_size
     from loongforge.models.hf_adapter import hf_to_megatron
 
     spec = config.model.load or ""
-    flavor = resolve_flavor(config)
+    flavor = resolve_family(config)
     directory = model_load_source(config, flavor)
     if spec.startswith("hf:"):
         infos = index_hf_tensors(directory)
@@ -71,7 +71,7 @@ def save_hf_copy(trainer: Any, path: str) -> Path | None:
     from loongforge.resolve import model_label
 
     config = trainer.config
-    family = resolve_flavor(config)
+    family = resolve_family(config)
     adapter = family.hf_adapter()
     if adapter is None:
         raise InteropError(f"{config.source}: checkpoint.save_hf is set but model '{model_label(config, family)}' "

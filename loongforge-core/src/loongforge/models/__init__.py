@@ -1,7 +1,7 @@
 """LLM families on megatron-core: flavor tables (torch-free), the model-family contract and the model builder.
 
-Importing this package is cheap: flavors are plain dataclasses. ``loongforge.models.builder``,
-``loongforge.models.building`` (the one builder, :class:`~loongforge.models.building.ChunkBuild`) and
+Importing this package is cheap: flavors are plain dataclasses. ``loongforge.models.decoder_model``,
+``loongforge.models.chunks`` (the one builder, :class:`~loongforge.models.chunks.ChunkBuild`) and
 ``loongforge.models.hf_adapter`` import torch and megatron when a run builds a model.
 
 What a model-family plugin uses (docs/plugin-authors.md): :class:`ModelFamily` (the contract every registered

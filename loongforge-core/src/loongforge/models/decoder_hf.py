@@ -36,7 +36,7 @@ class DecoderHFAdapter:
 
     def from_hf(self, tensors: dict[str, Any]) -> dict[str, Any]:
         """The full megatron state dict (vocabulary padded as a TP=1 model holds it) from Hugging Face tensors."""
-        from loongforge.models.builder import padded_vocab_size
+        from loongforge.models.decoder_model import padded_vocab_size
         from loongforge.models.hf_adapter import hf_to_megatron
 
         return hf_to_megatron(tensors, self.flavor, padded_vocab_size=padded_vocab_size(self.flavor.vocab_size))

@@ -24,7 +24,7 @@ from loongforge.errors import ConfigError
 
 if TYPE_CHECKING:
     from loongforge.config.schema import LoongForgeConfig
-    from loongforge.models.building import ChunkBuild
+    from loongforge.models.chunks import ChunkBuild
     from loongforge.models.flavor import DecoderFlavor
     from loongforge.registry import Registry
 
@@ -95,10 +95,10 @@ class ModelFamily:
     def build_chunk(self, build: ChunkBuild) -> Any:
         """Megatron engine: one model chunk (a ``torch.nn.Module``) for the pipeline stage ``build`` describes.
 
-        ``build`` is a :class:`loongforge.models.building.ChunkBuild`: the device backend (its
+        ``build`` is a :class:`loongforge.models.chunks.ChunkBuild`: the device backend (its
         ``spec_provider()`` supplies the layer modules), dtype, parallel settings, pre/post-process flags, the
         virtual stage, the device's extra megatron config and the seed. Every command builds through here
-        (:func:`loongforge.models.building.build_model_chunks` for training, ``build_standalone`` for conversion
+        (:func:`loongforge.models.chunks.build_model_chunks` for training, ``build_standalone`` for conversion
         and generation), so layers must come from ``build.backend.spec_provider()`` and weights from
         ``build.seed`` alone; ``build.decoder_chunk(flavor)`` builds core's decoder that way. The
         ModelFamilySuite (:mod:`loongforge.testing.family_suite`) fails a family that does otherwise.

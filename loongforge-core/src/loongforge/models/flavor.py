@@ -4,7 +4,7 @@ Families (Llama, Qwen2, Qwen3, their mixture-of-experts siblings Mixtral and Qwe
 Phi-2, Gemma) differ only in switches -- the norm, the MLP activation and gating, biases, position embedding,
 partial rotary, parallel residual, QK-norm, explicit head_dim, tied embeddings, RoPE scaling, experts in place
 of the MLP -- so one flat, torch-free description serves all of them. Each switch is data that
-:mod:`loongforge.models.builder` maps to megatron-core's own ``TransformerConfig``/``GPTModel`` options; every
+:mod:`loongforge.models.decoder_model` maps to megatron-core's own ``TransformerConfig``/``GPTModel`` options; every
 default is the Llama behaviour, so a flavor that names none of them is the Llama decoder it always was.
 Names in the registry point at flavors; ``with_overrides`` lets a config shrink or tweak one (``num_layers=2``
 for a smoke run) without a new table entry.

@@ -15,7 +15,7 @@ key/value heads, ``head_dim`` 256, ``intermediate_size`` 9216, ``query_pre_attn_
 from __future__ import annotations
 
 from loongforge.models.flavor import DecoderFlavor
-from loongforge.models.hf_names import FAMILIES, FAMILY_SWITCHES
+from loongforge.models.hf_layouts import FAMILIES, FAMILY_SWITCHES
 
 
 def _gemma(hidden_size: int, **kw: object) -> DecoderFlavor:

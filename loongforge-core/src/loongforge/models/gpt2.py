@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from loongforge.models.flavor import DecoderFlavor
-from loongforge.models.hf_names import FAMILIES, FAMILY_SWITCHES
+from loongforge.models.hf_layouts import FAMILIES, FAMILY_SWITCHES
 
 
 def _gpt2(**kw: object) -> DecoderFlavor:

@@ -1,6 +1,6 @@
 """Hugging Face ``*ForCausalLM`` weights <-> megatron ``GPTModel`` state dict (TP=1, PP=1), for every decoder family.
 
-Where a family's tensors live is a row of :mod:`loongforge.models.hf_names`; here each row becomes a list of
+Where a family's tensors live is a row of :mod:`loongforge.models.hf_layouts`; here each row becomes a list of
 rules, one per megatron tensor, which both directions and the expected-shape table are derived from.
 Megatron fuses projections that Hugging Face keeps separate:
 
@@ -33,7 +33,7 @@ import torch
 
 from loongforge.errors import ConfigError
 from loongforge.models.flavor import DecoderFlavor
-from loongforge.models.hf_names import (
+from loongforge.models.hf_layouts import (
     FAMILIES,
     FAMILY_SWITCHES,
     HF_ACTIVATIONS,
@@ -312,7 +312,7 @@ def flavor_from_hf_config(config: object, *, family: str) -> DecoderFlavor:
     ``GemmaConfig``) or an object with the same attributes (``config.json``'s keys), or the ``text_config`` of a
     Qwen2-VL / Qwen2.5-VL model (``family`` ``qwen2``: its ``mrope_section`` becomes the flavor's).
 
-    The family's fixed switches come from :data:`~loongforge.models.hf_names.FAMILY_SWITCHES`; the rest are read
+    The family's fixed switches come from :data:`~loongforge.models.hf_layouts.FAMILY_SWITCHES`; the rest are read
     from the config, and one this module cannot express is a one-line :class:`ConfigError` naming the key.
     """
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from loongforge.errors import ConfigError, InteropError
 from loongforge.models.flavor import DecoderFlavor
-from loongforge.models.hf_names import (
+from loongforge.models.hf_layouts import (
     ABSENT_KEYS,
     FAMILIES,
     FAMILY_ACTIVATION_NAMES,
@@ -34,7 +34,7 @@ from loongforge.models.hf_names import (
 
 CONFIG_JSON = "config.json"
 
-#: The ``*ForCausalLM`` families with a Hugging Face format (table in :mod:`loongforge.models.hf_names`).
+#: The ``*ForCausalLM`` families with a Hugging Face format (table in :mod:`loongforge.models.hf_layouts`).
 LLAMA_FAMILIES = ("llama", "qwen2", "qwen3", "mixtral", "qwen3-moe", "gemma", "gemma2")
 _REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 #: (key, value our models need) for switches the Llama-style families' configs may carry.
@@ -149,7 +149,7 @@ def flavor_differences(actual: DecoderFlavor, expected: DecoderFlavor) -> list[s
 def hf_config_dict(flavor: DecoderFlavor, dtype: str, base: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``config.json`` of ``flavor`` in ``dtype`` (fp32/bf16/fp16), keeping ``base``'s other keys.
 
-    Keys are spelt as ``flavor``'s family spells them (:func:`~loongforge.models.hf_names.config_key`); keys
+    Keys are spelt as ``flavor``'s family spells them (:func:`~loongforge.models.hf_layouts.config_key`); keys
     the family does not have (GPT-2's ``num_key_value_heads``) are not written.
     """
     family = flavor.family

@@ -9,7 +9,7 @@ https://huggingface.co/EleutherAI/pythia-160m/blob/main/config.json (``rotary_pc
 from __future__ import annotations
 
 from loongforge.models.flavor import DecoderFlavor
-from loongforge.models.hf_names import FAMILIES, FAMILY_SWITCHES
+from loongforge.models.hf_layouts import FAMILIES, FAMILY_SWITCHES
 
 
 def _neox(**kw: object) -> DecoderFlavor:

@@ -10,7 +10,7 @@ of a head (12 dimensions) is even, as RoPE needs.
 from __future__ import annotations
 
 from loongforge.models.flavor import DecoderFlavor
-from loongforge.models.hf_names import FAMILIES, FAMILY_SWITCHES
+from loongforge.models.hf_layouts import FAMILIES, FAMILY_SWITCHES
 
 
 def _phi(**kw: object) -> DecoderFlavor:

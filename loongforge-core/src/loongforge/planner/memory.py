@@ -39,7 +39,7 @@ from typing import Any, Protocol
 
 from loongforge.planner.layouts import Candidate
 
-#: Embedding rows are padded to a multiple of lcm(128, tp) (models/builder.py VOCAB_PAD_MULTIPLE).
+#: Embedding rows are padded to a multiple of lcm(128, tp) (models/decoder_model.py VOCAB_PAD_MULTIPLE).
 VOCAB_PAD_MULTIPLE = 128
 _BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
 

@@ -12,7 +12,7 @@ second on a CPU); pytest collects the inherited tests::
 
 What passing means is what the commands rely on (:class:`loongforge.models.family.ModelFamily`):
 
-* **build** -- a megatron family builds through the one builder (:func:`loongforge.models.building.build_standalone`)
+* **build** -- a megatron family builds through the one builder (:func:`loongforge.models.chunks.build_standalone`)
   with the layers of the device backend's spec provider (a family that bypasses the provider fails: it would
   not run on another device plugin), and the same seed draws the same weights (layouts and resumes agree);
   a task family's ``make_task(config).build_model()`` is a module, the same under the same seed.
@@ -130,7 +130,7 @@ class ModelFamilySuite:
 
         family = self.the_family()
         if family.engine == "megatron":
-            from loongforge.models.building import build_standalone
+            from loongforge.models.chunks import build_standalone
 
             return build_standalone(family, world, seed=seed)
         torch.manual_seed(seed)

@@ -29,7 +29,7 @@ class MoEStats:
         # Without sequence parallelism the tensor-parallel ranks route the same tokens: count them once.
         self._counts_here = config.sequence_parallel or parallel_state.get_tensor_model_parallel_rank() == 0
         # megatron's process-wide MoE states (the tracker, the aux loss's backward scale) were reset when the model
-        # was built (loongforge.models.builder), so nothing an earlier model in this process left counts here.
+        # was built (loongforge.models.decoder_model), so nothing an earlier model in this process left counts here.
         for chunk in chunks:
             for module in chunk.modules():
                 if isinstance(module, TopKRouter):

@@ -217,7 +217,7 @@ def _build_trainer(
     """Model -> plugins' modify_model -> DDP -> optimizer -> data -> the megatron engine -> Trainer, resumed."""
     from megatron.core import parallel_state
 
-    from loongforge.models.building import build_model_chunks
+    from loongforge.models.chunks import build_model_chunks
     from loongforge.train.batches import build_batches, validation_origin, validation_set
     from loongforge.train.checkpointing import RunCheckpoints, checkpoint_dir, run_metadata
     from loongforge.train.engines.megatron import MegatronEngine

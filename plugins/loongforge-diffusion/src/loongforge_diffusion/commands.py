@@ -38,7 +38,7 @@ def configure_sample(sample: argparse.ArgumentParser) -> None:
 
 
 def run_sample(args: argparse.Namespace) -> int:
-    from loongforge.train.task_loop import load_task_model
+    from loongforge.train.task_checkpoint import load_task_model
 
     if args.steps < 1:
         raise ConfigError(f"--steps {args.steps}: sampling needs at least one step")

@@ -22,7 +22,7 @@ from loongforge_diffusion.wan.flavors import WanFlavor
 from loongforge_diffusion.wan.model import WanModel
 
 
-def resolve_flavor(flavor: str | WanFlavor) -> WanFlavor:
+def resolve_family(flavor: str | WanFlavor) -> WanFlavor:
     """A flavor object, or a name (or alias) looked up in the ``model`` registry that plugins fill."""
     if isinstance(flavor, WanFlavor):
         return flavor
@@ -52,7 +52,7 @@ class DiffusionTask:
 
     def build_model(self, flavor: str | WanFlavor, device: str | torch.device = "cpu", **overrides) -> WanModel:
         """A freshly initialised model; ``overrides`` change flavor fields (``num_layers=2``)."""
-        resolved = resolve_flavor(flavor)
+        resolved = resolve_family(flavor)
         return WanModel(resolved.with_overrides(**overrides) if overrides else resolved).to(device)
 
     def build_dataset(self, path: str | Path | None = None, *, length: int = 1024, text_dim: int = 32, seed: int = 0,

@@ -176,7 +176,7 @@ class PolicyTask(TaskBase):
         (CHW float in [0, 1] or HWC uint8). ``state`` is in the dataset's units. Training items use this too."""
         if self.normalizer is None:
             raise ConfigError("the policy task has no normaliser yet: call build_dataset(), or load the task from a "
-                              "checkpoint (loongforge.train.task_loop.load_task_model)")
+                              "checkpoint (loongforge.train.task_checkpoint.load_task_model)")
         state = np.asarray(state, dtype=np.float64)
         if state.shape != (self.state_dim,):
             raise ValueError(f"state has shape {state.shape}; the policy was trained on {self.state_dim} dimensions")
@@ -277,7 +277,7 @@ class PolicyTask(TaskBase):
         ``seed``, then unnormalised (float64)."""
         if self.normalizer is None:
             raise ConfigError("the policy task has no normaliser yet: call build_dataset(), or load the task from a "
-                              "checkpoint (loongforge.train.task_loop.load_task_model)")
+                              "checkpoint (loongforge.train.task_checkpoint.load_task_model)")
         device = next(model.parameters()).device
         inputs = {key: value.to(device) for key, value in inputs.items()}
         batch = next(iter(inputs.values())).shape[0]

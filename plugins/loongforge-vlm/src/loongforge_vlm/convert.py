@@ -45,7 +45,7 @@ def hf_to_loongforge(hf_dir: str | Path, out_dir: str | Path, *, model: str | No
     from loongforge.interop.mcore_checkpoint import write_model_checkpoint
     from loongforge.interop.sharding import load_full_state
     from loongforge.interop.world import standalone_world
-    from loongforge.models.building import build_standalone
+    from loongforge.models.chunks import build_standalone
 
     from loongforge_vlm.model.hf_interop import from_hf, read_hf_config
 
@@ -83,11 +83,11 @@ def loongforge_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_s
         checkpoint_dtype,
         hf_side_files,
         load_trained_weights,
-        resolve_flavor,
+        resolve_family,
     )
     from loongforge.interop.sharding import gather_full_state
     from loongforge.interop.world import standalone_world
-    from loongforge.models.building import build_standalone
+    from loongforge.models.chunks import build_standalone
     from loongforge.resolve import model_label
 
     from loongforge_vlm.model.hf_interop import hf_config_dict, saved_layout, to_hf
@@ -95,7 +95,7 @@ def loongforge_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_s
     out_dir = Path(out_dir).expanduser()
     path = find_checkpoint(checkpoint)
     config = checkpoint_config(path, trust_code=trust_code)
-    flavor = resolve_flavor(config)
+    flavor = resolve_family(config)
     if not isinstance(flavor, VLMFlavor) or flavor.hf_architecture is None:
         raise LoongForgeError(f"{path}: model '{model_label(config, flavor)}' has no Hugging Face VLM layout "
                               "(Qwen2-VL / Qwen2.5-VL flavors do)")

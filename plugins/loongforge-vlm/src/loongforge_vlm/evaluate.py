@@ -75,10 +75,10 @@ def evaluate(checkpoint: str | Path, *, data: list[str] | None = None, limit: in
         checkpoint_config,
         checkpoint_dtype,
         load_trained_weights,
-        resolve_flavor,
+        resolve_family,
     )
     from loongforge.interop.world import standalone_world
-    from loongforge.models.building import build_standalone
+    from loongforge.models.chunks import build_standalone
     from loongforge.plugins import get_host
     from loongforge.train.batches import load_tokenizer
 
@@ -86,7 +86,7 @@ def evaluate(checkpoint: str | Path, *, data: list[str] | None = None, limit: in
 
     path = find_checkpoint(checkpoint)
     config = checkpoint_config(path, trust_code=trust_code)
-    flavor = resolve_flavor(config)
+    flavor = resolve_family(config)
     tokenizer = load_tokenizer(get_host(), config)
     if data:
         dataset = image_text_dataset(data, tokenizer, model=flavor)

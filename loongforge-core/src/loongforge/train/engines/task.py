@@ -7,8 +7,8 @@ schedule, hooks, metrics and checkpoint cadence. This module owns what is partic
 order, the task's loss and validation loss (:meth:`TaskEngine.evaluate`), and checkpoints that continue bit-exactly
 (model, optimizer, every RNG stream including the task's own, data position). A checkpoint holds
 ``model.safetensors``, ``optimizer.pt`` and ``state.pt`` (loaded with ``weights_only=True``), ``trainer.json``,
-per-rank ``rng-<rank>.pt`` and the resolved ``config.yaml`` (which :func:`loongforge.train.task_loop.load_task_model`
-rebuilds the model from, e.g. for ``loongforge sample``).
+per-rank ``rng-<rank>.pt`` and the resolved ``config.yaml`` (which
+:func:`loongforge.train.task_checkpoint.load_task_model` rebuilds the model from, e.g. for ``loongforge sample``).
 """
 
 from __future__ import annotations

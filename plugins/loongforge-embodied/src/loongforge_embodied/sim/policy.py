@@ -21,13 +21,13 @@ class CheckpointPolicy:
 
     :param steps: Euler steps per sampled chunk.
     :param trust_code: let a ``pkg.module:attr`` model name in the checkpoint's config import its module (the
-        user's ``--trust-code``; see :func:`loongforge.train.task_loop.load_task_model`).
+        user's ``--trust-code``; see :func:`loongforge.train.task_checkpoint.load_task_model`).
     """
 
     def __init__(self, checkpoint: str | Path, *, steps: int = 10, trust_code: bool = False) -> None:
         from loongforge.checkpoint.layout import CONFIG_YAML
         from loongforge.config.loader import load_config
-        from loongforge.train.task_loop import load_task_model
+        from loongforge.train.task_checkpoint import load_task_model
 
         self.task, self.model, self.path = load_task_model(checkpoint, trust_code=trust_code)
         self.steps = steps

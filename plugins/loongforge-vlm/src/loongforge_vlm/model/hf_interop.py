@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 from loongforge.errors import ConfigError, LoongForgeError
-from loongforge.models.builder import padded_vocab_size
+from loongforge.models.decoder_model import padded_vocab_size
 from loongforge.models.hf_adapter import flavor_from_hf_config as text_flavor_from_hf_config
 from loongforge.models.hf_adapter import hf_tensor_shapes, hf_to_megatron, megatron_to_hf
 

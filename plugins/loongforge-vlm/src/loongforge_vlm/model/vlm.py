@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 from loongforge.errors import LoongForgeError
-from loongforge.models.builder import ParallelSettings, resolve_dtype
-from loongforge.models.building import ChunkBuild
+from loongforge.models.chunks import ChunkBuild
+from loongforge.models.decoder_model import ParallelSettings, resolve_dtype
 from megatron.core import tensor_parallel
 from megatron.core.transformer.module import MegatronModule
 from torch import nn

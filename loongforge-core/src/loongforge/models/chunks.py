@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from loongforge.models.builder import ParallelSettings, build_model
+from loongforge.models.decoder_model import ParallelSettings, build_model
 from loongforge.models.family import ModelFamily
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class ChunkBuild:
         """Core's megatron ``GPTModel`` chunk of ``flavor`` for this build, weights drawn from :attr:`seed`.
 
         What a composed model wraps (a VLM's language backbone); ``options`` go to
-        :func:`loongforge.models.builder.build_model` (``scatter_embedding_sequence_parallel=False`` for a
+        :func:`loongforge.models.decoder_model.build_model` (``scatter_embedding_sequence_parallel=False`` for a
         model that edits the embedding's output before the sequence-parallel scatter).
         """
         from loongforge.parallel.init import initialize_layout_independent
