@@ -56,7 +56,7 @@ def test_unknown_convert_source_is_one_line_listing_every_handler(register_plugi
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"no registered handler claims '{tmp_path / 'a.txt'}'" in err, err
     assert "hello-files (<in-process>): a *.hello file" in err
-    assert "hf-decoder (loongforge-core): a Hugging Face directory whose config.json architectures is" in err
+    assert "hf-model (loongforge-core): a Hugging Face directory whose config.json architecture" in err
 
 
 def test_duplicate_command_names_fail_naming_both_providers(register_plugin, capsys):

@@ -39,9 +39,9 @@ def _load(directory, backend):
     from loongforge.interop.hf_checkpoint import index_hf_tensors, load_hf_tensors
     from loongforge.interop.sharding import load_full_state
     from loongforge.models.chunks import build_standalone
-    from loongforge.models.hf_config import read_hf_config
+    from loongforge.models.hf_format import read_hf_model
 
-    flavor = read_hf_config(directory).flavor
+    flavor = read_hf_model(directory).family
     model = build_standalone(flavor, backend)
     load_full_state([model], flavor.hf_adapter().from_hf(load_hf_tensors(index_hf_tensors(directory))))
     return model, flavor.vocab_size

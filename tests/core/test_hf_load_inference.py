@@ -145,14 +145,14 @@ def test_every_architecture_of_the_table_names_its_model_and_the_saved_config_re
     without the directory."""
     from loongforge.config import config_to_dict
     from loongforge.interop.load_source import model_load_source
-    from loongforge.models.hf_config import read_hf_config
+    from loongforge.models.hf_format import read_hf_model
     from loongforge.resolve import resolve_model_flavor
 
     config_cls, _, _ = HF_TINY_CASES[case]
     getattr(transformers, config_cls)(**tiny_settings(case)).save_pretrained(tmp_path / "hf")
     config = load_config(None, [f"model.load=hf:{tmp_path / 'hf'}"])
     flavor = resolve_model_flavor(config)
-    assert flavor == read_hf_config(tmp_path / "hf").flavor and config.model.name
+    assert flavor == read_hf_model(tmp_path / "hf").family and config.model.name
     assert model_load_source(config, flavor) == tmp_path / "hf"
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config_to_dict(config)))
     shutil.rmtree(tmp_path / "hf")

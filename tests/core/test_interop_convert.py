@@ -30,7 +30,7 @@ def _all_tensors(directory):
 
 @pytest.mark.parametrize("case", sorted(HF_TINY_CASES))
 def test_convert_is_lossless_and_matches_transformers(hf_tiny, tmp_path, capsys, case):
-    from loongforge.models.hf_config import read_hf_config
+    from loongforge.models.hf_format import read_hf_model
 
     hf_dir, hf = hf_tiny(case)
     assert main(["convert", "hf-to-mcore", str(hf_dir), str(tmp_path / "mcore")]) == 0
@@ -47,7 +47,7 @@ def test_convert_is_lossless_and_matches_transformers(hf_tiny, tmp_path, capsys,
     original, back = _all_tensors(hf_dir), _all_tensors(tmp_path / "back")
     assert sorted(back) == sorted(original)
     assert all(torch.equal(back[name], original[name]) for name in original)
-    assert read_hf_config(tmp_path / "back").flavor == read_hf_config(hf_dir).flavor
+    assert read_hf_model(tmp_path / "back").family == read_hf_model(hf_dir).family
     source, written = (json.loads((d / "config.json").read_text()) for d in (hf_dir, tmp_path / "back"))
     assert {k: written[k] for k in source if k != "transformers_version"} == {
         k: v for k, v in source.items() if k != "transformers_version"
@@ -93,8 +93,8 @@ BAD_INPUTS = {
     # lists what each converter accepts, core's with the architectures it reads.
     "missing-config": (lambda d: (d / "config.json").unlink(), "no registered handler claims"),
     "unsupported-architecture": (lambda d: _edit_config(d, architectures=["NoSuchForCausalLM"]),
-                                 "hf-decoder (loongforge-core): a Hugging Face directory whose config.json "
-                                 "architectures is LlamaForCausalLM/Qwen2ForCausalLM/"),
+                                 "hf-model (loongforge-core): a Hugging Face directory whose config.json "
+                                 "architecture an installed family reads (loongforge list hf_architectures)"),
     "config-of-another-family": (lambda d: _edit_config(d, architectures=["MixtralForCausalLM"]),
                                  "tensor model.layers.0.block_sparse_moe.experts.0.w1.weight is missing"),
     "router-noise": (lambda d: _edit_config(d, architectures=["MixtralForCausalLM"], router_jitter_noise=0.1),
@@ -123,7 +123,7 @@ def test_bad_hf_input_is_one_line_and_writes_nothing(hf_tiny, tmp_path, capsys, 
 
 def test_mcore_to_hf_refuses_missing_checkpoint_and_existing_output(hf_tiny, tmp_path, capsys):
     assert main(["convert", "mcore-to-hf", str(tmp_path / "nope"), str(tmp_path / "out")]) == 2
-    assert "decoder-checkpoint (loongforge-core): a LoongForge checkpoint" in capsys.readouterr().err
+    assert "hf-exportable-checkpoint (loongforge-core): a LoongForge checkpoint" in capsys.readouterr().err
     hf_dir, _ = hf_tiny("qwen3-qknorm-tied")
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "file").write_text("x")

@@ -64,8 +64,8 @@ SCRIPT = textwrap.dedent(
         backend.apply_patches()
         from megatron.core import parallel_state as ps, tensor_parallel
         from loongforge import load_config
-        from loongforge.models.hf_adopt import name_flavor
-        from loongforge.models.hf_config import read_hf_config
+        from loongforge.models.hf_adopt import name_model
+        from loongforge.models.hf_format import read_hf_model
         from loongforge.interop.online import load_initial_weights
         from loongforge.interop.sharding import gather_full_state
         from loongforge.models.decoder_model import ParallelSettings, build_model
@@ -77,8 +77,8 @@ SCRIPT = textwrap.dedent(
         tokens = torch.load(os.path.join(root, "tokens.pt"), weights_only=True)
         for case in sys.argv[5:]:
             hf_dir = os.path.join(root, case)
-            flavor = read_hf_config(hf_dir).flavor
-            name, overrides = name_flavor(flavor, None, hf_dir)
+            flavor = read_hf_model(hf_dir).family
+            name, overrides = name_model(flavor, None, hf_dir)
             config = load_config(None, [f"model.name={name}", f"model.load=hf:{hf_dir}"])
             config.model.overrides = overrides
             layout = ParallelSettings(tp=tp, pp=pp, ep=ep, sequence_parallel=tp > 1 and flavor.is_moe)

@@ -101,7 +101,7 @@ UNSUPPORTED = {
 @pytest.mark.parametrize("case", sorted(UNSUPPORTED))
 def test_unexpressible_switch_fails_in_one_line_naming_file_and_key(tmp_path, case):
     from loongforge.errors import InteropError
-    from loongforge.models.hf_config import read_hf_config
+    from loongforge.models.hf_format import read_hf_model
 
     hf, _ = _case(case)
     hf.config.save_pretrained(tmp_path)
@@ -109,7 +109,7 @@ def test_unexpressible_switch_fails_in_one_line_naming_file_and_key(tmp_path, ca
     raw = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**raw, key: value}))
     with pytest.raises(InteropError) as info:
-        read_hf_config(tmp_path)
+        read_hf_model(tmp_path)
     message = str(info.value)
     assert "\n" not in message and str(tmp_path / "config.json") in message and key in message, message
 
@@ -121,12 +121,13 @@ REAL = {"gpt2": 124_439_808, "pythia-70m": 70_426_624, "pythia-160m": 162_322_94
 @pytest.mark.parametrize("name", sorted(REAL))
 def test_registered_real_size_rows_are_the_published_models(tmp_path, name):
     import transformers
-    from loongforge.models.hf_config import hf_config_dict, read_hf_config
+    from loongforge.models.hf_config import hf_config_dict
+    from loongforge.models.hf_format import read_hf_model
     from loongforge.models.registration import all_flavors
 
     flavor = all_flavors()[name]
     (tmp_path / "config.json").write_text(json.dumps(hf_config_dict(flavor, "bf16")))
-    assert read_hf_config(tmp_path).flavor == flavor  # the row survives its own config.json
+    assert read_hf_model(tmp_path).family == flavor  # the row survives its own config.json
     config = transformers.AutoConfig.from_pretrained(tmp_path)
     with torch.device("meta"):  # transformers' own model of that config.json, without allocating it
         hf = transformers.AutoModelForCausalLM.from_config(config)

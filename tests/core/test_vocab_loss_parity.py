@@ -74,12 +74,12 @@ def _loss_and_head_grads(directory: str, tp: int, backend) -> dict:
     from loongforge import load_config
     from loongforge.interop.online import load_initial_weights
     from loongforge.models.decoder_model import ParallelSettings, build_model
-    from loongforge.models.hf_adopt import name_flavor
-    from loongforge.models.hf_config import read_hf_config
+    from loongforge.models.hf_adopt import name_model
+    from loongforge.models.hf_format import read_hf_model
     from megatron.core import parallel_state as ps
 
-    flavor = read_hf_config(directory).flavor
-    name, overrides = name_flavor(flavor, None, directory)
+    flavor = read_hf_model(directory).family
+    name, overrides = name_model(flavor, None, directory)
     config = load_config(None, [f"model.name={name}", f"model.load=hf:{directory}"])
     config.model.overrides = overrides
     layout = ParallelSettings(tp=tp, sequence_parallel=tp > 1 and flavor.is_moe)

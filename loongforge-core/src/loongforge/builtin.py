@@ -29,6 +29,13 @@ def loongforge_register_models(registry):
 
 
 @hookimpl
+def loongforge_register_hf_architectures(registry):
+    from loongforge.models.hf_config import register_decoder_hf_architectures
+
+    register_decoder_hf_architectures(registry)
+
+
+@hookimpl
 def loongforge_register_parallel_strategies(registry):
     registry.register(
         "megatron",

@@ -1,4 +1,4 @@
-"""Core's handlers for ``loongforge convert``: Hugging Face decoder LLM directories <-> LoongForge checkpoints.
+"""Core's handlers for ``loongforge convert``: Hugging Face directories <-> LoongForge checkpoints of megatron models.
 
 Registered through core's own ``loongforge_register_commands`` (:mod:`loongforge.builtin`) like any plugin's
 converter; ``loongforge convert`` runs the handler whose ``claims(source)`` is true (:mod:`loongforge.commands`).
@@ -13,28 +13,21 @@ from loongforge.claims import checkpoint_model, hf_config_names
 from loongforge.commands import CommandRegistry
 
 
-def claims_hf_decoder(source: str, *, trust_code: bool) -> bool:
-    """A Hugging Face directory whose ``config.json`` names a decoder family core reads (by architecture, or by
-    ``model_type`` when it names no architecture)."""
-    from loongforge.models.hf_layouts import FAMILIES
+def claims_hf_directory(source: str, *, trust_code: bool) -> bool:
+    """A Hugging Face directory whose ``config.json`` names an architecture (or, without one, a ``model_type``) that
+    an installed family registered a reader for (``loongforge_register_hf_architectures``): core's decoders and any
+    plugin's convert the same way, through the family's adapter."""
+    from loongforge.plugins import get_host
 
     arch, model_type = hf_config_names(source)
-    if arch is not None:
-        return arch in {row[0] for row in FAMILIES.values()}
-    return model_type in {row[1] for row in FAMILIES.values()}
+    key = arch if arch is not None else model_type
+    return key is not None and key in get_host().registry("hf_architecture")
 
 
-def claims_decoder_checkpoint(source: str, *, trust_code: bool) -> bool:
-    """A LoongForge checkpoint of a megatron decoder LLM (a :class:`~loongforge.models.flavor.DecoderFlavor`)."""
-    from loongforge.models.flavor import DecoderFlavor
-
-    return isinstance(checkpoint_model(source, trust_code=trust_code), DecoderFlavor)
-
-
-def _hf_decoder_accepts() -> str:
-    from loongforge.models.hf_layouts import FAMILIES
-
-    return f"a Hugging Face directory whose config.json architectures is {'/'.join(r[0] for r in FAMILIES.values())}"
+def claims_hf_exportable_checkpoint(source: str, *, trust_code: bool) -> bool:
+    """A LoongForge checkpoint of a megatron-engine model whose family has a Hugging Face adapter."""
+    model = checkpoint_model(source, trust_code=trust_code)
+    return model is not None and model.engine == "megatron" and model.hf_adapter() is not None
 
 
 def configure_hf_to_mcore(parser: argparse.ArgumentParser) -> None:
@@ -60,8 +53,11 @@ def run_mcore_to_hf(args: argparse.Namespace) -> int:
 
 
 def register_core_converters(commands: CommandRegistry) -> None:
-    commands.add_handler("convert hf-to-mcore", "hf-decoder", accepts=_hf_decoder_accepts(),
-                         claims=claims_hf_decoder, configure=configure_hf_to_mcore, run=run_hf_to_mcore)
-    commands.add_handler("convert mcore-to-hf", "decoder-checkpoint",
-                         accepts="a LoongForge checkpoint (step directory or checkpoint root) of a decoder LLM",
-                         claims=claims_decoder_checkpoint, configure=configure_mcore_to_hf, run=run_mcore_to_hf)
+    commands.add_handler("convert hf-to-mcore", "hf-model",
+                         accepts="a Hugging Face directory whose config.json architecture an installed family reads "
+                                 "(loongforge list hf_architectures)",
+                         claims=claims_hf_directory, configure=configure_hf_to_mcore, run=run_hf_to_mcore)
+    commands.add_handler("convert mcore-to-hf", "hf-exportable-checkpoint",
+                         accepts="a LoongForge checkpoint (step directory or checkpoint root) of a model whose family "
+                                 "has a Hugging Face adapter",
+                         claims=claims_hf_exportable_checkpoint, configure=configure_mcore_to_hf, run=run_mcore_to_hf)

@@ -102,6 +102,20 @@ def loongforge_register_optimizations(registry: Registry) -> None:
 
 
 @hookspec
+def loongforge_register_hf_architectures(registry: Registry) -> None:
+    """Register the Hugging Face architectures a model family reads (``config.json``'s ``architectures[0]``).
+
+    :param registry: the ``hf_architecture`` registry; ``registry.register("Olmo2ForCausalLM", reader,
+        aliases=("olmo2",))`` with the architecture's class name as the name, its ``model_type`` as an alias (the
+        lookup for a ``config.json`` without ``architectures``), and a :class:`loongforge.models.family.HFReader`
+        (or its import path) as the target. ``model.load: hf:DIR``, ``loongforge convert hf-to-mcore`` and
+        ``loongforge check`` read every Hugging Face directory through the reader registered for it and the
+        returned model's ``hf_adapter()``; core's decoder families register here too. An architecture claimed
+        twice raises, naming both providers.
+    """
+
+
+@hookspec
 def loongforge_register_commands(commands: CommandRegistry) -> None:
     """Add sub-commands to the ``loongforge`` command line (core's own commands register here too).
 

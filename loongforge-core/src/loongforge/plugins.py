@@ -59,6 +59,7 @@ _COLLECTORS = {
     "dataset": "loongforge_register_datasets",
     "tokenizer": "loongforge_register_tokenizers",
     "optimization": "loongforge_register_optimizations",
+    "hf_architecture": "loongforge_register_hf_architectures",
 }
 _COMMANDS_COLLECTOR = "loongforge_register_commands"
 

@@ -55,6 +55,8 @@ class Entry:
     provider: str
     description: str = ""
     aliases: tuple[str, ...] = ()
+    #: The name as the provider spelt it (``name`` is lower-cased for lookup): ``LlamaForCausalLM``.
+    label: str = ""
     _loaded: Any = field(default=None, repr=False)
 
     def load(self) -> Any:
@@ -122,7 +124,7 @@ class Registry:
                 raise DuplicateComponentError(
                     f"{self.kind} '{candidate}' registered twice: by {owner.provider} and by {self.current_provider}"
                 )
-        self._entries[key] = Entry(key, target, self.current_provider, description, tuple(aliases))
+        self._entries[key] = Entry(key, target, self.current_provider, description, tuple(aliases), label=name.strip())
         for alias in aliases:
             self._aliases[self._normalise(alias)] = key
 
@@ -239,4 +241,5 @@ def plural(kind: str) -> str:
 
 #: Registry kinds, in the order ``loongforge list`` shows them. Each has a collector hook
 #: ``loongforge_register_<kind>s``.
-REGISTRY_KINDS: tuple[str, ...] = ("device", "model", "strategy", "dataset", "tokenizer", "optimization")
+REGISTRY_KINDS: tuple[str, ...] = ("device", "model", "strategy", "dataset", "tokenizer", "optimization",
+                                   "hf_architecture")

@@ -55,7 +55,7 @@ def registry_table(registry: Registry) -> None:
     for column in ("name", "aliases", "provided by", "description"):
         table.add_column(column, overflow="fold")
     for entry in registry.entries():
-        _add_row(table, entry.name, ", ".join(entry.aliases), entry.provider, entry.description)
+        _add_row(table, entry.label or entry.name, ", ".join(entry.aliases), entry.provider, entry.description)
     _console().print(table)
 
 

@@ -33,8 +33,8 @@ from loongforge.interop.mcore_checkpoint import (
     resolve_family,
     write_model_checkpoint,
 )
-from loongforge.models.hf_adopt import name_flavor
-from loongforge.models.hf_config import read_hf_config
+from loongforge.models.hf_adopt import name_model
+from loongforge.models.hf_format import read_hf_model
 
 
 def check_out_dir(out_dir: Path) -> None:
@@ -60,10 +60,10 @@ def hf_to_mcore(hf_dir: str | Path, out_dir: str | Path, *, model: str | None = 
     from loongforge.models.chunks import build_standalone
 
     hf_dir, out_dir = Path(hf_dir).expanduser(), Path(out_dir).expanduser()
-    hf = read_hf_config(hf_dir)
+    hf = read_hf_model(hf_dir)
     infos = index_hf_tensors(hf_dir)
-    dtype = check_hf_tensors(infos, hf.flavor, hf_dir)
-    name, overrides = name_flavor(hf.flavor, model, str(hf.path))
+    dtype = check_hf_tensors(infos, hf.family, hf_dir)
+    name, overrides = name_model(hf.family, model, str(hf.path))
     check_out_dir(out_dir)
     config = LoongForgeConfig()
     config.model.name, config.model.overrides = name, overrides
@@ -71,8 +71,8 @@ def hf_to_mcore(hf_dir: str | Path, out_dir: str | Path, *, model: str | None = 
     config.data.tokenizer = _recorded_tokenizer(hf_dir, out_dir)
     tensors = load_hf_tensors(infos)
     with standalone_world() as backend:
-        megatron_model = build_standalone(hf.flavor, backend, dtype)
-        load_full_state([megatron_model], hf.flavor.hf_adapter().from_hf(tensors))
+        megatron_model = build_standalone(hf.family, backend, dtype)
+        load_full_state([megatron_model], hf.family.hf_adapter().from_hf(tensors))
         write_model_checkpoint(
             out_dir, megatron_model, config=config, hf_source=hf_dir,
             metadata={"source": str(hf_dir.resolve()), "model": name, "dtype": dtype,

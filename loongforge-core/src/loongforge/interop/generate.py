@@ -25,7 +25,7 @@ from typing import Any
 
 from loongforge.checkpoint.manifest import MANIFEST
 from loongforge.errors import InteropError
-from loongforge.models.hf_config import CONFIG_JSON
+from loongforge.models.hf_format import CONFIG_JSON
 from loongforge.progress import job_progress
 
 #: A prompt: text, or (chat mode) a conversation as ``{"role", "content"}`` messages.
@@ -46,9 +46,9 @@ def _open_hf(path: Path) -> tuple[Any, str, Callable[[Any], Any], Callable[[], s
     from loongforge.checkpoint.carried_tokenizer import carried_tokenizer
     from loongforge.interop.hf_checkpoint import check_hf_tensors, index_hf_tensors, load_hf_tensors
     from loongforge.interop.sharding import load_full_state
-    from loongforge.models.hf_config import read_hf_config
+    from loongforge.models.hf_format import read_hf_model
 
-    flavor = read_hf_config(path).flavor
+    flavor = read_hf_model(path).family
     infos = index_hf_tensors(path)
     dtype = check_hf_tensors(infos, flavor, path)
 

@@ -31,9 +31,7 @@ from safetensors.torch import save_file
 
 from loongforge.checkpoint.carried_tokenizer import DESCRIPTOR, TOKENIZER_FILES, write_tokenizer
 from loongforge.errors import InteropError
-from loongforge.models.flavor import DecoderFlavor
-from loongforge.models.hf_adapter import hf_tensor_shapes
-from loongforge.models.hf_layouts import hf_names, with_base_prefix
+from loongforge.models.family import ModelFamily
 from loongforge.progress import job_progress
 
 SAFETENSORS = "model.safetensors"
@@ -116,44 +114,42 @@ def index_hf_tensors(directory: str | Path) -> dict[str, TensorInfo]:
     return {name: info for name, info in infos.items() if not name.endswith(_IGNORED_SUFFIXES)}
 
 
-def check_hf_tensors(infos: dict[str, TensorInfo], flavor: DecoderFlavor, directory: str | Path) -> str:
+def check_hf_tensors(infos: dict[str, TensorInfo], model: ModelFamily, directory: str | Path) -> str:
     """Refuse missing, unexpected or misshapen tensors and mixed dtypes; return the one dtype (fp32/bf16/fp16).
 
-    A tied model's checkpoint may still carry ``lm_head.weight`` (older ``save_pretrained`` did); it is
-    ignored because the model reads the embedding. MoE experts may be stored fused or one module per expert.
-    Names are checked with the family's base-model prefix restored where a file omits it (GPT-2).
+    What the directory must hold is the model's adapter's :meth:`~loongforge.models.family.HFAdapter.tensor_shapes`
+    (tensors it may hold and ignores have no shape there), so a plugin family's checkpoints are checked as core's.
     """
-    fused = any(name.endswith(".mlp.experts.gate_up_proj") for name in infos)
-    expected = hf_tensor_shapes(flavor, per_expert=flavor.is_moe and not fused)
-    canonical = with_base_prefix(list(infos), flavor.family)  # GPT-2 files may omit ``transformer.``
-    present = {n: infos[stored] for n, stored in canonical.items()
-               if not (flavor.tie_word_embeddings and n == "lm_head.weight")}
-    missing = sorted(set(expected) - set(present))
+    adapter = model.hf_adapter()
+    if adapter is None:
+        raise InteropError(f"{directory}: model {model.family_name} has no Hugging Face adapter to read tensors with")
+    expected = adapter.tensor_shapes(list(infos))
+    required = {name: shape for name, shape in expected.items() if shape is not None}
+    missing = sorted(set(required) - set(infos))
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise InteropError(f"{directory}: tensor {missing[0]} is missing{more}; config.json implies it")
-    extra = sorted(set(present) - set(expected))
+    extra = sorted(set(infos) - set(expected))
     if extra:
         more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
         raise InteropError(
-            f"{present[extra[0]].file}: unexpected tensor {extra[0]}{more} for a {flavor.family} model as "
+            f"{infos[extra[0]].file}: unexpected tensor {extra[0]}{more} for a {model.family_name} model as "
             "config.json describes it"
         )
-    for name, shape in expected.items():
-        if present[name].shape != shape:
+    for name, shape in required.items():
+        if infos[name].shape != shape:
             raise InteropError(
-                f"{present[name].file}: tensor {name} has shape {list(present[name].shape)}, "
+                f"{infos[name].file}: tensor {name} has shape {list(infos[name].shape)}, "
                 f"config.json implies {list(shape)}"
             )
-    dtypes = {info.dtype for info in present.values()}
-    embed = hf_names(flavor.family).embed + ".weight"
-    first = present[embed].dtype
+    first_name = next(iter(required))  # the adapter's first tensor (a decoder's: the embedding)
+    first = infos[first_name].dtype
     if first not in _SAFETENSORS_DTYPES.values():
         raise InteropError(f"{directory}: tensor dtype {first} is not supported (use float32, bfloat16 or float16)")
-    if len(dtypes) > 1:
-        odd = next(n for n, i in sorted(present.items()) if i.dtype != first)
+    odd = next((name for name in sorted(required) if infos[name].dtype != first), None)
+    if odd is not None:
         raise InteropError(
-            f"{present[odd].file}: tensor {odd} is {present[odd].dtype} but {embed} is {first}; "
+            f"{infos[odd].file}: tensor {odd} is {infos[odd].dtype} but {first_name} is {first}; "
             "mixed dtypes are not supported"
         )
     return first

@@ -15,7 +15,7 @@ from typing import Any
 from loongforge.checkpoint.layout import find_checkpoint
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import InteropError
-from loongforge.models.hf_config import flavor_differences, read_hf_config
+from loongforge.models.hf_format import model_differences, read_hf_model
 
 
 def model_load_source(config: LoongForgeConfig, flavor: Any) -> Path:
@@ -25,16 +25,16 @@ def model_load_source(config: LoongForgeConfig, flavor: Any) -> Path:
     spec = config.model.load or ""
     if spec.startswith("hf:"):
         directory = Path(spec[3:]).expanduser()
-        hf = read_hf_config(directory)
+        hf = read_hf_model(directory)
         source = hf.path
-        diffs = flavor_differences(hf.flavor, flavor)
+        diffs = model_differences(hf.family, flavor)
     else:
         from loongforge.interop.mcore_checkpoint import checkpoint_config, resolve_family
 
         directory = find_checkpoint(spec)
         source = directory / "config.yaml"
         recorded = checkpoint_config(directory, trust_code=config.run.trust_code)
-        diffs = flavor_differences(resolve_family(recorded), flavor)
+        diffs = model_differences(resolve_family(recorded), flavor)
     if diffs:
         raise InteropError(f"model.load in {config.source}: {source} does not match model '{config.model.name}': "
                            f"{'; '.join(diffs)}")

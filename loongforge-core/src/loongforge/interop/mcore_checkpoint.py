@@ -41,7 +41,7 @@ from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import InteropError
 from loongforge.interop.hf_checkpoint import CarriedFiles, copy_carried_files, prepare_out, publish
 from loongforge.models.family import ModelFamily
-from loongforge.models.hf_config import CONFIG_JSON
+from loongforge.models.hf_format import CONFIG_JSON
 
 #: Directory of a converted checkpoint holding the source ``config.json`` and tokenizer files.
 HF_SOURCE = "hf_source"

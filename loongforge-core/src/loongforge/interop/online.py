@@ -43,7 +43,6 @@ def load_initial_weights(model_chunks: list[Any], config: LoongForgeConfig) -> N
     from loongforge.interop.hf_checkpoint import check_hf_tensors, index_hf_tensors, load_hf_tensors
     from loongforge.interop.sharding import load_full_state
     from loongforge.models.decoder_model import padded_vocab_size
-    from loongforge.models.hf_adapter import hf_to_megatron
 
     spec = config.model.load or ""
     flavor = resolve_family(config)
@@ -51,9 +50,10 @@ def load_initial_weights(model_chunks: list[Any], config: LoongForgeConfig) -> N
     if spec.startswith("hf:"):
         infos = index_hf_tensors(directory)
         check_hf_tensors(infos, flavor, directory)
+        decoder = flavor.decoder
         tp = parallel_state.get_tensor_model_parallel_world_size()
-        vocab = padded_vocab_size(flavor.vocab_size, tp)
-        full = hf_to_megatron(load_hf_tensors(infos), flavor, padded_vocab_size=vocab)
+        vocab = padded_vocab_size(decoder.vocab_size, tp) if decoder is not None else None
+        full = flavor.hf_adapter().from_hf(load_hf_tensors(infos), padded_vocab_size=vocab)
         load_full_state(model_chunks, full)
         message = f"loaded {len(infos)} Hugging Face tensors from {directory}"
     else:

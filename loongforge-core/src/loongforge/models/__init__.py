@@ -6,15 +6,16 @@ Importing this package is cheap: flavors are plain dataclasses. ``loongforge.mod
 
 What a model-family plugin uses (docs/plugin-authors.md): :class:`ModelFamily` (the contract every registered
 model implements), :class:`DecoderFlavor` (a megatron decoder described by data), :class:`HFAdapter` and core's
-:class:`DecoderHFAdapter`.
+:class:`DecoderHFAdapter`, :class:`HFReader` (registered per Hugging Face architecture); for a family's own layers,
+``loongforge.models.chunks.DecoderSpec``.
 """
 
 from __future__ import annotations
 
 from loongforge.models.decoder_hf import DecoderHFAdapter
-from loongforge.models.family import HFAdapter, ModelFamily, check_family
+from loongforge.models.family import HFAdapter, HFReader, ModelFamily, check_family
 from loongforge.models.flavor import DecoderFlavor
 from loongforge.models.registration import all_flavors, register_builtin_models
 
-__all__ = ["DecoderFlavor", "DecoderHFAdapter", "HFAdapter", "ModelFamily", "all_flavors", "check_family",
+__all__ = ["DecoderFlavor", "DecoderHFAdapter", "HFAdapter", "HFReader", "ModelFamily", "all_flavors", "check_family",
            "register_builtin_models"]

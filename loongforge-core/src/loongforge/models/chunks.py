@@ -16,14 +16,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from loongforge.models.decoder_model import ParallelSettings, build_model
+from loongforge.models.decoder_model import DecoderSpec, ParallelSettings, build_model
 from loongforge.models.family import ModelFamily
 
 if TYPE_CHECKING:
     from loongforge.config.schema import LoongForgeConfig
     from loongforge.models.flavor import DecoderFlavor
 
-__all__ = ["ChunkBuild", "build_model_chunks", "build_standalone"]
+__all__ = ["ChunkBuild", "DecoderSpec", "build_model_chunks", "build_standalone"]
 
 
 @dataclass(frozen=True)
@@ -48,17 +48,20 @@ class ChunkBuild:
     extra_config: Mapping[str, Any] = field(default_factory=dict)
     seed: int | None = 0
 
-    def decoder_chunk(self, flavor: DecoderFlavor, **options: Any) -> Any:
+    def decoder_chunk(self, flavor: DecoderFlavor, spec: DecoderSpec | None = None, **options: Any) -> Any:
         """Core's megatron ``GPTModel`` chunk of ``flavor`` for this build, weights drawn from :attr:`seed`.
 
-        What a composed model wraps (a VLM's language backbone); ``options`` go to
-        :func:`loongforge.models.decoder_model.build_model` (``scatter_embedding_sequence_parallel=False`` for a
-        model that edits the embedding's output before the sequence-parallel scatter).
+        What an LLM family builds (with ``spec``, a :class:`~loongforge.models.decoder_model.DecoderSpec`, when its
+        layers are its own: per-layer specs, a ``TransformerConfig`` subclass) and what a composed model wraps (a
+        VLM's language backbone); ``options`` go to :func:`loongforge.models.decoder_model.build_model`
+        (``scatter_embedding_sequence_parallel=False`` for a model that edits the embedding's output before the
+        sequence-parallel scatter).
         """
         from loongforge.parallel.init import initialize_layout_independent
 
         chunk = build_model(
-            flavor, backend=self.backend, params_dtype=self.params_dtype, extra_config=dict(self.extra_config),
+            flavor, spec=spec, backend=self.backend, params_dtype=self.params_dtype,
+            extra_config=dict(self.extra_config),
             pre_process=self.pre_process, post_process=self.post_process, parallel=self.parallel,
             vp_stage=self.vp_stage, **options,
         )

@@ -10,6 +10,7 @@ knows (a GPT-2-shaped plugin decoder: ``DecoderHFAdapter(dataclasses.replace(fla
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,9 +35,25 @@ class DecoderHFAdapter:
 
         return megatron_to_hf(state, self.flavor, per_expert=True)
 
-    def from_hf(self, tensors: dict[str, Any]) -> dict[str, Any]:
-        """The full megatron state dict (vocabulary padded as a TP=1 model holds it) from Hugging Face tensors."""
-        from loongforge.models.decoder_model import padded_vocab_size
+    def from_hf(self, tensors: dict[str, Any], *, padded_vocab_size: int | None = None) -> dict[str, Any]:
+        """The full megatron state dict from Hugging Face tensors, vocabulary rows padded to ``padded_vocab_size``
+        (default: as a TP=1 model holds them)."""
+        from loongforge.models.decoder_model import padded_vocab_size as tp1_padded
         from loongforge.models.hf_adapter import hf_to_megatron
 
-        return hf_to_megatron(tensors, self.flavor, padded_vocab_size=padded_vocab_size(self.flavor.vocab_size))
+        rows = padded_vocab_size or tp1_padded(self.flavor.vocab_size)
+        return hf_to_megatron(tensors, self.flavor, padded_vocab_size=rows)
+
+    def tensor_shapes(self, stored: Collection[str]) -> dict[str, tuple[int, ...] | None]:
+        """Every tensor of a checkpoint by stored name: experts one module each unless the files fuse them,
+        names without the base-model prefix where the files omit it (GPT-2), a tied ``lm_head.weight`` ignored."""
+        from loongforge.models.hf_adapter import hf_tensor_shapes
+        from loongforge.models.hf_layouts import with_base_prefix
+
+        fused = any(name.endswith(".mlp.experts.gate_up_proj") for name in stored)
+        expected = hf_tensor_shapes(self.flavor, per_expert=self.flavor.is_moe and not fused)
+        stored_as = with_base_prefix(list(stored), self.flavor.family)  # canonical -> stored
+        shapes: dict[str, tuple[int, ...] | None] = {stored_as.get(n, n): shape for n, shape in expected.items()}
+        if self.flavor.tie_word_embeddings:  # older save_pretrained wrote it; the model reads the embedding
+            shapes.setdefault(stored_as.get("lm_head.weight", "lm_head.weight"), None)
+        return shapes

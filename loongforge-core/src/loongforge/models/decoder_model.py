@@ -8,7 +8,8 @@ implement it on this device, and :class:`ParallelSettings` says how it is split.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 from megatron.core.activations import squared_relu
 from megatron.core.models.gpt import GPTModel
 from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
+from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from loongforge.errors import ConfigError
@@ -23,7 +25,8 @@ from loongforge.models.flavor import DecoderFlavor, flavor_num_params
 from loongforge.models.layer_spec import decoder_block_spec
 from loongforge.models.rope import rope_inv_freq
 
-__all__ = ["ParallelSettings", "build_model", "flavor_num_params", "padded_vocab_size", "transformer_config"]
+__all__ = ["DecoderSpec", "ParallelSettings", "build_model", "flavor_num_params", "padded_vocab_size",
+           "transformer_config"]
 
 #: Embedding rows are padded to a multiple of this (and of TP) so that vocab-parallel shards are equal and
 #: matmuls aligned; the multiple does not depend on TP, so padded models are identical across layouts.
@@ -83,15 +86,36 @@ def padded_vocab_size(vocab_size: int, tp: int = 1) -> int:
     return -(-vocab_size // multiple) * multiple
 
 
+@dataclass(frozen=True)
+class DecoderSpec:
+    """How a family's decoder departs from core's layer: the slot a family fills when its layers are not table rows.
+
+    ``layer_specs(provider, config)`` returns one megatron ``ModuleSpec`` per layer of the *whole* model (dense or
+    MoE, attention kind, its own layer classes), built with the device's ``provider`` (``BackendSpecProvider``);
+    core keeps the layers this pipeline (and virtual) stage builds, as megatron's ``get_gpt_decoder_block_spec``
+    does. ``config_class`` is the ``TransformerConfig`` subclass the layers read (megatron's
+    ``MLATransformerConfig`` for Multi-Latent Attention) and ``config_fields`` its fields beyond what the flavor
+    sets; both default to plain ``TransformerConfig``. Passed to :meth:`loongforge.models.chunks.ChunkBuild.
+    decoder_chunk`, so the family keeps core's embedding, output layer, vocabulary padding, RoPE and weight init.
+    """
+
+    layer_specs: Callable[[Any, TransformerConfig], Sequence[ModuleSpec]] | None = None
+    config_class: type[TransformerConfig] = TransformerConfig
+    config_fields: Mapping[str, Any] = field(default_factory=dict)
+
+
 def transformer_config(
     flavor: DecoderFlavor, *, params_dtype: str | torch.dtype = "fp32",
     parallel: ParallelSettings | None = None, extra_config: dict[str, Any] | None = None,
+    spec: DecoderSpec | None = None,
 ) -> TransformerConfig:
     """The megatron ``TransformerConfig`` for ``flavor``: its norm, activation, gating and biases, no dropout.
 
     ``extra_config`` holds the device's additions (FP8 recipe, CUDA graphs; see
-    ``DeviceBackend.megatron_settings``); they are applied last.
+    ``DeviceBackend.megatron_settings``); they are applied last. ``spec`` names the config class and the fields a
+    family's own layers read (:class:`DecoderSpec`).
     """
+    spec = spec or DecoderSpec()
     parallel = parallel or ParallelSettings()
     dtype = resolve_dtype(params_dtype)
     if flavor.num_layers % parallel.pp:
@@ -101,7 +125,7 @@ def transformer_config(
     if flavor.context_parallel_blocker is not None and parallel.cp > 1:
         raise ConfigError(f"{flavor.context_parallel_blocker} is not supported with context parallelism "
                           f"(cp={parallel.cp}); use cp=1")
-    return TransformerConfig(
+    return spec.config_class(
         **_moe_kwargs(flavor, parallel),
         num_layers=flavor.num_layers,
         hidden_size=flavor.hidden_size,
@@ -139,7 +163,7 @@ def transformer_config(
         sequence_parallel=parallel.sequence_parallel,
         mrope_section=None if flavor.mrope_section is None else list(flavor.mrope_section),
         **_attention_kwargs(flavor),
-        **(extra_config or {}),
+        **{**spec.config_fields, **(extra_config or {})},
     )
 
 
@@ -199,6 +223,7 @@ def build_model(
     vp_stage: int | None = None,
     extra_config: dict[str, Any] | None = None,
     scatter_embedding_sequence_parallel: bool = True,
+    spec: DecoderSpec | None = None,
 ) -> GPTModel:
     """A megatron ``GPTModel`` for ``flavor`` with layers from ``backend.spec_provider()``.
 
@@ -207,18 +232,21 @@ def build_model(
     pipeline chunk. The backend's patches must have been applied (``backend.apply_patches()``).
     ``scatter_embedding_sequence_parallel=False`` makes the embedding return the whole sequence even with
     sequence parallelism, for callers (vision-language models) that edit it before scattering it themselves.
+    ``spec`` carries a family's own layers and config class (:class:`DecoderSpec`).
     """
     parallel = parallel or ParallelSettings()
-    config = transformer_config(flavor, params_dtype=params_dtype, parallel=parallel, extra_config=extra_config)
-    if flavor.is_moe:
-        _reset_megatron_moe_state()
+    spec = spec or DecoderSpec()
+    config = transformer_config(flavor, params_dtype=params_dtype, parallel=parallel, extra_config=extra_config,
+                                spec=spec)
+    _reset_megatron_moe_state()  # a family's own layers may hold experts that the flavor does not describe
     provider = backend.spec_provider()
     position_embedding = flavor.position_embedding
     if position_embedding == "rope" and flavor.mrope_section is not None:
         position_embedding = "mrope"
     model = GPTModel(
         config=config,
-        transformer_layer_spec=decoder_block_spec(provider, config, flavor, vp_stage=vp_stage),
+        transformer_layer_spec=decoder_block_spec(provider, config, flavor, vp_stage=vp_stage,
+                                                  layer_specs=spec.layer_specs),
         vocab_size=padded_vocab_size(flavor.vocab_size, parallel.tp),
         max_sequence_length=flavor.max_position_embeddings,
         pre_process=pre_process,

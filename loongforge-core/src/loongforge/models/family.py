@@ -23,6 +23,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from loongforge.errors import ConfigError
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+    from pathlib import Path
+
     from loongforge.config.schema import LoongForgeConfig
     from loongforge.models.chunks import ChunkBuild
     from loongforge.models.flavor import DecoderFlavor
@@ -47,8 +50,34 @@ class HFAdapter(Protocol):
     def to_hf(self, state: dict[str, Any]) -> dict[str, Any]:
         """Hugging Face tensors from a full megatron state dict."""
 
-    def from_hf(self, tensors: dict[str, Any]) -> dict[str, Any]:
-        """A full megatron state dict (what the TP=1 chunk holds, padding included) from Hugging Face tensors."""
+    def from_hf(self, tensors: dict[str, Any], *, padded_vocab_size: int | None = None) -> dict[str, Any]:
+        """A full megatron state dict from Hugging Face tensors (in memory or as stored on disk), vocabulary rows
+        padded to ``padded_vocab_size`` (what the layout's embedding holds; ``None``: the TP=1 model's)."""
+
+    def tensor_shapes(self, stored: Collection[str]) -> dict[str, tuple[int, ...] | None]:
+        """Every tensor a checkpoint of this model holds, by the name it is stored under, with its shape.
+
+        ``stored`` are the names a checkpoint directory holds, so the adapter can tell its storage variants apart
+        (experts fused or one module per expert, a base-model prefix some files omit). ``None`` as a shape: the
+        tensor may be present and is ignored (a tied model's ``lm_head.weight``). Core checks a directory against
+        this before reading any weight: a missing, unexpected or misshapen tensor fails naming the tensor and file.
+        """
+
+
+class HFReader(Protocol):
+    """What a plugin registers under a Hugging Face architecture (``loongforge_register_hf_architectures``): the
+    reader of that architecture's ``config.json``.
+
+    Every command that crosses from Hugging Face (``model.load: hf:DIR``, ``loongforge convert hf-to-mcore``,
+    ``loongforge check``) finds the reader by ``config.json``'s ``architectures[0]`` (or, without one, its
+    ``model_type``, registered as an alias), asks it for the model, then uses that model's
+    :meth:`ModelFamily.hf_adapter` for the tensors. Core's decoder families register through the same hook.
+    """
+
+    def read_config(self, raw: dict[str, Any], path: Path) -> ModelFamily:
+        """The model ``raw`` (the parsed ``config.json`` at ``path``) describes: a flavor whose ``hf_adapter()``
+        reads the directory's tensors. What the family cannot express (a switch it does not implement) raises a
+        one-line :class:`~loongforge.errors.LoongForgeError` naming ``path`` and the key."""
 
 
 class ModelFamily:

@@ -1,49 +1,59 @@
 """Name the registered model a Hugging Face directory describes: ``(model.name, model.overrides)`` for its flavor.
 
 ``model.load: hf:DIR`` without a ``model.name`` names the model from DIR (:func:`adopt_hf_model`): DIR's
-``config.json`` read through the architecture table of :mod:`loongforge.models.hf_config`, written into the config
-as the nearest registered flavor of that family plus the fields that differ (:func:`name_flavor`, what
-``loongforge convert`` records), so the run's saved config and every checkpoint's ``config.yaml`` rebuild the model
+``config.json`` read by the family registered for its architecture (:mod:`loongforge.models.hf_format`), written
+into the config as the nearest registered model of that family plus the fields that differ (:func:`name_model`,
+what ``loongforge convert`` records), so the run's saved config and every checkpoint's ``config.yaml`` rebuild the model
 without DIR. Torch-free (``loongforge check`` resolves names through it) and below :mod:`loongforge.resolve`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import InteropError
-from loongforge.models.flavor import DecoderFlavor
-from loongforge.models.hf_config import flavor_differences, read_hf_config
+from loongforge.models.family import ModelFamily
+from loongforge.models.hf_format import model_differences, read_hf_model
 
 
-def name_flavor(flavor: DecoderFlavor, requested: str | None, where: str) -> tuple[str, dict]:
-    """``(model.name, model.overrides)`` that rebuild ``flavor`` from the registry.
-
-    With ``requested`` the named flavor must match exactly; otherwise the built-in flavor of the same family
-    with the fewest differing fields is the base -- the closest in size among those, so that messages naming the
-    model name a sensible one -- and the differences become overrides.
-    """
+def _size(model: ModelFamily) -> int:
+    """Parameters of ``model``'s decoder (0 without one): what breaks ties between equally close flavors."""
     from loongforge.models.flavor import flavor_num_params
-    from loongforge.models.registration import all_flavors
+
+    return flavor_num_params(model.decoder) if model.decoder is not None else 0
+
+
+def name_model(model: ModelFamily, requested: str | None, where: str) -> tuple[str, dict]:
+    """``(model.name, model.overrides)`` that rebuild ``model`` from the registry.
+
+    With ``requested`` the named model must match exactly; otherwise the registered model of the same class and
+    family with the fewest differing fields is the base -- the closest in size among those, so that messages
+    naming the model name a sensible one -- and the differences become overrides.
+    """
+    import dataclasses
+
     from loongforge.plugins import get_host
 
+    registry = get_host().registry("model")
     if requested:
-        registry = get_host().registry("model")
         name = registry.entry(requested, where="--model").name
-        diffs = flavor_differences(flavor, registry.load(name))
+        diffs = model_differences(model, registry.load(name))
         if diffs:
             raise InteropError(f"{where} does not match model '{name}': {'; '.join(diffs)}")
         return name, {}
-    candidates = [(n, f) for n, f in all_flavors().items() if f.family == flavor.family]
-    size = flavor_num_params(flavor)
-    name, base = min(candidates, key=lambda item: (len(flavor_differences(flavor, item[1])),
-                                                  abs(flavor_num_params(item[1]) - size)))
+    candidates = [(entry.name, entry.load()) for entry in registry.entries()]
+    candidates = [(n, m) for n, m in candidates if type(m) is type(model) and m.family_name == model.family_name]
+    if not candidates:
+        raise InteropError(f"{where}: no registered model of family {model.family_name} to name it after; pass "
+                           "--model NAME")
+    size = _size(model)
+    name, base = min(candidates, key=lambda item: (len(model_differences(model, item[1])),
+                                                  abs(_size(item[1]) - size)))
     overrides = {
-        f.name: getattr(flavor, f.name)
-        for f in dataclasses.fields(DecoderFlavor)
-        if getattr(flavor, f.name) != getattr(base, f.name)
+        f.name: getattr(model, f.name)
+        for f in dataclasses.fields(model)
+        if getattr(model, f.name) != getattr(base, f.name)
     }
     return name, overrides
 
@@ -53,15 +63,16 @@ def adopt_hf_model(config: LoongForgeConfig) -> bool:
     ``model.name`` and ``model.overrides`` become what DIR's ``config.json`` describes, the user's own
     ``model.overrides`` on top (so one that changes the shape is refused by :func:`model_load_source`, naming the
     field). Returns whether it did; a second call finds the name set and does nothing. A directory whose
-    ``config.json`` is missing or describes an architecture we do not build is a one-line :class:`InteropError`."""
+    ``config.json`` is missing or describes an architecture no installed family reads is a one-line
+    :class:`InteropError`."""
     model = config.model
     load = model.load or ""
     if model.name or model.parts or not load.startswith("hf:"):
         return False
     try:
-        hf = read_hf_config(Path(load[3:]).expanduser())
+        hf = read_hf_model(Path(load[3:]).expanduser())
     except InteropError as exc:
         raise InteropError(f"{config.source}: model.load: {exc}") from None
-    model.name, inferred = name_flavor(hf.flavor, None, str(hf.path))
+    model.name, inferred = name_model(hf.family, None, str(hf.path))
     model.overrides = {**inferred, **model.overrides}
     return True

@@ -16,13 +16,13 @@ RoPE and the dtype are written in the style of that source; without one, in the 
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from loongforge.errors import ConfigError, InteropError
+from loongforge.errors import InteropError
 from loongforge.models.flavor import DecoderFlavor
+from loongforge.models.hf_format import DTYPE_NAMES
 from loongforge.models.hf_layouts import (
     ABSENT_KEYS,
     FAMILIES,
@@ -31,8 +31,6 @@ from loongforge.models.hf_layouts import (
     HF_ACTIVATIONS,
     config_key,
 )
-
-CONFIG_JSON = "config.json"
 
 #: The ``*ForCausalLM`` families with a Hugging Face format (table in :mod:`loongforge.models.hf_layouts`).
 LLAMA_FAMILIES = ("llama", "qwen2", "qwen3", "mixtral", "qwen3-moe", "gemma", "gemma2")
@@ -55,63 +53,32 @@ _UNSUPPORTED_GEMMA2 = (("use_bidirectional_attention", None),)
 _LLAMA_ACTIVATIONS = {"gemma": ("gelu_pytorch_tanh", "gelu"), "gemma2": ("gelu_pytorch_tanh",)}
 #: Families whose sliding window is a size (``None`` = off) rather than a ``use_sliding_window`` switch.
 _WINDOW_BY_SIZE = ("mixtral",)
-#: Our precision names <-> the ``torch_dtype`` strings of ``config.json``.
-DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 @dataclasses.dataclass(frozen=True)
-class HFConfig:
-    """What a Hugging Face directory's ``config.json`` says: the flavor, the dtype and the raw mapping."""
+class DecoderHFReader:
+    """Core's reader of one decoder family's ``config.json`` (the :class:`~loongforge.models.family.HFReader` core
+    registers under each architecture of :data:`FAMILIES`, as any plugin registers its own)."""
 
-    flavor: DecoderFlavor
-    dtype: str  # fp32, bf16 or fp16
-    raw: dict[str, Any]
-    path: Path
+    family: str
 
-
-def _family_of(raw: dict[str, Any], path: Path) -> str:
-    archs = raw.get("architectures") or []
-    by_arch = {arch: family for family, (arch, _, _) in FAMILIES.items()}
-    if archs:
-        if archs[0] in by_arch:
-            return by_arch[archs[0]]
-        found = f"architecture {archs[0]!r}"
-    else:
-        by_type = {model_type: family for family, (_, model_type, _) in FAMILIES.items()}
-        if raw.get("model_type") in by_type:
-            return by_type[raw["model_type"]]
-        found = f"model_type {raw.get('model_type')!r}"
-    supported = ", ".join(arch for arch, _, _ in FAMILIES.values())
-    raise InteropError(f"{path}: {found} is not supported; supported: {supported}")
-
-
-def read_hf_config(directory: str | Path) -> HFConfig:
-    """Parse ``directory/config.json`` into a flavor; :class:`InteropError` names the file and key on failure."""
-    path = Path(directory).expanduser() / CONFIG_JSON
-    if not path.is_file():
-        raise InteropError(f"{path}: not found (a Hugging Face checkpoint directory needs a config.json)")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise InteropError(f"{path}: cannot read: {exc}") from None
-    if not isinstance(raw, dict):
-        raise InteropError(f"{path}: must hold a JSON object")
-    family = _family_of(raw, path)
-    _check_switches(raw, path, family)
-    given = {k: v for k, v in raw.items() if v is not None or k in _NULL_MEANS_OFF}
-    values = {"tie_word_embeddings": False, **FAMILIES[family][2], **given}
-    values["architectures"] = [FAMILIES[family][0]]  # also when the config names only its model_type
-    try:
+    def read_config(self, raw: dict[str, Any], path: Path) -> DecoderFlavor:
+        """The flavor ``raw`` describes; what the family's flavor cannot express is refused naming the key."""
+        _check_switches(raw, path, self.family)
+        given = {k: v for k, v in raw.items() if v is not None or k in _NULL_MEANS_OFF}
+        architecture, _, defaults = FAMILIES[self.family]
+        values = {"tie_word_embeddings": False, **defaults, **given}
+        values["architectures"] = [architecture]  # also when the config names only its model_type
         from loongforge.models.hf_adapter import flavor_from_hf_config
 
-        flavor = flavor_from_hf_config(SimpleNamespace(**values), family=family)
-    except ConfigError as exc:
-        raise InteropError(f"{path}: {exc}") from None
-    dtype_name = raw.get("dtype") or raw.get("torch_dtype") or "float32"
-    dtypes = {v: k for k, v in DTYPE_NAMES.items()}
-    if dtype_name not in dtypes:
-        raise InteropError(f"{path}: torch_dtype {dtype_name!r} is not supported; use one of {', '.join(dtypes)}")
-    return HFConfig(flavor=flavor, dtype=dtypes[dtype_name], raw=raw, path=path)
+        return flavor_from_hf_config(SimpleNamespace(**values), family=self.family)
+
+
+def register_decoder_hf_architectures(registry: Any) -> None:
+    """Register :class:`DecoderHFReader` for each family of :data:`FAMILIES` (its ``model_type`` as an alias)."""
+    for family, (architecture, model_type, _) in FAMILIES.items():
+        registry.register(architecture, DecoderHFReader(family), aliases=(model_type,),
+                          description=f"core's {family} decoder")
 
 
 def _check_switches(raw: dict[str, Any], path: Path, family: str) -> None:
@@ -135,15 +102,6 @@ def _check_switches(raw: dict[str, Any], path: Path, family: str) -> None:
     if family in _WINDOW_BY_SIZE and raw.get("sliding_window") is not None:
         raise InteropError(f"{path}: sliding_window={raw['sliding_window']!r} is not supported for {family} "
                            "(needs null: full attention)")
-
-
-def flavor_differences(actual: DecoderFlavor, expected: DecoderFlavor) -> list[str]:
-    """``field a != b`` for every field where two flavors disagree (empty when they describe one model)."""
-    return [
-        f"{f.name} {getattr(actual, f.name)!r} != {getattr(expected, f.name)!r}"
-        for f in dataclasses.fields(DecoderFlavor)
-        if getattr(actual, f.name) != getattr(expected, f.name)
-    ]
 
 
 def hf_config_dict(flavor: DecoderFlavor, dtype: str, base: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -10,6 +10,7 @@ the layer class (:mod:`loongforge.models.parallel_residual` for the parallel for
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
@@ -21,7 +22,11 @@ from megatron.core.transformer.mlp import MLP, MLPSubmodules
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 from megatron.core.transformer.transformer_config import TransformerConfig
-from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
+from megatron.core.transformer.transformer_layer import (
+    TransformerLayer,
+    TransformerLayerSubmodules,
+    get_transformer_layer_offset,
+)
 
 from loongforge.devices.sdpa_attention import SDPAttention
 from loongforge.errors import ConfigError
@@ -115,13 +120,25 @@ def _core_attention(provider: Any, softcap: float | None) -> Any:
 
 def decoder_block_spec(
     provider: Any, config: TransformerConfig, flavor: DecoderFlavor, *, vp_stage: int | None = None,
+    layer_specs: Callable[[Any, TransformerConfig], Sequence[ModuleSpec]] | None = None,
 ) -> TransformerBlockSubmodules:
-    """The layers of ``flavor`` this pipeline stage (and virtual stage ``vp_stage``) builds plus the final norm."""
+    """The layers of ``flavor`` this pipeline stage (and virtual stage ``vp_stage``) builds plus the final norm.
+
+    ``layer_specs`` (a family's :class:`~loongforge.models.decoder_model.DecoderSpec`) gives one spec per layer of
+    the whole model; without it every layer is core's :func:`decoder_layer_spec` of the flavor's switches.
+    """
     rms_norm = flavor.normalization == "RMSNorm"
-    layer = decoder_layer_spec(provider, qk_layernorm=flavor.qk_layernorm, num_experts=flavor.num_experts,
-                               rms_norm=rms_norm, residual=flavor.residual, post_norms=flavor.post_norms,
-                               attn_logit_softcapping=flavor.attn_logit_softcapping)
-    num_layers = get_num_layers_to_build(config, vp_stage=vp_stage)
-    return TransformerBlockSubmodules(
-        layer_specs=[layer] * num_layers, layer_norm=provider.layer_norm(rms_norm=rms_norm, for_qk=False)
-    )
+    if layer_specs is None:
+        layer = decoder_layer_spec(provider, qk_layernorm=flavor.qk_layernorm, num_experts=flavor.num_experts,
+                                   rms_norm=rms_norm, residual=flavor.residual, post_norms=flavor.post_norms,
+                                   attn_logit_softcapping=flavor.attn_logit_softcapping)
+        every = [layer] * flavor.num_layers
+    else:
+        every = list(layer_specs(provider, config))
+        if len(every) != flavor.num_layers:
+            raise ConfigError(f"{flavor.family}: its layer_specs gave {len(every)} layer specs for "
+                              f"{flavor.num_layers} layers")
+    offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
+    local = every[offset: offset + get_num_layers_to_build(config, vp_stage=vp_stage)]
+    return TransformerBlockSubmodules(layer_specs=local, layer_norm=provider.layer_norm(rms_norm=rms_norm,
+                                                                                      for_qk=False))
