@@ -3,8 +3,10 @@
 Megatron's local ``DotProductAttention`` materialises the ``[b*np, sq, sk]`` score matrix with ``baddbmm``,
 masks and softmaxes it in separate kernels and repeats K/V for GQA. On CPU, torch's SDPA runs a fused
 flash-style kernel instead; plain PyTorch training loops (our benchmark baseline) use it, so a megatron model
-must too to be competitive. The constructor and ``forward`` signatures match megatron-core's
-``DotProductAttention`` (0.15 and 0.16), so the module drops into ``SelfAttentionSubmodules.core_attention``.
+must too to be competitive. The constructor takes every keyword megatron-core's attention modules (0.15 and
+0.16) pass to their core attention -- ``DotProductAttention``'s and ``TEDotProductAttention``'s, which adds
+``k_channels``/``v_channels`` (multi-latent attention) and ``num_splits`` -- and ``forward`` matches theirs, so
+the module drops into ``SelfAttentionSubmodules.core_attention`` and ``MLASelfAttentionSubmodules.core_attention``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ class SDPAttention(MegatronModule):
     """Causal/padded multi-head attention with grouped K/V, via torch SDPA.
 
     Inputs are megatron's ``[sq, b, heads, head_dim]`` query/key/value (key/value carry the query groups of
-    this tensor-parallel rank); the output is ``[sq, b, heads * head_dim]``. Supported: causal and
+    this tensor-parallel rank); the output is ``[sq, b, heads * v_head_dim]``. Query and key heads have
+    ``k_channels`` channels and value heads ``v_channels`` (both default to ``config.kv_channels``; multi-latent
+    attention passes ``qk_head_dim + qk_pos_emb_head_dim`` and ``v_head_dim``, which differ), and the default
+    softmax scale is ``1 / sqrt(k_channels)``. Supported: causal and
     ``no_mask`` attention, explicit boolean masks (megatron convention: ``True`` = masked out), attention
     dropout (forked on the model-parallel RNG like megatron), GQA. An explicit mask replaces the causal flag (as
     in megatron's softmax), so it must carry causality itself: packed rows pass a block-diagonal causal mask
@@ -40,9 +45,13 @@ class SDPAttention(MegatronModule):
     all-to-all over heads (:mod:`loongforge.devices.ulysses`), causal masks only. Sliding-window attention
     follows megatron's ``window_size``/``window_attn_skip_freq`` (a band mask on the layers they select) and
     ``softcap`` ``c`` replaces the scaled scores ``s`` by ``c * tanh(s / c)`` before masking (Gemma-2; SDPA has no
-    hook for it, so those layers compute the scores explicitly). Not supported (raise at construction or call):
-    non-vanilla softmax, THD packed sequences (``packed_seq_params``), attention bias, explicit masks, sliding
-    windows or soft-capping with context parallelism.
+    hook for it, so those layers compute the scores explicitly). ``cp_comm_type`` (megatron's choice among
+    TE's context-parallel exchanges) and ``num_splits`` (TE's flash-decoding split count) choose how an exact
+    result is computed, not what it is, so they are accepted and this module's own way is used. Not supported
+    (raise at construction or call): non-vanilla softmax, recording the max attention logit (``qk_clip``,
+    ``log_max_attention_logit``), DeepSeek sparse attention (``experimental_attention_variant='dsa'``), THD
+    packed sequences (``packed_seq_params``), attention bias, explicit masks, sliding windows or soft-capping
+    with context parallelism.
     """
 
     def __init__(
@@ -53,6 +62,9 @@ class SDPAttention(MegatronModule):
         attention_type: str,
         attention_dropout: float | None = None,
         softmax_scale: float | None = None,
+        k_channels: int | None = None,
+        v_channels: int | None = None,
+        num_splits: int | None = None,
         cp_comm_type: str | None = None,
         pg_collection: Any = None,
         softcap: float | None = None,
@@ -60,6 +72,14 @@ class SDPAttention(MegatronModule):
         super().__init__(config=config)
         if getattr(config, "softmax_type", "vanilla") != "vanilla":
             raise NotImplementedError(f"SDPAttention supports only vanilla softmax, not {config.softmax_type}")
+        if getattr(config, "qk_clip", False) or getattr(config, "log_max_attention_logit", False):
+            raise ConfigError("SDPAttention does not record the max attention logit that megatron's qk_clip / "
+                              "log_max_attention_logit need (Transformer Engine's attention does)")
+        if getattr(config, "experimental_attention_variant", None) == "dsa":
+            raise ConfigError("SDPAttention does not implement DeepSeek sparse attention "
+                              "(experimental_attention_variant='dsa')")
+        if num_splits is not None and num_splits < 1:
+            raise ValueError(f"SDPAttention: num_splits must be a positive count, got {num_splits}")
         if pg_collection is None:
             from megatron.core.process_groups_config import ProcessGroupCollection
 
@@ -73,10 +93,12 @@ class SDPAttention(MegatronModule):
         self.attn_mask_type = attn_mask_type
         self.num_heads = divide(config.num_attention_heads, tp_size)
         self.num_groups = divide(config.num_query_groups, tp_size)
-        self.head_dim = config.kv_channels
+        #: Channels of a query/key head and of a value head (multi-latent attention: they differ).
+        self.k_channels = k_channels if k_channels is not None else config.kv_channels
+        self.v_channels = v_channels if v_channels is not None else config.kv_channels
         # Megatron's apply_query_key_layer_scaling divides the scores by layer_number and multiplies them back
         # inside the fp32 softmax; mathematically the scale is unchanged, so SDPA gets the plain scale.
-        self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(self.head_dim)
+        self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(self.k_channels)
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
         #: Tokens before the query this layer attends to (None: all), as megatron's ``window_size[0]``.
         self.window = (config.window_size[0] if is_layer_window_attention(
@@ -98,11 +120,15 @@ class SDPAttention(MegatronModule):
         attention_bias: torch.Tensor | None = None,
         packed_seq_params: Any = None,
     ) -> torch.Tensor:
-        """Attend ``query`` over ``key``/``value``; returns ``[sq, b, heads * head_dim]``."""
+        """Attend ``query`` over ``key``/``value``; returns ``[sq, b, heads * v_channels]``."""
         if packed_seq_params is not None:
             raise NotImplementedError("SDPAttention does not support packed sequences")
         if attention_bias is not None:
             raise NotImplementedError("SDPAttention does not support attention bias")
+        if query.shape[-1] != self.k_channels or key.shape[-1] != self.k_channels or value.shape[-1] != self.v_channels:
+            raise ValueError(f"SDPAttention was built for query/key heads of {self.k_channels} and value heads of "
+                             f"{self.v_channels} channels, got query {tuple(query.shape)}, key {tuple(key.shape)}, "
+                             f"value {tuple(value.shape)}")
         mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
         if self.cp_group is None:
             out = self._attend(query, key, value, attention_mask, mask_type)
@@ -111,14 +137,14 @@ class SDPAttention(MegatronModule):
                 raise NotImplementedError("SDPAttention with context parallelism supports causal masks only")
             (query, key, value), restore = ulysses.gather_sequence((query, key, value), self.cp_group)
             out = ulysses.scatter_sequence(self._attend(query, key, value, None, mask_type), restore, self.cp_group)
-        # [sq, b, n, d] -> [sq, b, n * d]
-        return out.reshape(out.shape[0], out.shape[1], self.num_heads * self.head_dim)
+        # [sq, b, n, dv] -> [sq, b, n * dv]
+        return out.reshape(out.shape[0], out.shape[1], self.num_heads * self.v_channels)
 
     def _attend(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
         mask_type: AttnMaskType,
     ) -> torch.Tensor:
-        """SDPA over ``[sq, b, heads, head_dim]`` inputs (any number of heads); returns ``[sq, b, heads, head_dim]``."""
+        """SDPA over ``[s, b, heads, d]`` inputs (any head counts; value heads have their own d); ``[sq, b, n, dv]``."""
         sq, sk = query.shape[0], key.shape[0]
         # [s, b, n, d] -> [b, n, s, d]
         q = query.permute(1, 2, 0, 3)

@@ -28,13 +28,17 @@ assumption where megatron looks the name up, so the rest of megatron runs unmodi
   cache).
 * :func:`~loongforge.devices.megatron_cpu.embedding.patch_tied_embedding_setup` -- tied embeddings at PP > 1
   (the construction-time all-reduce of the two copies).
+* :func:`~loongforge.devices.megatron_cpu.mla.patch_mla_te_flag` -- multi-latent attention (DeepSeek-V2/V3)
+  without Transformer Engine (megatron's MLA module believes TE is present when only its mock is, and its
+  ``isinstance(..., TELinear)`` check then raises).
 
 Checked against megatron-core 0.16.1 (what Python 3.11 resolves ``megatron-core>=0.15`` to): GPTModel with
 the local spec at TP=1, TP=2, TP=2 + sequence parallel and PP=2 (gloo, torchrun), DistributedDataParallel,
 ``get_megatron_optimizer`` (Adam, fp32 and bf16, with and without the distributed optimizer), gradient
 clipping, ``OptimizerParamScheduler``, MoE (ep=1/2, both dispatchers, tp=2 + etp=1 + ep=2), and
 ``dist_checkpointing`` save/load of the model and the
-(non-distributed) optimizer state.
+(non-distributed) optimizer state, and ``MLASelfAttention`` built from the CPU spec provider (against
+transformers' ``DeepseekV3Attention``, and at cp=2 against one rank: ``tests/core/test_cpu_mla.py``).
 
 Importing this package is cheap; the patches import torch and megatron when applied.
 """
@@ -51,6 +55,7 @@ def apply_megatron_cpu_patches() -> None:
         return
     from loongforge.devices.megatron_cpu.embedding import patch_tied_embedding_setup
     from loongforge.devices.megatron_cpu.gemm import patch_linear_gemm
+    from loongforge.devices.megatron_cpu.mla import patch_mla_te_flag
     from loongforge.devices.megatron_cpu.modules import install_torch_views
     from loongforge.devices.megatron_cpu.moe import patch_alltoall_splits, patch_router_gemm
     from loongforge.devices.megatron_cpu.optimizer import patch_clip_grads, patch_optimizer_type_checks
@@ -67,6 +72,7 @@ def apply_megatron_cpu_patches() -> None:
     patch_router_gemm()
     patch_alltoall_splits()
     patch_tied_embedding_setup()
+    patch_mla_te_flag()
     patch_rope_cp_slice()
     patch_rope_kernel()
     patch_swiglu_kernel()
