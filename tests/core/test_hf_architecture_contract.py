@@ -117,7 +117,7 @@ def _error(capsys, args) -> str:
 def test_core_has_no_entry_for_the_plugin_architecture_and_refuses_it_alone(renamed_dir, tmp_path, capsys):
     from loongforge.models.hf_layouts import FAMILIES
 
-    assert ARCH not in {row[0] for row in FAMILIES.values()}
+    assert ARCH not in {row.architecture for row in FAMILIES.values()}
     err = _error(capsys, ["convert", "hf-to-mcore", str(renamed_dir[0]), str(tmp_path / "out")])
     assert "no registered handler claims" in err
     from loongforge.errors import InteropError

@@ -15,20 +15,20 @@ key/value heads, ``head_dim`` 256, ``intermediate_size`` 9216, ``query_pre_attn_
 from __future__ import annotations
 
 from loongforge.models.flavor import DecoderFlavor
-from loongforge.models.hf_layouts import FAMILIES, FAMILY_SWITCHES
+from loongforge.models.hf_layouts import FAMILIES
 
 
 def _gemma(hidden_size: int, **kw: object) -> DecoderFlavor:
     base = dict(family="gemma", activation="gelu_tanh", norm_eps=1e-6, rope_theta=10000.0,
-                max_position_embeddings=8192, tie_word_embeddings=True, hf_architecture=FAMILIES["gemma"][0],
-                embedding_multiplier=hidden_size**0.5, **FAMILY_SWITCHES["gemma"])
+                max_position_embeddings=8192, tie_word_embeddings=True, hf_architecture=FAMILIES["gemma"].architecture,
+                embedding_multiplier=hidden_size**0.5, **FAMILIES["gemma"].switches)
     return DecoderFlavor(hidden_size=hidden_size, **{**base, **kw})  # type: ignore[arg-type]
 
 
 def _gemma2(hidden_size: int, **kw: object) -> DecoderFlavor:
-    base = dict(family="gemma2", hf_architecture=FAMILIES["gemma2"][0], attn_logit_softcapping=50.0,
+    base = dict(family="gemma2", hf_architecture=FAMILIES["gemma2"].architecture, attn_logit_softcapping=50.0,
                 final_logit_softcapping=30.0, sliding_window=4096, sliding_window_full_every=2,
-                **FAMILY_SWITCHES["gemma2"])
+                **FAMILIES["gemma2"].switches)
     return _gemma(hidden_size, **{**base, **kw})
 
 

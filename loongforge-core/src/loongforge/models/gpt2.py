@@ -8,12 +8,12 @@
 from __future__ import annotations
 
 from loongforge.models.flavor import DecoderFlavor
-from loongforge.models.hf_layouts import FAMILIES, FAMILY_SWITCHES
+from loongforge.models.hf_layouts import FAMILIES
 
 
 def _gpt2(**kw: object) -> DecoderFlavor:
     base = dict(family="gpt2", activation="gelu_tanh", norm_eps=1e-5, tie_word_embeddings=True,
-                hf_architecture=FAMILIES["gpt2"][0], **FAMILY_SWITCHES["gpt2"])
+                hf_architecture=FAMILIES["gpt2"].architecture, **FAMILIES["gpt2"].switches)
     return DecoderFlavor(**{**base, **kw})  # type: ignore[arg-type]
 
 

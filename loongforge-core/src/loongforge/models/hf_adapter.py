@@ -35,10 +35,10 @@ from loongforge.errors import ConfigError
 from loongforge.models.flavor import DecoderFlavor
 from loongforge.models.hf_layouts import (
     FAMILIES,
-    FAMILY_SWITCHES,
     HF_ACTIVATIONS,
     HFNames,
     config_key,
+    hf_family,
     hf_names,
     with_base_prefix,
 )
@@ -234,7 +234,7 @@ def hf_to_megatron(
 
 def _expert_names(flavor: DecoderFlavor, layer: str, expert: int) -> tuple[str, str, str]:
     """(gate, up, down) names of one expert in the per-expert checkpoint layout of ``flavor``'s family."""
-    if flavor.family == "mixtral":
+    if hf_family(flavor.family).moe_layout == "mixtral":
         moe = f"{layer}block_sparse_moe.experts.{expert}."
         return moe + "w1.weight", moe + "w3.weight", moe + "w2.weight"
     mlp = f"{layer}mlp.experts.{expert}."
@@ -243,7 +243,7 @@ def _expert_names(flavor: DecoderFlavor, layer: str, expert: int) -> tuple[str, 
 
 def _router_name(flavor: DecoderFlavor, layer: str, per_expert: bool) -> str:
     """The router: Mixtral checkpoints keep it under ``block_sparse_moe``, transformers 5 modules under ``mlp``."""
-    mixtral_on_disk = per_expert and flavor.family == "mixtral"
+    mixtral_on_disk = per_expert and hf_family(flavor.family).moe_layout == "mixtral"
     return f"{layer}block_sparse_moe.gate.weight" if mixtral_on_disk else f"{layer}mlp.gate.weight"
 
 
@@ -312,8 +312,8 @@ def flavor_from_hf_config(config: object, *, family: str) -> DecoderFlavor:
     ``GemmaConfig``) or an object with the same attributes (``config.json``'s keys), or the ``text_config`` of a
     Qwen2-VL / Qwen2.5-VL model (``family`` ``qwen2``: its ``mrope_section`` becomes the flavor's).
 
-    The family's fixed switches come from :data:`~loongforge.models.hf_layouts.FAMILY_SWITCHES`; the rest are read
-    from the config, and one this module cannot express is a one-line :class:`ConfigError` naming the key.
+    The family's fixed switches come from its row (:class:`~loongforge.models.hf_layouts.HFFamily`); the rest are
+    read from the config, and one this module cannot express is a one-line :class:`ConfigError` naming the key.
     """
 
     def get(name: str) -> Any:
@@ -342,14 +342,13 @@ def flavor_from_hf_config(config: object, *, family: str) -> DecoderFlavor:
                    moe_ffn_hidden_size=get("moe_intermediate_size") or get("intermediate_size"),
                    moe_aux_loss_coeff=float(get("router_aux_loss_coef") or 0.0),
                    moe_norm_topk_prob=get("norm_topk_prob") is not False)
-    switches: dict[str, Any] = dict(FAMILY_SWITCHES.get(family, {}))
+    row = hf_family(family)
+    switches: dict[str, Any] = dict(row.switches)
     switches["activation"] = _activation(get("hidden_act") or "silu", config_key(family, "hidden_act"))
-    if family == "gpt-neox" and get("use_parallel_residual") is not False:
-        switches["residual"] = "parallel"
-    if family in ("gemma", "gemma2"):
+    if row.embedding_scaled:
         switches["embedding_multiplier"] = hidden**0.5
-    if family == "gemma2":
-        switches.update(_gemma2_switches(get))
+    if row.read_extra is not None:
+        switches.update(row.read_extra(get))
     return DecoderFlavor(
         family=family,
         num_layers=get("num_hidden_layers"),
@@ -363,8 +362,8 @@ def flavor_from_hf_config(config: object, *, family: str) -> DecoderFlavor:
         rope_scaling=rope_scaling,
         rotary_percent=float(rotary_percent),
         norm_eps=get("norm_eps"),
-        qk_layernorm=family in ("qwen3", "qwen3-moe"),
-        add_qkv_bias=family == "qwen2",
+        qk_layernorm=row.qk_layernorm,
+        add_qkv_bias=row.add_qkv_bias,
         tie_word_embeddings=bool(get("tie_word_embeddings")),
         head_dim=head_dim if head_dim and head_dim != hidden // heads else None,
         hf_architecture=_architecture(get("architectures"), config, family),
@@ -374,31 +373,13 @@ def flavor_from_hf_config(config: object, *, family: str) -> DecoderFlavor:
     )
 
 
-def _gemma2_switches(get: Any) -> dict[str, Any]:
-    """Gemma-2's soft-capping, score scale and sliding-window layers from its config.
-
-    ``layer_types`` (``sliding_attention``/``full_attention`` per layer; transformers' default when absent:
-    every second layer full) must be "full every n-th layer" or all one kind, megatron's
-    ``window_attn_skip_freq`` forms we use.
-    """
-    layers = get("num_hidden_layers")
-    types = get("layer_types") or ["full_attention" if (i + 1) % 2 == 0 else "sliding_attention" for i in range(layers)]
-    full = [i for i, kind in enumerate(types) if kind == "full_attention"]
-    window = get("sliding_window") if len(full) < len(types) else None
-    every = full[0] + 1 if full and window is not None else None
-    if every is not None and full != list(range(every - 1, layers, every)):
-        raise ConfigError(f"layer_types {types} is not supported: full attention must be every n-th layer")
-    return dict(attn_logit_softcapping=get("attn_logit_softcapping"),
-                final_logit_softcapping=get("final_logit_softcapping"),
-                query_pre_attn_scalar=get("query_pre_attn_scalar"), sliding_window=window,
-                sliding_window_full_every=every)
-
-
 def _architecture(architectures: list[str] | None, config: object, family: str) -> str:
     """``architectures[0]``, else the family's class, else the config class's ``*ForCausalLM`` sibling."""
     if architectures:
         return architectures[0]
-    return FAMILIES[family][0] if family in FAMILIES else type(config).__name__.replace("Config", "ForCausalLM")
+    if family in FAMILIES:
+        return FAMILIES[family].architecture
+    return type(config).__name__.replace("Config", "ForCausalLM")
 
 
 def _activation(hf_name: str, key: str) -> str:

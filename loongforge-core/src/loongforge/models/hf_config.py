@@ -1,8 +1,9 @@
-"""Hugging Face ``config.json`` <-> :class:`DecoderFlavor`, for the dense and MoE families we ship.
+"""Hugging Face ``config.json`` <-> :class:`DecoderFlavor`, for core's decoder families, each read from its row of
+:data:`~loongforge.models.hf_layouts.FAMILIES` (no branch here names a family).
 
-Reading refuses, with the file and key named, every switch our megatron models do not implement (another
-family, a non-SiLU activation, attention or MLP biases Llama-style, sliding-window attention, router noise,
-dense layers inside an MoE stack) instead of
+Reading (:class:`DecoderHFReader`, registered per architecture like any plugin's reader) refuses, with the file
+and key named, every switch the row says our megatron models do not implement (a non-SiLU activation, attention or
+MLP biases Llama-style, sliding-window attention, router noise, dense layers inside an MoE stack) instead of
 converting weights into a model that would compute something else. Keys a config may omit get the
 defaults of the transformers config class of that family, so a hand-trimmed ``config.json`` reads as
 transformers would read it.
@@ -24,35 +25,15 @@ from loongforge.errors import InteropError
 from loongforge.models.flavor import DecoderFlavor
 from loongforge.models.hf_format import DTYPE_NAMES
 from loongforge.models.hf_layouts import (
-    ABSENT_KEYS,
     FAMILIES,
-    FAMILY_ACTIVATION_NAMES,
     HF_ACTIVATION_NAMES,
     HF_ACTIVATIONS,
-    config_key,
+    HFFamily,
 )
 
-#: The ``*ForCausalLM`` families with a Hugging Face format (table in :mod:`loongforge.models.hf_layouts`).
-LLAMA_FAMILIES = ("llama", "qwen2", "qwen3", "mixtral", "qwen3-moe", "gemma", "gemma2")
 _REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-#: (key, value our models need) for switches the Llama-style families' configs may carry.
-_UNSUPPORTED = (("attention_bias", False), ("mlp_bias", False), ("use_sliding_window", False),
-                ("router_jitter_noise", 0.0), ("decoder_sparse_step", 1), ("mlp_only_layers", []))
-#: The same for the other families: what their transformers model can switch that ours does not.
-_UNSUPPORTED_BY_FAMILY: dict[str, tuple[tuple[str, Any], ...]] = {
-    "gpt2": (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
-             ("reorder_and_upcast_attn", False), ("add_cross_attention", False)),
-    "gpt-neox": (("attention_bias", True),),
-    "phi": (("qk_layernorm", False),),
-}
 #: Keys whose ``null`` switches a feature off rather than asking for the family default (Gemma-2).
 _NULL_MEANS_OFF = ("attn_logit_softcapping", "final_logit_softcapping", "sliding_window")
-#: Keys the Llama-style families' switch tables above do not cover.
-_UNSUPPORTED_GEMMA2 = (("use_bidirectional_attention", None),)
-#: ``hidden_act`` values the Llama-style families read (their MLP is SwiGLU; Gemma's is GeGLU).
-_LLAMA_ACTIVATIONS = {"gemma": ("gelu_pytorch_tanh", "gelu"), "gemma2": ("gelu_pytorch_tanh",)}
-#: Families whose sliding window is a size (``None`` = off) rather than a ``use_sliding_window`` switch.
-_WINDOW_BY_SIZE = ("mixtral",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,11 +45,11 @@ class DecoderHFReader:
 
     def read_config(self, raw: dict[str, Any], path: Path) -> DecoderFlavor:
         """The flavor ``raw`` describes; what the family's flavor cannot express is refused naming the key."""
-        _check_switches(raw, path, self.family)
+        row = FAMILIES[self.family]
+        _check_switches(raw, path, self.family, row)
         given = {k: v for k, v in raw.items() if v is not None or k in _NULL_MEANS_OFF}
-        architecture, _, defaults = FAMILIES[self.family]
-        values = {"tie_word_embeddings": False, **defaults, **given}
-        values["architectures"] = [architecture]  # also when the config names only its model_type
+        values = {"tie_word_embeddings": False, **row.defaults, **given}
+        values["architectures"] = [row.architecture]  # also when the config names only its model_type
         from loongforge.models.hf_adapter import flavor_from_hf_config
 
         return flavor_from_hf_config(SimpleNamespace(**values), family=self.family)
@@ -76,30 +57,26 @@ class DecoderHFReader:
 
 def register_decoder_hf_architectures(registry: Any) -> None:
     """Register :class:`DecoderHFReader` for each family of :data:`FAMILIES` (its ``model_type`` as an alias)."""
-    for family, (architecture, model_type, _) in FAMILIES.items():
-        registry.register(architecture, DecoderHFReader(family), aliases=(model_type,),
+    for family, row in FAMILIES.items():
+        registry.register(row.architecture, DecoderHFReader(family), aliases=(row.model_type,),
                           description=f"core's {family} decoder")
 
 
-def _check_switches(raw: dict[str, Any], path: Path, family: str) -> None:
+def _check_switches(raw: dict[str, Any], path: Path, family: str, row: HFFamily) -> None:
     """Refuse, naming the file and key, what ``family``'s flavor cannot express."""
     for name in _REQUIRED:
-        key = config_key(family, name)
-        if not isinstance(raw.get(key), int) and not (family == "gpt2" and name == "intermediate_size"):
+        key = row.key(name)
+        if not isinstance(raw.get(key), int) and not (row.intermediate_optional and name == "intermediate_size"):
             raise InteropError(f"{path}: key {key!r} is missing or not an integer")
-    act_key = config_key(family, "hidden_act")
-    if family in LLAMA_FAMILIES:
-        allowed = _LLAMA_ACTIVATIONS.get(family, ("silu",))
-        if raw.get(act_key, allowed[0]) not in allowed:
-            raise InteropError(f"{path}: {act_key} {raw[act_key]!r} is not supported for {family} "
-                               f"(only {', '.join(map(repr, allowed))})")
-    unsupported = _UNSUPPORTED if family in LLAMA_FAMILIES else _UNSUPPORTED_BY_FAMILY.get(family, ())
-    if family == "gemma2":
-        unsupported += _UNSUPPORTED_GEMMA2
-    for key, needed in unsupported:
+    act_key = row.key("hidden_act")
+    allowed = row.activations
+    if allowed is not None and raw.get(act_key, allowed[0]) not in allowed:
+        raise InteropError(f"{path}: {act_key} {raw[act_key]!r} is not supported for {family} "
+                           f"(only {', '.join(map(repr, allowed))})")
+    for key, needed in row.unsupported:
         if raw.get(key, needed) != needed:
             raise InteropError(f"{path}: {key}={raw[key]!r} is not supported for {family} (needs {needed!r})")
-    if family in _WINDOW_BY_SIZE and raw.get("sliding_window") is not None:
+    if row.window_by_size and raw.get("sliding_window") is not None:
         raise InteropError(f"{path}: sliding_window={raw['sliding_window']!r} is not supported for {family} "
                            "(needs null: full attention)")
 
@@ -107,13 +84,13 @@ def _check_switches(raw: dict[str, Any], path: Path, family: str) -> None:
 def hf_config_dict(flavor: DecoderFlavor, dtype: str, base: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``config.json`` of ``flavor`` in ``dtype`` (fp32/bf16/fp16), keeping ``base``'s other keys.
 
-    Keys are spelt as ``flavor``'s family spells them (:func:`~loongforge.models.hf_layouts.config_key`); keys
+    Keys are spelt as ``flavor``'s family's row spells them (:class:`~loongforge.models.hf_layouts.HFFamily`); keys
     the family does not have (GPT-2's ``num_key_value_heads``) are not written.
     """
     family = flavor.family
     if family not in FAMILIES:
         raise InteropError(f"model family {family!r} has no Hugging Face format; supported: {', '.join(FAMILIES)}")
-    architecture, model_type, _ = FAMILIES[family]
+    row = FAMILIES[family]
     out = dict(base or {})
     for key in ("rope_theta", "rope_scaling", "rope_parameters", "dtype", "torch_dtype", "transformers_version",
                 "partial_rotary_factor", "rotary_pct", "rotary_emb_base"):
@@ -130,64 +107,53 @@ def hf_config_dict(flavor: DecoderFlavor, dtype: str, base: dict[str, Any] | Non
         max_position_embeddings=flavor.max_position_embeddings,
         norm_eps=flavor.norm_eps,
         tie_word_embeddings=flavor.tie_word_embeddings,
-        hidden_act=_activation_name(flavor, out.get(config_key(family, "hidden_act"))),
+        hidden_act=_activation_name(flavor, row, out.get(row.key("hidden_act"))),
     )
-    if family == "gpt2" and flavor.ffn_hidden_size == 4 * flavor.hidden_size and (base or {}).get("n_inner", 0) is None:
+    intermediate_key = row.key("intermediate_size")
+    if row.intermediate_optional and flavor.ffn_hidden_size == 4 * flavor.hidden_size \
+            and (base or {}).get(intermediate_key, 0) is None:
         values["intermediate_size"] = None  # GPT-2's n_inner: null means 4 * hidden
-    absent = ABSENT_KEYS.get(family, ())
-    out.update(architectures=[architecture], model_type=model_type)
-    out.update({config_key(family, name): value for name, value in values.items() if name not in absent})
+    out.update(architectures=[row.architecture], model_type=row.model_type)
+    out.update({row.key(name): value for name, value in values.items() if name not in row.absent_keys})
     out["dtype" if base is not None and "dtype" in base else "torch_dtype"] = DTYPE_NAMES[dtype]
-    if family in LLAMA_FAMILIES and family != "qwen2":
-        out["attention_bias"] = False
-    if family == "gpt-neox":
-        out.update(use_parallel_residual=flavor.residual == "parallel", attention_bias=True)
+    if row.attention_bias is not None:
+        out["attention_bias"] = row.attention_bias
     if flavor.is_moe:
-        out.update(_moe_config_keys(flavor, out))
-    if family == "gemma2":
-        out.update(_gemma2_keys(flavor))
+        out.update(_moe_config_keys(flavor, row, out))
+    if row.write_extra is not None:
+        out.update(row.write_extra(flavor))
     if flavor.position_embedding == "rope":
-        out.update(_rope_keys(flavor, base))
+        out.update(_rope_keys(flavor, row, base))
     return out
 
 
-def _gemma2_keys(flavor: DecoderFlavor) -> dict[str, Any]:
-    """Gemma-2's soft-capping, score scale and per-layer attention kinds."""
-    every = flavor.sliding_window_full_every
-    types = ["sliding_attention" if flavor.sliding_window is not None and (every is None or (i + 1) % every)
-             else "full_attention" for i in range(flavor.num_layers)]
-    return dict(attn_logit_softcapping=flavor.attn_logit_softcapping,
-                final_logit_softcapping=flavor.final_logit_softcapping,
-                query_pre_attn_scalar=flavor.query_pre_attn_scalar, sliding_window=flavor.sliding_window,
-                layer_types=types)
-
-
-def _activation_name(flavor: DecoderFlavor, source: str | None) -> str:
+def _activation_name(flavor: DecoderFlavor, row: HFFamily, source: str | None) -> str:
     """The ``hidden_act`` to write: the source's spelling when it means the flavor's activation."""
     if source is not None and HF_ACTIVATIONS.get(source) == flavor.activation:
         return source
-    return FAMILY_ACTIVATION_NAMES.get(flavor.family, {}).get(flavor.activation, HF_ACTIVATION_NAMES[flavor.activation])
+    return row.activation_names.get(flavor.activation, HF_ACTIVATION_NAMES[flavor.activation])
 
 
-def _rope_keys(flavor: DecoderFlavor, base: dict[str, Any] | None) -> dict[str, Any]:
+def _rope_keys(flavor: DecoderFlavor, row: HFFamily, base: dict[str, Any] | None) -> dict[str, Any]:
     """RoPE theta, scaling and partial-rotary fraction, in the style (transformers >= 5 or older) of ``base``."""
     scaling = dict(flavor.rope_scaling) if flavor.rope_scaling else None
     partial = {"partial_rotary_factor": flavor.rotary_percent} if flavor.rotary_percent != 1.0 else {}
     if base is not None and "rope_parameters" in base:  # transformers >= 5 style
         return {"rope_parameters": {**(scaling or {"rope_type": "default"}), "rope_theta": flavor.rope_theta,
                                     **partial}}
-    if flavor.family == "gpt-neox":  # GPT-NeoX's own names before transformers 5
-        return {"rotary_emb_base": flavor.rope_theta, "rotary_pct": flavor.rotary_percent}
+    if row.legacy_rope_keys is not None:  # GPT-NeoX's own names before transformers 5
+        theta_key, fraction_key = row.legacy_rope_keys
+        return {theta_key: flavor.rope_theta, fraction_key: flavor.rotary_percent}
     return {"rope_theta": flavor.rope_theta, "rope_scaling": scaling, **partial}
 
 
-def _moe_config_keys(flavor: DecoderFlavor, base: dict[str, Any]) -> dict[str, Any]:
+def _moe_config_keys(flavor: DecoderFlavor, row: HFFamily, base: dict[str, Any]) -> dict[str, Any]:
     """The MoE part of ``config.json``: Mixtral names its expert width ``intermediate_size`` and its expert count
     ``num_local_experts``; Qwen3-MoE has ``moe_intermediate_size`` and ``num_experts`` (transformers 5 writes
     ``num_local_experts``: the key the source used is kept)."""
     keys: dict[str, Any] = dict(num_experts_per_tok=flavor.moe_router_topk,
                                 router_aux_loss_coef=flavor.moe_aux_loss_coeff)
-    if flavor.family == "mixtral":
+    if row.moe_layout == "mixtral":
         return keys | dict(num_local_experts=flavor.num_experts, intermediate_size=flavor.moe_ffn_hidden_size,
                            sliding_window=None, router_jitter_noise=0.0)
     count_key = "num_local_experts" if "num_local_experts" in base else "num_experts"

@@ -9,13 +9,13 @@ https://huggingface.co/EleutherAI/pythia-160m/blob/main/config.json (``rotary_pc
 from __future__ import annotations
 
 from loongforge.models.flavor import DecoderFlavor
-from loongforge.models.hf_layouts import FAMILIES, FAMILY_SWITCHES
+from loongforge.models.hf_layouts import FAMILIES
 
 
 def _neox(**kw: object) -> DecoderFlavor:
     base = dict(family="gpt-neox", activation="gelu", residual="parallel", rotary_percent=0.25, norm_eps=1e-5,
-                rope_theta=10000.0, max_position_embeddings=2048, hf_architecture=FAMILIES["gpt-neox"][0],
-                **FAMILY_SWITCHES["gpt-neox"])
+                rope_theta=10000.0, max_position_embeddings=2048, hf_architecture=FAMILIES["gpt-neox"].architecture,
+                **FAMILIES["gpt-neox"].switches)
     return DecoderFlavor(**{**base, **kw})  # type: ignore[arg-type]
 
 

@@ -10,12 +10,12 @@ of a head (12 dimensions) is even, as RoPE needs.
 from __future__ import annotations
 
 from loongforge.models.flavor import DecoderFlavor
-from loongforge.models.hf_layouts import FAMILIES, FAMILY_SWITCHES
+from loongforge.models.hf_layouts import FAMILIES
 
 
 def _phi(**kw: object) -> DecoderFlavor:
     base = dict(family="phi", activation="gelu_tanh", rotary_percent=0.4, norm_eps=1e-5, rope_theta=10000.0,
-                max_position_embeddings=2048, hf_architecture=FAMILIES["phi"][0], **FAMILY_SWITCHES["phi"])
+                max_position_embeddings=2048, hf_architecture=FAMILIES["phi"].architecture, **FAMILIES["phi"].switches)
     return DecoderFlavor(**{**base, **kw})  # type: ignore[arg-type]
 
 
