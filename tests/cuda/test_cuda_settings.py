@@ -163,6 +163,7 @@ def test_backend_resolves_settings_from_its_device_and_libraries(fake_transforme
 
 
 def test_layers_local_builds_local_layers_even_with_transformer_engine(fake_transformer_engine, capsys):
+    from loongforge.devices.sdpa_attention import SDPAttention
     from megatron.core.models.backends import LocalSpecProvider
 
     class Hopper(CUDABackend):
@@ -172,16 +173,18 @@ def test_layers_local_builds_local_layers_even_with_transformer_engine(fake_tran
     backend = Hopper()
     assert backend.megatron_settings("bf16", layers="local").layers == "local"
     assert isinstance(backend.spec_provider(), LocalSpecProvider)
+    assert backend.spec_provider().core_attention() is SDPAttention  # flash kernels, MLA widths, soft-capping
     assert "loongforge-cuda:" not in capsys.readouterr().err  # asked for, so no notice
 
 
 def test_without_transformer_engine_layers_are_local_with_one_notice(capsys):
+    from loongforge.devices.sdpa_attention import SDPAttention
     from loongforge_cuda import backend as backend_module
     from megatron.core.models.backends import LocalSpecProvider
 
     backend_module._local_layers_notice.cache_clear()
     assert isinstance(CUDABackend().spec_provider(), LocalSpecProvider)
-    assert isinstance(CUDABackend().spec_provider(), LocalSpecProvider)
+    assert CUDABackend().spec_provider().core_attention() is SDPAttention
     notices = [line for line in capsys.readouterr().err.splitlines() if line.startswith("loongforge-cuda:")]
     assert len(notices) == 1 and "pip install 'loongforge-cuda[te]'" in notices[0]
 

@@ -96,19 +96,18 @@ class CUDABackend(DeviceModuleBackend):
 
     def spec_provider(self) -> Any:
         """Transformer Engine's spec provider when TE is installed (and the run did not ask for
-        ``layers: local``), else megatron's local layers (with a notice when TE is simply missing)."""
-        if self._layers == "local":
-            from megatron.core.models.backends import LocalSpecProvider
+        ``layers: local``), else megatron's local layers with torch SDPA attention
+        (:class:`~loongforge_cuda.local_spec.LocalSDPASpecProvider`; a notice when TE is simply missing)."""
+        from loongforge_cuda.local_spec import LocalSDPASpecProvider
 
-            return LocalSpecProvider()
+        if self._layers == "local":
+            return LocalSDPASpecProvider()
         if installed("transformer_engine"):
             from megatron.core.extensions.transformer_engine_spec_provider import TESpecProvider
 
             return TESpecProvider()
         _local_layers_notice()
-        from megatron.core.models.backends import LocalSpecProvider
-
-        return LocalSpecProvider()
+        return LocalSDPASpecProvider()
 
     def megatron_settings(self, precision: str = "fp32", **options: Any) -> CUDAMegatronSettings:
         """Precision (bf16, FP8 with a TE recipe), attention backend, CUDA graphs and overlap switches.
