@@ -29,22 +29,72 @@ in matmuls, output layer included, input embedding excluded) + 6 x layers x seq 
 causal-attention score and value products for forward and backward -- over the GPU's dense bf16 peak (looked up by
 name below, or ``--peak-tflops``; the H200's is 989 TFLOP/s). Recompute is off, so no FLOPs are counted twice.
 
+Numerics (``cpu_vs_cuda`` in the JSON, before the cases): ``configs/quickstart.yaml`` (``llama-tiny``, the shipped
+corpus, the byte tokenizer, seed 1234) trains fp32 for ``--numerics-steps`` (default 20) on the GPU with megatron's
+local layers and on the CPU, each side in its own child process, both at once; the JSON has every step's loss on
+both sides, the per-step relative difference ``|cuda - cpu| / |cpu|`` and its maximum, held to
+:data:`NUMERICS_TOLERANCE` (1e-4). TF32 is off on the GPU side (``torch.set_float32_matmul_precision("highest")``,
+``allow_tf32 = False`` for cuBLAS and cuDNN, ``NVIDIA_TF32_OVERRIDE=0``; neither LoongForge nor megatron-core turns
+it on, and the child records the settings before and after training), so both sides multiply in IEEE fp32 and
+differ only in summation order and kernels: ~1e-7 per op. Measured on the CPU, a 1e-6 relative perturbation of
+the initial weights moves the quickstart's losses by at most 1.0e-6 over 20 steps (a 1e-3 one -- TF32's 10-bit
+mantissa -- by 1.1e-3), so 1e-4 leaves a wide margin for fp32 and would fail with TF32 on, as it should.
+
+``--with-tests`` first runs ``pytest -m "not slow" tests/cuda`` (the cuda plugin's suite on the real backend;
+the slow test is this script's CPU dry run), bounded by ``--tests-timeout`` and the budget; its counts, failures
+and run time go to the JSON's ``tests``. The JSON also records the versions of Python, torch (and its CUDA),
+triton, megatron-core, LoongForge, Transformer Engine and flash-attn, and the optional packages that are missing
+(``missing_optional``). ``--check`` only checks the machine: every required module (torch with CUDA,
+megatron.core, loongforge, loongforge_cuda) and the optional ones, all reported at once (``gpu_smoke.sh`` runs it).
+
 ``--dry-run`` runs the same planner, children, runners and JSON writer on the CPU with ``llama-tiny`` at seq 64,
-fp32 (megatron-core through LoongForge's CPU patches), 3 steps; TE and FP8 cases are listed as not run. It checks
-the machinery, not the figures.
+fp32 (megatron-core through LoongForge's CPU patches), 3 steps; TE and FP8 cases are listed as not run, and the
+numerics' "cuda" side trains on the CPU too (5 steps), so its difference must be 0. It checks the machinery, not
+the figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import warnings
+import xml.etree.ElementTree as ElementTree
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: What a bare lent device lacks, and how the next run brings it (also in ``--help`` and the cuda plugin's README).
+DEVICE_NOTES = """\
+The lent H200 (as found on a loan): Python 3.12 (/opt/torch/.venv/bin/python3) with torch 2.11.0+cu130, triton,
+transformers, numpy, pluggy, pyyaml, safetensors, rich, tensorboard, psutil, pytest and pytest-timeout; no
+megatron-core, loongforge, importlib-metadata, transformer-engine or flash-attn, and no network. Files reach it only
+in the repository's working tree (64 MiB in all). Here: benchmarks/gpu_wheels.sh build/gpu_wheels (megatron-core
+cp312, importlib-metadata with zipp and lazy-importer, loongforge-core, loongforge-cuda: 3.7 MiB); there:
+benchmarks/gpu_smoke.sh --wheels build/gpu_wheels --with-tests --out OUT.json (carry build/gpu_wheels).
+Transformer Engine cannot travel (the transformer_engine_cu13 wheel is 276 MB, transformer_engine_torch and
+flash-attn are source-only), so its cases are listed as not run there. Device time is 15 minutes a session, 1-2 of
+them the machine's start: the default budget (420 s, ~7.5 minutes with the install and checks) leaves ~5 minutes
+for a shorter second try."""
+
+#: Modules the run needs (module, distribution) and the optional ones whose cases are listed as not run without them.
+REQUIRED_MODULES = (("torch", "torch"), ("megatron.core", "megatron-core"), ("loongforge", "loongforge-core"),
+                    ("loongforge_cuda", "loongforge-cuda"))
+OPTIONAL_MODULES = (("transformer_engine", "transformer-engine"), ("flash_attn", "flash-attn"))
+
+#: The numerics case: this config, fp32 with TF32 off, CUDA against CPU, per-step losses held to this relative gap.
+NUMERICS_CONFIG = ROOT / "configs" / "quickstart.yaml"
+NUMERICS_TOLERANCE = 1e-4
+
+#: ``--with-tests``: the cuda plugin's suite on the real backend (the slow test is this script's CPU dry run).
+TESTS_TARGET = "tests/cuda"
 
 #: Dense bf16 tensor-core peak (TFLOP/s, no sparsity) by a substring of ``torch.cuda.get_device_name``.
 PEAK_BF16_TFLOPS = (
@@ -262,6 +312,247 @@ def run_case(case: Case, shape: Shape, device: str, steps: int, warmup: int) -> 
             "tflops": tokens_per_s * flops / 1e12, "peak_mem_gib": _peak_mem_gib(device)}
 
 
+def probe(module: str, dist: str) -> tuple[str | None, str | None]:
+    """``(version, None)`` when ``module`` imports, else ``(None, why not)``."""
+    import importlib
+    from importlib import metadata
+
+    try:
+        with warnings.catch_warnings():  # megatron warns at import that TE and Apex are missing: said below
+            warnings.simplefilter("ignore")
+            imported = importlib.import_module(module)
+    except ImportError as exc:
+        absent = exc.name is not None and (module == exc.name or module.startswith(exc.name + "."))
+        return None, "not installed" if absent else f"installed, but its import fails: {exc}"
+    except Exception as exc:  # a broken build (a CUDA library or symbol missing) raises other errors too
+        return None, f"installed, but its import fails: {type(exc).__name__}: {exc}"
+    try:
+        return metadata.version(dist), None
+    except metadata.PackageNotFoundError:
+        return str(getattr(imported, "__version__", "unknown")), None
+
+
+def machine_report(required=REQUIRED_MODULES, optional=OPTIONAL_MODULES) -> dict:
+    """Versions of everything the run uses, what is missing (all of it, not the first), and whether torch sees CUDA.
+    ``problems`` are the messages that stop ``--check`` (and ``gpu_smoke.sh``); missing optional modules only name
+    the cases that will be listed as not run."""
+    import platform
+    from importlib import metadata
+
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    problems, missing_optional = [], {}
+    for module, dist in required:
+        version, why = probe(module, dist)
+        versions[dist] = version
+        if why == "not installed":
+            problems.append(f"gpu_smoke: {module} is not installed in {sys.executable} (see the header of "
+                            "benchmarks/gpu_smoke.sh)")
+        elif why:
+            problems.append(f"gpu_smoke: {module} is {why}")
+    for module, dist in optional:
+        version, why = probe(module, dist)
+        versions[dist] = version
+        if why:
+            missing_optional[dist] = why
+    try:
+        versions["triton"] = metadata.version("triton")
+    except metadata.PackageNotFoundError:
+        versions["triton"] = None
+    cuda = {"available": False}
+    if "torch" in sys.modules:
+        import torch
+
+        versions["torch_cuda"] = torch.version.cuda
+        cuda["available"] = torch.cuda.is_available()
+        if cuda["available"]:
+            cuda |= {"device": torch.cuda.get_device_name(), "capability": list(torch.cuda.get_device_capability())}
+        elif versions.get("torch"):
+            problems.append(f"gpu_smoke: torch {torch.__version__} sees no CUDA device (a CPU build of torch?)")
+    return {"versions": versions, "cuda": cuda, "missing_optional": missing_optional, "problems": problems}
+
+
+def check(report: dict) -> int:
+    """Print ``machine_report``'s findings for a person; 1 when anything required is missing."""
+    versions = report["versions"]
+    found = [f"{name} {version}" for name, version in versions.items() if version is not None]
+    print("gpu_smoke: " + ", ".join(found) + (f", GPU {report['cuda']['device']}" if report["cuda"]["available"]
+                                              else ""))
+    if report["missing_optional"]:
+        names = ", ".join(f"{dist} ({why})" for dist, why in report["missing_optional"].items())
+        print(f"gpu_smoke: optional, missing: {names}: those cases will be listed as not run")
+    for problem in report["problems"]:
+        print(problem, file=sys.stderr)
+    return 1 if report["problems"] else 0
+
+
+def _fp32_matmuls() -> dict:
+    """IEEE fp32 matmuls (TF32 off) in this process; the settings as torch reports them."""
+    import torch
+
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return _matmul_settings()
+
+
+def _matmul_settings() -> dict:
+    """torch's TF32 switches, the legacy ones and (torch 2.9+) ``fp32_precision``; one torch refuses to read cannot
+    stop the run (some versions raise when the legacy and the new switches were both used)."""
+    import torch
+
+    readers = {
+        "float32_matmul_precision": torch.get_float32_matmul_precision,
+        "cuda_matmul_allow_tf32": lambda: torch.backends.cuda.matmul.allow_tf32,
+        "cudnn_allow_tf32": lambda: torch.backends.cudnn.allow_tf32,
+        "cuda_matmul_fp32_precision": lambda: getattr(torch.backends.cuda.matmul, "fp32_precision", None),
+        "cudnn_fp32_precision": lambda: getattr(torch.backends.cudnn, "fp32_precision", None),
+    }
+    settings: dict = {}
+    for name, read in readers.items():
+        try:
+            settings[name] = read()
+        except Exception as exc:  # recorded instead
+            settings[name] = f"unreadable: {exc}"[:200]
+    return settings | {"NVIDIA_TF32_OVERRIDE": os.environ.get("NVIDIA_TF32_OVERRIDE")}
+
+
+def run_numerics_side(device: str, steps: int) -> dict:
+    """One side of the numerics case in this (child) process: the quickstart, fp32, every step's loss."""
+    from loongforge.config import load_config
+    from loongforge.train.run import run_training
+
+    before = _fp32_matmuls()
+    with tempfile.TemporaryDirectory() as out:
+        overrides = [
+            f"device={device}", f"run.output_dir={out}", f"training.steps={steps}", "training.precision=fp32",
+            "training.sample_tokens=0", "checkpoint.save_at_end=false", "checkpoint.interval=0",
+            "logging.progress=false", "logging.tensorboard=false", "logging.interval=1",
+        ]
+        if device == "cuda":  # the CPU has megatron's local layers only; the GPU side uses them too
+            overrides.append("device_options={layers: local}")
+        config = load_config(str(NUMERICS_CONFIG), overrides)
+        summary = run_training(config)
+        rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    losses = {row["step"]: row["loss"] for row in rows if "loss" in row and "step" in row}
+    return {"device": device, "model": config.model.name, "seed": config.run.seed,
+            "losses": [losses[step] for step in sorted(losses)], "final_loss": summary.get("final_loss"),
+            "matmul_before": before, "matmul_after": _matmul_settings()}
+
+
+def compare_losses(cuda: list[float], cpu: list[float], tolerance: float = NUMERICS_TOLERANCE) -> dict:
+    """Per-step ``|cuda - cpu| / |cpu|``, its maximum, and whether every step is within ``tolerance``."""
+    if len(cuda) != len(cpu) or not cpu:
+        return {"rel_diff": [], "max_rel_diff": None, "within_tolerance": False,
+                "reason": f"{len(cuda)} losses on the cuda side, {len(cpu)} on the cpu side"}
+    rel = [abs(a - b) / abs(b) if b else abs(a - b) for a, b in zip(cuda, cpu, strict=True)]
+    finite = all(math.isfinite(value) for value in rel)
+    return {"rel_diff": rel, "max_rel_diff": max(rel) if finite else None,
+            "within_tolerance": finite and max(rel) <= tolerance}
+
+
+def run_numerics(steps: int, dry_run: bool, deadline: float, budget_s: float) -> dict:
+    """The numerics case: a CUDA child and a CPU child (in the dry run both on the CPU) at once, then the comparison.
+    A side that fails or outlives the budget makes the block ``failed``, never the run."""
+    block = {"config": str(NUMERICS_CONFIG.relative_to(ROOT)), "precision": "fp32", "tf32": False, "steps": steps,
+             "tolerance_rel": NUMERICS_TOLERANCE, "cuda_side_device": "cpu (dry run)" if dry_run else "cuda"}
+    if deadline - time.monotonic() < 10:
+        return {**block, "status": "not run", "reason": f"time budget of {budget_s:.0f} s spent"}
+    print(f"cpu-vs-cuda: training the quickstart fp32 for {steps} steps on both sides ...", flush=True)
+    env = {**os.environ, "NVIDIA_TF32_OVERRIDE": "0"}
+    sides = {"cuda": "cpu" if dry_run else "cuda", "cpu": "cpu"}
+    children, logs = {}, {}
+    for side, device in sides.items():
+        logs[side] = (tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+"))
+        children[side] = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--numerics", device, "--numerics-steps", str(steps)],
+            stdout=logs[side][0], stderr=logs[side][1], text=True, env=env)
+    results, errors = {}, {}
+    for side, child in children.items():
+        try:
+            child.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+            errors[side] = f"stopped at the time budget of {budget_s:.0f} s"
+        stdout, stderr = (_read(log) for log in logs[side])
+        found = [line[7:] for line in stdout.splitlines() if line.startswith("RESULT ")]
+        if side not in errors and (child.returncode or not found):
+            print(f"cpu-vs-cuda ({side} side): FAILED\n{stderr[-3000:]}", flush=True)
+            errors[side] = (stderr.strip().splitlines() or ["no output"])[-1]
+        elif found:
+            results[side] = json.loads(found[0])
+    if errors:
+        return {**block, "status": "failed", "reason": "; ".join(f"{side} side: {why}" for side, why in errors.items())}
+    cuda, cpu = results["cuda"], results["cpu"]
+    comparison = compare_losses(cuda["losses"], cpu["losses"])
+    status = "ok" if comparison["within_tolerance"] else "out of tolerance"
+    after = cuda["matmul_after"]  # what the GPU side multiplied in, read back after training
+    block["tf32"] = (after["cuda_matmul_allow_tf32"] is True or after["float32_matmul_precision"] != "highest"
+                     or after["cuda_matmul_fp32_precision"] == "tf32")
+    print(f"cpu-vs-cuda: max relative loss difference {comparison['max_rel_diff']} over {steps} steps "
+          f"(tolerance {NUMERICS_TOLERANCE:g}): {status}", flush=True)
+    return {**block, "status": status, "model": cpu["model"], "seed": cpu["seed"], **comparison,
+            "final_loss": {"cuda": cuda["final_loss"], "cpu": cpu["final_loss"]},
+            "losses": {"cuda": cuda["losses"], "cpu": cpu["losses"]},
+            "matmul": {"cuda": {"before": cuda["matmul_before"], "after": cuda["matmul_after"]},
+                       "cpu": {"before": cpu["matmul_before"], "after": cpu["matmul_after"]}}}
+
+
+def _read(handle) -> str:
+    handle.seek(0)
+    text = handle.read()
+    handle.close()
+    return text
+
+
+def summarise_junit(path: Path) -> dict:
+    """Counts and failed test ids from pytest's ``--junitxml`` file."""
+    counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
+    failures = []
+    for case in ElementTree.parse(path).getroot().iter("testcase"):
+        kinds = {child.tag for child in case}
+        test_id = f"{case.get('classname', '')}::{case.get('name', '')}"
+        if "failure" in kinds:
+            counts["failed"] += 1
+            failures.append(test_id)
+        elif "error" in kinds:
+            counts["errors"] += 1
+            failures.append(test_id)
+        elif "skipped" in kinds:
+            counts["skipped"] += 1
+        else:
+            counts["passed"] += 1
+    return {**counts, "failures": failures}
+
+
+def run_tests(target: str, timeout: float) -> dict:
+    """``pytest -m "not slow" target`` in a child bounded by ``timeout``; never raises."""
+    with tempfile.TemporaryDirectory() as tmp:
+        junit = Path(tmp) / "junit.xml"
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
+                   f"--junitxml={junit}", target]
+        block = {"command": f"pytest -q -m 'not slow' {target}", "timeout_s": round(timeout)}
+        start = time.monotonic()
+        try:
+            child = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=max(1.0, timeout))
+        except subprocess.TimeoutExpired as exc:
+            out = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
+            return {**block, "status": "timed out", "seconds": round(time.monotonic() - start, 1),
+                    "tail": out[-2000:]}
+        block["seconds"] = round(time.monotonic() - start, 1)
+        if not junit.exists():
+            return {**block, "status": "error", "returncode": child.returncode,
+                    "tail": (child.stdout + child.stderr)[-2000:]}
+        summary = summarise_junit(junit)
+    status = "passed" if child.returncode == 0 else ("failed" if summary["failed"] or summary["errors"] else "error")
+    block |= {"status": status, "returncode": child.returncode, **summary}
+    if status != "passed":
+        block["tail"] = (child.stdout + child.stderr)[-2000:]
+    print(f"tests: {target}: {status} ({summary['passed']} passed, {summary['failed']} failed, {summary['errors']} "
+          f"errors, {summary['skipped']} skipped in {block['seconds']} s)", flush=True)
+    return block
+
+
 def peak_tflops(gpu: str, override: float | None) -> float | None:
     if override:
         return override
@@ -281,24 +572,43 @@ def _machine(dry_run: bool) -> tuple[str, str, frozenset[str], tuple[int, int] |
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0], epilog=DEVICE_NOTES,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=None, help="steps per case (default 20; 3 with --dry-run)")
     parser.add_argument("--warmup", type=int, default=None, help="steps left out of the timing (default 5; 1)")
     parser.add_argument("--cases", nargs="*", default=None, help="names of cases to run (default: all)")
     parser.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak of this GPU")
-    parser.add_argument("--budget-s", type=float, default=420.0, help="wall-clock bound of the whole run")
+    parser.add_argument("--budget-s", type=float, default=420.0,
+                        help="wall-clock bound of the whole run, tests and numerics included (default 420)")
+    parser.add_argument("--numerics-steps", type=int, default=None,
+                        help="steps of the quickstart's CUDA vs CPU fp32 comparison (default 20; 5 with --dry-run; "
+                             "0 skips it)")
+    parser.add_argument("--with-tests", action="store_true",
+                        help=f"first run pytest -m 'not slow' {TESTS_TARGET} (bounded by --tests-timeout)")
+    parser.add_argument("--tests-timeout", type=float, default=150.0, help="bound of --with-tests (default 150 s)")
+    parser.add_argument("--check", action="store_true",
+                        help="only check this machine: every missing module at once, exit 1 if a required one is")
     parser.add_argument("--dry-run", action="store_true", help="CPU, llama-tiny: check the machinery")
     parser.add_argument("--out", type=Path, default=Path("gpu_smoke.json"))
     parser.add_argument("--run", help=argparse.SUPPRESS)  # child mode: a Case as JSON
+    parser.add_argument("--numerics", help=argparse.SUPPRESS)  # child mode: one side of the numerics case
     args = parser.parse_args(argv)
     steps = args.steps or (3 if args.dry_run else 20)
     warmup = args.warmup if args.warmup is not None else (1 if args.dry_run else 5)
+    numerics_steps = args.numerics_steps if args.numerics_steps is not None else (5 if args.dry_run else 20)
     shape = SHAPES["dry-run" if args.dry_run else "gpu"]
+    if args.check:
+        return check(machine_report())
+    if args.numerics:
+        print("RESULT " + json.dumps(run_numerics_side(args.numerics, numerics_steps)))
+        return 0
     if args.run:
         case = Case(**json.loads(args.run))
         print("RESULT " + json.dumps(run_case(case, shape, "cpu" if args.dry_run else "cuda", steps, warmup)))
         return 0
 
+    deadline = time.monotonic() + args.budget_s
+    machine = machine_report()
     device, gpu, te_classes, capability = _machine(args.dry_run)
     planned = plan(te_classes=te_classes, capability=capability)
     if args.cases is not None:
@@ -308,7 +618,18 @@ def main(argv: list[str] | None = None) -> int:
                      f"{', '.join(case.name for case, _ in planned)}")
         planned = [(case, reason) for case, reason in planned if case.name in args.cases]
     peak = None if args.dry_run else peak_tflops(gpu, args.peak_tflops)
-    deadline = time.monotonic() + args.budget_s
+    tests = None
+    if args.with_tests:  # neither the tests nor the numerics can stop the cases, whatever goes wrong in them
+        print(f"tests: pytest -m 'not slow' {TESTS_TARGET} ...", flush=True)
+        try:
+            tests = run_tests(TESTS_TARGET, min(args.tests_timeout, deadline - time.monotonic()))
+        except Exception as exc:
+            tests = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
+    try:
+        numerics = (run_numerics(numerics_steps, args.dry_run, deadline, args.budget_s) if numerics_steps > 0
+                    else {"status": "not run", "reason": "--numerics-steps 0"})
+    except Exception as exc:
+        numerics = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
     rows = []
     for case, reason in planned:
         left = deadline - time.monotonic()
@@ -336,11 +657,14 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(_row(case, status="ok", **figures))
 
     report = {"gpu": gpu, "device": device, "dry_run": args.dry_run, "shape": asdict(shape), "steps": steps,
-              "warmup": warmup, "peak_bf16_tflops": peak, "cases": rows, "ratios": ratios(rows)}
+              "warmup": warmup, "peak_bf16_tflops": peak, "budget_s": args.budget_s,
+              "versions": machine["versions"], "missing_optional": machine["missing_optional"],
+              "tests": tests, "cpu_vs_cuda": numerics, "cases": rows, "ratios": ratios(rows)}
     args.out.write_text(json.dumps(report, indent=1))
     print_table(report)
     print(f"\nwrote {args.out}")
-    return 1 if any(row["status"] == "failed" for row in rows) else 0
+    failed = any(row["status"] == "failed" for row in rows) or numerics["status"] in ("failed", "out of tolerance")
+    return 1 if failed or (tests is not None and tests["status"] != "passed") else 0
 
 
 def ratios(rows: list[dict]) -> dict[str, float]:
@@ -369,6 +693,22 @@ def print_table(report: dict) -> None:
               f"{mfu:>7} {row['peak_mem_gib']:>9.2f} {row['compile_s']:>9.1f} {loss:>10}")
     for label, value in report["ratios"].items():
         print(f"{label}: {value:.3f}")
+    numerics = report["cpu_vs_cuda"]
+    if numerics["status"] in ("ok", "out of tolerance"):
+        gap = numerics["max_rel_diff"]
+        final = numerics["final_loss"]
+        print(f"cpu vs cuda, fp32 quickstart, {numerics['steps']} steps: max relative loss difference "
+              f"{'not finite' if gap is None else f'{gap:.2e}'} (tolerance {numerics['tolerance_rel']:g}), final loss "
+              f"{final['cuda']} (cuda) / {final['cpu']} (cpu): {numerics['status']}")
+    else:
+        print(f"cpu vs cuda: {numerics['status']} ({numerics['reason']})")
+    if report["tests"] is not None:
+        tests = report["tests"]
+        print(f"tests: {tests['status']}" + (f" ({tests['passed']} passed, {tests['failed']} failed, "
+                                              f"{tests['errors']} errors, {tests['skipped']} skipped)"
+                                              if "passed" in tests else ""))
+    if report["missing_optional"]:
+        print("optional, missing: " + ", ".join(report["missing_optional"]))
     print(f"\n{report['gpu']}; MFU against a dense bf16 peak of "
           f"{report['peak_bf16_tflops'] or 'unknown (pass --peak-tflops)'} TFLOP/s")
 
