@@ -1,3 +1,3 @@
-"""Example third-party LoongForge model family (import name ``loongforge_example_family``)."""
+"""Example third-party LoongForge model family: OLMo-2 (import name ``loongforge_example_family``)."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
