@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from loongforge.config.schema import LoongForgeConfig
     from loongforge.models.chunks import ChunkBuild
     from loongforge.models.flavor import DecoderFlavor
+    from loongforge.models.sizing import DecoderTerms, LayoutProblem
+    from loongforge.parallel.megatron import Layout
     from loongforge.registry import Registry
 
 #: The step engines a family can name in :attr:`ModelFamily.engine`.
@@ -118,7 +120,8 @@ class ModelFamily:
     @property
     def decoder(self) -> DecoderFlavor | None:
         """The megatron decoder this model trains (itself for an LLM, a VLM's language backbone); ``None`` for
-        task-engine models. Layout checks (heads, layers, experts against tp/pp/ep) and the planner read it."""
+        task-engine models. What the planner, the FLOP counts and the layout checks need from it they ask through
+        :meth:`decoder_terms`, :meth:`flops_per_token` and :meth:`check_layout`, whose defaults ask this decoder."""
         return None
 
     def build_chunk(self, build: ChunkBuild) -> Any:
@@ -144,6 +147,37 @@ class ModelFamily:
         """Memory/compute parts the planner adds outside the decoder (a VLM's vision encoder), sized for ``config``
         (:class:`loongforge.planner.memory.ComponentModel` objects); default none."""
         return ()
+
+    def num_params(self, *, include_embeddings: bool = True) -> int | None:
+        """Parameters of the whole model with the unpadded vocabulary, as published sizes count them
+        (``include_embeddings=False``: without the token embeddings and output layer). Default ``None``: not counted
+        (a composed model's decoder alone would undercount it, so the default does not guess)."""
+        return None
+
+    def decoder_terms(self, kernels: str = "te") -> DecoderTerms | None:
+        """Megatron engine: the decoder's parameters, activations and FLOPs by part and how layouts split them
+        (:class:`loongforge.models.sizing.DecoderTerms`), which the layout planner (memory and time), ``loongforge
+        plan`` and, through :meth:`flops_per_token`, the ``tflops``/``mfu`` metrics read. ``kernels`` is the
+        activation profile (``"te"``: Transformer Engine's fused kernels; ``"local"``: megatron's local modules).
+        Default: the :attr:`decoder`'s terms; ``None`` (no decoder): the planner refuses the model in one line."""
+        decoder = self.decoder
+        return decoder.decoder_terms(kernels) if decoder is not None and decoder is not self else None
+
+    def flops_per_token(self, seq_length: int) -> float | None:
+        """Training FLOPs (forward and backward, no recompute) per token of ``seq_length``-token sequences: what the
+        ``tflops`` and ``mfu`` metrics divide by the step time (parts from :meth:`planner_parts` add their own).
+        Default: from :meth:`decoder_terms`; ``None`` (no terms): the run reports no ``tflops``/``mfu``."""
+        terms = self.decoder_terms()
+        return terms.training_flops_per_token(seq_length) if terms is not None else None
+
+    def check_layout(self, layout: Layout) -> list[LayoutProblem]:
+        """Megatron engine: what a parallel ``layout`` (a :class:`loongforge.parallel.megatron.Layout`: tp, pp, vpp,
+        cp, ep, etp, sequence parallelism) needs from this model -- heads, layers and experts it must divide, splits
+        the model cannot take -- as :class:`loongforge.models.sizing.LayoutProblem` s; empty: it fits.
+        ``loongforge check`` and ``train`` fail on the first, naming the config file; ``loongforge plan`` and
+        ``parallel: auto`` never propose such a layout. Default: the :attr:`decoder`'s problems (none without one)."""
+        decoder = self.decoder
+        return decoder.check_layout(layout) if decoder is not None and decoder is not self else []
 
     def check_task(self, config: LoongForgeConfig, options: Any) -> list[str]:
         """Task engine: the pre-flight of what the typed ``task:`` ``options`` name (a dataset, a checkpoint), run by

@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loongforge.errors import ConfigError
 from loongforge.models.family import ModelFamily
+
+if TYPE_CHECKING:
+    from loongforge.models.sizing import DecoderTerms, LayoutProblem
+    from loongforge.parallel.megatron import Layout
 
 #: RoPE scaling types ``build_model`` implements (Hugging Face ``rope_type`` names).
 ROPE_SCALING_TYPES: tuple[str, ...] = ("llama3", "linear")
@@ -250,6 +254,117 @@ class DecoderFlavor(ModelFamily):
         from loongforge.models.hf_config import FAMILIES
 
         return DecoderHFAdapter(self) if self.family in FAMILIES else None
+
+    def num_params(self, *, include_embeddings: bool = True) -> int:
+        """:func:`flavor_num_params` of this grouped-query decoder (a subclass with other layers counts its own)."""
+        return flavor_num_params(self, include_embeddings=include_embeddings)
+
+    def decoder_terms(self, kernels: str = "te") -> DecoderTerms:
+        """Core's grouped-query layer by part (:class:`loongforge.models.sizing.DecoderTerms`).
+
+        Parameters: QKV and output projections split by tp (with the QKV bias), two norms and the QK-norm weights
+        replicated, a SwiGLU-sized MLP (``3 h f``) split by tp, or a replicated router, the experts and a
+        tp-split shared expert. Activations per token, following Korthikanti et al. (2022) counted against
+        autograd's saved tensors (:mod:`loongforge.planner.memory`): per norm its input, output and ``1/row``
+        (split only with sequence parallelism); attention's QKV output, rotated q and k, output and one
+        log-sum-exp per head (dropped by recomputing ``core_attn``), plus the QK-norm's copy and statistics; a
+        fused SwiGLU keeps ``3 f``, an unfused one (``local`` kernels, MoE experts) ``5 f`` (``3 f`` with
+        Transformer Engine), each routed token its permuted copy. FLOPs: the projections, the MLP (or ``k``
+        experts, the router and the shared expert) and causal attention ``2 q`` per position.
+        """
+        from loongforge.models.sizing import (
+            SELECTIVE_CHOICES_DENSE,
+            SELECTIVE_CHOICES_MOE,
+            ActivationPart,
+            DecoderTerms,
+            FlopPart,
+            ParamPart,
+        )
+
+        h, d, n, g = self.hidden_size, self.kv_channels, self.num_attention_heads, self.num_query_groups
+        q, kv = n * d, g * d
+        projections = h * (q + 2 * kv) + q * h + ((q + 2 * kv) if self.add_qkv_bias else 0)
+        params = [ParamPart("attention", projections, "tp"),
+                  ParamPart("norms", 2 * h + (2 * d if self.qk_layernorm else 0), "none")]
+        attention = (q + 2 * kv) + q + kv + q + ((q + n + g) if self.qk_layernorm else 0)
+        activations = [ActivationPart("norms", 2 * (2 * h + 1), "sp"),
+                       ActivationPart("attention", attention, "tp"),
+                       ActivationPart("attention", n, "tp", recomputed_by=("core_attn",))]
+        flops = [FlopPart("attention_projections", 2 * (h * (q + 2 * kv) + q * h), width=q, split="tp")]
+        glu = 5 if kernels == "local" else 3
+        if self.num_experts:
+            e, k, width = self.num_experts, self.moe_router_topk, self.moe_ffn_hidden_size or 0
+            shared = self.moe_shared_expert_intermediate_size or 0
+            params += [ParamPart("router", e * h, "none"), ParamPart("shared_expert", 3 * h * shared, "tp"),
+                       ParamPart("experts", e * 3 * h * width, "expert")]
+            activations += [ActivationPart("router", e + 5 * k, "none"),
+                            ActivationPart("experts", k * h, "none", recomputed_by=("moe",)),
+                            ActivationPart("experts", k * (glu + 1) * width, "etp", recomputed_by=("moe",))]
+            if shared:
+                activations.append(ActivationPart("shared_expert", glu * shared, "tp",
+                                                  recomputed_by=("shared_experts", "moe")))
+            flops += [FlopPart("experts", 2 * k * 3 * h * width, width=width, split="etp",
+                               recomputed_by=("mlp", "moe")),
+                      FlopPart("router", 2 * e * h, recomputed_by=("mlp", "moe"))]
+            if shared:
+                flops.append(FlopPart("shared_expert", 2 * 3 * h * shared, width=shared, split="tp",
+                                      recomputed_by=("mlp", "moe")))
+        else:
+            f = self.ffn_hidden_size
+            params.append(ParamPart("mlp", 3 * h * f, "tp"))
+            activations.append(ActivationPart("mlp", (3 if self.fused_swiglu else glu) * f, "tp",
+                                              recomputed_by=("mlp",)))
+            flops.append(FlopPart("mlp", 2 * 3 * h * f, width=f, split="tp", recomputed_by=("mlp",)))
+        flops.append(FlopPart("core_attention", 2 * q, per_position=True, recomputed_by=("core_attn",)))
+        return DecoderTerms(
+            num_layers=self.num_layers, hidden_size=h, vocab_size=self.vocab_size, params=tuple(params),
+            activations=tuple(activations), flops=tuple(flops), tie_word_embeddings=self.tie_word_embeddings,
+            num_experts=self.num_experts, moe_router_topk=self.moe_router_topk if self.num_experts else 0,
+            context_parallel_width=2 * q + 2 * kv,
+            selective_recompute=SELECTIVE_CHOICES_MOE if self.num_experts else SELECTIVE_CHOICES_DENSE)
+
+    def check_layout(self, layout: Layout) -> list[LayoutProblem]:
+        """Heads and query groups divisible by tp (and by tp*cp with context parallelism, which this decoder's
+        attention must allow: :attr:`context_parallel_blocker`), layers by pp*vpp, experts by ep and the expert
+        width by etp; expert parallelism only with experts, and MoE at tp > 1 only with sequence parallelism."""
+        from loongforge.models.sizing import LayoutProblem, expert_tp
+
+        heads, groups, layers = self.num_attention_heads, self.num_query_groups, self.num_layers
+        problems: list[LayoutProblem] = []
+        if heads % layout.tp or groups % layout.tp:
+            problems.append(LayoutProblem(f"tp={layout.tp} must divide the model's attention heads ({heads}) and "
+                                          f"query groups ({groups})", "tp does not divide heads/query groups"))
+        if layout.cp > 1:  # first whether this attention splits sequences at all, then whether its heads divide
+            blocker = self.context_parallel_blocker
+            if blocker is not None:
+                problems.append(LayoutProblem(f"parallel.cp={layout.cp}: the model's {blocker} is not supported "
+                                              "with context parallelism; use cp=1", f"cp with {blocker}"))
+            split = layout.tp * layout.cp
+            if heads % split or groups % split:
+                problems.append(LayoutProblem(
+                    f"tp*cp={layout.tp}*{layout.cp} must divide the model's attention heads ({heads}) and query "
+                    f"groups ({groups}) (context-parallel attention splits the heads over cp)",
+                    "cp does not divide heads per tp rank or the sequence"))
+        stages = layout.pp * layout.num_chunks
+        if layers % stages:
+            problems.append(LayoutProblem(f"the model's {layers} layers do not split into pp*vpp={layout.pp}*"
+                                          f"{layout.num_chunks} = {stages} equal stages", "pp does not divide layers"))
+        experts, reason = self.num_experts, "ep*etp does not divide the ranks of a stage or experts"
+        if experts is None:
+            if layout.ep > 1:
+                problems.append(LayoutProblem(f"parallel.ep={layout.ep} needs a mixture-of-experts model", reason))
+            return problems
+        if experts % layout.ep:
+            problems.append(LayoutProblem(f"parallel.ep={layout.ep} must divide the model's {experts} experts",
+                                          reason))
+        etp = expert_tp(layout)
+        if (self.moe_ffn_hidden_size or 0) % etp:
+            problems.append(LayoutProblem(f"etp={etp} must divide the expert width moe_ffn_hidden_size "
+                                          f"({self.moe_ffn_hidden_size})", reason))
+        if layout.tp > 1 and not layout.sequence_parallel:
+            problems.append(LayoutProblem(f"an MoE model at tp={layout.tp} needs parallel.sequence_parallel",
+                                          "MoE at tp > 1 needs sequence parallelism"))
+        return problems
 
 
 def replace_fields(flavor: Any, overrides: dict[str, Any], *, what: str = "flavor") -> Any:

@@ -18,10 +18,9 @@ from loongforge.models.hf_format import model_differences, read_hf_model
 
 
 def _size(model: ModelFamily) -> int:
-    """Parameters of ``model``'s decoder (0 without one): what breaks ties between equally close flavors."""
-    from loongforge.models.flavor import flavor_num_params
-
-    return flavor_num_params(model.decoder) if model.decoder is not None else 0
+    """Parameters of ``model`` (0 when its family does not count them): what breaks ties between equally close
+    flavors."""
+    return model.num_params() or 0
 
 
 def name_model(model: ModelFamily, requested: str | None, where: str) -> tuple[str, dict]:

@@ -119,31 +119,20 @@ class MegatronStrategy(ParallelStrategy):
     def check_model(
         layout: Layout, flavor: Any, training: Any, source: str = "config", seq_length: int | None = None
     ) -> BatchPlan:
-        """Check that ``flavor`` splits over ``layout`` and the batch over ``dp``; return the batch plan.
+        """Check that the model family ``flavor`` splits over ``layout`` and the batch over ``dp``; return the batch
+        plan.
 
-        ``flavor`` needs ``num_attention_heads``, ``num_query_groups`` and ``num_layers``; ``training`` needs
-        ``micro_batch_size`` and ``global_batch_size`` (None: one micro-batch per data-parallel rank).
-        ``seq_length`` (the training sequence length) is checked against ``cp`` when given.
+        What the layout needs from the model (heads, layers, experts against tp/cp/pp/ep) is the family's own
+        pre-flight, ``flavor.check_layout(layout)`` (:meth:`loongforge.models.family.ModelFamily.check_layout`); its
+        first problem fails here in one line. ``training`` needs ``micro_batch_size`` and ``global_batch_size``
+        (None: one micro-batch per data-parallel rank). ``seq_length`` (the training sequence length) is checked
+        against ``cp`` when given.
         """
-        heads, groups, layers = flavor.num_attention_heads, flavor.num_query_groups, flavor.num_layers
-        if heads % layout.tp or groups % layout.tp:
-            raise ConfigError(
-                f"{source}: tp={layout.tp} must divide the model's attention heads ({heads}) and query groups "
-                f"({groups})"
-            )
+        problems = flavor.check_layout(layout)
+        if problems:
+            raise ConfigError(f"{source}: {problems[0].message}")
         if layout.cp > 1:
-            _check_context_parallel(layout, heads, groups, seq_length, source)
-            blocker = flavor.context_parallel_blocker
-            if blocker is not None:
-                raise ConfigError(f"{source}: parallel.cp={layout.cp}: the model's {blocker} is not supported with "
-                                  "context parallelism; use cp=1")
-        stages = layout.pp * layout.num_chunks
-        if layers % stages:
-            raise ConfigError(
-                f"{source}: the model's {layers} layers do not split into pp*vpp={layout.pp}*{layout.num_chunks}"
-                f" = {stages} equal stages"
-            )
-        MegatronStrategy._check_experts(layout, flavor, source)
+            _check_context_parallel(layout, seq_length, source)
         micro = training.micro_batch_size
         if micro < 1:
             raise ConfigError(f"{source}: training.micro_batch_size must be >= 1, got {micro}")
@@ -163,25 +152,6 @@ class MegatronStrategy(ParallelStrategy):
         return BatchPlan(global_batch_size=global_batch, num_microbatches=num_micro)
 
     @staticmethod
-    def _check_experts(layout: Layout, flavor: Any, source: str) -> None:
-        """Experts must split over ep (and their width over etp); megatron refuses MoE training with tp > 1
-        but no sequence parallelism, so that fails here rather than in the first forward."""
-        experts = getattr(flavor, "num_experts", None)
-        if experts is None:
-            if layout.ep > 1:
-                raise ConfigError(f"{source}: parallel.ep={layout.ep} needs a mixture-of-experts model")
-            return
-        if experts % layout.ep:
-            raise ConfigError(f"{source}: parallel.ep={layout.ep} must divide the model's {experts} experts")
-        etp = layout.etp if layout.etp is not None else layout.tp
-        if flavor.moe_ffn_hidden_size % etp:
-            raise ConfigError(
-                f"{source}: etp={etp} must divide the expert width moe_ffn_hidden_size ({flavor.moe_ffn_hidden_size})"
-            )
-        if layout.tp > 1 and not layout.sequence_parallel:
-            raise ConfigError(f"{source}: an MoE model at tp={layout.tp} needs parallel.sequence_parallel")
-
-    @staticmethod
     def initialize(layout: Layout) -> None:
         """Create megatron-core's tensor/pipeline/data process groups (torch.distributed must be up)."""
         from megatron.core import parallel_state
@@ -196,15 +166,9 @@ class MegatronStrategy(ParallelStrategy):
         )
 
 
-def _check_context_parallel(layout: Layout, heads: int, groups: int, seq_length: int | None, source: str) -> None:
-    """cp splits each sequence into 2*cp chunks (rank i holds chunks i and 2*cp-1-i, which balances causal
-    attention work), and attention re-splits by heads: every tp rank's heads and query groups over cp."""
-    split = layout.tp * layout.cp
-    if heads % split or groups % split:
-        raise ConfigError(
-            f"{source}: tp*cp={layout.tp}*{layout.cp} must divide the model's attention heads ({heads}) and query "
-            f"groups ({groups}) (context-parallel attention splits the heads over cp)"
-        )
+def _check_context_parallel(layout: Layout, seq_length: int | None, source: str) -> None:
+    """cp splits each sequence into 2*cp chunks (rank i holds chunks i and 2*cp-1-i, which balances causal attention
+    work); the heads over tp*cp are the model's to check (``check_layout``)."""
     if seq_length is None:
         return
     multiple = 2 * layout.cp * (layout.tp if layout.sequence_parallel else 1)

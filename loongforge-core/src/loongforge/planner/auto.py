@@ -45,15 +45,16 @@ def cluster_from_options(options: Any, num_devices: int, facts: dict[str, Any]) 
 
 
 def workload_for(config: LoongForgeConfig, family: ModelFamily, kernels: str) -> Workload:
-    """What the planner sizes: the megatron decoder of ``family`` (a composed model's language backbone) and the
-    parts the family reports outside it (``planner_parts``: a VLM's vision encoder). A task-engine model has no
-    megatron layout to plan: a one-line :class:`ConfigError`."""
+    """What the planner sizes: ``family`` -- its megatron decoder (a composed model's language backbone) as the
+    family's own slots state it (``decoder_terms``, ``check_layout``) -- and the parts the family reports outside it
+    (``planner_parts``: a VLM's vision encoder). A task-engine model has no megatron layout to plan: a one-line
+    :class:`ConfigError`."""
     decoder = family.decoder
     if family.engine != "megatron" or decoder is None:
         raise ConfigError(f"{config.source}: model '{config.model.name}' is trained by the {family.engine} engine; "
                           "the planner sizes megatron layouts only")
     return Workload(decoder, config.data.seq_length, config.training.precision, kernels=kernels,
-                    components=tuple(family.planner_parts(config)))
+                    components=tuple(family.planner_parts(config)), family=family)
 
 
 def search_space(config: LoongForgeConfig) -> SearchSpace:

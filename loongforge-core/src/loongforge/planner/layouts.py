@@ -1,22 +1,68 @@
 """Candidate layouts: the parallel sizes, micro-batch and recompute choice the planner compares.
 
 :func:`enumerate_layouts` yields every layout megatron can build for a model on ``N`` devices -- tensor
-parallel within a node and dividing the heads and query groups, pipeline stages dividing the layers,
-context parallel dividing the heads per tensor rank and the sequence, expert parallel dividing the experts
--- and counts the combinations it skipped by reason, so that ``loongforge plan`` can say why a layout the
-user expected is absent.
+parallel within a node, context parallel dividing the sequence, expert parallel dividing the experts, and
+whatever else the model family's own pre-flight (:meth:`~loongforge.models.family.ModelFamily.check_layout`:
+for core's decoder, heads and query groups over tp and tp*cp, layers over pp*vpp, the expert width over etp)
+asks -- and counts the combinations it skipped by reason, so that ``loongforge plan`` can say why a layout the
+user expected is absent. ``loongforge check`` and ``train`` ask the same slot, so the planner never proposes a
+layout they refuse.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-#: Selective recompute choices tried, cheapest first (megatron module names, see models/recompute.py).
-SELECTIVE_CHOICES_DENSE: tuple[tuple[str, ...], ...] = (("core_attn",), ("mlp",), ("core_attn", "mlp"))
-SELECTIVE_CHOICES_MOE: tuple[tuple[str, ...], ...] = (("core_attn",), ("moe",), ("core_attn", "moe"))
+from loongforge.errors import ConfigError
+from loongforge.models.sizing import SELECTIVE_CHOICES_DENSE, SELECTIVE_CHOICES_MOE, DecoderTerms
+from loongforge.parallel.megatron import Layout
+
+__all__ = ["SELECTIVE_CHOICES_DENSE", "SELECTIVE_CHOICES_MOE", "Candidate", "RecomputePlan", "SearchSpace",
+           "decoder_terms", "enumerate_layouts", "layout_problem", "recompute_choices"]
+
+#: Why a combination is skipped when expert parallelism does not fit the ranks of a stage.
+EXPERT_RANKS = "ep*etp does not divide the ranks of a stage or experts"
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_terms(model: Any, kernels: str) -> DecoderTerms | None:
+    return model.decoder_terms(kernels)
+
+
+def decoder_terms(model: Any, kernels: str = "te") -> DecoderTerms:
+    """``model.decoder_terms(kernels)`` (cached for hashable families: the planner asks for every layout), or a
+    one-line :class:`ConfigError` when the family states none."""
+    try:
+        terms = _cached_terms(model, kernels)
+    except TypeError:  # an unhashable family: ask it every time
+        terms = model.decoder_terms(kernels)
+    if terms is None:
+        raise ConfigError(f"model {model.family_name} states no decoder terms (ModelFamily.decoder_terms): the "
+                          "planner cannot size it")
+    return terms
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_problem(model: Any, layout: Layout) -> str | None:
+    problems = model.check_layout(layout)
+    return problems[0].key if problems else None
+
+
+def layout_problem(model: Any, tp: int, pp: int = 1, cp: int = 1, ep: int = 1, etp: int = 1,
+                   vpp: int = 1) -> str | None:
+    """Why the model family refuses this layout (its first :class:`~loongforge.models.sizing.LayoutProblem`'s
+    reason), or ``None``; the planner always uses sequence parallelism with tp > 1."""
+    layout = Layout(tp=tp, pp=pp, dp=1, sequence_parallel=tp > 1, distributed_optimizer=False,
+                    vpp=vpp if vpp > 1 else None, ep=ep, etp=etp, cp=cp)
+    try:
+        return _cached_problem(model, layout)
+    except TypeError:  # an unhashable family
+        problems = model.check_layout(layout)
+        return problems[0].key if problems else None
 
 
 @dataclass(frozen=True)
@@ -107,10 +153,9 @@ def _divisors(n: int) -> list[int]:
 
 
 def recompute_choices(flavor: Any, layers_per_stage: int) -> list[RecomputePlan]:
-    """No recompute, the selective module sets, then full recompute of 1..all layers of a stage."""
-    selective = SELECTIVE_CHOICES_MOE if flavor.num_experts else SELECTIVE_CHOICES_DENSE
+    """No recompute, the family's selective module sets, then full recompute of 1..all layers of a stage."""
     plans = [RecomputePlan()]
-    plans += [RecomputePlan("selective", modules) for modules in selective]
+    plans += [RecomputePlan("selective", modules) for modules in decoder_terms(flavor).selective_recompute]
     plans += [RecomputePlan("full", num_layers=k) for k in range(1, layers_per_stage + 1)]
     return plans
 
@@ -118,57 +163,60 @@ def recompute_choices(flavor: Any, layers_per_stage: int) -> list[RecomputePlan]
 def enumerate_layouts(
     flavor: Any, num_devices: int, seq_length: int, ranks_per_node: int, space: SearchSpace, rejected: Counter
 ) -> Iterator[Candidate]:
-    """Every buildable layout of ``flavor`` on ``num_devices`` (recompute left at none; the planner adds it).
+    """Every buildable layout of the model family ``flavor`` on ``num_devices`` (recompute left at none; the planner
+    adds it).
 
-    ``rejected`` counts skipped combinations by reason (a parallel split that does not divide, a batch that
-    does not cut evenly).
+    ``rejected`` counts skipped combinations by reason (a parallel split the model refuses, a batch that does not
+    cut evenly).
     """
-    heads, groups, layers = flavor.num_attention_heads, flavor.num_query_groups, flavor.num_layers
-    experts = flavor.num_experts
     for tp in _divisors(num_devices):
         if tp > ranks_per_node and not space.tp_across_nodes:
             rejected["tp larger than a node"] += 1
             continue
-        if heads % tp or groups % tp:
-            rejected["tp does not divide heads/query groups"] += 1
+        if (why := layout_problem(flavor, tp)) is not None:
+            rejected[why] += 1
             continue
         for pp in _divisors(num_devices // tp):
-            if layers % pp:
-                rejected["pp does not divide layers"] += 1
+            if (why := layout_problem(flavor, tp, pp)) is not None:
+                rejected[why] += 1
                 continue
             for cp in _divisors(num_devices // (tp * pp)):
                 if cp > space.max_cp:
                     continue
-                if cp > 1 and flavor.context_parallel_blocker is not None:
-                    rejected[f"cp with {flavor.context_parallel_blocker}"] += 1
-                    continue
-                if cp > 1 and (heads % (tp * cp) or groups % (tp * cp) or seq_length % (2 * cp * tp)):
-                    rejected["cp does not divide heads per tp rank or the sequence"] += 1
-                    continue
+                if cp > 1:
+                    why = layout_problem(flavor, tp, pp, cp)
+                    if why is None and seq_length % (2 * cp * tp):
+                        why = "cp does not divide heads per tp rank or the sequence"
+                    if why is not None:
+                        rejected[why] += 1
+                        continue
                 dp = num_devices // (tp * pp * cp)
-                yield from _experts_and_batches(flavor, tp, pp, cp, dp, space, rejected, experts)
+                yield from _experts_and_batches(flavor, tp, pp, cp, dp, space, rejected)
 
 
 def _experts_and_batches(
-    flavor: Any, tp: int, pp: int, cp: int, dp: int, space: SearchSpace, rejected: Counter, experts: int | None
+    flavor: Any, tp: int, pp: int, cp: int, dp: int, space: SearchSpace, rejected: Counter
 ) -> Iterator[Candidate]:
+    experts = decoder_terms(flavor).num_experts
     expert_choices = [(1, tp)]
     if experts:
         expert_choices = []
         for ep in _divisors(experts):
             for etp in sorted({1, tp}):
-                if (tp * cp * dp) % (ep * etp) or flavor.moe_ffn_hidden_size % etp:
-                    rejected["ep*etp does not divide the ranks of a stage or experts"] += 1
+                why = EXPERT_RANKS if (tp * cp * dp) % (ep * etp) else layout_problem(flavor, tp, pp, cp, ep, etp)
+                if why is not None:
+                    rejected[why] += 1
                     continue
                 expert_choices.append((ep, etp))
     sp_choices = (True,) if tp > 1 else (False,)
-    vpp_choices = [1] + ([v for v in (2, 4, 5, 8) if pp > 1 and flavor.num_layers % (pp * v) == 0]
-                         if space.try_vpp else [])
     # The distributed optimizer is offered only where there are data-parallel replicas to shard over (dp > 1). At
     # dp=1 -- one process, or context parallelism alone -- a chosen layout keeps the plain optimizer: sharding over
     # the context-parallel ranks alone is left to an explicit ``parallel.distributed_optimizer: true``.
     dist_opt = (False,) if dp == 1 else (True, False) if space.allow_plain_optimizer else (True,)
     for ep, etp in expert_choices:
+        vpp_choices = [1] + ([v for v in (2, 4, 5, 8)
+                              if pp > 1 and layout_problem(flavor, tp, pp, cp, ep, etp, v) is None]
+                             if space.try_vpp else [])
         for mbs, num_micro in _batch_cuts(dp, space, rejected):
             for vpp in vpp_choices:
                 if vpp > 1 and num_micro % pp:

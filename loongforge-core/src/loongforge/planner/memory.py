@@ -13,6 +13,10 @@ Terms (``MemoryEstimate.terms``):
 * ``optimizer`` -- Adam's two fp32 moments plus an fp32 master copy when parameters are bf16, divided over
   the data-parallel (x context-parallel) ranks with the distributed optimizer; expert parameters over the
   expert-data-parallel ranks.
+Everything about the model comes from its family (:meth:`loongforge.models.family.ModelFamily.decoder_terms`: the
+parameters, activations and FLOPs of a layer by part and how layouts split each), so a family with another layer
+shape than core's grouped-query decoder states its own numbers; this module only splits them over a layout.
+
 * ``activations`` -- what autograd keeps per layer and micro-batch (see :func:`layer_activation_elements`)
   times the layers of the stage times the micro-batches in flight (1F1B: ``pp - stage`` on stage
   ``stage``; interleaving adds ``(pp - 1) / (pp * vpp)``), plus embedding/loss terms on the end stages.
@@ -24,11 +28,11 @@ Terms (``MemoryEstimate.terms``):
   distributed optimizer like the decoder's dense parameters) and its activations times the micro-batches in
   flight. The part's own ``param_count`` says whether tp splits it (a replicated encoder counts in full).
 
-The per-layer counts follow Korthikanti et al. ("Reducing Activation Recomputation in Large Transformer
-Models", 2022), adapted to our exact layers and counted against autograd's saved tensors on the CPU build:
-RMSNorm keeps its input, its normalised input and the output the next linear saves (``3h``); attention
-runs through SDPA (a flash kernel: no ``s^2`` score matrix, only a log-sum-exp per head); the SwiGLU MLP
-keeps ``5 f`` (fc1 output ``2f``, SiLU output, product and the scaled copy); no dropout masks.
+Core's decoder (``DecoderFlavor.decoder_terms``) counts its layer after Korthikanti et al. ("Reducing Activation
+Recomputation in Large Transformer Models", 2022), adapted to our exact layers and counted against autograd's
+saved tensors on the CPU build: RMSNorm keeps its input, its normalised input and the output the next linear saves
+(``3h``); attention runs through SDPA (a flash kernel: no ``s^2`` score matrix, only a log-sum-exp per head); the
+SwiGLU MLP keeps ``5 f`` (fc1 output ``2f``, SiLU output, product and the scaled copy); no dropout masks.
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from loongforge.planner.layouts import Candidate
+from loongforge.models.sizing import DecoderTerms
+from loongforge.planner.layouts import Candidate, decoder_terms
 
 #: Embedding rows are padded to a multiple of lcm(128, tp) (models/decoder_model.py VOCAB_PAD_MULTIPLE).
 VOCAB_PAD_MULTIPLE = 128
@@ -48,6 +53,7 @@ _BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
 class Workload:
     """What is trained: the model, the sequence length and the numeric precision."""
 
+    #: The megatron decoder (``ModelFamily.decoder``; a plain LLM's flavor is its own).
     flavor: Any
     seq_length: int
     precision: str = "bf16"
@@ -57,6 +63,17 @@ class Workload:
     kernels: str = "te"
     #: Extra model parts (e.g. a VLM's vision encoder) a plugin accounts for; see :class:`ComponentModel`.
     components: tuple[Any, ...] = ()
+    #: The model family whose slots size the model (a composed model around ``flavor``); ``None``: ``flavor``.
+    family: Any = None
+
+    @property
+    def model(self) -> Any:
+        """The family asked for :meth:`~loongforge.models.family.ModelFamily.decoder_terms` and the layout checks."""
+        return self.family if self.family is not None else self.flavor
+
+    def terms(self, kernels: str | None = None) -> DecoderTerms:
+        """The model's decoder terms with this workload's kernels (or ``kernels``)."""
+        return decoder_terms(self.model, kernels or self.kernels)
 
     @property
     def param_bytes(self) -> int:
@@ -105,39 +122,23 @@ def padded_vocab(vocab_size: int, tp: int) -> int:
     return -(-vocab_size // multiple) * multiple
 
 
-def _widths(flavor: Any) -> tuple[int, int, int, int, int, int]:
-    d = flavor.kv_channels
-    return (flavor.hidden_size, flavor.num_attention_heads * d, flavor.num_query_groups * d,
-            flavor.num_attention_heads, flavor.num_query_groups, d)
-
-
 def layer_params(flavor: Any, tp: int, ep: int = 1, etp: int = 1) -> tuple[float, float]:
-    """(dense, expert) parameters of one layer on one rank."""
-    h, q, kv, _, _, d = _widths(flavor)
-    dense = (h * (q + 2 * kv) + q * h) / tp + 2 * h  # qkv, proj (split by tp); two norms (replicated)
-    if flavor.add_qkv_bias:
-        dense += (q + 2 * kv) / tp
-    if flavor.qk_layernorm:
-        dense += 2 * d
-    if not flavor.num_experts:
-        return dense + 3 * h * flavor.ffn_hidden_size / tp, 0.0
-    dense += flavor.num_experts * h  # router
-    dense += 3 * h * (flavor.moe_shared_expert_intermediate_size or 0) / tp
-    expert = (flavor.num_experts / ep) * 3 * h * flavor.moe_ffn_hidden_size / etp
-    return dense, expert
+    """(dense, expert) parameters of one layer of the model family ``flavor`` on one rank."""
+    return decoder_terms(flavor).layer_params(tp, ep, etp)
 
 
 def stage_params(flavor: Any, cand: Candidate, stage: int) -> tuple[float, float]:
     """(dense, expert) parameters held by a rank of pipeline stage ``stage``."""
-    dense, expert = layer_params(flavor, cand.tp, cand.ep, cand.etp)
-    layers = flavor.num_layers / cand.pp
+    terms = decoder_terms(flavor)
+    dense, expert = terms.layer_params(cand.tp, cand.ep, cand.etp)
+    layers = terms.num_layers / cand.pp
     dense, expert = dense * layers, expert * layers
-    embedding = padded_vocab(flavor.vocab_size, cand.tp) * flavor.hidden_size / cand.tp
+    embedding = padded_vocab(terms.vocab_size, cand.tp) * terms.hidden_size / cand.tp
     if stage == 0:
         dense += embedding
     if stage == cand.pp - 1:
-        dense += flavor.hidden_size  # final norm
-        if not (flavor.tie_word_embeddings and cand.pp == 1):  # a tied output layer keeps a copy on the last stage
+        dense += terms.hidden_size  # final norm
+        if not (terms.tie_word_embeddings and cand.pp == 1):  # a tied output layer keeps a copy on the last stage
             dense += embedding
     return dense, expert
 
@@ -147,35 +148,11 @@ def layer_activation_elements(
 ) -> dict[str, float]:
     """Elements autograd keeps per token for one layer on one rank, by part, with ``modules`` recomputed.
 
-    Tensor-parallel parts are divided by tp; the norms' parts by tp only with sequence parallelism.
+    Tensor-parallel parts are divided by tp; the norms' parts by tp only with sequence parallelism (as the
+    family's :class:`~loongforge.models.sizing.ActivationPart` s say).
     """
-    h, q, kv, n, g, _ = _widths(flavor)
-    t = cand.tp
-    norm_split = t if cand.sequence_parallel else 1
-    local = kernels == "local"
-    # Per norm: its input and output (saved by the following linear) and 1/row (TE's norm and the CPU build's
-    # analytic RMSNorm backward, loongforge.devices.norm, alike).
-    parts = {"norms": 2 * (2 * h + 1) / norm_split}
-    # qkv output (kept whole by the V view), rotated q and k, attention output and log-sum-exp per head.
-    attention = (q + 2 * kv) + q + kv + q + ("core_attn" not in modules) * n
-    if flavor.qk_layernorm:
-        attention += q + n + g  # the contiguous q the q-norm keeps, q/k norm statistics (1/row per head)
-    parts["attention"] = attention / t
-    # SwiGLU per expert-width f: fc1 output (2f) and fc2 input (f); the unfused one (local MoE experts) also
-    # SiLU(x) and a copy. Dense SwiGLU is fused on every device (DecoderFlavor.fused_swiglu).
-    glu = 5 if local else 3
-    if flavor.num_experts:
-        k = flavor.moe_router_topk
-        parts["router"] = flavor.num_experts + 5 * k
-        if "moe" not in modules:
-            # Each token visits k experts: its permuted copy and 6 expert-width tensors per visit.
-            parts["experts"] = k * (h + (glu + 1) * flavor.moe_ffn_hidden_size / cand.etp)
-        shared = flavor.moe_shared_expert_intermediate_size or 0
-        if shared and "shared_experts" not in modules and "moe" not in modules:
-            parts["shared_expert"] = glu * shared / t
-    elif "mlp" not in modules:
-        parts["mlp"] = (3 if flavor.fused_swiglu else glu) * flavor.ffn_hidden_size / t
-    return parts
+    return decoder_terms(flavor, kernels).layer_activation_elements(cand.tp, cand.etp, cand.sequence_parallel,
+                                                                     modules)
 
 
 @dataclass
@@ -203,30 +180,33 @@ def _in_flight(cand: Candidate, stage: int) -> float:
 
 def _stage_activations(workload: Workload, cand: Candidate, stage: int, coeffs: Coefficients) -> tuple[float, float]:
     """(kept activations, backward transient) in bytes for a rank of ``stage``."""
-    flavor, e = workload.flavor, workload.param_bytes
+    terms, e = workload.terms(), workload.param_bytes
     tokens = workload.seq_length * cand.micro_batch_size / cand.cp
     norm_split = cand.tp if cand.sequence_parallel else 1
-    kernels = workload.kernels
+
+    def per_layer(modules: tuple[str, ...]) -> float:
+        return sum(terms.layer_activation_elements(cand.tp, cand.etp, cand.sequence_parallel, modules).values())
+
     # RoPE keeps no per-layer tables: TE's fused kernel and the CPU build's one-pass RoPE
     # (loongforge.devices.megatron_cpu.rope) share one cos/sin pair across the layers of a forward pass.
-    full_layer = sum(layer_activation_elements(flavor, cand, (), kernels).values()) * tokens * e
+    full_layer = per_layer(()) * tokens * e
     rc = cand.recompute
-    layers = flavor.num_layers // cand.pp
+    layers = terms.num_layers // cand.pp
     if rc.granularity == "selective":
-        selective = sum(layer_activation_elements(flavor, cand, rc.modules, kernels).values()) * tokens * e
+        selective = per_layer(rc.modules) * tokens * e
         kept = selective * layers
     elif rc.granularity == "full":
         recomputed = min(rc.num_layers, layers // cand.vpp) * cand.vpp
-        kept = recomputed * flavor.hidden_size * tokens * e / norm_split + (layers - recomputed) * full_layer
+        kept = recomputed * terms.hidden_size * tokens * e / norm_split + (layers - recomputed) * full_layer
     else:
         kept = layers * full_layer
     ends = 0.0
-    vocab = padded_vocab(flavor.vocab_size, cand.tp) / cand.tp
+    vocab = padded_vocab(terms.vocab_size, cand.tp) / cand.tp
     if stage == 0:
         ends += tokens * 8  # token ids (int64), kept by the embedding's backward
     if stage == cand.pp - 1:
         # final norm, the logits (plus their fp32 copy in bf16 runs) and the loss mask; labels are int64
-        ends += tokens * ((3 * flavor.hidden_size + 1) / norm_split * e + vocab * (e + (4 if e < 4 else 0)) + 9)
+        ends += tokens * ((3 * terms.hidden_size + 1) / norm_split * e + vocab * (e + (4 if e < 4 else 0)) + 9)
     kept = (kept + ends) * _in_flight(cand, stage) * coeffs.activation_scale
     # Backward re-runs the recomputed part of one layer (all of it for full recompute) and needs gradient
     # workspace; the loss's backward materialises the logits' gradient (fp32).
@@ -248,16 +228,16 @@ def _stage_activations(workload: Workload, cand: Candidate, stage: int, coeffs: 
 def estimate_memory(workload: Workload, cand: Candidate, coeffs: Coefficients | None = None) -> MemoryEstimate:
     """Predicted peak bytes of the most loaded rank of ``cand`` (see the module docstring for the terms)."""
     coeffs = coeffs or Coefficients()
-    flavor, e = workload.flavor, workload.param_bytes
+    model, e = workload.terms(), workload.param_bytes
     per_stage, best = [], None
     for stage in range(cand.pp):
-        dense, expert = stage_params(flavor, cand, stage)
+        dense, expert = stage_params(workload.model, cand, stage)
         params = dense + expert
         dense_shard = cand.dp * cand.cp if cand.distributed_optimizer else 1
         expert_shard = max(1, cand.dp * cand.cp * cand.tp // (cand.ep * cand.etp)) if cand.distributed_optimizer else 1
         state = 8 + (4 if e < 4 else 0)  # Adam m and v, fp32 master for 16-bit parameters
         kept, transient = _stage_activations(workload, cand, stage, coeffs)
-        largest = padded_vocab(flavor.vocab_size, cand.tp) * flavor.hidden_size / cand.tp
+        largest = padded_vocab(model.vocab_size, cand.tp) * model.hidden_size / cand.tp
         terms = {
             "weights": params * e,
             "grads": params * 4,

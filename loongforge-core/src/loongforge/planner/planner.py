@@ -34,7 +34,7 @@ class Evaluated:
     time: TimeEstimate
 
     def describe(self, workload: Workload) -> str:
-        return self.candidate.describe(workload.flavor.num_layers)
+        return self.candidate.describe(workload.terms().num_layers)
 
 
 @dataclass
@@ -63,8 +63,8 @@ class Plan:
         return self.ranked[0]
 
     def infeasible_message(self) -> str:
-        f = self.workload.flavor
-        lines = [f"no layout of this {f.num_layers}-layer model fits {self.cluster.num_devices} device(s) of "
+        layers = self.workload.terms().num_layers
+        lines = [f"no layout of this {layers}-layer model fits {self.cluster.num_devices} device(s) of "
                  f"{format_bytes(self.cluster.device_memory)} (keeping {self.margin:.0%} free)"]
         if self.min_devices is not None:
             lines.append(f"smallest device count that works at {format_bytes(self.cluster.device_memory)}: "
@@ -109,8 +109,8 @@ def _cheapest_fitting(
     tcoef: TimeCoefficients,
 ) -> tuple[Evaluated | None, Evaluated]:
     """(fastest recompute choice that fits or None, the smallest-memory variant) for one layout."""
-    layers_per_chunk = workload.flavor.num_layers // (cand.pp * cand.vpp)
-    choices = recompute_choices(workload.flavor, layers_per_chunk)
+    layers_per_chunk = workload.terms().num_layers // (cand.pp * cand.vpp)
+    choices = recompute_choices(workload.model, layers_per_chunk)
     partial = [c for c in choices if c.granularity != "full"]
     fitting = [ev for c in partial
                if (ev := _evaluate(workload, replace(cand, recompute=c), cluster, mem, tcoef)).memory.total <= budget]
@@ -148,7 +148,7 @@ def plan(
     budget = cluster.device_memory * (1 - margin)
     rejected: Counter = Counter()
     ranked, misses = [], []
-    for cand in enumerate_layouts(workload.flavor, cluster.num_devices, workload.seq_length, cluster.node_size,
+    for cand in enumerate_layouts(workload.model, cluster.num_devices, workload.seq_length, cluster.node_size,
                                   space, rejected):
         best, smallest = _cheapest_fitting(workload, cand, cluster, budget, mem, tcoef)
         if best is None:
@@ -169,9 +169,9 @@ def plan(
 def _fits_somewhere(workload: Workload, cluster: ClusterSpec, space: SearchSpace, mem: Coefficients,
                     budget: float) -> bool:
     """Whether any layout fits with every layer recomputed (the least memory a layout can take)."""
-    for cand in enumerate_layouts(workload.flavor, cluster.num_devices, workload.seq_length, cluster.node_size,
+    for cand in enumerate_layouts(workload.model, cluster.num_devices, workload.seq_length, cluster.node_size,
                                   space, Counter()):
-        layers_per_chunk = workload.flavor.num_layers // (cand.pp * cand.vpp)
+        layers_per_chunk = workload.terms().num_layers // (cand.pp * cand.vpp)
         full = replace(cand, recompute=RecomputePlan("full", num_layers=layers_per_chunk))
         if estimate_memory(workload, full, mem).total <= budget:
             return True

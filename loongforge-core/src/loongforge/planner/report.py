@@ -46,7 +46,7 @@ def print_plan(plan: Plan, top: int = 5, console: Console | None = None) -> None
     """The ranked table, the rejection counts and (when nothing fits) the nearest misses."""
     console = console or Console(width=200, soft_wrap=False)
     w, c = plan.workload, plan.cluster
-    console.print(f"{w.flavor.family} {w.flavor.num_layers} layers, seq {w.seq_length}, {w.precision}, on "
+    console.print(f"{w.model.family_name} {w.terms().num_layers} layers, seq {w.seq_length}, {w.precision}, on "
                   f"{c.num_devices} x {format_bytes(c.device_memory)} ({c.ranks_per_node} per node)")
     for part in w.components:  # parts outside the decoder, on the first stage (their memory is the term named so)
         console.print(f"+ {part.name} on the first stage: {part.description}")

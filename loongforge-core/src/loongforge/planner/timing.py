@@ -12,6 +12,8 @@
   optimizer), not overlapped (our trainer reduces after backward);
 * ``overhead`` -- a fixed cost per layer and micro-batch (kernel launches, Python), calibrated.
 
+The FLOPs, widths and parameters are the model family's (:meth:`~loongforge.models.family.ModelFamily.decoder_terms`).
+
 Each collective moves ring bytes ``2 (n - 1) / n x size`` (all-reduce) or ``(n - 1) / n x size`` over the
 intra-node link when its group fits in a node (ranks are laid out tp, cp, ep innermost), else inter-node.
 """
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 
 from loongforge.planner.hardware import ClusterSpec
 from loongforge.planner.layouts import Candidate
-from loongforge.planner.memory import Workload, layer_params, padded_vocab
+from loongforge.planner.memory import Workload, padded_vocab
 
 
 @dataclass(frozen=True)
@@ -48,35 +50,21 @@ def flops_per_token(
     for its per-rank output width ``w`` (narrow matmuls, e.g. MoE experts split by etp, run far below peak);
     the result is then "peak-equivalent" FLOPs.
     """
-    f = workload.flavor
-    h, seq = f.hidden_size, workload.seq_length
-    q, kv = f.num_attention_heads * f.kv_channels, f.num_query_groups * f.kv_channels
+    terms, seq = workload.terms(), workload.seq_length
     tp, etp = (cand.tp, cand.etp) if cand is not None else (1, 1)
-
-    def cost(flops: float, width: float) -> float:
-        return flops * (width + narrow_width) / width if narrow_width else flops
-
-    linear = cost(2 * (h * (q + 2 * kv) + q * h), q / tp)
-    if f.num_experts:  # a token passes through k experts, the router and the shared expert
-        mlp = cost(2 * f.moe_router_topk * 3 * h * f.moe_ffn_hidden_size, f.moe_ffn_hidden_size / etp)
-        mlp += 2 * f.num_experts * h
-        shared = f.moe_shared_expert_intermediate_size or 0
-        mlp += cost(2 * 3 * h * shared, shared / tp) if shared else 0.0
-    else:
-        mlp = cost(2 * 3 * h * f.ffn_hidden_size, f.ffn_hidden_size / tp)
-    attention = 2 * seq * q  # causal QK^T and AV: 2 x (s/2) x q multiply-adds per token, forward
-    per_layer_forward = linear + mlp + attention
-    forward = f.num_layers * per_layer_forward + cost(2 * f.vocab_size * h, f.vocab_size / tp)
+    # per layer: the family's FLOP parts (core's decoder: the projections, the MLP or k experts with the router and
+    # shared expert, causal QK^T and AV at 2 x (s/2) x q multiply-adds per token)
+    per_layer_forward = terms.layer_forward_flops(seq, tp, etp, narrow_width)
+    forward = terms.num_layers * per_layer_forward + terms.output_forward_flops(tp, narrow_width)
     total = 3 * forward
     extra = 0.0
     if cand is not None and cand.recompute.granularity != "none":
         rc = cand.recompute
-        layers_per_chunk = f.num_layers // (cand.pp * cand.vpp)
+        layers_per_chunk = terms.num_layers // (cand.pp * cand.vpp)
         if rc.granularity == "full":
-            extra = f.num_layers * min(rc.num_layers, layers_per_chunk) / layers_per_chunk * per_layer_forward
-        else:
-            modules = set(rc.modules)
-            extra = f.num_layers * (attention * ("core_attn" in modules) + mlp * bool(modules & {"mlp", "moe"}))
+            extra = terms.num_layers * min(rc.num_layers, layers_per_chunk) / layers_per_chunk * per_layer_forward
+        else:  # the parts the recomputed modules re-run
+            extra = terms.num_layers * terms.layer_forward_flops(seq, tp, etp, narrow_width, modules=rc.modules)
     return total, extra
 
 
@@ -105,7 +93,7 @@ def estimate_time(
 ) -> TimeEstimate:
     """Predicted seconds of one step of ``cand`` on ``cluster``."""
     coeffs = coeffs or TimeCoefficients()
-    f, e = workload.flavor, workload.param_bytes
+    f, e = workload.terms(), workload.param_bytes
     m = cand.num_microbatches
     tokens_step = cand.micro_batch_size * m * cand.dp * workload.seq_length
     base, extra = flops_per_token(workload, cand, coeffs.narrow_width)
@@ -134,8 +122,7 @@ def estimate_time(
     tp_span = cand.tp
     per_layer_tp = 4 * _ring(act, cand.tp, cluster, tp_span, True, coeffs)
     terms["tp_comm"] = per_layer_tp * layers * m * (1 + rc_fraction / 2)
-    q, kv = f.num_attention_heads * f.kv_channels, f.num_query_groups * f.kv_channels
-    cp_bytes = tokens_mb * (2 * q + 2 * kv) * e / cand.tp
+    cp_bytes = tokens_mb * f.context_parallel_width * e / cand.tp
     terms["cp_comm"] = 2 * _ring(cp_bytes, cand.cp, cluster, cand.tp * cand.cp, False, coeffs) * layers * m
     if f.num_experts:
         a2a = tokens_mb * f.moe_router_topk * f.hidden_size * e / (cand.tp if cand.sequence_parallel else 1)
@@ -143,7 +130,7 @@ def estimate_time(
     stage_bytes = act / (cand.tp if cand.sequence_parallel else 1)
     pp_span = cand.tp * cand.cp * cand.dp * cand.pp
     terms["pp_comm"] = 2 * m * cand.vpp * _ring(stage_bytes, 2, cluster, pp_span, False, coeffs) if cand.pp > 1 else 0
-    dense, expert = layer_params(f, cand.tp, cand.ep, cand.etp)
+    dense, expert = f.layer_params(cand.tp, cand.ep, cand.etp)
     params = (dense + expert) * layers + padded_vocab(f.vocab_size, cand.tp) * f.hidden_size / cand.tp
     params += sum(c.param_count(cand) for c in workload.components)  # reduced by the first stage's ranks
     dp_ranks, dp_span = cand.dp * cand.cp, cand.world_size

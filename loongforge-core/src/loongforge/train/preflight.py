@@ -13,8 +13,9 @@ it: a torch-native strategy, a tokenizer). In order:
 3. every name the run uses resolves (device, strategy, dataset and tokenizer for megatron models, optimizations);
 4. the plugin-owned sections against their declared dataclasses (:mod:`loongforge.config.plugin_sections`):
    ``task:``, ``device_options:`` (for the selected device backend), ``optimizations.<name>:``;
-5. the layout against the world size through the strategy (heads, query groups, layers, experts against
-   tp/pp/cp/ep, batch sizes), precision and device options through the device backend, LoRA limits;
+5. the layout against the world size through the strategy (batch sizes; what the layout needs from the model --
+   heads, query groups, layers, experts against tp/pp/cp/ep -- is the family's ``check_layout``), precision and
+   device options through the device backend, LoRA limits;
 6. files and directories the config names exist (``data.paths``, ``model.load`` -- a Hugging Face directory must
    describe this model --, ``checkpoint.resume``, a task's paths), the tokenizer fits the vocabulary and
    ``data.seq_length`` the positions; for a megatron model the data opens as training opens it
@@ -264,7 +265,8 @@ def _check_megatron(config: LoongForgeConfig, world_size: int, family: ModelFami
         lines.append(f"parallel: auto (the planner chooses the layout for {world_size} process(es) at train time)")
     else:
         layout = strategy.validate(config.parallel, world_size, config.source)
-        plan = strategy.check_model(layout, decoder, config.training, config.source,
+        # what the layout needs from the model is the family's own pre-flight (ModelFamily.check_layout)
+        plan = strategy.check_model(layout, family, config.training, config.source,
                                     seq_length=config.data.seq_length)
         if layout.cp > 1 and config.data.pack:
             raise ConfigError(f"{config.source}: data.pack (block-diagonal attention masks) does not support "

@@ -2,10 +2,11 @@
 model-FLOPs utilisation (MFU).
 
 MFU is model FLOPs over the device's dense peak (the PaLM paper's definition): the FLOPs the model needs for one
-step -- the layout planner's count (:func:`loongforge.planner.timing.flops_per_token`: the matmuls, attention's two
-products, the output layer, parts outside the decoder such as a VLM's vision tower) with activation recompute left
-out, so that recomputing costs MFU rather than inflating it -- divided by the step time, the devices and the
-backend's :meth:`~loongforge.devices.base.DeviceBackend.dense_peak_flops`. Engines that cannot count their FLOPs
+step -- the model family's own count (:meth:`~loongforge.models.family.ModelFamily.flops_per_token`, by default from
+its ``decoder_terms``, the numbers the layout planner's time model uses: the matmuls, attention's two products, the
+output layer; plus parts outside the decoder such as a VLM's vision tower) with activation recompute left out, so
+that recomputing costs MFU rather than inflating it -- divided by the step time, the devices and the backend's
+:meth:`~loongforge.devices.base.DeviceBackend.dense_peak_flops`. Engines or families that do not count their FLOPs
 (the task engine's diffusion and policy models) report samples/s only; a backend without a peak figure for the
 precision gets ``tflops`` but no ``mfu``.
 """
@@ -20,11 +21,13 @@ if TYPE_CHECKING:
     from loongforge.train.trainer import Trainer
 
 
-def model_flops_per_step(workload: Workload, samples: int) -> float:
-    """Training FLOPs (forward and backward, no recompute) of ``samples`` sequences of ``workload``."""
-    from loongforge.planner.timing import flops_per_token
-
-    per_token, _recompute = flops_per_token(workload)
+def model_flops_per_step(workload: Workload, samples: int) -> float | None:
+    """Training FLOPs (forward and backward, no recompute) of ``samples`` sequences of ``workload``: the family's
+    :meth:`~loongforge.models.family.ModelFamily.flops_per_token` and its parts' FLOPs per sample; ``None`` when the
+    family does not count its FLOPs."""
+    per_token = workload.model.flops_per_token(workload.seq_length)
+    if per_token is None:
+        return None
     parts = sum(component.flops_per_sample(workload) for component in workload.components)
     return samples * (workload.seq_length * per_token + parts)
 

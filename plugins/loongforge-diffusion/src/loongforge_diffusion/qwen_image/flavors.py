@@ -86,6 +86,10 @@ class QwenImageFlavor(ModelFamily):
 
         return QwenImageRunTask(self, config)
 
+    def num_params(self, *, include_embeddings: bool = True) -> int:
+        """The model family's parameter count (:func:`num_params`; a DiT has no token embeddings to leave out)."""
+        return num_params(self)
+
     def with_overrides(self, **overrides: Any) -> QwenImageFlavor:
         """A copy with some fields changed (``num_layers=2``); unknown names are errors."""
         return replace_fields(self, overrides, what="qwen-image flavor")

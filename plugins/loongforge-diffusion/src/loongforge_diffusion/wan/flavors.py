@@ -86,6 +86,10 @@ class WanFlavor(ModelFamily):
 
         return WanRunTask(self, config)
 
+    def num_params(self, *, include_embeddings: bool = True) -> int:
+        """The model family's parameter count (:func:`num_params`; a DiT has no token embeddings to leave out)."""
+        return num_params(self)
+
     def with_overrides(self, **overrides: Any) -> WanFlavor:
         """A copy with some fields changed (``num_layers=2`` for a smoke run); unknown names are errors."""
         return replace_fields(self, overrides, what="wan flavor")

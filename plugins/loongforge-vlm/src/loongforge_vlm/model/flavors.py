@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from loongforge.errors import ConfigError
 from loongforge.models.family import ModelFamily
-from loongforge.models.flavor import DecoderFlavor, flavor_num_params, replace_fields
+from loongforge.models.flavor import DecoderFlavor, replace_fields
 from loongforge.models.llama import FLAVORS as LLAMA_FLAVORS
 
 from loongforge_vlm.encoders.qwen_vit_flavors import FLAVORS as QWEN_VIT_FLAVORS
@@ -140,6 +140,10 @@ class VLMFlavor(ModelFamily):
         language_model = build.decoder_chunk(self.foundation, scatter_embedding_sequence_parallel=False)
         return compose_vlm(self, language_model, seed=build.seed, params_dtype=build.params_dtype)
 
+    def num_params(self, *, include_embeddings: bool = True) -> int:
+        """Encoder, projector and language backbone (:func:`num_params`)."""
+        return num_params(self, include_embeddings=include_embeddings)
+
     def planner_parts(self, config: Any) -> tuple[Any, ...]:
         """The vision encoder + projector as the layout planner's first-stage part, sized for
         :attr:`vision_tokens_per_sample`; see :mod:`loongforge_vlm.model.planner_parts`."""
@@ -158,12 +162,13 @@ def projector_shapes(flavor: VLMFlavor) -> dict[str, tuple[int, ...]]:
             "fc2.weight": (flavor.foundation.hidden_size, hidden), "fc2.bias": (flavor.foundation.hidden_size,)}
 
 
-def num_params(flavor: VLMFlavor) -> int:
-    """Parameter count with the unpadded vocabulary (as published sizes and transformers count it)."""
+def num_params(flavor: VLMFlavor, *, include_embeddings: bool = True) -> int:
+    """Parameter count with the unpadded vocabulary (as published sizes and transformers count it);
+    ``include_embeddings=False`` leaves out the backbone's token embeddings and output layer."""
     encoder = flavor.encoder
     vision = qwen_vit_num_params(encoder) if isinstance(encoder, QwenViTFlavor) else siglip_num_params(encoder)
     projector = sum(math.prod(shape) for shape in projector_shapes(flavor).values())
-    return vision + projector + flavor_num_params(flavor.foundation)
+    return vision + projector + flavor.foundation.num_params(include_embeddings=include_embeddings)
 
 
 _QWEN_TOKENS = dict(image_token_id=151655, video_token_id=151656, vision_start_token_id=151652,
