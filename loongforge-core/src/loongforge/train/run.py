@@ -144,8 +144,9 @@ def _run(config: LoongForgeConfig, host: Any, backend: Any, reason: str, info: A
     config, auto_decision = _resolve_auto_layout(config, host, backend, info)
     layout = strategy.validate(config.parallel, info.world_size, config.source)
     model_flavor = resolve_model_flavor(config, host)
-    flavor = decoder_flavor(model_flavor)  # what megatron builds and the layout must fit
-    plan = strategy.check_model(layout, flavor, config.training, config.source, seq_length=config.data.seq_length)
+    # the layout against what the model family says it needs (ModelFamily.check_layout), as the pre-flight did
+    plan = strategy.check_model(layout, model_flavor, config.training, config.source,
+                                seq_length=config.data.seq_length)
     if layout.cp > 1 and config.data.pack:
         raise ConfigError(f"{config.source}: data.pack (block-diagonal attention masks) does not support "
                           "parallel.cp > 1 yet")
@@ -280,9 +281,10 @@ def _build_task_trainer(config: LoongForgeConfig, task: Any, host: Any, backend:
     return trainer
 
 
-def _model_flops_per_step(config: LoongForgeConfig, flavor: Any, backend: Any, global_batch: int) -> float:
-    """The model FLOPs of one step of the resolved model ``flavor`` (the planner's count of the decoder and the
-    parts the family adds outside it), which the metrics' ``tflops`` and ``mfu`` divide by the step time."""
+def _model_flops_per_step(config: LoongForgeConfig, flavor: Any, backend: Any, global_batch: int) -> float | None:
+    """The model FLOPs of one step of the resolved model ``flavor`` (the family's ``flops_per_token`` and the FLOPs
+    of the parts it adds outside its decoder), which the metrics' ``tflops`` and ``mfu`` divide by the step time;
+    ``None`` when the family does not count them."""
     from loongforge.planner.auto import kernels_of, workload_for
     from loongforge.train.throughput import model_flops_per_step
 
