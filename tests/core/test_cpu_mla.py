@@ -18,6 +18,7 @@ import textwrap
 
 import pytest
 import torch
+from conftest import free_port  # tests/core's, bound at collection (a later import may find another conftest)
 
 # A small MLA: 4 heads, q/k heads of 16 (no rope) + 8 (rope) = 24 channels, value heads of 12.
 HIDDEN, HEADS, Q_LORA, KV_LORA, QK_NOPE, QK_ROPE, V_DIM = 64, 4, 32, 24, 16, 8, 12
@@ -328,7 +329,6 @@ CP_SCRIPT = textwrap.dedent(
 def test_megatron_mla_with_context_parallelism_matches_one_rank(megatron_cpu_world, tmp_path):
     """MLA at cp=2 (SDPAttention's Ulysses exchange with 24-wide q/k and 12-wide v heads, RoPE on each rank's
     chunks) gives each rank its rows of the cp=1 output and input gradient, and the cp=1 weight gradients."""
-    from conftest import free_port
     from megatron.core.transformer.spec_utils import build_module
 
     script = tmp_path / "mla_cp.py"
