@@ -23,16 +23,24 @@ def loongforge_register_devices(registry):
 
 @hookimpl
 def loongforge_register_models(registry):
+    from loongforge.models.deepseek.registration import register_deepseek_models
+    from loongforge.models.qwen3_next.registration import register_models as register_qwen3_next
     from loongforge.models.registration import register_builtin_models
 
     register_builtin_models(registry)
+    register_qwen3_next(registry)
+    register_deepseek_models(registry)
 
 
 @hookimpl
 def loongforge_register_hf_architectures(registry):
+    from loongforge.models.deepseek.registration import register_deepseek_hf_architectures
     from loongforge.models.hf_config import register_decoder_hf_architectures
+    from loongforge.models.qwen3_next.registration import register_hf_architectures as register_qwen3_next
 
     register_decoder_hf_architectures(registry)
+    register_qwen3_next(registry)
+    register_deepseek_hf_architectures(registry)
 
 
 @hookimpl

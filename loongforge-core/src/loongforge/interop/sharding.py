@@ -37,13 +37,15 @@ _LOCAL_EXPERTS = "mlp.experts.local_experts."
 
 def _full_name(local_name: str, layer_numbers: dict[str, int], piece: ShardedTensor) -> str:
     """The TP=1/PP=1/EP=1 name of a local parameter: global layer index, and for an MoE expert its global
-    expert index, which megatron states as the piece's offset on the second prepended axis (layer, expert)."""
+    expert index, which megatron states as the piece's offset on the last prepended axis: ``(layer, expert)`` in a
+    stack of identical layers, ``(expert,)`` alone where layers differ (dense first layers, hybrid layers), which
+    megatron checkpoints layer by layer."""
     if not local_name.startswith(_LAYERS):
         return local_name
     index, rest = local_name[len(_LAYERS) :].split(".", 1)
     if rest.startswith(_LOCAL_EXPERTS):
         _, after = rest[len(_LOCAL_EXPERTS) :].split(".", 1)
-        rest = f"{_LOCAL_EXPERTS}{piece.global_offset[1]}.{after}"
+        rest = f"{_LOCAL_EXPERTS}{piece.global_offset[piece.prepend_axis_num - 1]}.{after}"
     return f"{_LAYERS}{layer_numbers[index]}.{rest}"
 
 

@@ -95,13 +95,18 @@ class DecoderSpec:
     core keeps the layers this pipeline (and virtual) stage builds, as megatron's ``get_gpt_decoder_block_spec``
     does. ``config_class`` is the ``TransformerConfig`` subclass the layers read (megatron's
     ``MLATransformerConfig`` for Multi-Latent Attention) and ``config_fields`` its fields beyond what the flavor
-    sets; both default to plain ``TransformerConfig``. Passed to :meth:`loongforge.models.chunks.ChunkBuild.
-    decoder_chunk`, so the family keeps core's embedding, output layer, vocabulary padding, RoPE and weight init.
+    sets, which take precedence over core's (a family may, say, choose its own load-balancing loss type); both
+    default to plain ``TransformerConfig``. ``mtp_block_spec(provider, config, vp_stage)`` returns megatron's
+    ``MultiTokenPredictionBlock`` spec for the stage that holds it (``None`` elsewhere): the block's loss is added to
+    training's through megatron's ``MTPLossAutoScaler`` and skipped where no labels are given (logits, generation).
+    Passed to :meth:`loongforge.models.chunks.ChunkBuild.decoder_chunk`, so the family keeps core's embedding,
+    output layer, vocabulary padding, RoPE and weight init.
     """
 
     layer_specs: Callable[[Any, TransformerConfig], Sequence[ModuleSpec]] | None = None
     config_class: type[TransformerConfig] = TransformerConfig
     config_fields: Mapping[str, Any] = field(default_factory=dict)
+    mtp_block_spec: Callable[[Any, TransformerConfig, int | None], ModuleSpec | None] | None = None
 
 
 def transformer_config(
@@ -125,7 +130,7 @@ def transformer_config(
     if flavor.context_parallel_blocker is not None and parallel.cp > 1:
         raise ConfigError(f"{flavor.context_parallel_blocker} is not supported with context parallelism "
                           f"(cp={parallel.cp}); use cp=1")
-    return spec.config_class(
+    core: dict[str, Any] = dict(
         **_moe_kwargs(flavor, parallel),
         num_layers=flavor.num_layers,
         hidden_size=flavor.hidden_size,
@@ -163,8 +168,8 @@ def transformer_config(
         sequence_parallel=parallel.sequence_parallel,
         mrope_section=None if flavor.mrope_section is None else list(flavor.mrope_section),
         **_attention_kwargs(flavor),
-        **{**spec.config_fields, **(extra_config or {})},
     )
+    return spec.config_class(**{**core, **spec.config_fields, **(extra_config or {})})
 
 
 def _attention_kwargs(flavor: DecoderFlavor) -> dict[str, Any]:
@@ -243,8 +248,10 @@ def build_model(
     position_embedding = flavor.position_embedding
     if position_embedding == "rope" and flavor.mrope_section is not None:
         position_embedding = "mrope"
-    model = GPTModel(
+    mtp_block = spec.mtp_block_spec(provider, config, vp_stage) if spec.mtp_block_spec is not None else None
+    model = (GPTModel if mtp_block is None else _MTPModel)(
         config=config,
+        mtp_block_spec=mtp_block,
         transformer_layer_spec=decoder_block_spec(provider, config, flavor, vp_stage=vp_stage,
                                                   layer_specs=spec.layer_specs),
         vocab_size=padded_vocab_size(flavor.vocab_size, parallel.tp),
@@ -270,6 +277,34 @@ def build_model(
     if padded != flavor.vocab_size and post_process:  # after any soft-capping: the padded rows stay excluded
         model.output_layer.register_forward_hook(_PaddedVocabMask(flavor.vocab_size, padded, parallel.tp))
     return model
+
+
+class _MTPModel(GPTModel):
+    """Megatron's ``GPTModel`` with multi-token-prediction blocks that also answers without labels.
+
+    Megatron runs the blocks whenever the model holds them and needs labels to do so; the blocks only add a
+    training loss, so where no labels are given (logits, evaluation by logits, generation) they are skipped and the
+    model answers as the decoder alone does."""
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> Any:
+        """Megatron ties a later stage's copy of the embedding (the blocks read it) to the first stage's through
+        the data-parallel group named in ``metadata``, which megatron's own trainer always passes; so does this."""
+        if metadata is None:
+            from megatron.core import parallel_state
+
+            metadata = {"dp_cp_group": parallel_state.get_data_parallel_group(with_context_parallel=True)}
+        return super().sharded_state_dict(prefix, sharded_offsets, metadata)
+
+    def _postprocess(self, hidden_states: Any, input_ids: Any, position_ids: Any, labels: Any, *args: Any,
+                     **kwargs: Any) -> Any:
+        if labels is not None:
+            return super()._postprocess(hidden_states, input_ids, position_ids, labels, *args, **kwargs)
+        kwargs["mtp_in_postprocess"] = False
+        blocks, self.config.mtp_num_layers = self.config.mtp_num_layers, None  # megatron's switch for the MTP loss
+        try:
+            return super()._postprocess(hidden_states, input_ids, position_ids, labels, *args, **kwargs)
+        finally:
+            self.config.mtp_num_layers = blocks
 
 
 def _reset_megatron_moe_state() -> None:

@@ -17,9 +17,9 @@ The same ``train/*`` tags for every engine, so that runs of any model compare in
 VLMs) adds ``tokens_per_s`` (``samples_per_s`` times ``data.seq_length``), which is what people compare language
 models by, and ``tflops`` (model TFLOP/s per device) with ``mfu`` (model-FLOPs utilisation, a fraction of the
 device's dense peak, where the backend knows one; :mod:`loongforge.train.throughput`); engine extras (``loss_scale``
-with fp16, ``moe_aux_loss`` for MoE) and plugins' ``step_metrics`` join under their own names. Every number of a
-step's JSONL row is a tag; flags and notes (``skipped``, ``bad``, ``action``, ``checkpoint``) stay per-step, in the
-JSONL only.
+with fp16, ``moe_aux_loss`` for MoE, ``mtp_loss`` with multi-token prediction) and plugins' ``step_metrics`` join
+under their own names. Every number of a step's JSONL row is a tag; flags and notes (``skipped``, ``bad``,
+``action``, ``checkpoint``) stay per-step, in the JSONL only.
 
 Every step is judged (:mod:`loongforge.train.health`): a NaN or infinite loss or gradient norm, or a loss spike,
 makes a bad step, which is recorded in metrics.jsonl (``"bad"``, ``"action"``), never saved, and handled as

@@ -5,7 +5,9 @@ writers and allocates with ``device="cuda"``. We read the same tracker megatron'
 (``load_balancing_loss`` per layer, summed over micro-batches) after its cross-rank reduction, and count
 tokens with a forward hook on each router (the ``routing_map`` it returns, summed over tokens: one small
 integer add per layer per micro-batch). The counts of all layers go through one all-reduce per step; they are
-what expert-placement optimisations (TAOT) consume through ``Trainer.expert_tokens``.
+what expert-placement optimisations (TAOT) consume through ``Trainer.expert_tokens``: one row per decoder layer
+(a dense layer's stays zero); the routers of multi-token-prediction blocks are not counted there, but their
+load-balancing losses join the average as megatron's own logging does.
 """
 
 from __future__ import annotations
@@ -30,10 +32,16 @@ class MoEStats:
         self._counts_here = config.sequence_parallel or parallel_state.get_tensor_model_parallel_rank() == 0
         # megatron's process-wide MoE states (the tracker, the aux loss's backward scale) were reset when the model
         # was built (loongforge.models.decoder_model), so nothing an earlier model in this process left counts here.
+        routers = 0
         for chunk in chunks:
-            for module in chunk.modules():
+            for name, module in chunk.named_modules():
                 if isinstance(module, TopKRouter):
-                    module.register_forward_hook(self._count)
+                    routers += 1
+                    if not _in_mtp_block(name):
+                        module.register_forward_hook(self._count)
+        #: MoE layers of the whole model (every stage's, MTP blocks' too): what the aux loss is averaged over. Dense
+        #: layers (DeepSeek's first, Qwen3-Next's ``mlp_only_layers``) add no loss and are not counted.
+        self.num_moe_layers = _whole_model_count(routers)
 
     def _count(self, router: Any, inputs: Any, output: Any) -> None:
         _, routing_map = output
@@ -53,7 +61,7 @@ class MoEStats:
         aux = None
         if "load_balancing_loss" in tracker:
             moe_utils.reduce_aux_losses_tracker_across_ranks(["load_balancing_loss"])
-            aux = tracker["load_balancing_loss"]["values"].sum().item() / num_microbatches / self.num_layers
+            aux = tracker["load_balancing_loss"]["values"].sum().item() / num_microbatches / self.num_moe_layers
             moe_utils.clear_aux_losses_tracker()
         return aux, counts.tolist()
 
@@ -62,3 +70,19 @@ class MoEStats:
         step's): the token counts, and any losses the routers tracked."""
         self._counts.zero_()
         moe_utils.clear_aux_losses_tracker()
+
+
+def _in_mtp_block(module_name: str) -> bool:
+    """Whether a module of a megatron ``GPTModel`` (DDP-wrapped or not) sits in its multi-token-prediction block."""
+    return "mtp" in module_name.split(".")
+
+
+def _whole_model_count(local: int) -> int:
+    """The sum of ``local`` over the pipeline stages: every rank of a stage holds the same modules (tensor, data,
+    context and expert parallel ranks replicate the routers), so the world's sum counts each stage that often."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return local
+    total = torch.tensor([local], dtype=torch.int64)
+    dist.all_reduce(total)
+    copies = dist.get_world_size() // parallel_state.get_pipeline_model_parallel_world_size()
+    return int(total.item()) // copies

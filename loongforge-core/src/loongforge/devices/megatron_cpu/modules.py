@@ -57,6 +57,8 @@ CUDA_ASSUMING_MODULES: tuple[str, ...] = (
     "megatron.core.transformer.module",
     # MTP / inference tensors on torch.cuda.current_device().
     "megatron.core.models.gpt.gpt_model",
+    # the multi-token-prediction loss tracker allocates on torch.cuda.current_device().
+    "megatron.core.transformer.multi_token_prediction",
     # inv_freq on torch.cuda.current_device() unless use_cpu_initialization.
     "megatron.core.models.common.embeddings.rotary_pos_embedding",
     "megatron.core.models.common.embeddings.yarn_rotary_pos_embedding",

@@ -26,6 +26,7 @@ from loongforge.train.activation_memory import FirstStepActivations
 from loongforge.train.compile import CompileReport, compile_blocks
 from loongforge.train.engines.base import StepEngine, StepResult
 from loongforge.train.moe_stats import MoEStats
+from loongforge.train.mtp_stats import collect_mtp_loss, discard_mtp_loss
 from loongforge.train.optim import fuse_cpu_adamw
 
 if TYPE_CHECKING:
@@ -123,6 +124,8 @@ class MegatronEngine(StepEngine):
         self._token_group_size = parallel_state.get_data_parallel_world_size(with_context_parallel=True)
         model_config = model[0].config
         self._moe = MoEStats(model, model_config) if model_config.num_moe_experts else None
+        #: Multi-token-prediction blocks (DecoderSpec.mtp_block_spec): their loss reads the loss mask too.
+        self._mtp_blocks = getattr(model_config, "mtp_num_layers", None) or 0
         # The interleaved schedule wants one iterator per model chunk, all yielding the same micro-batches.
         self._data_iterator = chunk_feeds(data, len(model)) if len(model) > 1 else data
         layers, around = _compile_targets(model)
@@ -153,6 +156,8 @@ class MegatronEngine(StepEngine):
         else:
             loss_func = partial(_masked_mean_loss, batch["loss_mask"])
         extra = {key: batch[key] for key in self._extra_inputs if key in batch}  # images, grids (VLMs)
+        if self._mtp_blocks:
+            extra["loss_mask"] = batch["loss_mask"]
         per_token_loss = model(
             batch["tokens"], batch["position_ids"], batch.get("attention_mask"), labels=batch["labels"], **extra
         )
@@ -252,11 +257,14 @@ class MegatronEngine(StepEngine):
                 chunk.train(mode)
         if self._moe is not None:  # the routers counted the validation tokens too: not the next step's
             self._moe.discard()
+        if self._mtp_blocks:
+            discard_mtp_loss()
         loss = self._reduce_token_loss(reduced)
         return {"loss": loss, "ppl": math.exp(loss) if loss < _LARGEST_EXP else math.inf}
 
     def _step_extra(self) -> dict[str, Any]:
-        """The step's MoE numbers (the auxiliary loss for the metrics, tokens per expert for ``expert_tokens``) and,
+        """The step's MoE numbers (the auxiliary loss for the metrics, tokens per expert for ``expert_tokens``), the
+        multi-token-prediction loss (``mtp_loss``) and,
         with fp16's loss scaler, the scale the step ran with (it halves at an overflow, whose step is skipped)."""
         extra: dict[str, Any] = {}
         if self.config.training.precision == "fp16":
@@ -265,6 +273,8 @@ class MegatronEngine(StepEngine):
             aux, self.expert_tokens = self._moe.collect(self.num_microbatches)
             if aux is not None:
                 extra["moe_aux_loss"] = aux
+        if self._mtp_blocks:
+            extra["mtp_loss"] = collect_mtp_loss(self._mtp_blocks, self.num_microbatches)
         return extra
 
     # -- checkpoints and the end of the run -----------------------------------------------------------
