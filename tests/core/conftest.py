@@ -122,6 +122,21 @@ def make_hf_model(config_cls: str, model_cls: str, settings: dict, seed: int = 0
     return model
 
 
+def word_tokenizer(directory, vocab_size: int) -> list[str]:
+    """A whitespace word-level ``tokenizer.json`` with ``vocab_size`` ids (``<eos>`` = 0) saved into ``directory``, as
+    a user's Hugging Face directory holds one; returns the words by id."""
+    import json
+
+    import tokenizers
+
+    words = ["<eos>", "<unk>", *(f"w{i}" for i in range(2, vocab_size))]
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<eos>"}))
+    return words
+
+
 @pytest.fixture
 def hf_tiny(tmp_path):
     """``hf_tiny(case) -> (directory, model)``: a tiny HF checkpoint saved with ``save_pretrained``."""

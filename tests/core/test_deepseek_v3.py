@@ -9,8 +9,8 @@ What is checked, and against what:
   router (softmax, greedy and group-limited); negative controls show the bias, the group limit and the RoPE
   layout each move the logits far beyond the tolerance;
 * the multi-token-prediction block's logits and its weighted loss equal transformers' ``MtpModel`` on the same
-  weights (the model is built with the block spec passed to megatron's ``GPTModel`` directly: core's
-  ``DecoderSpec`` has no MTP slot yet, which ``build_chunk`` refuses in one line);
+  weights, and without labels (logits, generation) the model answers as its decoder alone; greedy ``generate``
+  equals transformers' for 32 tokens;
 * ``loongforge convert hf-to-mcore`` / ``mcore-to-hf``: logits of the converted checkpoint, and the files back bit
   for bit (MTP tensors and DeepSeek's per-block embedding/head copies included);
 * the reader maps the published ``config.json`` of DeepSeek-V3, Kimi-K2, Moonlight and DeepSeek-V2-Lite onto the
@@ -29,7 +29,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import checkpoint_logits, make_hf_model
+from conftest import checkpoint_logits, make_hf_model, word_tokenizer
 from loongforge import hookimpl
 from loongforge.errors import ConfigError, InteropError
 from loongforge.models.deepseek.flavor import DeepSeekFlavor
@@ -305,6 +305,41 @@ def test_without_labels_the_model_answers_as_its_decoder_alone(world):
         without = megatron_model(flavor.with_overrides(mtp_num_layers=0), world, reference.state_dict()).eval()
         assert with_block.mtp_process and not without.mtp_process
         assert torch.equal(with_block(tokens, positions, None), without(tokens, positions, None))
+
+
+# -- generation -------------------------------------------------------------------------------------------------
+
+
+def test_greedy_generation_equals_transformers(tmp_path, capsys):
+    """``loongforge generate`` on a DeepSeek-V3 directory (with its MTP block, which generation leaves out) writes
+    transformers' greedy tokens, 32 of them, for two prompts of different lengths batched together (left padding,
+    megatron's KV cache of MLA's per-head keys and values)."""
+    from loongforge.cli import main
+
+    from safetensors.torch import save_file
+
+    reference, _, state = hf_with_mtp()
+    reference.save_pretrained(tmp_path)  # config.json (num_nextn_predict_layers 1); the weights with the block:
+    save_file({k: v.contiguous() for k, v in state.items()}, tmp_path / "model.safetensors", {"format": "pt"})
+    from loongforge.models.hf_format import read_hf_model
+
+    assert read_hf_model(tmp_path).family.mtp_num_layers == 1
+    vocab = V3_TINY["vocab_size"]
+    words = word_tokenizer(tmp_path, vocab)
+    draw = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(2, vocab, (length,), generator=draw).tolist() for length in (9, 4)]
+    argv = ["generate", str(tmp_path), "--max-new-tokens", "32", "--ignore-eos", "--jsonl"]
+    for ids in prompts:
+        argv += ["--prompt", " ".join(words[i] for i in ids)]
+    assert main(argv) == 0
+    ours = [json.loads(line)["tokens"] for line in capsys.readouterr().out.splitlines()]
+    reference.generation_config.eos_token_id = None
+    with torch.no_grad():
+        theirs = [reference.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                     max_new_tokens=32, do_sample=False, pad_token_id=0)[0, len(ids):].tolist()
+                  for ids in prompts]
+    assert all(len(set(t)) >= 4 for t in theirs)  # varied text, not one repeated token
+    assert ours == theirs
 
 
 # -- conversion through the CLI ----------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import json
 
 import pytest
 import torch
-from conftest import HF_TINY_CASES, make_hf_model, tiny_settings
+from conftest import HF_TINY_CASES, make_hf_model, tiny_settings, word_tokenizer
 from loongforge.cli import main
 
 pytestmark = pytest.mark.slow  # 15 cases of ~3 s each
@@ -24,25 +24,13 @@ VOCABS = (130, 777, 1000)
 STEPS = 32
 
 
-def _word_tokenizer(directory, vocab_size: int) -> list[str]:
-    """A whitespace word-level tokenizer with ``vocab_size`` ids (``<eos>`` = 0) saved into ``directory``."""
-    import tokenizers
-
-    words = ["<eos>", "<unk>", *(f"w{i}" for i in range(2, vocab_size))]
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    tok.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<eos>"}))
-    return words
-
-
 @pytest.mark.parametrize("vocab", VOCABS)
 @pytest.mark.parametrize("case", FAMILIES)
 def test_greedy_tokens_equal_transformers(case, vocab, tmp_path, capsys):
     config_cls, model_cls, _ = HF_TINY_CASES[case]
     hf = make_hf_model(config_cls, model_cls, {**tiny_settings(case), "vocab_size": vocab})
     hf.save_pretrained(tmp_path)
-    words = _word_tokenizer(tmp_path, vocab)
+    words = word_tokenizer(tmp_path, vocab)
     draw = torch.Generator().manual_seed(vocab)
     prompts = [torch.randint(2, vocab, (length,), generator=draw).tolist() for length in (9, 4)]
 
@@ -68,7 +56,7 @@ def test_generation_config_stop_ids_end_the_continuation_where_transformers_stop
     config_cls, model_cls, _ = HF_TINY_CASES["qwen3-qknorm-untied"]
     hf = make_hf_model(config_cls, model_cls, {**tiny_settings("qwen3-qknorm-untied"), "vocab_size": 777})
     hf.save_pretrained(tmp_path)
-    words = _word_tokenizer(tmp_path, 777)
+    words = word_tokenizer(tmp_path, 777)
     prompt = " ".join(words[i] for i in (5, 17, 300, 42))
     argv = ["generate", str(tmp_path), "--max-new-tokens", str(STEPS), "--jsonl", "--prompt", prompt]
     assert main([*argv, "--ignore-eos"]) == 0

@@ -50,13 +50,32 @@ class Trainable:
         return {n for n, p in self.after.items() if not p.equal(self.before[n])}
 
 
-@pytest.mark.parametrize("foundation", ["qwen3-tiny", "llama3-tiny"])
-def test_swapping_the_llm_is_one_line(tmp_path, foundation):
+class ModuleKinds:
+    """The class names of the language model's modules, as trained."""
+
+    @hookimpl
+    def loongforge_on_train_start(self, trainer):
+        self.kinds = {type(m).__name__ for m in trainer.model[0].module.language_model.modules()}
+
+
+#: Each foundation with a module only its own layers have: the family's layers must be what the VLM trains, not
+#: core's grouped-query layer built from the family's sizes.
+FOUNDATIONS = {"qwen3-tiny": "SelfAttention", "llama3-tiny": "SelfAttention", "deepseek-v3-tiny": "DeepSeekMLA",
+               "qwen3-next-tiny": "GatedDeltaNet"}
+
+
+@pytest.mark.parametrize("foundation", list(FOUNDATIONS))
+def test_swapping_the_llm_is_one_line(tmp_path, register_plugin, foundation):
     from loongforge.train.run import run_training
 
+    kinds = register_plugin(ModuleKinds(), "module-kinds")
     summary = run_training(_config(tmp_path / "run", f"model.foundation={foundation}", "training.steps=12"))
     losses = _losses(tmp_path / "run")
     assert summary["steps"] == 12 and sum(losses[s] for s in (10, 11, 12)) / 3 < losses[1] - 1.0, losses
+    assert FOUNDATIONS[foundation] in kinds.kinds, sorted(kinds.kinds)
+    if foundation == "deepseek-v3-tiny":  # its multi-token-prediction block trains on the answers too
+        rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+        assert "MultiTokenPredictionBlock" in kinds.kinds and all(row["mtp_loss"] > 0 for row in rows)
 
 
 def test_alignment_phase_trains_only_the_projector(tmp_path, register_plugin):

@@ -48,11 +48,12 @@ class Olmo2Flavor(DecoderFlavor):
                 raise ConfigError(f"{self.family} flavor: {name}={getattr(self, name)!r} is not part of the OLMo-2 "
                                   f"layer (needs {needed!r})")
 
-    def build_chunk(self, build: Any) -> Any:
-        """Core's ``GPTModel`` chunk with OLMo-2 layers built from the device's spec provider."""
+    def decoder_spec(self) -> Any:
+        """OLMo-2's layers, built from the device's spec provider into core's ``GPTModel`` chunk -- by this family,
+        or by a composed model (a VLM) that takes it as its foundation."""
         from loongforge_example_family.layers import OLMO2_DECODER
 
-        return build.decoder_chunk(self, OLMO2_DECODER)
+        return OLMO2_DECODER
 
     def hf_adapter(self) -> Any:
         """OLMo-2's ``Olmo2ForCausalLM`` tensors and ``config.json``, both ways."""

@@ -51,14 +51,17 @@ class ChunkBuild:
     def decoder_chunk(self, flavor: DecoderFlavor, spec: DecoderSpec | None = None, **options: Any) -> Any:
         """Core's megatron ``GPTModel`` chunk of ``flavor`` for this build, weights drawn from :attr:`seed`.
 
-        What an LLM family builds (with ``spec``, a :class:`~loongforge.models.decoder_model.DecoderSpec`, when its
-        layers are its own: per-layer specs, a ``TransformerConfig`` subclass) and what a composed model wraps (a
-        VLM's language backbone); ``options`` go to :func:`loongforge.models.decoder_model.build_model`
-        (``scatter_embedding_sequence_parallel=False`` for a model that edits the embedding's output before the
-        sequence-parallel scatter).
+        What an LLM family builds and what a composed model wraps (a VLM's language backbone). The layers are
+        ``spec`` (a :class:`~loongforge.models.decoder_model.DecoderSpec`: per-layer specs, a ``TransformerConfig``
+        subclass, an MTP block), by default the flavor's own (``flavor.decoder_spec()``), so that a decoder with its
+        own layers is built the same way as a foundation as by itself; ``options`` go to
+        :func:`loongforge.models.decoder_model.build_model` (``scatter_embedding_sequence_parallel=False`` for a model
+        that edits the embedding's output before the sequence-parallel scatter).
         """
         from loongforge.parallel.init import initialize_layout_independent
 
+        if spec is None:
+            spec = flavor.decoder_spec()
         chunk = build_model(
             flavor, spec=spec, backend=self.backend, params_dtype=self.params_dtype,
             extra_config=dict(self.extra_config),

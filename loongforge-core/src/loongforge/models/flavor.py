@@ -244,8 +244,16 @@ class DecoderFlavor(ModelFamily):
         return self
 
     def build_chunk(self, build: Any) -> Any:
-        """Core's ``GPTModel`` chunk, its layers from the device's spec provider (``build.backend``)."""
+        """Core's ``GPTModel`` chunk, its layers from the device's spec provider (``build.backend``) -- this
+        flavor's own where :meth:`decoder_spec` names them."""
         return build.decoder_chunk(self)
+
+    def decoder_spec(self) -> Any:
+        """How this decoder's layers depart from core's (a :class:`~loongforge.models.decoder_model.DecoderSpec`:
+        per-layer specs, config class and fields, a multi-token-prediction block), or ``None`` for core's layers.
+        :meth:`~loongforge.models.chunks.ChunkBuild.decoder_chunk` asks for it, so the decoder is the same whoever
+        builds it: the family itself, or a composed model (a VLM) that holds it as its foundation."""
+        return None
 
     def hf_adapter(self) -> Any:
         """Core's decoder adapter (``*ForCausalLM`` names and ``config.json``) for the families core knows a

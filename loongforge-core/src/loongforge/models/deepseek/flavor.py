@@ -167,11 +167,12 @@ class DeepSeekFlavor(DecoderFlavor):
 
     # -- the model-family contract -----------------------------------------------------------------------------
 
-    def build_chunk(self, build: Any) -> Any:
-        """Core's ``GPTModel`` chunk with DeepSeek layers from the device's spec provider (``build.backend``)."""
-        from loongforge.models.deepseek.layer_spec import build_deepseek_chunk
+    def decoder_spec(self) -> Any:
+        """DeepSeek's layers, ``MLATransformerConfig`` and MTP block
+        (:func:`loongforge.models.deepseek.layer_spec.decoder_spec`) in core's ``GPTModel`` chunk."""
+        from loongforge.models.deepseek.layer_spec import decoder_spec
 
-        return build_deepseek_chunk(self, build)
+        return decoder_spec(self)
 
     def hf_adapter(self) -> Any:
         """The DeepSeek-V2/V3 Hugging Face layout (``DeepseekV2ForCausalLM`` / ``DeepseekV3ForCausalLM``)."""

@@ -160,8 +160,3 @@ def decoder_spec(flavor: DeepSeekFlavor) -> DecoderSpec:
         config_fields=config_fields(flavor),
         mtp_block_spec=mtp,
     )
-
-
-def build_deepseek_chunk(flavor: DeepSeekFlavor, build: Any) -> Any:
-    """``flavor``'s chunk for ``build`` (:class:`~loongforge.models.chunks.ChunkBuild`), through core's decoder."""
-    return build.decoder_chunk(flavor, decoder_spec(flavor))

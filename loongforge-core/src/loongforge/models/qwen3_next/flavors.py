@@ -98,11 +98,12 @@ class Qwen3NextFlavor(DecoderFlavor):
 
     # -- the model-family contract ----------------------------------------------------------------------------
 
-    def build_chunk(self, build: Any) -> Any:
-        """Core's decoder chunk (embedding, output layer, RoPE, init) with this family's layers."""
+    def decoder_spec(self) -> Any:
+        """This family's layers (:func:`loongforge.models.qwen3_next.layers.decoder_spec`) in core's decoder chunk
+        (embedding, output layer, RoPE, init)."""
         from loongforge.models.qwen3_next.layers import decoder_spec
 
-        return build.decoder_chunk(self, decoder_spec(self))
+        return decoder_spec(self)
 
     def hf_adapter(self) -> Any:
         from loongforge.models.qwen3_next.hf import Qwen3NextHFAdapter

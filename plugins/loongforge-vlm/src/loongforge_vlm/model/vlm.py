@@ -167,9 +167,12 @@ class VisionLanguageModel(MegatronModule):
         pixel_values_videos: torch.Tensor | None = None,
         video_grid_thw: torch.Tensor | None = None,
         second_per_grid_ts: torch.Tensor | None = None,
+        loss_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits ``(B, S, vocab)``, or the per-token loss ``(B, S)`` when ``labels`` are given.
 
+        ``loss_mask`` reaches a foundation with multi-token-prediction blocks (DeepSeek-V3), whose loss counts the
+        same targets as the main loss (the answers, in SFT); other foundations take no mask.
         ``attention_mask`` is either a ``(B, S)`` padding mask (1 = real token; left or right padding) or
         megatron's ``[B, 1, S, S]`` boolean mask (``True`` = masked out), passed through. Images: Qwen
         encoders take the processor's ``pixel_values`` ``(patches, patch_dim)`` with ``image_grid_thw``; a
@@ -192,7 +195,9 @@ class VisionLanguageModel(MegatronModule):
         if self.language_model.pre_process:
             decoder_input = self.embed(input_ids, pixel_values=pixel_values, image_grid_thw=image_grid_thw,
                                        pixel_values_videos=pixel_values_videos, video_grid_thw=video_grid_thw)
-        return self.language_model(input_ids, position_ids, mask, decoder_input=decoder_input, labels=labels)
+        extra = {} if loss_mask is None else {"loss_mask": loss_mask}
+        return self.language_model(input_ids, position_ids, mask, decoder_input=decoder_input, labels=labels,
+                                   **extra)
 
 
 def build_vlm(flavor: VLMFlavor, *, backend: Any, params_dtype: str | torch.dtype = "fp32",
