@@ -88,18 +88,3 @@ def test_published_moe_sizes():
     assert round(flavor_num_params(mixtral) / 1e9, 1) == 46.7
     assert round(flavor_num_params(qwen) / 1e9, 1) == 30.5
     assert flavors["mixtral-tiny"].num_experts % 2 == 0 and flavors["qwen3-moe-tiny"].num_experts % 2 == 0
-
-
-def test_renormalised_top1_routing_is_refused_in_one_line(capsys):
-    """Mixtral-style top-1 (the one chosen probability renormalised to 1) leaves the router without a gradient;
-    megatron-core raises deep inside TransformerConfig, we refuse it from check and train in one line. Top-1 with the
-    full-softmax weight (Qwen3-MoE's norm_topk_prob false) is supported: tests/core/test_interop_convert.py."""
-    from loongforge.cli import main
-
-    top1 = ["model.name=mixtral-tiny", "model.overrides.moe_router_topk=1"]
-    for command in ("check", "train"):
-        assert main([command, "configs/quickstart.yaml", *top1]) == 2
-        err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "Traceback" not in err[0], err
-        assert "moe_router_topk 1 with moe_norm_topk_prob" in err[0] and "router no gradient" in err[0]
-    assert main(["check", "configs/quickstart.yaml", *top1, "model.overrides.moe_norm_topk_prob=false"]) == 0

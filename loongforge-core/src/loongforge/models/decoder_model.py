@@ -192,7 +192,9 @@ def _moe_kwargs(flavor: DecoderFlavor, parallel: ParallelSettings) -> dict[str, 
     Dropless routing (no capacity factor) as in Mixtral and Qwen3-MoE; the per-micro-batch switch
     load-balancing loss (``aux_loss``); the router in fp32. ``moe_router_pre_softmax`` is megatron's name for
     "softmax over all experts, then top-k, no renormalisation" (``moe_norm_topk_prob=False``); the default
-    (top-k then softmax over the chosen logits) equals softmax-top-k-renormalise. Grouped GEMM is left to the
+    (top-k then softmax over the chosen logits) equals softmax-top-k-renormalise. Renormalised top-1, which
+    megatron refuses (a softmax over one logit), chooses the same expert through the full softmax and gets its
+    weight of exactly 1 from :class:`_UnitTopOneWeight`. Grouped GEMM is left to the
     device's ``extra_config`` (it needs Transformer Engine); the local path runs experts one after another.
     """
     if flavor.num_experts is None:
@@ -208,7 +210,7 @@ def _moe_kwargs(flavor: DecoderFlavor, parallel: ParallelSettings) -> dict[str, 
         "moe_shared_expert_intermediate_size": flavor.moe_shared_expert_intermediate_size,
         "moe_aux_loss_coeff": flavor.moe_aux_loss_coeff,
         "moe_router_load_balancing_type": "aux_loss" if flavor.moe_aux_loss_coeff else "none",
-        "moe_router_pre_softmax": not flavor.moe_norm_topk_prob,
+        "moe_router_pre_softmax": not flavor.moe_norm_topk_prob or flavor.renormalised_top1,
         "moe_router_dtype": "fp32",
         "moe_token_dispatcher_type": parallel.moe_dispatcher,
         "moe_grouped_gemm": False,
@@ -267,6 +269,8 @@ def build_model(
     )
     if flavor.position_embedding == "rope":
         model.rotary_pos_emb.inv_freq = rope_inv_freq(flavor.rotary_dim, flavor.rope_theta, flavor.rope_scaling)
+    if flavor.renormalised_top1:
+        _UnitTopOneWeight.attach(model)
     if flavor.output_layer_bias and post_process:
         _add_output_bias(model.output_layer, config)
     if flavor.embedding_multiplier is not None and pre_process:
@@ -305,6 +309,27 @@ class _MTPModel(GPTModel):
             return super()._postprocess(hidden_states, input_ids, position_ids, labels, *args, **kwargs)
         finally:
             self.config.mtp_num_layers = blocks
+
+
+class _UnitTopOneWeight:
+    """Router forward hook: the chosen expert's weight is exactly 1 (renormalised top-1 routing).
+
+    Megatron computes it with ``moe_router_pre_softmax`` (the full softmax picks the same expert as the logits
+    do) and this replaces the routing probabilities by the routing map, as renormalising one probability does: the
+    loss sends the router no gradient through the weight, the load-balancing loss (added inside the router) still
+    reaches it."""
+
+    @classmethod
+    def attach(cls, model: Any) -> None:
+        from megatron.core.transformer.moe.router import TopKRouter
+
+        for module in model.modules():
+            if isinstance(module, TopKRouter):
+                module.register_forward_hook(cls())
+
+    def __call__(self, router: Any, inputs: Any, output: tuple[torch.Tensor, torch.Tensor]) -> Any:
+        probs, routing_map = output
+        return routing_map.to(probs.dtype), routing_map
 
 
 def _reset_megatron_moe_state() -> None:

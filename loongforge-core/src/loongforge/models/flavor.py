@@ -135,14 +135,6 @@ class DecoderFlavor(ModelFamily):
                 )
             if not self.moe_ffn_hidden_size or self.moe_ffn_hidden_size <= 0:
                 raise ConfigError(f"{self.family} flavor: an MoE flavor needs a positive moe_ffn_hidden_size")
-            if self.moe_router_topk == 1 and self.moe_norm_topk_prob:
-                # renormalising one chosen probability makes every routing weight exactly 1, so the router gets no
-                # gradient from the loss (Mixtral's top-1); megatron-core refuses it, and so do we, in one line
-                raise ConfigError(
-                    f"{self.family} flavor: moe_router_topk 1 with moe_norm_topk_prob (renormalised routing weights) "
-                    "gives every token weight 1 and the router no gradient; use moe_router_topk >= 2, or "
-                    "moe_norm_topk_prob false (the full-softmax probability as the weight, Qwen3-MoE style)"
-                )
         if self.mrope_section is not None:  # YAML gives a list; keep the flavor hashable
             object.__setattr__(self, "mrope_section", tuple(self.mrope_section))
         if self.mrope_section is not None and (
@@ -331,14 +323,29 @@ class DecoderFlavor(ModelFamily):
             context_parallel_width=2 * q + 2 * kv,
             selective_recompute=SELECTIVE_CHOICES_MOE if self.num_experts else SELECTIVE_CHOICES_DENSE)
 
+    @property
+    def renormalised_top1(self) -> bool:
+        """Top-1 routing whose one chosen probability is renormalised (Mixtral with ``num_experts_per_tok: 1``):
+        every routing weight is exactly 1, so the loss sends the router no gradient; only a load-balancing loss
+        (``moe_aux_loss_coeff``) trains it. Inference is well defined (transformers runs it)."""
+        return self.num_experts is not None and self.moe_router_topk == 1 and self.moe_norm_topk_prob
+
     def check_layout(self, layout: Layout) -> list[LayoutProblem]:
         """Heads and query groups divisible by tp (and by tp*cp with context parallelism, which this decoder's
         attention must allow: :attr:`context_parallel_blocker`), layers by pp*vpp, experts by ep and the expert
-        width by etp; expert parallelism only with experts, and MoE at tp > 1 only with sequence parallelism."""
+        width by etp; expert parallelism only with experts, and MoE at tp > 1 only with sequence parallelism.
+        Training also needs a router that learns: renormalised top-1 routing without a load-balancing loss gives it
+        no gradient at all (:attr:`renormalised_top1`); converting and generating such a model is fine."""
         from loongforge.models.sizing import LayoutProblem, expert_tp
 
         heads, groups, layers = self.num_attention_heads, self.num_query_groups, self.num_layers
         problems: list[LayoutProblem] = []
+        if self.renormalised_top1 and not self.moe_aux_loss_coeff:
+            problems.append(LayoutProblem(
+                f"{self.family}: moe_router_topk 1 with moe_norm_topk_prob (renormalised routing weights) gives every "
+                "token weight 1 and, without a load-balancing loss (moe_aux_loss_coeff 0), the router no gradient; "
+                "set moe_aux_loss_coeff > 0, moe_router_topk >= 2, or moe_norm_topk_prob false",
+                "router gets no gradient"))
         if heads % layout.tp or groups % layout.tp:
             problems.append(LayoutProblem(f"tp={layout.tp} must divide the model's attention heads ({heads}) and "
                                           f"query groups ({groups})", "tp does not divide heads/query groups"))
