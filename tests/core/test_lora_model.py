@@ -115,8 +115,11 @@ def test_freeze_by_pattern_and_config_errors(megatron_cpu_world):
     assert all(n.startswith(("embedding.", "decoder.layers.0.")) for n in names)
     with pytest.raises(ConfigError, match="run.yaml: model.freeze pattern 'decoder.layer.*' matches no parameter"):
         freeze_parameters([model], ["decoder.layer.*"], "run.yaml")
-    with pytest.raises(ConfigError, match="targets must name some of linear_qkv"):
-        check_lora_settings(LoRAConfig(targets=["q_proj"]), "run.yaml")
+    with pytest.raises(ConfigError, match="targets must be null .* or module names of linear layers"):
+        check_lora_settings(LoRAConfig(targets=["q proj"]), "run.yaml")
+    with pytest.raises(ConfigError, match="^model.lora.targets: q_proj name no linear layer of this model; its "
+                                          "tensor-parallel linears: linear_fc1, linear_fc2, linear_proj, linear_qkv$"):
+        apply_lora([_model(megatron_cpu_world)], LoRAConfig(targets=["linear_qkv", "q_proj"]), seed=1)
     with pytest.raises(ConfigError, match="rank must be >= 1"):
         check_lora_settings(LoRAConfig(rank=0), "run.yaml")
     with pytest.raises(ConfigError, match=r"model.lora.base_dtype must be bf16 \(or null"):

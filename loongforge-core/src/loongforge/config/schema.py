@@ -40,9 +40,10 @@ class LoRAConfig:
     rank: int = 8
     alpha: float = 16.0
     dropout: float = 0.0
-    #: Which linear layers of each transformer layer get an adapter:
-    #: ``linear_qkv``, ``linear_proj`` (attention), ``linear_fc1``, ``linear_fc2`` (MLP).
-    targets: list[str] = field(default_factory=lambda: ["linear_qkv", "linear_proj"])
+    #: Which linear layers get an adapter, by module name: ``linear_qkv``, ``linear_proj`` (attention),
+    #: ``linear_fc1``, ``linear_fc2`` (MLP), or a family's own (MLA's ``linear_q_up_proj``/``linear_kv_up_proj``,
+    #: Gated DeltaNet's ``in_proj``/``out_proj``). null: every tensor-parallel linear of the attention blocks.
+    targets: list[str] | None = None
     #: QLoRA-style memory saving: ``bf16`` builds the model -- so the frozen base weights and their matmuls -- in
     #: bf16 (half the bytes of fp32) while the adapters stay fp32 parameters computed in fp32; refused on a device
     #: without bf16. null: the base is in the run's precision like the adapters.

@@ -13,6 +13,11 @@ parameter's layer-independent name, so the adapters do not depend on the pipelin
 Tensor parallelism: an adapter is split the way megatron splits its base weight, so that ``B A`` is always the
 local shard of the full update and merging works shard by shard.
 
+Targets are named by the layer's module name (``linear_qkv``, ``linear_fc1``, MLA's ``linear_kv_up_proj``, Gated
+DeltaNet's ``in_proj`` ...): any of megatron's tensor-parallel linears (local or Transformer Engine) in the model,
+whichever family built it; its split is read from the module. The default (``targets: null``) is every such
+linear of the attention blocks (``self_attention``): a family's own attention gets adapters with no list to keep.
+
 * Column-parallel targets (``linear_qkv``, ``linear_fc1``: the output features are split) keep ``A`` whole
   (``[rank, in]``, replicated) and split ``B`` by output rows (``[out / tp, rank]``, like the weight; for a
   gated ``linear_fc1`` that is ``[gate slice; up slice]``). Each rank's ``B`` sees only its output slice, so
@@ -58,11 +63,11 @@ from torch import nn
 
 from loongforge.errors import ConfigError
 
-#: How megatron splits each adaptable linear layer of a transformer layer at tensor parallelism.
+#: How megatron splits an adaptable linear layer at tensor parallelism (output features / input features).
 COLUMN, ROW = "column", "row"
-SPLITS = {"linear_qkv": COLUMN, "linear_proj": ROW, "linear_fc1": COLUMN, "linear_fc2": ROW}
-#: Linear layers of a megatron transformer layer that can carry an adapter.
-TARGETS = tuple(SPLITS)
+#: The module path component under which every family's attention lives (megatron's layer slot): the default
+#: targets are the tensor-parallel linears below it.
+ATTENTION = "self_attention"
 ADAPTER = "lora"
 #: ``model.lora.base_dtype`` values: the dtype the frozen base is built in.
 BASE_DTYPES = ("bf16",)
@@ -172,9 +177,10 @@ def check_lora_settings(lora: Any, where: str, backend: Any = None) -> None:
         raise ConfigError(f"{where}: model.lora.alpha must be > 0, got {lora.alpha}")
     if not 0.0 <= lora.dropout < 1.0:
         raise ConfigError(f"{where}: model.lora.dropout must be in [0, 1), got {lora.dropout}")
-    unknown = [t for t in lora.targets if t not in TARGETS]
-    if unknown or not lora.targets:
-        raise ConfigError(f"{where}: model.lora.targets must name some of {', '.join(TARGETS)}; got {lora.targets}")
+    if lora.targets is not None and (not lora.targets or not all(
+            isinstance(t, str) and t.isidentifier() for t in lora.targets)):
+        raise ConfigError(f"{where}: model.lora.targets must be null (the attention projections) or module names of "
+                          f"linear layers, e.g. [linear_qkv, linear_proj, linear_fc1, linear_fc2]; got {lora.targets}")
     if lora.base_dtype is not None and lora.base_dtype not in BASE_DTYPES:
         raise ConfigError(f"{where}: model.lora.base_dtype must be {' or '.join(BASE_DTYPES)} (or null: the run's "
                           f"precision), got {lora.base_dtype!r}")
@@ -186,6 +192,48 @@ def check_lora_settings(lora: Any, where: str, backend: Any = None) -> None:
 def base_params_dtype(lora: Any, run_dtype: str) -> str:
     """The dtype a model is built in: ``model.lora.base_dtype`` when set, else the run's parameter dtype."""
     return run_dtype if lora is None or lora.base_dtype is None else lora.base_dtype
+
+
+def _split(module: nn.Module) -> str | None:
+    """:data:`COLUMN` or :data:`ROW` for one of megatron's tensor-parallel linears (local, or Transformer Engine's,
+    which state a ``parallel_mode``); ``None`` for anything else: a column-parallel layer that gathers its own
+    output (an adapter on its split rows would not match it), and Transformer Engine's ``duplicated`` linears (MLA's
+    down-projections there; with megatron's local linears they are column-parallel and take adapters)."""
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+
+    mode = getattr(module, "parallel_mode", None)
+    if (isinstance(module, ColumnParallelLinear) or mode == COLUMN) and not getattr(module, "gather_output", False):
+        return COLUMN
+    if isinstance(module, RowParallelLinear) or mode == ROW:
+        return ROW
+    return None
+
+
+def _targets(model_chunks: list[nn.Module], lora: Any) -> list[tuple[str, nn.Module, str]]:
+    """``(TP=1/PP=1 name, module, split)`` of every layer ``lora.targets`` names (every attention linear when it is
+    null); a named target that no rank has is a one-line error listing the linears the model has."""
+    named, hits = lora.targets, torch.zeros(len(lora.targets or ()), dtype=torch.int64)
+    linears: set[str] = set()
+    found = []
+    for chunk in model_chunks:
+        for name, module in _global_names(_unwrap(chunk)):
+            split = _split(module)
+            if split is None or name.endswith("output_layer"):
+                continue
+            leaf = name.rsplit(".", 1)[-1]
+            linears.add(leaf)
+            if named is None and ATTENTION in name.split("."):
+                found.append((name, module, split))
+            elif named is not None and leaf in named:
+                hits[named.index(leaf)] += 1
+                found.append((name, module, split))
+    if named is not None and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(hits)
+    missing = [t for t, n in zip(named or (), hits.tolist(), strict=True) if n == 0]
+    if missing or (named is None and not found):  # every pipeline stage holds layers, so attention
+        raise ConfigError(f"model.lora.targets: {', '.join(missing) or 'the attention projections'} name no linear "
+                          f"layer of this model; its tensor-parallel linears: {', '.join(sorted(linears))}")
+    return found
 
 
 def add_lora(model_chunks: list[nn.Module], lora: Any, seed: int) -> list[str]:
@@ -200,40 +248,36 @@ def add_lora(model_chunks: list[nn.Module], lora: Any, seed: int) -> list[str]:
     dense_group = parallel_state.get_tensor_model_parallel_group()
     expert_group = parallel_state.get_expert_tensor_parallel_group()
     adapted = []
-    for chunk in model_chunks:
-        for name, module in list(_global_names(_unwrap(chunk))):
-            target = name.rsplit(".", 1)[-1]
-            if target not in lora.targets or not hasattr(module, "weight"):
-                continue
-            expert = ".experts." in name  # routed experts (not shared_experts): split over the expert TP group
-            config = module.config  # the megatron TransformerConfig the layer was built with (local and TE linears)
-            tp_group = expert_group if expert else dense_group
-            tp_rank, tp_size = tp_group.rank(), tp_group.size()
-            if expert and tp_size > 1:
-                raise ConfigError(f"model.lora: adapters on MoE expert layers ({name}) need expert tensor "
-                                  "parallelism 1 (parallel.etp: 1), or leave linear_fc1/linear_fc2 out of "
-                                  "model.lora.targets")
-            split = SPLITS[target]
-            out_local, in_local = module.weight.shape
-            in_features = in_local * tp_size if split == ROW else in_local
-            dtype = torch.float32 if lora.base_dtype is not None else module.weight.dtype
-            # A is drawn whole (nn.Linear's kaiming-uniform bound, as in the LoRA paper's reference code), then
-            # cut like the layer's input, so every tensor layout starts from the same adapters.
-            generator = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{name}".encode()))
-            bound = 1.0 / math.sqrt(in_features)
-            weight_a = torch.empty(lora.rank, in_features).uniform_(-bound, bound, generator=generator)
-            if split == ROW:
-                weight_a = weight_a.chunk(tp_size, dim=1)[tp_rank].contiguous()
-            adapter = LoRAAdapter(
-                weight_a.to(dtype), torch.zeros(out_local, lora.rank, dtype=dtype), split=split,
-                scaling=lora.alpha / lora.rank, dropout=lora.dropout, tp_group=tp_group,
-                sequence_parallel=config.sequence_parallel and not expert and tp_size > 1,
-            )
-            module.add_module(ADAPTER, adapter)
-            module.register_forward_hook(_add_adapter_output, with_kwargs=True)
-            gated = target == "linear_fc1" and config.gated_linear_unit
-            module.sharded_state_dict = functools.partial(_sharded_state_dict_with_adapter, module, gated)
-            adapted.append(name)
+    for name, module, split in _targets(model_chunks, lora):
+        target = name.rsplit(".", 1)[-1]
+        expert = ".experts." in name  # routed experts (not shared_experts): split over the expert TP group
+        config = module.config  # the megatron TransformerConfig the layer was built with (local and TE linears)
+        tp_group = expert_group if expert else dense_group
+        tp_rank, tp_size = tp_group.rank(), tp_group.size()
+        if expert and tp_size > 1:
+            raise ConfigError(f"model.lora: adapters on MoE expert layers ({name}) need expert tensor "
+                              "parallelism 1 (parallel.etp: 1), or leave linear_fc1/linear_fc2 out of "
+                              "model.lora.targets")
+        out_local, in_local = module.weight.shape
+        in_features = in_local * tp_size if split == ROW else in_local
+        dtype = torch.float32 if lora.base_dtype is not None else module.weight.dtype
+        # A is drawn whole (nn.Linear's kaiming-uniform bound, as in the LoRA paper's reference code), then
+        # cut like the layer's input, so every tensor layout starts from the same adapters.
+        generator = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{name}".encode()))
+        bound = 1.0 / math.sqrt(in_features)
+        weight_a = torch.empty(lora.rank, in_features).uniform_(-bound, bound, generator=generator)
+        if split == ROW:
+            weight_a = weight_a.chunk(tp_size, dim=1)[tp_rank].contiguous()
+        adapter = LoRAAdapter(
+            weight_a.to(dtype), torch.zeros(out_local, lora.rank, dtype=dtype), split=split,
+            scaling=lora.alpha / lora.rank, dropout=lora.dropout, tp_group=tp_group,
+            sequence_parallel=config.sequence_parallel and not expert and tp_size > 1,
+        )
+        module.add_module(ADAPTER, adapter)
+        module.register_forward_hook(_add_adapter_output, with_kwargs=True)
+        gated = target == "linear_fc1" and config.gated_linear_unit
+        module.sharded_state_dict = functools.partial(_sharded_state_dict_with_adapter, module, gated)
+        adapted.append(name)
     return adapted
 
 
