@@ -236,3 +236,38 @@ def test_loongforge_doctor_prints_a_kunlun_section():
     assert len(section) == 2, result.stdout
     for item in ("torch_xmlir", "device nodes", "xpu-smi", "xpu_plugin", "megatron patches", "BKCL_ENABLE_XDR"):
         assert item in section[1], item
+
+
+def test_the_layer_spec_builds_multi_latent_attention_and_keeps_megatrons_attention_elsewhere():
+    """Kunlun's layers are megatron's local ones (what its xpu_plugin patches); MLA, which asks its core attention for
+    query/key heads wider than value heads, must build too and compute what the CPU's layers compute."""
+    import torch
+    from loongforge.devices.cpu import CPUBackend
+    from loongforge.interop.sharding import gather_full_state, load_full_state
+    from loongforge.interop.world import standalone_world
+    from loongforge.models.chunks import build_standalone
+    from loongforge.models.deepseek.attention import DeepSeekMLA
+    from loongforge.models.deepseek.flavors import FLAVORS as DEEPSEEK
+    from loongforge.models.llama import FLAVORS as LLAMA
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    class KunlunLayersOnTheCPU(CPUBackend):
+        def spec_provider(self):
+            return XPUBackend().spec_provider()
+
+    tokens = torch.randint(0, 384, (2, 16), generator=torch.Generator().manual_seed(0))
+    positions = torch.arange(16).unsqueeze(0).expand(2, -1)
+    with standalone_world() as cpu:
+        reference = build_standalone(DEEPSEEK["deepseek-v3-tiny"], cpu)
+        weights = gather_full_state([reference])
+        with torch.no_grad():
+            expected = reference.eval()(tokens, positions, None)
+    with standalone_world(KunlunLayersOnTheCPU()) as kunlun:
+        model = build_standalone(DEEPSEEK["deepseek-v3-tiny"], kunlun)
+        load_full_state([model], weights)
+        attention = [m for m in model.modules() if isinstance(m, DeepSeekMLA)]
+        assert attention and all(type(m.core_attention).__name__ == "SDPAttention" for m in attention)
+        with torch.no_grad():
+            assert (model.eval()(tokens, positions, None) - expected).abs().max().item() <= 1e-5
+        llama = build_standalone(LLAMA["llama-debug"], kunlun)
+        assert any(isinstance(m, DotProductAttention) for m in llama.modules())

@@ -85,10 +85,11 @@ class XPUBackend(DeviceModuleBackend):
         return feature in _SUPPORTED
 
     def spec_provider(self) -> Any:
-        """megatron-core's local layers, which Kunlun's ``xpu_plugin`` patches with fused XPU kernels."""
-        from megatron.core.models.backends import LocalSpecProvider
+        """megatron-core's local layers, which Kunlun's ``xpu_plugin`` patches with fused XPU kernels, with a core
+        attention that builds MLA too (:class:`~loongforge_xpu.spec.XPUSpecProvider`)."""
+        from loongforge_xpu.spec import XPUSpecProvider
 
-        return LocalSpecProvider()
+        return XPUSpecProvider()
 
     def doctor_rows(self) -> list[tuple[str, str]]:
         """The Kunlun stack: torch_xmlir, device nodes, xpu-smi, the patches and the XMLIR/BKCL environment.
