@@ -121,6 +121,7 @@ def test_logits_and_gradients_equal_transformers(host, olmo2_dir, capsys):
     directory, reference = olmo2_dir
     family = read_hf_model(directory).family
     assert type(family).__name__ == "Olmo2Flavor"
+    assert family.num_params() == sum(p.numel() for p in reference.parameters())  # the QK-norms counted too
     adapter = family.hf_adapter()
     tokens = _tokens()
     reference.zero_grad(set_to_none=True)

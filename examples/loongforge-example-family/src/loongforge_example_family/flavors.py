@@ -3,14 +3,15 @@
 An OLMo-2 layer is not one that core's ``DecoderFlavor`` switches describe: it has no norm *before* attention or
 the MLP, normalises each sublayer's output before the residual add, and normalises the whole query and key
 projections (all heads at once) before RoPE. So the flavor keeps the sizes and the switches OLMo-2 shares with
-a Llama (RMSNorm, SwiGLU, RoPE, no biases) as data, and overrides two slots of the model-family contract
+a Llama (RMSNorm, SwiGLU, RoPE, no biases) as data, and overrides three slots of the model-family contract
 (:class:`loongforge.models.ModelFamily`):
 
-* ``build_chunk`` hands core's builder the family's own layer specs (a
+* ``decoder_spec`` hands core's builder the family's own layer specs (a
   :class:`loongforge.models.chunks.DecoderSpec`); core keeps the embedding, output layer, vocabulary padding,
   RoPE and layout-independent initialisation;
 * ``hf_adapter`` returns the family's own :class:`~loongforge_example_family.hf.Olmo2HFAdapter` (OLMo-2's tensor
-  names and ``config.json``), which ``loongforge convert`` and ``model.load: hf:DIR`` use.
+  names and ``config.json``), which ``loongforge convert`` and ``model.load: hf:DIR`` use;
+* ``num_params`` counts the whole-width QK-norm weights, which core's per-head count does not know.
 
 Torch-free: registering and listing the flavors imports no torch.
 """
@@ -54,6 +55,12 @@ class Olmo2Flavor(DecoderFlavor):
         from loongforge_example_family.layers import OLMO2_DECODER
 
         return OLMO2_DECODER
+
+    def num_params(self, *, include_embeddings: bool = True) -> int:
+        """Core's count of a Llama of these sizes (its two pre-norms per layer stand for OLMo-2's two post-norms)
+        plus the QK-norm weights, one per query and key channel of every layer."""
+        qk_norms = (self.num_attention_heads + self.num_query_groups) * self.kv_channels * self.num_layers
+        return super().num_params(include_embeddings=include_embeddings) + qk_norms
 
     def hf_adapter(self) -> Any:
         """OLMo-2's ``Olmo2ForCausalLM`` tensors and ``config.json``, both ways."""
