@@ -27,9 +27,12 @@ ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = "configs/quickstart.yaml"
 TINY_LLM = ["model.overrides.num_layers=1", "data.seq_length=32", "training.micro_batch_size=2",
             "training.threads=1", "logging.progress=false", "logging.tensorboard=false"]
-#: The issue's reproduction: a learning rate of 1e3 blows the loss up within a few steps and ends in NaN.
+#: The issue's reproduction: a learning rate of 1e3 blows the loss up within a few steps (a spike), the model then
+#: collapses (gradient norm exactly 0, the loss flat) and ends in NaN.
 DIVERGING = ["optimizer.lr=1e3", "optimizer.min_lr=0", "training.steps=20", "checkpoint.interval=5",
              "checkpoint.keep_last=2"]
+#: Spike and collapse detection off: what reaches the first non-finite step.
+FINITENESS_ONLY = ["training.spike_factor=null", "training.collapse_steps=null"]
 
 
 def _rows(out: Path) -> list[dict]:
@@ -53,7 +56,7 @@ def _healthy(row: dict) -> bool:
 
 def test_a_diverging_llm_stops_at_its_first_nonfinite_step(tmp_path, capsys):
     out = tmp_path / "run"
-    code = main(["train", QUICKSTART, *TINY_LLM, *DIVERGING, f"run.output_dir={out}"])
+    code = main(["train", QUICKSTART, *TINY_LLM, *DIVERGING, *FINITENESS_ONLY, f"run.output_dir={out}"])
     err = capsys.readouterr().err.strip().splitlines()
 
     rows = _rows(out)
@@ -68,7 +71,39 @@ def test_a_diverging_llm_stops_at_its_first_nonfinite_step(tmp_path, capsys):
     assert saved and max(saved) < bad["step"] and saved == [s for s in (5, 10, 15) if s < bad["step"]][-2:]
     newest = out / "checkpoints" / f"step-{max(saved):07d}"
     assert re.fullmatch(rf"error: step {bad['step']}: {key} is (nan|inf|-inf) \(training\.on_nonfinite: stop\); "
-                        rf"the newest checkpoint before it is {re.escape(str(newest))}", err[0]), err[0]
+                        rf"the newest healthy checkpoint before it is {re.escape(str(newest))}", err[0]), err[0]
+
+
+def test_by_default_the_diverging_run_stops_at_its_spike(tmp_path, capsys):
+    """The default spike detection ends the issue's run at the step whose loss leaps from ~6 to ~1e6, before the
+    model collapses and before any checkpoint of it exists."""
+    out = tmp_path / "run"
+    code = main(["train", QUICKSTART, *TINY_LLM, *DIVERGING, f"run.output_dir={out}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    rows = _rows(out)
+    assert code == 2 and len(err) == 1 and rows[-1]["bad"] == "spike" and rows[-1]["step"] <= 5
+    median = statistics.median(row["loss"] for row in rows[:-1])
+    assert rows[-1]["loss"] > 20 * median and median < 10
+    assert re.fullmatch(rf"error: step {rows[-1]['step']}: loss spike: .* > 20\.0 x .*; no healthy checkpoint was "
+                        r"saved before it", err[0]), err[0]
+
+
+def test_a_collapsed_model_is_stopped_and_its_checkpoint_never_named(tmp_path, capsys):
+    """Without spike detection the issue's run collapses: the loss sits still with a gradient norm of exactly 0.
+    Five such steps stop it, and the checkpoint saved during them is not the one the error names."""
+    out = tmp_path / "run"
+    code = main(["train", QUICKSTART, *TINY_LLM, *DIVERGING, "training.spike_factor=null", f"run.output_dir={out}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    rows = _rows(out)
+    bad = rows[-1]
+    assert code == 2 and len(err) == 1 and bad["bad"] == "collapse"
+    flat = [row for row in rows if row["grad_norm"] == 0.0]
+    assert len(flat) == 5 and flat[-1] is bad and len({row["loss"] for row in flat}) == 1
+    since = flat[0]["step"]
+    assert any(s >= since for s in _saved_steps(out))  # a checkpoint of the collapsed model exists ...
+    assert err[0] == (f"error: step {bad['step']}: collapse: gradient norm exactly 0 with a learning rate above 0 "
+                      f"for 5 steps in a row (since step {since}) (training.on_nonfinite: stop); no healthy "
+                      "checkpoint was saved before it")  # ... and is not offered as the one to resume from
 
 
 class Poison:
@@ -102,7 +137,7 @@ def test_the_task_engine_follows_the_same_rule(tmp_path, monkeypatch, field, val
         run_training(config, device="cpu")
     newest = out / "checkpoints" / "step-0000004"
     assert str(stopped.value) == (f"step 5: {field} is {shown} (training.on_nonfinite: stop); "
-                                  f"the newest checkpoint before it is {newest}")
+                                  f"the newest healthy checkpoint before it is {newest}")
     assert _saved_steps(out) == [2, 4]  # neither step 6's interval save nor the end save happened
     rows = _rows(out)
     assert [row["step"] for row in rows] == [1, 2, 3, 4, 5] and rows[-1][field] is None
@@ -317,7 +352,7 @@ def test_rewind_without_a_checkpoint_stops(tmp_path, capsys, register_plugin):
                            "training.on_nonfinite=rewind")
     assert code == 2
     assert err == ["error: step 2: loss is nan (training.on_nonfinite: rewind; no checkpoint to rewind to yet); no "
-                   "checkpoint was saved before it"]
+                   "healthy checkpoint was saved before it"]
     rows = _rows(tmp_path / "run")
     assert [(row["step"], row.get("action")) for row in rows] == [(1, None), (2, "stop")]
 
@@ -329,7 +364,7 @@ def test_recoveries_beyond_max_recoveries_stop(tmp_path, capsys, register_plugin
                            "training.on_nonfinite=skip_step", "training.max_recoveries=1")
     assert code == 2
     assert err[-1] == (f"error: step 4: loss is nan (training.on_nonfinite: skip_step; bad step 2, over "
-                       f"training.max_recoveries 1); the newest checkpoint before it is {out}/checkpoints/step-0000003")
+                       f"training.max_recoveries 1); the newest healthy checkpoint before it is {out}/checkpoints/step-0000003")
     assert [(row["step"], row.get("action")) for row in _rows(out)] == [
         (1, None), (2, "skip_step"), (3, None), (4, "stop")]
     assert _saved_steps(out) == [3]
@@ -352,13 +387,64 @@ def test_a_loss_spike_is_a_bad_step(tmp_path, capsys, register_plugin, policy):
     what = f"loss spike: {spike!r} > 3.0 x {median!r} (the median loss of the previous 3 steps)"
     if policy == "stop":
         assert code == 2 and [row["step"] for row in rows] == [1, 2, 3, 4, 5]
-        assert err == [f"error: step 5: {what} (training.on_nonfinite: stop); no checkpoint was saved before it"]
+        assert err == [f"error: step 5: {what} (training.on_nonfinite: stop); no healthy checkpoint was saved before it"]
     else:
         assert code == 0 and [row["step"] for row in rows] == [1, 2, 3, 4, 5, 6]
         assert "bad" not in rows[5]  # the spike's loss stayed out of the window
         assert _equal(fault.states[5]["weights"], fault.states[4]["weights"])
         assert f"[loongforge] warning: step 5: {what}; its update was left out (recovery 1 of " \
                "training.max_recoveries 3) (training.on_nonfinite: skip_step)" in err
+
+
+class Flatline:
+    """Wraps an engine's ``train_step`` so that the calls in ``at`` report a gradient norm of exactly 0."""
+
+    def __init__(self, at: set[int]) -> None:
+        self.at, self.calls = at, 0
+
+    def wrap(self, train_step):
+        def flat(engine, screen=None):
+            result = train_step(engine, screen)
+            self.calls += 1
+            return dataclasses.replace(result, grad_norm=0.0) if self.calls in self.at else result
+        return flat
+
+
+def test_rewind_after_a_collapse_goes_to_the_newest_healthy_checkpoint(tmp_path, capsys, monkeypatch):
+    """Steps 7-11 report a zero gradient norm: the checkpoint of step 8 was saved during that streak, so the
+    collapse at step 11 rewinds past it to step 4's."""
+    from loongforge.train.engines.megatron import MegatronEngine
+
+    monkeypatch.setattr(MegatronEngine, "train_step", Flatline(set(range(7, 12))).wrap(MegatronEngine.train_step))
+    out = tmp_path / "run"
+    code, err = _train_cli(capsys, out, "training.steps=12", "checkpoint.interval=4", "checkpoint.keep_last=0",
+                           "training.on_nonfinite=rewind")
+    assert code == 0, err
+    rows = _rows(out)
+    healthy = out / "checkpoints" / "step-0000004"
+    assert [row["step"] for row in rows] == [*range(1, 12), *range(5, 13)]
+    bad = rows[10]
+    assert (bad["step"], bad["bad"], bad["action"], bad["checkpoint"]) == (11, "collapse", "rewind", str(healthy))
+    assert 8 in _saved_steps(out)
+    assert (f"[loongforge] warning: step 11: collapse: gradient norm exactly 0 with a learning rate above 0 for 5 "
+            f"steps in a row (since step 7); rewound to {healthy} (step 4)") in "\n".join(err), err
+
+
+def test_flat_losses_collapse_only_while_learning_and_near_zero_losses_do_not_spike():
+    from loongforge.config.schema import TrainingConfig
+    from loongforge.train.health import COLLAPSE, StepHealth
+
+    health = StepHealth(TrainingConfig())
+    verdicts = [health.judge(2.5, 1.0, lr=1e-3, step=s) for s in range(1, 7)]  # the first sets the level
+    assert verdicts[:5] == [None] * 5 and verdicts[5].kind == COLLAPSE and verdicts[5].since == 2
+    warmup = StepHealth(TrainingConfig())
+    assert all(warmup.judge(2.5, 1.0, lr=0.0, step=s) is None for s in range(1, 10))  # nothing moves at lr 0
+    moving = StepHealth(TrainingConfig())
+    assert all(moving.judge(1e-4 * (1 - 1e-3 * s), 1e-3, lr=1e-3, step=s) is None for s in range(1, 20))
+    memorised = StepHealth(TrainingConfig())
+    for step, loss in enumerate([0.01, 0.012, 0.011, 0.009], start=1):
+        memorised.accept(loss)
+    assert memorised.judge(0.5, 1.0, lr=1e-3, step=5) is None  # 50 times the median, but 0.49 above it
 
 
 def test_spike_detection_leaves_a_healthy_run_alone(tmp_path, capsys):
@@ -376,6 +462,9 @@ def test_spike_detection_leaves_a_healthy_run_alone(tmp_path, capsys):
                                    "got nan"),
     ("training.spike_window=0", "training.spike_window must be an integer >= 1, got 0"),
     ("training.max_recoveries=-1", "training.max_recoveries must be an integer >= 0, got -1"),
+    ("training.collapse_steps=1", "training.collapse_steps must be an integer >= 2 (or null: no collapse "
+                                  "detection), got 1"),
+    ("training.spike_min_increase=-1", "training.spike_min_increase must be a number >= 0, got -1.0"),
 ])
 def test_health_settings_out_of_range_are_one_line(capsys, override, message):
     assert main(["check", QUICKSTART, override]) == 2

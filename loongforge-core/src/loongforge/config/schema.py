@@ -261,21 +261,31 @@ class TrainingConfig:
     #: ``global_tokens`` makes the gradient independent of which rank trains which sample, so ranks may hold
     #: different token counts (``dp-balance`` needs it). The reported loss is a per-token mean either way.
     loss_normalization: str = "micro_batch"
-    #: What a bad step -- loss or gradient norm NaN or infinite, or a loss spike (``spike_factor``) -- does:
+    #: What a bad step -- loss or gradient norm NaN or infinite, a loss spike (``spike_factor``) or a collapse
+    #: (``collapse_steps``) -- does:
     #: ``stop`` ends the run with an error naming the step and the value (exit status 2) before anything is saved
     #: for that step or after it, so the newest checkpoint is the last healthy one; ``skip_step`` discards that
     #: step's update (weights, optimizer state and schedule stay as before it; the step still counts) and goes on
     #: with the next batch; ``rewind`` reloads the newest checkpoint and goes on from there with the batches after
     #: the bad one (the steps after that checkpoint are trained, and logged, again). Both recoveries give up (as
     #: ``stop``) after ``max_recoveries`` bad steps in one run. A bad step is never saved; metrics.jsonl marks it
-    #: (``"bad": "nonfinite"`` or ``"spike"``, and the ``"action"``) and a warning names it.
+    #: (``"bad": "nonfinite"``, ``"spike"`` or ``"collapse"``, and the ``"action"``) and a warning names it.
     on_nonfinite: Literal["stop", "skip_step", "rewind"] = "stop"
-    #: A step whose loss exceeds this factor (> 1) times the median loss of the previous ``spike_window`` healthy
-    #: steps is a bad step too (handled by ``on_nonfinite``; a median at or below 0 never flags one); null turns
-    #: spike detection off. The window starts empty in every run, resumed ones included.
-    spike_factor: float | None = None
-    #: Steps the running median of ``spike_factor`` looks back over (detection starts once it has them all).
+    #: A step whose loss exceeds this factor (> 1) times, and ``spike_min_increase`` above, the median loss of the
+    #: previous ``spike_window`` healthy steps is a bad step too (handled by ``on_nonfinite``; a median at or below
+    #: 0 never flags one); null turns spike detection off. The window starts empty in every run, resumed ones
+    #: included, and detection starts at its third step. 20 is far above any healthy step-to-step noise.
+    spike_factor: float | None = 20.0
+    #: Steps the running median of ``spike_factor`` looks back over.
     spike_window: int = 20
+    #: The least a spike rises above the median (in loss units), so that a loss near 0 (a memorised batch) does not
+    #: count as a spike for a small absolute rise.
+    spike_min_increase: float = 1.0
+    #: A collapsed model is a bad step too (handled by ``on_nonfinite``): this many steps in a row with a gradient
+    #: norm of exactly 0, or a loss that moves by at most 1e-6 of itself, while the learning rate is above 0. A
+    #: checkpoint saved during such a streak is not healthy: ``rewind`` goes back to, and errors name, the newest
+    #: healthy one. null turns collapse detection off.
+    collapse_steps: int | None = 5
     #: Bad steps ``skip_step`` / ``rewind`` recover from in one run before the run stops as ``stop`` would.
     max_recoveries: int = 3
 

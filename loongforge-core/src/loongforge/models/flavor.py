@@ -240,6 +240,13 @@ class DecoderFlavor(ModelFamily):
         flavor's own where :meth:`decoder_spec` names them."""
         return build.decoder_chunk(self)
 
+    @property
+    def lora_linears(self) -> tuple[str, ...]:
+        """Module names of the tensor-parallel linears in this decoder's layers: what ``model.lora.targets`` may name
+        (``loongforge check`` refuses anything else before a model is built). A family with its own layers names
+        its own."""
+        return ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+
     def decoder_spec(self) -> Any:
         """How this decoder's layers depart from core's (a :class:`~loongforge.models.decoder_model.DecoderSpec`:
         per-layer specs, config class and fields, a multi-token-prediction block), or ``None`` for core's layers.

@@ -168,9 +168,10 @@ def _unwrap(module: nn.Module) -> nn.Module:
     return module
 
 
-def check_lora_settings(lora: Any, where: str, backend: Any = None) -> None:
+def check_lora_settings(lora: Any, where: str, backend: Any = None, linears: tuple[str, ...] | None = None) -> None:
     """Raise ConfigError for ``model.lora`` settings that cannot work; with the run's device ``backend``, also
-    for a ``base_dtype`` the device cannot compute in (asked through ``DeviceBackend.supports``)."""
+    for a ``base_dtype`` the device cannot compute in (asked through ``DeviceBackend.supports``); with the model's
+    ``linears`` (``DecoderFlavor.lora_linears``), also for a target the model does not have."""
     if lora.rank < 1:
         raise ConfigError(f"{where}: model.lora.rank must be >= 1, got {lora.rank}")
     if lora.alpha <= 0:
@@ -181,6 +182,10 @@ def check_lora_settings(lora: Any, where: str, backend: Any = None) -> None:
             isinstance(t, str) and t.isidentifier() for t in lora.targets)):
         raise ConfigError(f"{where}: model.lora.targets must be null (the attention projections) or module names of "
                           f"linear layers, e.g. [linear_qkv, linear_proj, linear_fc1, linear_fc2]; got {lora.targets}")
+    unknown = [t for t in lora.targets or () if linears is not None and t not in linears]
+    if unknown:
+        raise ConfigError(f"{where}: model.lora.targets: {', '.join(unknown)} name no linear layer of this model; its "
+                          f"linears: {', '.join(linears or ())}")
     if lora.base_dtype is not None and lora.base_dtype not in BASE_DTYPES:
         raise ConfigError(f"{where}: model.lora.base_dtype must be {' or '.join(BASE_DTYPES)} (or null: the run's "
                           f"precision), got {lora.base_dtype!r}")

@@ -37,7 +37,7 @@ def resume_checkpoint(trainer: Any) -> Path | None:
     path = choose_resume(trainer.checkpoints, trainer.config.checkpoint.resume, warn)
     if path is not None:
         trainer.engine.load(trainer, path)
-        trainer.last_checkpoint = path
+        trainer.last_checkpoint = trainer.healthy_checkpoint = path
     return path
 
 

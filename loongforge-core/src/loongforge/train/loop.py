@@ -21,11 +21,12 @@ with fp16, ``moe_aux_loss`` for MoE, ``mtp_loss`` with multi-token prediction) a
 under their own names. Every number of a step's JSONL row is a tag; flags and notes (``skipped``, ``bad``,
 ``action``, ``checkpoint``) stay per-step, in the JSONL only.
 
-Every step is judged (:mod:`loongforge.train.health`): a NaN or infinite loss or gradient norm, or a loss spike,
-makes a bad step, which is recorded in metrics.jsonl (``"bad"``, ``"action"``), never saved, and handled as
+Every step is judged (:mod:`loongforge.train.health`): a NaN or infinite loss or gradient norm, a loss spike or a
+collapse makes a bad step, which is recorded in metrics.jsonl (``"bad"``, ``"action"``), never saved, and handled as
 ``training.on_nonfinite`` says: ``stop`` raises before anything else happens; ``skip_step`` goes on (the engine left
-the update out); ``rewind`` reloads the newest checkpoint and goes on with the batches after the bad one. After a
-rewind the steps after that checkpoint are trained (and recorded) again.
+the update out); ``rewind`` reloads the newest healthy checkpoint (one not saved while a collapse was under way) and
+goes on with the batches after the bad one. After a rewind the steps after that checkpoint are trained (and
+recorded) again.
 
 With ``evaluation.interval`` N > 0 the engine evaluates the weights after every N-th step and after step
 ``training.steps`` (:meth:`~loongforge.train.engines.base.StepEngine.evaluate`), on healthy steps only (a bad step's
@@ -88,6 +89,13 @@ def validate_loop_settings(config: LoongForgeConfig) -> None:
     if factor is not None and not (_is_number(factor) and math.isfinite(factor) and factor > 1):
         raise ConfigError(f"{config.source}: training.spike_factor must be a number > 1 (or null: no spike "
                           f"detection), got {factor!r}")
+    rise = config.training.spike_min_increase
+    if not (_is_number(rise) and math.isfinite(rise) and rise >= 0):
+        raise ConfigError(f"{config.source}: training.spike_min_increase must be a number >= 0, got {rise!r}")
+    streak = config.training.collapse_steps
+    if streak is not None and (isinstance(streak, bool) or not isinstance(streak, int) or streak < 2):
+        raise ConfigError(f"{config.source}: training.collapse_steps must be an integer >= 2 (or null: no collapse "
+                          f"detection), got {streak!r}")
     validate_trackers(config)
 
 
@@ -110,7 +118,7 @@ def fit(trainer: Trainer, metrics: MetricsWriter, progress: ProgressDisplay,
         while trainer.step < total and not trainer.should_stop:
             result, row = _step(trainer, health, speed)
             trainer.step += 1
-            bad = result.bad or health.judge(result.loss, result.grad_norm)
+            bad = result.bad or health.judge(result.loss, result.grad_norm, lr=row["lr"], step=trainer.step)
             if bad is not None:  # a background save in flight is the newest checkpoint to name or rewind to
                 _complete_save(trainer, progress, wait=True)
             action, why = _judged(trainer, health, result, bad, row)
@@ -136,7 +144,7 @@ def fit(trainer: Trainer, metrics: MetricsWriter, progress: ProgressDisplay,
                 continue
             _complete_save(trainer, progress, wait=False)  # a background save becomes visible once written
             if save_every and trainer.step % save_every == 0:
-                saved_step = _save(trainer, metrics, progress)
+                saved_step = _save(trainer, metrics, progress, healthy=not health.suspect)
             preempted_by = preemption.requested() if preemption is not None else None
             if preempted_by is not None:
                 break
@@ -144,12 +152,12 @@ def fit(trainer: Trainer, metrics: MetricsWriter, progress: ProgressDisplay,
             _log(metrics, trainer.step, unlogged)
         if preempted_by is not None:
             if saved_step != trainer.step:
-                _save(trainer, metrics, progress)
+                _save(trainer, metrics, progress, healthy=not health.suspect)
             _complete_save(trainer, progress, wait=True)
             raise TrainingPreempted(f"preempted by {preempted_by} at step {trainer.step} of {total}: saved "
                                     f"{trainer.last_checkpoint}; the same command resumes from it")
         if config.checkpoint.save_at_end and trainer.step > start_step and saved_step != trainer.step:
-            _save(trainer, metrics, progress)
+            _save(trainer, metrics, progress, healthy=not health.suspect)
         _complete_save(trainer, progress, wait=True)
     finally:
         progress.close()
@@ -195,22 +203,23 @@ def _judged(trainer: Trainer, health: StepHealth, result: StepResult, bad: BadSt
     if bad is None:
         health.accept(result.loss)
         return None, ""
-    action, why = health.decide(discarded=result.bad is not None, can_rewind=trainer.last_checkpoint is not None)
+    action, why = health.decide(discarded=result.bad is not None, can_rewind=trainer.healthy_checkpoint is not None)
     row.update(bad=bad.kind, action=action)
     if action == "rewind":
-        row["checkpoint"] = str(trainer.last_checkpoint)
+        row["checkpoint"] = str(trainer.healthy_checkpoint)
     return action, why
 
 
 def _recover(trainer: Trainer, bad: BadStep, action: str, health: StepHealth) -> None:
-    """Warn about a recovered bad step; for ``rewind``, reload the newest checkpoint (weights, optimizer, schedule,
-    RNG) but keep the data position, so that the batches after the bad one come next rather than the same ones."""
+    """Warn about a recovered bad step; for ``rewind``, reload the newest healthy checkpoint (weights, optimizer,
+    schedule, RNG) but keep the data position, so that the batches after the bad one come next rather than the same
+    ones."""
     step, used = trainer.step, f"recovery {health.bad_steps} of training.max_recoveries {health.max_recoveries}"
     if action == "skip_step":
         message = f"its update was left out ({used})"
     else:
         position = trainer.engine.data_position()
-        path = trainer.last_checkpoint
+        path = trainer.healthy_checkpoint
         trainer.scheduler.num_steps = 0  # a load moves the schedule on by the checkpoint's count: count from zero
         trainer.engine.load(trainer, path)
         trainer.engine.seek_data(position)
@@ -219,11 +228,13 @@ def _recover(trainer: Trainer, bad: BadStep, action: str, health: StepHealth) ->
         warn(f"step {step}: {bad.describe()}; {message} (training.on_nonfinite: {action})")
 
 
-def _save(trainer: Trainer, metrics: MetricsWriter, progress: ProgressDisplay) -> int:
+def _save(trainer: Trainer, metrics: MetricsWriter, progress: ProgressDisplay, *, healthy: bool) -> int:
     """Sync the metrics up to this step to disk, then save the checkpoint (a background save still pending is
-    committed first); return the saved step."""
+    committed first); return the saved step. ``healthy``: no collapse was under way, so a rewind may come back
+    here."""
     _complete_save(trainer, progress, wait=True)
     metrics.sync()
+    trainer.saving_healthy = healthy  # the one save in flight: committed now, or by a later _complete_save
     _saved(trainer, progress, trainer.engine.save(trainer))  # None: written in the background (checkpoint.async_save)
     return trainer.step
 
@@ -237,13 +248,16 @@ def _saved(trainer: Trainer, progress: ProgressDisplay, path: Path | None) -> No
     """A committed checkpoint (``path``; ``None``: none now) is the newest one of the run."""
     if path is not None:
         trainer.last_checkpoint = path
+        if trainer.saving_healthy:
+            trainer.healthy_checkpoint = path
         progress.message(f"saved checkpoint {path}")
 
 
 def _diverged(trainer: Trainer, bad: BadStep, why: str) -> TrainingDivergedError:
     """The one-line error for a bad step the run does not recover from, pointing at the checkpoint to resume from."""
-    newest = trainer.last_checkpoint
-    where = f"the newest checkpoint before it is {newest}" if newest else "no checkpoint was saved before it"
+    newest = trainer.healthy_checkpoint
+    where = (f"the newest healthy checkpoint before it is {newest}" if newest
+             else "no healthy checkpoint was saved before it")
     return TrainingDivergedError(f"step {trainer.step}: {bad.describe()} (training.on_nonfinite: "
                                  f"{trainer.config.training.on_nonfinite}{why}); {where}")
 

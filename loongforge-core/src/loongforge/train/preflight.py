@@ -282,7 +282,8 @@ def _check_megatron(config: LoongForgeConfig, world_size: int, family: ModelFami
     if config.model.lora is not None:
         from loongforge.models.lora import check_lora_settings
 
-        check_lora_settings(config.model.lora, config.source, backend)
+        check_lora_settings(config.model.lora, config.source, backend,
+                            decoder.lora_linears if decoder is not None else None)
         if config.model.lora.base_dtype is not None:
             lines.append(f"model.lora.base_dtype: the frozen base in {config.model.lora.base_dtype}, adapters in fp32")
     if config.model.load:

@@ -45,6 +45,8 @@ class Trainer:
     * ``rank`` -- this process's global rank (0 in a single-process run);
     * ``output_dir`` -- ``run.output_dir`` as a ``Path``; ``checkpoints`` -- the run's checkpoint directory;
     * ``last_checkpoint`` -- the newest checkpoint this run saved or resumed from (``None`` before one);
+      ``healthy_checkpoint`` -- the newest of those saved when no collapse was under way (:mod:`.health`), the one
+      ``training.on_nonfinite: rewind`` goes back to;
     * ``expert_tokens`` -- MoE models (megatron engine): the last step's tokens routed to each expert,
       ``[layer][expert]`` over all ranks; ``None`` otherwise.
 
@@ -65,6 +67,9 @@ class Trainer:
         self.rank = rank
         self.output_dir = Path(config.run.output_dir)
         self.last_checkpoint: Path | None = None
+        self.healthy_checkpoint: Path | None = None
+        #: Whether the save in flight was made when no collapse was under way (set by the loop's saves).
+        self.saving_healthy = True
         self.should_stop = False
         self.step_metrics: dict[str, Any] = {}
         #: Where the run's pictures go (the trackers of ``logging.trackers``); set by the run before training.

@@ -167,6 +167,13 @@ class DeepSeekFlavor(DecoderFlavor):
 
     # -- the model-family contract -----------------------------------------------------------------------------
 
+    @property
+    def lora_linears(self) -> tuple[str, ...]:
+        """MLA's projections (the query's one or its low-rank pair, the key/value latent's pair, the output) and the
+        MLP's."""
+        query = ("linear_q_proj",) if self.q_lora_rank is None else ("linear_q_down_proj", "linear_q_up_proj")
+        return (*query, "linear_kv_down_proj", "linear_kv_up_proj", "linear_proj", "linear_fc1", "linear_fc2")
+
     def decoder_spec(self) -> Any:
         """DeepSeek's layers, ``MLATransformerConfig`` and MTP block
         (:func:`loongforge.models.deepseek.layer_spec.decoder_spec`) in core's ``GPTModel`` chunk."""

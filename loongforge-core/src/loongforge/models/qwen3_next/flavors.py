@@ -98,6 +98,11 @@ class Qwen3NextFlavor(DecoderFlavor):
 
     # -- the model-family contract ----------------------------------------------------------------------------
 
+    @property
+    def lora_linears(self) -> tuple[str, ...]:
+        """Core's (the gated attention's and the MLPs') and the Gated DeltaNet's input and output projections."""
+        return (*super().lora_linears, "in_proj", "out_proj")
+
     def decoder_spec(self) -> Any:
         """This family's layers (:func:`loongforge.models.qwen3_next.layers.decoder_spec`) in core's decoder chunk
         (embedding, output layer, RoPE, init)."""
