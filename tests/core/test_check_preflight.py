@@ -119,6 +119,11 @@ BROKEN = [
      "'model.overrides.vision_tokens_per_sample' must be an integer, got 'many'"),
     ("configs/vlm-shapes.yaml", ["model.overrides.vision_tokens_per_samplez=8"],
      "unknown key 'model.overrides.vision_tokens_per_samplez'"),
+    # a batch no device holds (it would try to allocate terabytes), against the planner's lowest estimate
+    (QUICKSTART, ["training.micro_batch_size=1000000000000"], "training.micro_batch_size=1000000000000 with "
+                                                               "data.seq_length=256 needs at least"),
+    (QUICKSTART, ["training.micro_batch_size=64", "parallel.planner.device_memory=64MiB"],
+     "more than the device's 64 MiB"),
 ]
 
 
@@ -142,6 +147,7 @@ def test_broken_configs_are_one_line_naming_file_and_key(capsys, tmp_path, confi
 
 
 @pytest.mark.parametrize("overrides", [["training.precision=fp16"], ["model.overrides.num_layerz=2"],
+                                       ["training.micro_batch_size=1000000000000"],
                                        ["scheduler.decay=cosin"], ["task.samples=3"], ["device_options.bogus=1"]])
 def test_train_refuses_with_the_same_line_before_building_anything(capsys, tmp_path, overrides):
     overrides = [*overrides, f"run.output_dir={tmp_path}"]

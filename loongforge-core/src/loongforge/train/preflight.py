@@ -272,6 +272,9 @@ def _check_megatron(config: LoongForgeConfig, world_size: int, family: ModelFami
             raise ConfigError(f"{config.source}: data.pack (block-diagonal attention masks) does not support "
                               "parallel.cp > 1 yet")
         global_batch = plan.global_batch_size
+        from loongforge.train.memory_preflight import check_batch_fits
+
+        check_batch_fits(config, family, backend, layout, plan.num_microbatches, world_size)
         lines.append(f"parallel: tp={layout.tp} pp={layout.pp} cp={layout.cp} ep={layout.ep} dp={layout.dp} "
                      f"for {world_size} process(es), {plan.num_microbatches} micro-batch(es) per step")
         from loongforge.models.recompute import recompute_kwargs  # megatron's own checks come after process groups
