@@ -47,6 +47,9 @@ EXCLUDED: dict[str, dict[str, str]] = {
     "README.md": {
         "pip install": NETWORK,
     },
+    "docs/diff.md": {
+        "loongforge diff": "compares runs and checkpoints a user has (placeholders); tests/core/test_diff.py runs it",
+    },
     "docs/cluster.md": {
         "torchrun --nnodes 2": CLUSTER,
         "loongforge launch k8s configs/my-run.yaml": SYNOPSIS,

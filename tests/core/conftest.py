@@ -57,7 +57,7 @@ HF_TINY_CASES = {
     "qwen3-moe-top4": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
         head_dim=32, num_experts=4, num_experts_per_tok=3, moe_intermediate_size=48, norm_topk_prob=False)),
     # top-1 routing with the full-softmax probability as the weight (megatron's pre-softmax router); Mixtral's
-    # renormalised top-1 is refused (tests/core/test_models_moe.py)
+    # renormalised top-1 converts too, but trains only with a balancing loss (tests/core/test_moe_top1.py)
     "qwen3-moe-top1": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
         head_dim=32, num_experts=4, num_experts_per_tok=1, moe_intermediate_size=48, norm_topk_prob=False)),
 }

@@ -219,6 +219,8 @@ def register_core_commands(commands: CommandRegistry) -> None:
                  configure=_configure_generate, run=_cmd_generate)
     commands.add("plot", help="draw loss/lr/throughput curves of one or several runs into a PNG",
                  configure="loongforge.plot:configure", run="loongforge.plot:run")
+    commands.add("diff", help="find where two runs, checkpoints or Hugging Face directories part",
+                 configure="loongforge.diffing.command:configure", run="loongforge.diffing.command:run")
 
 
 #: ``_parser(chosen=EVERY_COMMAND)`` configures every command (completion scripts, the CLI reference).

@@ -18,14 +18,13 @@ it per tensor. A batch that stops early (every prompt at end-of-text) ends its d
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loongforge.checkpoint.manifest import MANIFEST
 from loongforge.errors import InteropError
-from loongforge.models.hf_format import CONFIG_JSON
+from loongforge.interop.model_source import open_model_source
 from loongforge.progress import job_progress
 
 #: A prompt: text, or (chat mode) a conversation as ``{"role", "content"}`` messages.
@@ -40,44 +39,6 @@ class Completion:
     prompt: str
     ids: list[int]
     text: str
-
-
-def _open_hf(path: Path) -> tuple[Any, str, Callable[[Any], Any], Callable[[], str | None]]:
-    from loongforge.checkpoint.carried_tokenizer import carried_tokenizer
-    from loongforge.interop.hf_checkpoint import check_hf_tensors, index_hf_tensors, load_hf_tensors
-    from loongforge.interop.sharding import load_full_state
-    from loongforge.models.hf_format import read_hf_model
-
-    flavor = read_hf_model(path).family
-    infos = index_hf_tensors(path)
-    dtype = check_hf_tensors(infos, flavor, path)
-
-    def load(model: Any) -> Any:
-        load_full_state([model], flavor.hf_adapter().from_hf(load_hf_tensors(infos)))
-        return model
-
-    return flavor, dtype, load, lambda: carried_tokenizer(path)
-
-
-def _open_checkpoint(path: Path, trust_code: bool) -> tuple[Any, str, Callable[[Any], Any], Callable[[], str | None]]:
-    from loongforge.checkpoint.layout import find_checkpoint
-    from loongforge.interop.mcore_checkpoint import (
-        checkpoint_config,
-        checkpoint_dtype,
-        checkpoint_tokenizer,
-        load_trained_model,
-        resolve_family,
-    )
-    from loongforge.resolve import model_label
-
-    path = find_checkpoint(path)
-    config = checkpoint_config(path, trust_code=trust_code)
-    family = resolve_family(config)
-    if family.engine != "megatron":
-        raise InteropError(f"{path}: model '{model_label(config, family)}' is trained by the {family.engine!r} engine; "
-                           "`loongforge generate` writes text with megatron language models")
-    return (family, checkpoint_dtype(path, config), lambda m: load_trained_model(path, m, config),
-            lambda: checkpoint_tokenizer(path, config))
 
 
 def _tokenizer(spec: str) -> Any:
@@ -126,10 +87,9 @@ def complete_from_checkpoint(
         raise InteropError(f"the number of new tokens must be >= 0, got {tokens}")
     if not prompts:
         raise InteropError("generation needs at least one prompt")
-    path = Path(path).expanduser()
-    is_hf = (path / CONFIG_JSON).is_file() and not (path / MANIFEST).is_file()
-    family, dtype, load, own_tokenizer = _open_hf(path) if is_hf else _open_checkpoint(path, trust_code)
-    spec = tokenizer or own_tokenizer()  # the carried one is checked against config.yaml only when it is used
+    source = open_model_source(path, trust_code=trust_code, command="`loongforge generate`")
+    path, family, is_hf = source.path, source.family, source.is_hf
+    spec = tokenizer or source.tokenizer()  # the carried one is checked against config.yaml only when it is used
     if spec is None:
         raise InteropError(f"{path}: carries no tokenizer (no tokenizer.json or loongforge_tokenizer.json); "
                            "pass --tokenizer (byte or hf:/dir)")
@@ -145,7 +105,7 @@ def complete_from_checkpoint(
             raise InteropError(f"prompt {number} ({text!r}) has no tokens")
     with standalone_world() as backend:
         # the family's own chunk (a composed model's too), with the trained weights (a LoRA run's adapters merged)
-        model = load(build_standalone(family, backend, dtype))
+        model = source.load(build_standalone(family, backend, source.dtype))
         # on stderr: stdout carries the completions (a pipe reading --jsonl must get nothing else)
         with job_progress("generating", total=tokens, unit="token", stderr=True) as progress:
             new = generate_batch(

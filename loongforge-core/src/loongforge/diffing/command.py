@@ -1,0 +1,180 @@
+"""The ``loongforge diff`` command: resolve the two sides, compare their metrics and replay one batch through
+both models, print where they part (exit status 0: identical within the tolerance; 1: they part).
+
+A side is a run directory (its ``metrics.jsonl`` and, when it has one, its newest checkpoint), a LoongForge
+checkpoint or checkpoint root, or a Hugging Face directory. Models are built at TP=PP=1 in fp32 whatever layout or
+dtype they were saved in (megatron's dist-checkpoints reshard on load), so a tp=2 run and a tp=1 run compare
+directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from loongforge.commands import add_trust_code_option
+from loongforge.diffing.compare import (
+    GRADIENT,
+    OUTPUT,
+    PARAMETER,
+    Difference,
+    compare_metrics,
+    compare_tensors,
+    first_beyond,
+    read_metrics,
+)
+from loongforge.errors import InteropError
+
+#: The tolerance both comparisons use unless ``--rtol`` says otherwise: above what reduction order moves in fp32
+#: (different layouts of one run agree to ~1e-6 after a few steps), below any real change.
+DEFAULT_RTOL = 1e-4
+
+
+@dataclass(frozen=True)
+class Side:
+    """One argument of the command: ``run`` (a directory with metrics.jsonl) and/or ``model`` (what holds weights)."""
+
+    label: str
+    path: Path
+    run: Path | None
+    model: Path | None
+
+
+def resolve_side(label: str, text: str) -> Side:
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise InteropError(f"{path}: no such run, checkpoint or Hugging Face directory")
+    if (path / "metrics.jsonl").is_file():
+        checkpoints = path / "checkpoints"
+        return Side(label, path, path, checkpoints if (checkpoints / "latest").exists() else None)
+    return Side(label, path, None, path)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("Find where two runs, checkpoints or Hugging Face directories part: the first step whose "
+                          "loss or gradient norm differs (runs), and the first parameter, module output and gradient "
+                          "that differ when both models replay one batch (models, built at tp=1 in fp32 whatever "
+                          "their layout). Exit status 0: identical within --rtol; 1: they part.")
+    parser.add_argument("a", metavar="RUN_A", help="run directory, LoongForge checkpoint (or root), or HF directory")
+    parser.add_argument("b", metavar="RUN_B", help="the same kinds, compared with RUN_A")
+    parser.add_argument("--rtol", type=float, default=DEFAULT_RTOL,
+                        help=f"largest relative difference that still counts as equal (default {DEFAULT_RTOL:g})")
+    parser.add_argument("--seq-length", type=int, default=32, help="tokens per sequence of the replayed batch")
+    parser.add_argument("--batch", type=int, default=2, help="sequences in the replayed batch")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the replayed batch's random tokens")
+    parser.add_argument("--top", type=int, default=8, help="largest differences listed per kind (default 8)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+    add_trust_code_option(parser, checkpoint="either side")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.rtol >= 0 or args.seq_length < 2 or args.batch < 1 or args.top < 0:
+        raise InteropError("--rtol must be >= 0, --seq-length >= 2, --batch >= 1 and --top >= 0")
+    a, b = resolve_side("A", args.a), resolve_side("B", args.b)
+    report: dict[str, Any] = {"a": str(a.path), "b": str(b.path), "rtol": args.rtol}
+    parted = False
+    if a.run is not None and b.run is not None:
+        parting = compare_metrics(read_metrics(a.run), read_metrics(b.run), args.rtol)
+        report["metrics"] = asdict(parting)
+        parted |= parting.step is not None
+    if a.model is not None and b.model is not None:
+        models = _compare_models(a, b, args)
+        report["models"] = models
+        parted |= models["first"] is not None or bool(models["settings"])
+    if "metrics" not in report and "models" not in report:
+        raise InteropError(f"nothing to compare: {a.path} and {b.path} are not both runs (metrics.jsonl) nor both "
+                           "hold a model (a checkpoint or a Hugging Face directory)")
+    print(json.dumps(report, indent=1, default=_jsonable) if args.json else _render(report, args.top))
+    return 1 if parted else 0
+
+
+def _compare_models(a: Side, b: Side, args: argparse.Namespace) -> dict[str, Any]:
+    """Trace both models on the same batch and compare parameters, forward outputs and gradients."""
+    import torch
+
+    from loongforge.models.hf_format import model_differences
+
+    sources = [_open(side, args.trust_code) for side in (a, b)]
+    vocab = min(source.family.decoder.vocab_size for source in sources)
+    generator = torch.Generator().manual_seed(args.seed)
+    tokens = torch.randint(0, vocab, (args.batch, args.seq_length + 1), generator=generator)
+    inputs, labels = tokens[:, :-1], tokens[:, 1:]
+    positions = torch.arange(args.seq_length).unsqueeze(0).expand(args.batch, -1)
+    traces = [_trace(source, inputs, positions, labels) for source in sources]
+    kinds = {PARAMETER: compare_tensors(PARAMETER, traces[0].params, traces[1].params),
+             OUTPUT: compare_tensors(OUTPUT, traces[0].outputs, traces[1].outputs),
+             GRADIENT: compare_tensors(GRADIENT, traces[0].grads, traces[1].grads)}
+    firsts = {kind: first_beyond(found, args.rtol) for kind, found in kinds.items()}
+    # a step computes with the weights first, then the forward pass, then the backward pass
+    first = next((firsts[kind] for kind in (PARAMETER, OUTPUT, GRADIENT) if firsts[kind] is not None), None)
+    return {
+        "models": [f"{source.family.family_name} ({source.path})" for source in sources],
+        "settings": model_differences(sources[1].family, sources[0].family),
+        "loss": [trace.loss for trace in traces],
+        "first": first, "first_by_kind": firsts,
+        "largest": {kind: sorted(found, key=lambda d: -_order(d.rel))[: args.top] for kind, found in kinds.items()},
+        "compared": {kind: len(found) for kind, found in kinds.items()},
+    }
+
+
+def _open(side: Side, trust_code: bool) -> Any:
+    from loongforge.interop.model_source import open_model_source
+
+    return open_model_source(side.model, trust_code=trust_code, command="`loongforge diff`")
+
+
+def _trace(source: Any, tokens: Any, positions: Any, labels: Any) -> Any:
+    from loongforge.diffing.trace import trace_model
+    from loongforge.interop.world import standalone_world
+    from loongforge.models.chunks import build_standalone
+
+    with standalone_world() as backend:
+        model = source.load(build_standalone(source.family, backend, "fp32"))
+        return trace_model(model, tokens, positions, labels)
+
+
+def _order(value: float) -> float:
+    return math.inf if math.isnan(value) else value
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Difference):
+        return asdict(value)
+    raise TypeError(type(value).__name__)
+
+
+def _render(report: dict[str, Any], top: int) -> str:
+    """The human report: what was compared, where each comparison parts, the largest differences."""
+    lines = [f"A: {report['a']}", f"B: {report['b']}", f"tolerance: relative {report['rtol']:g}"]
+    metrics = report.get("metrics")
+    if metrics is not None:
+        if metrics["step"] is None:
+            lines.append(f"metrics: identical over the {metrics['common_steps']} steps both logged")
+        else:
+            x, y = metrics["values"]
+            lines.append(f"metrics: part at step {metrics['step']} ({metrics['key']} {x!r} vs {y!r}), "
+                         f"of {metrics['common_steps']} steps both logged")
+    models = report.get("models")
+    if models is not None:
+        lines.append(f"models: {models['models'][0]} vs {models['models'][1]}")
+        lines += [f"  setting differs: {line}" for line in models["settings"]]
+        lines.append(f"  loss on the replayed batch: {models['loss'][0]!r} vs {models['loss'][1]!r}")
+        for kind, first in models["first_by_kind"].items():
+            count = models["compared"][kind]
+            lines.append(f"  {kind}s ({count}): " + ("identical" if first is None else f"first part at {first.name} "
+                         f"(max abs {first.max_abs:.3g}, relative {first.rel:.3g}{', ' + first.why if first.why else ''})"))
+        if top:
+            for kind, largest in models["largest"].items():
+                shown = [d for d in largest if d.rel > 0]
+                if shown:
+                    lines.append(f"  largest {kind} differences:  relative     max abs  name")
+                    lines += [f"    {d.rel:10.3g}  {d.max_abs:10.3g}  {d.name}" for d in shown]
+        first = models["first"]
+        lines.append("verdict: " + ("identical" if first is None and not models["settings"]
+                                    else f"they part at the {first.describe()}" if first is not None
+                                    else "same tensors, different settings"))
+    return "\n".join(lines)

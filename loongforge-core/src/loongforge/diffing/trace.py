@@ -1,0 +1,67 @@
+"""One batch through a model with a hook on every module: what each module computed, each parameter's value and
+gradient, in the order the forward pass reached them.
+
+Why hooks on modules rather than a comparison of the logits alone: two models that part in layer 3 of 40 give
+logits that differ everywhere; the first module whose output differs is where to look. A module called more than
+once in one forward pass (a shared norm, a rotary table) is recorded per call (``name#2``, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Trace:
+    """What one model computed on one batch: ``outputs`` (module name -> its first output tensor, in forward order),
+    ``params`` and ``grads`` (parameter name -> tensor) and the mean loss."""
+
+    params: dict[str, torch.Tensor] = field(default_factory=dict)
+    outputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    grads: dict[str, torch.Tensor] = field(default_factory=dict)
+    loss: float = float("nan")
+
+
+def _first_tensor(output: Any) -> torch.Tensor | None:
+    """A module's output tensor: itself, or the first tensor of a tuple/list (megatron returns ``(output, bias)``)."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, (tuple, list)):
+        return next((item for item in output if isinstance(item, torch.Tensor)), None)
+    return None
+
+
+def trace_model(model: torch.nn.Module, tokens: torch.Tensor, positions: torch.Tensor,
+                labels: torch.Tensor) -> Trace:
+    """Run ``model`` (a megatron language model) forward on ``tokens`` with ``labels`` -- the training forward,
+    which returns the per-token loss -- and backward from its mean; record every module's output and every
+    parameter's value and gradient (fp32 copies on the CPU)."""
+    trace = Trace(params={name: p.detach().float().cpu().clone() for name, p in model.named_parameters()})
+    calls: dict[str, int] = {}
+
+    def record(name: str):
+        def hook(module: Any, args: Any, output: Any) -> None:
+            tensor = _first_tensor(output)
+            if tensor is None:
+                return
+            calls[name] = calls.get(name, 0) + 1
+            key = name if calls[name] == 1 else f"{name}#{calls[name]}"
+            trace.outputs[key] = tensor.detach().float().cpu().clone()
+        return hook
+
+    handles = [module.register_forward_hook(record(name)) for name, module in model.named_modules() if name]
+    try:
+        model.train()
+        model.zero_grad(set_to_none=True)
+        loss = model(tokens, positions, None, labels=labels).float().mean()
+        loss.backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    trace.loss = loss.item()
+    trace.grads = {name: p.grad.detach().float().cpu().clone() for name, p in model.named_parameters()
+                   if p.grad is not None}
+    return trace
