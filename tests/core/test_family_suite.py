@@ -5,6 +5,8 @@ and generates deterministically. A family added to core's tables is covered with
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 
 import pytest
 import torch
@@ -38,6 +40,8 @@ def tiny_of_each_family() -> dict[str, object]:
                 sizes["moe_shared_expert_intermediate_size"] = 32
         if flavor.mrope_section is not None:
             sizes["mrope_section"] = (4, 8, 8)
+        if flavor.embedding_multiplier is not None:  # Gemma's sqrt(hidden_size), which its format hard-codes
+            sizes["embedding_multiplier"] = TINY["hidden_size"] ** 0.5
         tiny[family] = flavor.with_overrides(**sizes)
     return tiny
 
@@ -102,6 +106,99 @@ class LosesATensorInConversion(DecoderFlavor):
         return Lossy()
 
 
+class _WrappedAdapter:
+    """Core's adapter with ``to_hf``/``from_hf`` rewritten by a mutant (each inverting the other, so the round trip
+    alone cannot see it)."""
+
+    def __init__(self, flavor, to_hf, from_hf):
+        self.base, self._to, self._from = DecoderHFAdapter(flavor), to_hf, from_hf
+
+    def config_json(self, dtype, base=None):
+        return self.base.config_json(dtype, base)
+
+    def to_hf(self, state):
+        return self._to(self.base.to_hf(state))
+
+    def from_hf(self, tensors, **options):
+        return self.base.from_hf(self._from(tensors), **options)
+
+
+@dataclasses.dataclass(frozen=True)
+class RenamesNothing(DecoderFlavor):
+    """An "adapter" that writes the model's own tensor names and reads them back: a perfect round trip of a file
+    no other program reads."""
+
+    def hf_adapter(self):
+        flavor = self
+
+        class Identity:
+            def config_json(self, dtype, base=None):
+                return DecoderHFAdapter(flavor).config_json(dtype, base)
+
+            def to_hf(self, state):
+                return dict(state)
+
+            def from_hf(self, tensors, **options):
+                return dict(tensors)
+
+        return Identity()
+
+
+def _swap(tensors, a, b):
+    """``tensors`` with every ``...a...`` and ``...b...`` tensor exchanged."""
+    out = dict(tensors)
+    for name in tensors:
+        if a in name:
+            other = name.replace(a, b)
+            out[name], out[other] = tensors[other], tensors[name]
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class SwapsGateAndUp(DecoderFlavor):
+    """Writes the MLP's gate projection as its up projection and back."""
+
+    def hf_adapter(self):
+        swap = functools.partial(_swap, a=".mlp.gate_proj.", b=".mlp.up_proj.")
+        return _WrappedAdapter(self, swap, swap)
+
+
+def _reverse_head_rows(tensors, heads_of):
+    """Query and key rows reversed within each head (another rotary channel order, its own inverse)."""
+    out = dict(tensors)
+    for name, tensor in tensors.items():
+        for projection, heads in heads_of.items():
+            if name.endswith(f"self_attn.{projection}.weight"):
+                out[name] = tensor.view(heads, -1, tensor.shape[-1]).flip(1).reshape(tensor.shape)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class WritesAnotherRopeLayout(DecoderFlavor):
+    """Stores the rotary channels of queries and keys in another order than the reference reads."""
+
+    def hf_adapter(self):
+        flip = functools.partial(_reverse_head_rows, heads_of={"q_proj": self.num_attention_heads,
+                                                              "k_proj": self.num_query_groups})
+        return _WrappedAdapter(self, flip, flip)
+
+
+@dataclasses.dataclass(frozen=True)
+class UsesMegatronsLocalLayers(DecoderFlavor):
+    """Asks the device for its layers, then builds with megatron's local ones anyway."""
+
+    def build_chunk(self, build):
+        from megatron.core.models.backends import LocalSpecProvider
+
+        build.backend.spec_provider()
+
+        class Local(type(build.backend)):
+            def spec_provider(self):
+                return LocalSpecProvider()
+
+        return dataclasses.replace(build, backend=Local()).decoder_chunk(self)
+
+
 LLAMA = all_flavors()["llama-debug"]
 
 
@@ -110,9 +207,25 @@ LLAMA = all_flavors()["llama-debug"]
     (IgnoresTheSeed, "test_builds_through_the_one_builder_deterministically", "same seed must draw the same"),
     (HasADeadParameter, "test_training_steps_reach_every_parameter", "no gradient reached"),
     (LosesATensorInConversion, "test_hf_round_trip_is_bitwise", "exactly the model's tensor names"),
+    (UsesMegatronsLocalLayers, "test_builds_through_the_one_builder_deterministically",
+     "not built from the device's spec provider"),
+    (RenamesNothing, "test_hf_export_computes_what_the_model_computes", "does not load into transformers' Llama"),
+    (SwapsGateAndUp, "test_hf_export_computes_what_the_model_computes", "computes other logits"),
+    (WritesAnotherRopeLayout, "test_hf_export_computes_what_the_model_computes", "computes other logits"),
 ])
-def test_the_suite_fails_a_family_that_cannot_work(mutant, test, message):
+def test_the_suite_fails_a_family_that_cannot_work(mutant, test, message, tmp_path):
     flavor = mutant(**{f.name: getattr(LLAMA, f.name) for f in dataclasses.fields(DecoderFlavor)})
     suite = type("TestMutant", (ModelFamilySuite,), {"family": flavor, "has_hf_adapter": True})()
+    check = getattr(suite, test)
+    extra = (tmp_path,) if "tmp_path" in inspect.signature(check).parameters else ()
     with standalone_world(RecordingCPUBackend()) as world, pytest.raises(AssertionError, match=message):
-        getattr(suite, test)(world)
+        check(world, *extra)
+
+
+@pytest.mark.parametrize("mutant", [RenamesNothing, SwapsGateAndUp, WritesAnotherRopeLayout])
+def test_the_round_trip_alone_cannot_see_these_adapters(mutant):
+    """Why the reference check exists: each mutant above inverts itself, so to_hf -> from_hf -> to_hf is bitwise."""
+    flavor = mutant(**{f.name: getattr(LLAMA, f.name) for f in dataclasses.fields(DecoderFlavor)})
+    suite = type("TestMutant", (ModelFamilySuite,), {"family": flavor, "has_hf_adapter": True})()
+    with standalone_world(RecordingCPUBackend()) as world:
+        suite.test_hf_round_trip_is_bitwise(world)

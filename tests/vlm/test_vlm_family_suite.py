@@ -16,6 +16,7 @@ class TestVLMTiny(ModelFamilySuite):
     family = FLAVOR
     has_hf_adapter = False
     seq_length = 24
+    own_modules = ("encoder.*",)  # the SigLIP encoder is plain torch; the language model is the device's
 
     def make_batch(self, family, generator):
         """Text of byte ids with one 32 px image's 16 placeholder tokens after the first token of each sample."""

@@ -124,7 +124,26 @@ def hf_config_dict(flavor: DecoderFlavor, dtype: str, base: dict[str, Any] | Non
         out.update(row.write_extra(flavor))
     if flavor.position_embedding == "rope":
         out.update(_rope_keys(flavor, row, base))
+    _check_expressed(flavor, out)
     return out
+
+
+def _check_expressed(flavor: DecoderFlavor, written: dict[str, Any]) -> None:
+    """Refuse a flavor the format cannot describe: ``written`` read back must be ``flavor`` again. A switch the
+    family's reference hard-codes (Gemma scales embeddings by ``sqrt(hidden_size)``, whatever the flavor says) would
+    otherwise be exported as another model, one that loads without a word and computes something else."""
+    import dataclasses
+
+    back = DecoderHFReader(flavor.family).read_config(written, Path("config.json"))
+    # one model spelt two ways: a head width given or derived, an all-MoE model's unused dense MLP width
+    spelling = {"head_dim": back.kv_channels == flavor.kv_channels, "ffn_hidden_size": flavor.is_moe,
+                "hf_architecture": True}
+    differences = [f"{f.name} {getattr(back, f.name)!r} != {getattr(flavor, f.name)!r}"
+                   for f in dataclasses.fields(back)  # the decoder's fields (a subclass may add its own)
+                   if getattr(back, f.name) != getattr(flavor, f.name) and not spelling.get(f.name)]
+    if differences:
+        raise InteropError(f"model {flavor.family}: its Hugging Face format ({written['architectures'][0]}) cannot "
+                           f"express this flavor: {differences[0]} (written as the first, the flavor has the second)")
 
 
 def _activation_name(flavor: DecoderFlavor, row: HFFamily, source: str | None) -> str:

@@ -13,8 +13,10 @@ second on a CPU); pytest collects the inherited tests::
 What passing means is what the commands rely on (:class:`loongforge.models.family.ModelFamily`):
 
 * **build** -- a megatron family builds through the one builder (:func:`loongforge.models.chunks.build_standalone`)
-  with the layers of the device backend's spec provider (a family that bypasses the provider fails: it would
-  not run on another device plugin), and the same seed draws the same weights (layouts and resumes agree);
+  with the layers of the device backend's spec provider, checked on the built modules: every norm and core
+  attention is the class the device handed out (a family that bypasses the provider, or asks it once and then uses
+  megatron's local layers, fails: it would not run on another device plugin); the same seed draws the same weights
+  (layouts and resumes agree);
   a task family's ``make_task(config).build_model()`` is a module, the same under the same seed.
 * **training steps** on a tiny batch (three SGD steps): the loss is finite, every trainable parameter gets a
   finite gradient that is not zero in at least one step (none is dead or detached), and the steps change the
@@ -23,6 +25,10 @@ What passing means is what the commands rely on (:class:`loongforge.models.famil
   or the task engine's safetensors file) load into a model built from another seed and equal the saved ones.
 * **Hugging Face round trip**, where the family has an adapter: ``to_hf`` -> ``from_hf`` -> ``to_hf`` is the
   identity bit for bit, and ``from_hf`` gives exactly the model's own tensor names and shapes.
+* **Hugging Face reference** (:attr:`hf_reference`): the export of the model, its weights perturbed away from their
+  initial values, loads into transformers' class of the architecture ``config_json`` names with no tensor missing
+  or left over (beyond :attr:`hf_extra_tensors`) and computes the model's logits (within 1e-4 of their scale) and
+  its greedy tokens -- so an adapter that renames nothing, or swaps two projections, fails.
 * **generate**, for causal language models: a few greedy tokens, the same twice.
 
 Megatron families run in a one-process CPU world (gloo, TP=PP=1) that the suite sets up per test class; task
@@ -34,6 +40,7 @@ recipe). Override :meth:`make_batch` for a model whose forward takes inputs besi
 from __future__ import annotations
 
 import fnmatch
+import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,17 +52,56 @@ from loongforge.devices.cpu import CPUBackend
 from loongforge.models.family import ModelFamily
 
 
+def _marked(base: type) -> type:
+    """A subclass of ``base`` that only :class:`RecordingCPUBackend`'s provider hands out."""
+    return type(f"Device{base.__name__}", (base,), {"__doc__": f"{base.__name__}, as the device provided it."})
+
+
 class RecordingCPUBackend(CPUBackend):
-    """The CPU backend, counting how often a builder asked it for its layer modules (``spec_provider``): what
-    shows that a family builds with the device's layers rather than modules of its own choosing."""
+    """The CPU backend, counting how often a builder asked it for its layer modules (``spec_provider``) and handing
+    out norm and core-attention classes of its own (:attr:`provided`): a model holding any other norm or core
+    attention of megatron's or torch's built some layers without the device."""
 
     def __init__(self) -> None:
         super().__init__()
         self.spec_requests = 0
+        provider = super().spec_provider()
+        self.provided = {"norm": _marked(provider.layer_norm()), "core attention": _marked(provider.core_attention())}
 
     def spec_provider(self) -> Any:
         self.spec_requests += 1
-        return super().spec_provider()
+        provided = self.provided
+
+        class Recording(type(super().spec_provider())):
+            def layer_norm(self, rms_norm: bool = False, for_qk: bool = False) -> type:
+                return provided["norm"]
+
+            def core_attention(self) -> type:
+                return provided["core attention"]
+
+        return Recording()
+
+
+def _layer_kinds() -> dict[str, tuple[type, ...]]:
+    """The norm and core-attention classes a layer could hold instead of the device's: torch's, megatron's local
+    ones and the CPU backend's own (Transformer Engine's where it is installed)."""
+    import torch
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    from loongforge.devices.norm import SPNorm
+    from loongforge.devices.sdpa_attention import SDPAttention
+
+    # megatron's local and Transformer Engine norm "classes" are factories of torch's (or TE's) norm modules
+    norms: tuple[type, ...] = (torch.nn.LayerNorm, torch.nn.RMSNorm, SPNorm)
+    attentions: tuple[type, ...] = (DotProductAttention, SDPAttention)
+    try:
+        import transformer_engine.pytorch as te
+        from megatron.core.extensions.transformer_engine import TEDotProductAttention
+
+        norms, attentions = (*norms, te.LayerNorm, te.RMSNorm), (*attentions, TEDotProductAttention)
+    except ImportError:  # no Transformer Engine: its classes cannot be in the model either
+        pass
+    return {"norm": norms, "core attention": attentions}
 
 
 class ModelFamilySuite:
@@ -82,6 +128,16 @@ class ModelFamilySuite:
     #: MMDiT's last block); they must be exactly the ones the steps leave without a gradient, so the declaration
     #: cannot hide a parameter that should train.
     never_trained: ClassVar[tuple[str, ...]] = ()
+    #: ``fnmatch`` patterns of modules the family builds from torch itself by design rather than from the device's
+    #: spec provider (a VLM's vision encoder, which is plain torch), so their norms and attention are not the
+    #: device's; the declaration must match such modules, and every other norm and attention is held to the device.
+    own_modules: ClassVar[tuple[str, ...]] = ()
+    #: Whether transformers has the class ``hf_adapter().config_json()`` names, to hold the export to (a family whose
+    #: Hugging Face format transformers does not implement sets False and is held to its round trip only).
+    hf_reference: ClassVar[bool] = True
+    #: ``fnmatch`` patterns of exported tensors the reference class does not load (DeepSeek's multi-token-prediction
+    #: layers, which transformers' model skips); any other left-over tensor fails.
+    hf_extra_tensors: ClassVar[tuple[str, ...]] = ()
 
     # -- hooks a family author may override --------------------------------------------------------------
 
@@ -155,11 +211,26 @@ class ModelFamilySuite:
             assert world.spec_requests > before, (
                 "build_chunk never asked the device backend for its spec provider: the layers would not be the "
                 "device's (build through ChunkBuild.decoder_chunk or pass build.backend.spec_provider())")
+        if world is not None:
+            self._assert_device_layers(first, world)
         a, b, c = (m.state_dict() for m in (first, again, other))
         assert a.keys() == b.keys() and a, "the model has no state"
         tensors = [k for k, v in a.items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
         assert all(torch.equal(a[k], b[k]) for k in tensors), "the same seed must draw the same weights"
         assert any(not torch.equal(a[k], c[k]) for k in tensors), "another seed drew the same weights"
+
+    def _assert_device_layers(self, model: Any, world: Any) -> None:
+        """Every norm and core attention in ``model`` is the class the device's provider handed out."""
+        own = set()
+        for kind, classes in _layer_kinds().items():
+            found = {name: module for name, module in model.named_modules()
+                     if isinstance(module, classes) and not isinstance(module, world.provided[kind])}
+            own |= {name for name in found if any(fnmatch.fnmatchcase(name, p) for p in self.own_modules)}
+            foreign = sorted(f"{name} ({type(found[name]).__name__})" for name in found if name not in own)
+            assert not foreign, (
+                f"{len(foreign)} {kind} module(s) not built from the device's spec provider, e.g. {foreign[0]}: "
+                "build every layer from build.backend.spec_provider() (ChunkBuild.decoder_chunk does)")
+        assert not self.own_modules or own, f"own_modules {self.own_modules} matches no norm or attention module"
 
     # -- training steps ---------------------------------------------------------------------------------
 
@@ -251,6 +322,68 @@ class ModelFamilySuite:
             "to_hf(from_hf(to_hf(model))) differs from to_hf(model)")
         config = adapter.config_json("fp32")
         assert isinstance(config, dict) and config.get("architectures"), "config_json must name the architecture"
+
+    def test_hf_export_computes_what_the_model_computes(self, world: Any, tmp_path: Path) -> None:
+        family = self.the_family()
+        adapter = family.hf_adapter()
+        if adapter is None or not self.hf_reference or family.engine != "megatron":
+            return
+        import torch
+
+        try:
+            import transformers
+        except ImportError:
+            pytest.fail("the Hugging Face reference check needs transformers (pip install 'loongforge-core[hf]'); "
+                        "a family whose format transformers does not implement sets hf_reference = False")
+        from loongforge.interop.sharding import gather_full_state
+        from loongforge.models.generate import generate_ids
+
+        model = self.build(world, self.seed)
+        generator = torch.Generator().manual_seed(self.seed)
+        with torch.no_grad():  # away from init: norms off 1, biases off 0, so a mis-mapped tensor shows
+            for param in model.parameters():
+                param.add_(torch.randn(param.shape, generator=generator, dtype=param.dtype) * 0.05)
+        config = dict(adapter.config_json("fp32"))
+        architecture = config["architectures"][0]
+        reference_class = getattr(transformers, architecture, None)
+        assert reference_class is not None, (
+            f"transformers has no {architecture}; set hf_reference = False for a format it does not implement")
+        # as a user would: the files written, then transformers' own loading (its renames and stacked experts)
+        from safetensors.torch import save_file
+
+        directory = Path(tmp_path) / "hf"
+        directory.mkdir()
+        exported = adapter.to_hf(gather_full_state([model]))
+        save_file({k: v.contiguous() for k, v in exported.items()}, str(directory / "model.safetensors"),
+                  {"format": "pt"})
+        (directory / "config.json").write_text(json.dumps(config))
+        reference, info = reference_class.from_pretrained(directory, output_loading_info=True,
+                                                          attn_implementation="eager", dtype=torch.float32)
+        reference.eval()
+        extra = [k for k in info["unexpected_keys"] if not any(fnmatch.fnmatchcase(k, p) for p in self.hf_extra_tensors)]
+        missing, mismatched = list(info["missing_keys"]), list(info["mismatched_keys"])
+        assert not missing and not extra and not mismatched, (
+            f"the export does not load into transformers' {architecture}: missing {missing[:3]}, left over "
+            f"{extra[:3]}, other shapes {mismatched[:3]} (an adapter must write the names and layout it reads)")
+
+        batch = self.make_batch(family, torch.Generator().manual_seed(self.seed))
+        vocab = family.decoder.vocab_size
+        model.eval()
+        with torch.no_grad():
+            ours = model(batch["tokens"], batch["position_ids"], None)[..., :vocab]
+            theirs = reference(batch["tokens"]).logits[..., :vocab]
+        gap, scale = (ours - theirs).abs().max().item(), theirs.abs().max().item()
+        assert gap <= 1e-4 * max(scale, 1.0), (
+            f"transformers' {architecture} with the exported weights computes other logits: max abs difference "
+            f"{gap:.3g} (logits up to {scale:.3g})")
+        if self.causal_lm:
+            prompt = batch["tokens"][0, :5].tolist()
+            ours_ids = generate_ids(model, prompt, 8, vocab_size=vocab, max_positions=family.decoder.max_position_embeddings)
+            reference.generation_config.eos_token_id = None
+            with torch.no_grad():
+                theirs_ids = reference.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                                max_new_tokens=8, do_sample=False, pad_token_id=0)[0, len(prompt):]
+            assert ours_ids == theirs_ids.tolist(), f"greedy tokens differ from transformers': {ours_ids} vs {theirs_ids.tolist()}"
 
     # -- generate ---------------------------------------------------------------------------------------
 
