@@ -115,6 +115,8 @@ _FENCE = re.compile(r"^([ \t]*)```(bash|console)[^\n]*\n(.*?)^[ \t]*```", re.MUL
 @dataclass(frozen=True)
 class Command:
     text: str  # as documented, continuation lines joined (comments kept: bash drops them)
+    #: What a console block records after the command (empty in a bash block).
+    output: tuple[str, ...] = ()
 
     @property
     def words(self) -> list[str]:
@@ -148,26 +150,50 @@ def blocks(path: Path) -> list[tuple[str, str]]:
 
 
 def commands(path: Path) -> list[Command]:
-    """The commands of a Markdown file's bash/console blocks, in document order."""
+    """The commands of a Markdown file's bash/console blocks, in document order (a console command with the
+    output recorded after it)."""
     found = []
     for language, body in blocks(path):
-        lines = body.splitlines()
         if language == "console":
-            lines = [line[2:] for line in _console_command_lines(lines)]
-        for line in _logical_lines(lines):
+            found += [Command(text, output) for text, output in _console_commands(body.splitlines())]
+            continue
+        for line in _logical_lines(body.splitlines()):
             if line.strip() and shlex.split(line, comments=True):
                 found.append(Command(line.strip()))
     return found
 
 
-def _console_command_lines(lines: list[str]) -> list[str]:
-    """The ``$ `` lines of a console block and the continuation lines that follow them."""
-    picked, continuing = [], False
+def _console_commands(lines: list[str]) -> list[tuple[str, tuple[str, ...]]]:
+    """``(command, recorded output)`` of each ``$ `` line of a console block (continuation lines joined)."""
+    found: list[tuple[str, list[str]]] = []
+    continuing = False
     for line in lines:
         if line.startswith("$ ") or continuing:
-            picked.append(line if line.startswith("$ ") else "$ " + line)
+            text = line[2:] if line.startswith("$ ") else line
+            if continuing:
+                found[-1] = (found[-1][0][:-1].rstrip() + " " + text.strip(), found[-1][1])
+            else:
+                found.append((text.strip(), []))
             continuing = line.rstrip().endswith("\\")
-    return picked
+        elif found:
+            found[-1][1].append(line)
+    return [(text, tuple(output)) for text, output in found if shlex.split(text, comments=True)]
+
+
+#: Recorded output that must come out again: each step's loss (and validation loss), a run's first and last loss,
+#: sample scores and held-out numbers, the checkpoints saved. Speeds, ETAs and memory vary from machine to machine.
+_MUST_MATCH = (
+    re.compile(r"^(step \d+/\d+) \| ((?:val_)?loss [-\d.]+)"),
+    re.compile(r"^\[loongforge\] done: (\d+ steps, loss [-\d.]+ -> [-\d.]+)"),
+    re.compile(r"^\[loongforge\] ((?:sample scores|held out action mse|validation): .*)$"),
+    re.compile(r"^(saved checkpoint \S+)"),
+)
+
+
+def must_match(lines: list[str] | tuple[str, ...]) -> list[str]:
+    """The parts of ``lines`` that a rerun must reproduce (see :data:`_MUST_MATCH`)."""
+    return [" ".join(match.groups()) for line in lines for pattern in _MUST_MATCH
+            if (match := pattern.match(line.strip()))]
 
 
 def english_docs() -> list[Path]:
@@ -218,6 +244,25 @@ def test_extractor_reads_commands_not_output_or_comments(tmp_path):
         ["echo", "a # b"], ["loongforge", "list", "models"]]
 
 
+def test_recorded_output_is_read_and_what_must_match_is_picked(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(textwrap.dedent("""\
+        ```console
+        $ loongforge train a.yaml \\
+            training.steps=2
+        step 1/2 | loss 5.9000 | lr 0.000e+00 | grad_norm 1.0 | 300 tok/s | MFU 9.0% | eta 3s
+        saved checkpoint runs/a/checkpoints/step-0000002
+        [loongforge] done: 2 steps, loss 5.9000 -> 5.1000, 200 tokens/s
+        [loongforge] memory (MiB): parameters 3.5, peak 900
+        $ loongforge doctor
+        ```
+        """), encoding="utf-8")
+    train, doctor = commands(page)
+    assert train.words == ["loongforge", "train", "a.yaml", "training.steps=2"] and doctor.output == ()
+    assert must_match(train.output) == ["step 1/2 loss 5.9000", "saved checkpoint runs/a/checkpoints/step-0000002",
+                                        "2 steps, loss 5.9000 -> 5.1000"]
+
+
 def test_documented_commands_are_found():
     """The extractor sees the guides' commands (an empty list would make every other test vacuous)."""
     guide = commands(ROOT / "docs" / "guide-llm.md")
@@ -253,11 +298,12 @@ def test_exclusions_and_rewrites_name_documented_commands():
         assert all(shlex.join(shlex.split(command)) == command for command in entries), "CHEAP: plain commands only"
 
 
-def runnable(file: str) -> list[str]:
-    """The commands of one English file the test runs, as documented; a :data:`CHEAP` one (a plain command, no
-    shell syntax) is rebuilt from its words with the overrides after them, so that they cannot land in a comment."""
+def runnable(file: str) -> list[tuple[str, tuple[str, ...]]]:
+    """The commands of one English file the test runs, as documented, with what their output must reproduce; a
+    :data:`CHEAP` one (a plain command, no shell syntax) is rebuilt from its words with the overrides after them, so
+    that they cannot land in a comment, and its recorded output (of the full command) is not compared."""
     cheap = CHEAP.get(file, {})
-    return [shlex.join([*c.words, *cheap[c.key].split()]) if c.key in cheap else c.text
+    return [(shlex.join([*c.words, *cheap[c.key].split()]), ()) if c.key in cheap else (c.text, tuple(must_match(c.output)))
             for c in commands(ROOT / file) if exclusion(file, c) is None]
 
 
@@ -269,8 +315,12 @@ def test_documented_commands_exit_0(file, tmp_path):
         (tmp_path / name).symlink_to(ROOT / name)
     bin_dir = Path(sys.executable).parent  # the environment's loongforge, torchrun, ...
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "LOONGFORGE_PROGRESS": "plain"}
-    for command in runnable(file):
+    for command, recorded in runnable(file):
         result = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True,
                                 timeout=900)
         assert result.returncode == 0, (f"{file}: `{command}` exited {result.returncode}\n"
                                         f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        printed = must_match((result.stdout + result.stderr).splitlines())
+        drifted = [line for line in recorded if line not in printed]
+        assert not drifted, (f"{file}: `{command}` no longer prints what the guide records: {drifted[:3]}; "
+                             f"it prints {printed[:6]}")

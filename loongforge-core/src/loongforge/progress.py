@@ -49,8 +49,8 @@ def _size(count: float) -> str:
     return f"{count:,.0f} B" if index == 0 else f"{count:,.1f} {units[index]}"
 
 
-def _mode(stream: TextIO) -> str:
-    """``rich``, ``plain`` or ``off`` for this process, showing on ``stream``."""
+def progress_mode(stream: TextIO) -> str:
+    """``rich``, ``plain`` or ``off`` for this process, showing on ``stream`` (training's display asks too)."""
     if os.environ.get("RANK", "0") not in ("", "0"):
         return "off"
     forced = os.environ.get("LOONGFORGE_PROGRESS", "").strip().lower()
@@ -160,7 +160,7 @@ def job_progress(description: str, total: int | None = None, *, unit: str = "ite
     """Show ``description``'s progress while the ``with`` body runs (see the module docstring for the modes);
     ``plain_every`` defaults to :data:`PLAIN_EVERY_S` as it is when the job starts; ``stderr`` shows it there."""
     stream = sys.stderr if stderr else sys.stdout
-    progress = JobProgress(description, total, unit, _mode(stream), PLAIN_EVERY_S if plain_every is None
+    progress = JobProgress(description, total, unit, progress_mode(stream), PLAIN_EVERY_S if plain_every is None
                            else plain_every, stream)
     try:
         yield progress
