@@ -16,18 +16,22 @@ SENTENCES = [
 ] * 4
 
 
-def build_hf_tokenizer_dir(directory, *, eos="</s>", config=True):
-    """Train a tiny byte-level BPE with the `tokenizers` library and save it as save_pretrained would."""
+def build_hf_tokenizer_dir(directory, *, eos="</s>", config=True, specials=("<s>", "</s>", "<pad>"), append=None):
+    """Train a tiny byte-level BPE with the `tokenizers` library and save it as save_pretrained would (``config``:
+    with a tokenizer_config.json; ``append``: a post-processor writing that special token after each text)."""
     from tokenizers import Tokenizer as FastTokenizer
-    from tokenizers import decoders, models, pre_tokenizers, trainers
+    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
     tok = FastTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=["<s>", "</s>", "<pad>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        vocab_size=400, special_tokens=list(specials), initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
     tok.train_from_iterator(SENTENCES, trainer)
+    if append is not None:
+        tok.post_processor = processors.TemplateProcessing(single=f"$A {append}",
+                                                           special_tokens=[(append, tok.token_to_id(append))])
     directory.mkdir(parents=True, exist_ok=True)
     tok.save(str(directory / "tokenizer.json"))
     if config:
@@ -85,7 +89,10 @@ def test_hf_pad_defaults_to_eos_and_special_tokens_map_is_read(tmp_path):
     [
         (lambda d: None, "tokenizer directory not found"),
         (lambda d: d.mkdir(), "no tokenizer.json in"),
-        (lambda d: build_hf_tokenizer_dir(d, eos=None), "no eos_token in"),
+        (lambda d: build_hf_tokenizer_dir(d, eos=None, specials=("<s>", "<pad>")),
+         "declares none (special tokens: <s>, <pad>)"),
+        (lambda d: build_hf_tokenizer_dir(d, config=False, specials=("</s>", "<|endoftext|>")),
+         "declares none (special tokens: </s>, <|endoftext|>)"),
         (lambda d: build_hf_tokenizer_dir(d, eos="<eos>"), "eos_token '<eos>'"),
     ],
 )
@@ -95,6 +102,18 @@ def test_hf_tokenizer_errors_are_one_line_and_name_the_directory(tmp_path, setup
     with pytest.raises(DataError) as info:
         HFTokenizer(directory)
     assert message in str(info.value) and str(directory) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_bare_tokenizer_json_names_its_own_end_of_text(tmp_path):
+    """What the ``tokenizers`` library saves, with no tokenizer_config.json: the one special token spelt as an end
+    of text, or the one its post-processor appends after every text (chosen over other candidates)."""
+    alone = HFTokenizer(build_hf_tokenizer_dir(tmp_path / "a", config=False, specials=("<pad>", "<|endoftext|>")))
+    assert alone.eos_id == alone._tok.token_to_id("<|endoftext|>") and alone.pad_id == alone.eos_id
+    appended = build_hf_tokenizer_dir(tmp_path / "b", config=False, specials=("<eos>", "</s>"), append="</s>")
+    tok = HFTokenizer(appended)
+    assert tok.eos_id == tok._tok.token_to_id("</s>")
+    configured = build_hf_tokenizer_dir(tmp_path / "c", specials=("<s>", "</s>", "<pad>", "<eos>"), eos="<eos>")
+    assert HFTokenizer(configured).eos_id == HFTokenizer(configured)._tok.token_to_id("<eos>")  # the config wins
 
 
 def test_load_tokenizer_specs(tmp_path):

@@ -67,7 +67,9 @@ class HFTokenizer:
     Reads ``tokenizer.json`` with the ``tokenizers`` library (much lighter than ``transformers``, which is
     not needed) and the special tokens from ``tokenizer_config.json`` (falling back to
     ``special_tokens_map.json``), the files ``save_pretrained`` writes. ``eos_token`` is required because
-    documents are separated by it; ``bos_token`` is optional and ``pad_token`` defaults to ``eos_token``.
+    documents are separated by it; ``bos_token`` is optional and ``pad_token`` defaults to ``eos_token``. A
+    ``tokenizer.json`` alone (what the ``tokenizers`` library saves) names its end of text itself
+    (:func:`declared_eos`).
     """
 
     def __init__(self, directory: str | Path) -> None:
@@ -89,6 +91,9 @@ class HFTokenizer:
             raise DataError(f"cannot load {tokenizer_file}: {exc}") from None
         self.directory = directory
         special = _special_tokens(directory)
+        self._specials: list[str] = []
+        if "eos_token" not in special:
+            special["eos_token"], self._specials = declared_eos(tokenizer_file)
         self.eos_id = self._token_id(special.get("eos_token"), "eos_token", required=True)
         self.bos_id = self._token_id(special.get("bos_token"), "bos_token", required=False)
         pad = self._token_id(special.get("pad_token"), "pad_token", required=False)
@@ -100,8 +105,11 @@ class HFTokenizer:
     def _token_id(self, token: str | None, key: str, *, required: bool) -> int | None:
         if token is None:
             if required:
+                listed = ", ".join(self._specials) or "none"
                 raise DataError(
-                    f"no {key} in {self.directory}/tokenizer_config.json (needed to separate documents)"
+                    f"no {key} in {self.directory}/tokenizer_config.json (needed to separate documents), and its "
+                    f"tokenizer.json declares none (special tokens: {listed}); name one as {key} in "
+                    "tokenizer_config.json"
                 )
             return None
         token_id = self._tok.token_to_id(token)
@@ -117,6 +125,38 @@ class HFTokenizer:
 
     def __repr__(self) -> str:
         return f"HFTokenizer({str(self.directory)!r})"
+
+
+#: How the tokenizers people train with spell the end of a text.
+END_OF_TEXT = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|im_end|>", "<|eot_id|>")
+
+
+def declared_eos(tokenizer_file: Path) -> tuple[str | None, list[str]]:
+    """``(end-of-text token, special tokens)`` that a ``tokenizer.json`` declares by itself: the special token its
+    post-processor appends after each sequence, else its one special token spelt as an end of text
+    (:data:`END_OF_TEXT`); ``None`` when it declares none or several."""
+    try:
+        raw = json.loads(tokenizer_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise DataError(f"cannot read {tokenizer_file}: {exc}") from None
+    specials = [token["content"] for token in raw.get("added_tokens") or [] if token.get("special")]
+    appended = _appended_special(raw.get("post_processor"))
+    if appended is not None:
+        return appended, specials
+    named = [token for token in specials if token in END_OF_TEXT]
+    return (named[0] if len(named) == 1 else None), specials
+
+
+def _appended_special(processor: dict[str, Any] | None) -> str | None:
+    """The special token a ``TemplateProcessing`` post-processor writes after the sequence (``$A </s>``)."""
+    if not processor:
+        return None
+    if processor.get("type") == "Sequence":
+        return next(filter(None, map(_appended_special, processor.get("processors") or [])), None)
+    single = processor.get("single") or [] if processor.get("type") == "TemplateProcessing" else []
+    if single and "SpecialToken" in single[-1] and any("Sequence" in item for item in single):
+        return single[-1]["SpecialToken"]["id"]
+    return None
 
 
 def _special_tokens(directory: Path) -> dict[str, str]:
