@@ -2,9 +2,10 @@
 
 Why the tokenizer's own template: a model fine-tuned on one turn format must be prompted with the same one,
 and Hugging Face tokenizers carry it (``chat_template`` in ``tokenizer_config.json``, or the
-``chat_template.jinja`` file newer ``save_pretrained`` writes). It is rendered with jinja2 the way
-``transformers.apply_chat_template`` does (sandboxed, ``trim_blocks``/``lstrip_blocks``, ``raise_exception``,
-``tojson``, the special tokens as variables), without importing transformers.
+``chat_template.jinja`` file newer ``save_pretrained`` writes). It is rendered by transformers' own renderer (the
+``hf`` extra), the one ``apply_chat_template`` uses: everything real templates call -- ``raise_exception``,
+``strftime_now``, the ``{% generation %}`` tag, ``tojson`` as transformers spells it, tool schemas -- renders
+exactly as there; a template-free install trains on the byte tokenizer's template below.
 
 The built-in byte tokenizer has no template file, so :class:`ByteChatTemplate` is ours, in plain Python so that
 SFT works on a bare install (jinja2 comes with the ``hf`` extra)::
@@ -57,27 +58,23 @@ def _byte_body(message: Message) -> str:
 
 
 class JinjaChatTemplate:
-    """A Hugging Face chat template (jinja2 source) with the tokenizer's special tokens as variables."""
+    """A Hugging Face chat template (jinja2 source) with the tokenizer's special tokens as variables, rendered by
+    transformers' ``render_jinja_template``."""
 
     def __init__(self, source: str, special_tokens: dict[str, str], where: str) -> None:
         try:
             import jinja2
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
+            from transformers.utils.chat_template_utils import render_jinja_template
         except ImportError:
-            raise DataError("chat templates need jinja2: pip install 'loongforge-core[hf]'") from None
-
-        def raise_exception(message: str) -> None:
-            raise DataError(f"chat template of {where}: {message}")
-
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-        )
-        env.filters["tojson"] = lambda value, indent=None: json.dumps(value, indent=indent, ensure_ascii=False)
-        env.globals["raise_exception"] = raise_exception
+            raise DataError("chat templates are rendered by transformers, as apply_chat_template renders them: "
+                            "pip install 'loongforge-core[hf]'") from None
         try:
-            self._template = env.from_string(source)
-        except jinja2.TemplateError as exc:
-            raise DataError(f"chat template of {where} does not compile: {exc}") from None
+            jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(source)  # syntax only, before any data
+        except jinja2.TemplateSyntaxError as exc:
+            if "generation" not in str(exc):  # transformers adds the {% generation %} tag this bare parser lacks
+                raise DataError(f"chat template of {where} does not compile: {exc}") from None
+        self._render_jinja = render_jinja_template
+        self._source = source
         self._special = special_tokens
         self._where = where
 
@@ -86,11 +83,11 @@ class JinjaChatTemplate:
         import jinja2
 
         try:
-            return self._template.render(
-                messages=list(messages), add_generation_prompt=add_generation_prompt, tools=tools, **self._special
-            )
-        except jinja2.TemplateError as exc:
+            rendered, _ = self._render_jinja([list(messages)], tools=tools, chat_template=self._source,
+                                             add_generation_prompt=add_generation_prompt, **self._special)
+        except (jinja2.TemplateError, TypeError, ValueError) as exc:
             raise DataError(f"chat template of {self._where} failed: {exc}") from None
+        return rendered[0]
 
 
 def chat_template_for(tokenizer: Tokenizer) -> ChatTemplate:
