@@ -111,8 +111,9 @@ def test_quarantine_never_overwrites_an_earlier_one_and_latest_moves_back(tmp_pa
 
 
 def test_keep_last_1_with_a_corrupt_newest_checkpoint_end_to_end(tmp_path, capsys):
-    """Issue 17 item 3: save 4 and 8, corrupt 8's weights; the next run (killed after step 6, i.e. ending there
-    without a final save) falls back to step 0, saves step 4 and keeps it; step 8 is quarantined, not counted."""
+    """Issue 17 item 3: save 4 and 8, corrupt 8's weights; the next run (told to start again: ``resume: auto``
+    refuses to train over checkpoints that all fail, issue 45) runs to step 6 without a final save, saves step 4
+    and keeps it; step 8 is quarantined, not counted."""
     from loongforge.cli import main
 
     ckpts = tmp_path / "checkpoints"
@@ -125,7 +126,7 @@ def test_keep_last_1_with_a_corrupt_newest_checkpoint_end_to_end(tmp_path, capsy
     weights = max((ckpts / "step-0000008" / "model_optim").glob("*.distcp"), key=lambda p: p.stat().st_size)
     _flip(weights)
     capsys.readouterr()
-    assert main([*args, "training.steps=6", "checkpoint.save_at_end=false"]) == 0
+    assert main([*args, "training.steps=6", "checkpoint.save_at_end=false", "checkpoint.resume=restart"]) == 0
     err = capsys.readouterr().err
     quarantined = [line for line in err.splitlines() if "quarantined as step-0000008.corrupt" in line]
     assert len(quarantined) == 1 and weights.name in quarantined[0]

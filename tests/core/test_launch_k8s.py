@@ -123,7 +123,7 @@ def torchrun(container: dict[str, Any], monkeypatch) -> Any:
     """The pod's torchrun options as torch's launcher parses them (its ``PET_*`` variables included)."""
     from torch.distributed.run import parse_args
 
-    assert container["command"] == ["torchrun"]
+    assert container["command"] == ["python3", "-m", "loongforge.cluster.agent"]  # torchrun, keeping rank statuses
     for variable in container["env"]:
         monkeypatch.setenv(variable["name"], variable["value"])
     return parse_args(container["args"])
@@ -228,16 +228,20 @@ def test_restart_and_backoff_policies(capsys):
     _, jobset = manifests(capsys, *standard("jobset"))
     policy = jobset["spec"]["failurePolicy"]
     assert policy["maxRestarts"] == 5
-    assert policy["rules"] == [{"name": "preemption-restarts-for-free", "action": "RestartJobSetAndIgnoreMaxRestarts",
-                                "onJobFailureReasons": ["PodFailurePolicy"]}]
+    assert policy["rules"] == [
+        {"name": "errors-to-fix-are-not-restarted", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"],
+         "onJobFailureMessagePatterns": ["failed with exit code 2 matching FailJob rule"]},
+        {"name": "preemption-restarts-for-free", "action": "RestartJobSetAndIgnoreMaxRestarts",
+         "onJobFailureReasons": ["PodFailurePolicy"]}]
     job = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]
     assert job["backoffLimit"] == 0 and job["template"]["spec"]["restartPolicy"] == "Never"
     assert job["podFailurePolicy"]["rules"] == [
-        {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
+        {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        {"action": "FailJob", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [2]}}]
 
     _, pytorchjob = manifests(capsys, *standard("pytorchjob"))
     assert pytorchjob["spec"]["runPolicy"]["backoffLimit"] == 5
-    assert {spec["restartPolicy"] for spec in pytorchjob["spec"]["pytorchReplicaSpecs"].values()} == {"OnFailure"}
+    assert {spec["restartPolicy"] for spec in pytorchjob["spec"]["pytorchReplicaSpecs"].values()} == {"ExitCode"}
 
 
 def test_one_node_without_a_volume_warns_and_uses_an_empty_dir(capsys):
@@ -251,7 +255,8 @@ def test_one_node_without_a_volume_warns_and_uses_an_empty_dir(capsys):
         assert document["metadata"]["namespace"] == "research"
     pod = pod_specs(jobset)[0][1]
     assert {v["name"]: v for v in pod["volumes"]}["checkpoints"] == {"name": "checkpoints", "emptyDir": {}}
-    assert pod["containers"][0]["resources"] == {"limits": {"kunlunxin.com/xpu": 2}}
+    assert pod["containers"][0]["resources"] == {"limits": {"kunlunxin.com/xpu": 2},  # requests from the config
+                                                 "requests": {"cpu": "8", "memory": "32Gi"}}
     assert "--rdzv-endpoint=solo-node-0-0.solo:29500" in pod["containers"][0]["args"]
 
 

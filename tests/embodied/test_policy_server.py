@@ -4,8 +4,11 @@ in process on a declared schema, and through ``loongforge serve`` on a trained c
 
 from __future__ import annotations
 
+import base64
+import logging
 import os
 import re
+import socket
 import struct
 import subprocess
 import sys
@@ -22,7 +25,7 @@ from loongforge_embodied.sim.policy import RandomPolicy
 from loongforge_embodied.sim.protocol import pack, unpack
 from loongforge_embodied.sim.server import ServerLimits
 from policy_serving import serving
-from websockets.exceptions import ConnectionClosedError
+from websockets.exceptions import ConnectionClosedError, ConnectionClosedOK
 from websockets.sync.client import connect
 
 CAM = "observation.images.top"
@@ -73,6 +76,7 @@ def test_a_wrong_observation_gets_an_error_and_the_next_valid_request_actions(ca
 def test_limits_are_announced_and_derived_from_the_observation():
     with serving(camera_policy()) as url, PolicyClient(url) as client:
         assert client.metadata["limits"] == {"max_message_bytes": camera_policy_limit(), "max_connections": 4,
+                                             "max_connections_per_client": 4, "idle_timeout_s": 120.0,
                                              "image_sides": [8, 128]}
     three_cameras = ObservationSchema(32, ("a", "b", "c"), 224)
     assert three_cameras.default_message_bytes() == 8 * (3 * 3 * 224 * 224 * 4 + 8 * 32) + 64 * 1024
@@ -95,6 +99,57 @@ def test_connections_over_the_cap_are_refused_and_the_others_served():
                 assert client.act("t", STATE, {CAM: IMAGE}, seed=1).shape == (3, 4)
         # both closed: their slots come free (the server releases a slot once it has seen the close)
         assert _connects_within(url, attempts=200)
+
+
+def test_idle_clients_are_closed_and_their_slots_freed():
+    """Issue 45 item 7: two clients that connect and go quiet held both slots for ever, so every later client was
+    refused. Now a connection without a request for ``idle_timeout_s`` is closed with 1000 and the reason, its slot
+    is free again, and a client that keeps asking is never closed."""
+    policy = camera_policy()
+    limits = ServerLimits(max_message_bytes=1 << 20, max_connections=2, idle_timeout_s=1.0)
+    with serving(policy, limits) as url:
+        with connect(url) as idle, PolicyClient(url) as busy:
+            assert "limits" in unpack(idle.recv(timeout=10))
+            with pytest.raises(PolicyServerError, match="already serves its limit of 2"):
+                PolicyClient(url)
+            for _ in range(8):  # 1.6 s of requests 0.2 s apart: never idle for a second
+                assert busy.act("t", STATE, {CAM: IMAGE}).shape == (3, 4)
+                threading.Event().wait(0.2)
+            with pytest.raises(ConnectionClosedOK) as closed:  # the quiet one was closed, in words
+                idle.recv(timeout=10)
+            assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (1000, "idle for 1 s (the server's "
+                                                                                "--idle-timeout-s)")
+            assert _connects_within(url, attempts=100)  # its slot is free: a new client is served
+
+
+def test_a_client_that_hangs_up_after_the_handshake_is_no_error(caplog):
+    """Issue 45 item 7: a client that closed right after the websocket handshake made the server log a traceback of
+    EBADF (or ENOTCONN) from reading the peer's address. Now it is a debug line, and its slot comes free."""
+    caplog.set_level(logging.DEBUG)
+    limits = ServerLimits(max_message_bytes=1 << 20, max_connections=1)
+    with serving(camera_policy(), limits) as url:
+        host, port = url.removeprefix("ws://").split(":")
+        for _ in range(3):
+            with socket.create_connection((host, int(port))) as raw:  # the handshake, then gone at once
+                key = base64.b64encode(os.urandom(16)).decode()
+                raw.sendall(f"GET / HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
+                assert raw.recv(1024).startswith(b"HTTP/1.1 101")
+        with connect(url):  # a well-behaved client that leaves without a request
+            pass
+        assert _connects_within(url, attempts=100)  # the one slot is free again
+    failures = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert not failures, [r.getMessage() for r in failures]
+
+
+def test_one_client_address_is_held_to_its_own_limit():
+    limits = ServerLimits(max_message_bytes=1 << 20, max_connections=3, max_connections_per_client=1)
+    with serving(camera_policy(), limits) as url, PolicyClient(url) as first:
+        assert first.metadata["limits"]["max_connections_per_client"] == 1
+        with pytest.raises(PolicyServerError, match=r"already serves 1 connection\(s\) from 127.0.0.1, its limit per "
+                                                    r"client \(loongforge serve --max-connections-per-client\)"):
+            PolicyClient(url)
+        assert first.act("t", STATE, {CAM: IMAGE}).shape == (3, 4)
 
 
 def _connects_within(url: str, attempts: int) -> bool:
@@ -162,7 +217,9 @@ def test_serve_help_documents_the_limits(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "--max-message-mb MIB" in text and "refused before its body is read" in text
     assert "--max-connections N" in text and "not queued (default 4)" in text
-    for bad in (["--max-connections", "0"], ["--max-message-mb", "-1"], ["--max-message-mb", "inf"]):
+    assert "--max-connections-per-client N" in text and "--idle-timeout-s S" in text and "default 120)" in text
+    for bad in (["--max-connections", "0"], ["--max-message-mb", "-1"], ["--max-message-mb", "inf"],
+                ["--idle-timeout-s", "0"], ["--max-connections-per-client", "-2"]):
         with pytest.raises(SystemExit) as done:
             main(["serve", "ckpt", *bad])
         assert done.value.code == 2
@@ -182,15 +239,17 @@ def test_loongforge_serve_applies_its_flags_to_a_checkpoint(checkpoint):
     """``loongforge serve CKPT --max-connections 1 --max-message-mb 0.5``: the one connection is served and refuses
     a NaN state and a 1x1 image in words, then acts; a second connection is refused."""
     process = subprocess.Popen([sys.executable, "-m", "loongforge.cli", "serve", str(checkpoint), "--port", "0",
-                                "--steps", "2", "--max-connections", "1", "--max-message-mb", "0.5"],
+                                "--steps", "2", "--max-connections", "1", "--max-message-mb", "0.5",
+                                "--idle-timeout-s", "30"],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         line = process.stdout.readline()
-        assert "requests up to 0.50 MiB, 1 connection(s) at once" in line, line
+        assert "requests up to 0.50 MiB, 1 connection(s) at once, 1 per client, closed after 30 s idle" in line, line
         url = re.search(r"ws://[\d.]+:\d+", line).group(0)
         with PolicyClient(url) as client:
             assert client.metadata["limits"] == {"max_message_bytes": 2**19, "max_connections": 1,
+                                                 "max_connections_per_client": 1, "idle_timeout_s": 30.0,
                                                  "image_sides": [8, 128]}
             with pytest.raises(PolicyServerError, match="'state' is not finite at index \\[2\\]"):
                 client.act("pick up the red cube", [0.0, 0.0, np.nan, 0.0], {CAM: IMAGE})

@@ -42,12 +42,20 @@ def _configure_train(train: argparse.ArgumentParser) -> None:
     train.add_argument("--max-restarts", type=int, default=0, metavar="N",
                        help="with --nproc: when a process dies, restart all of them up to N times; they resume "
                             "from the newest checkpoint (needs checkpoint.resume: auto)")
+    train.add_argument("--dist-timeout", type=int, metavar="SECONDS",
+                       help="sets distributed.timeout_s: with several processes, a rank that finishes no step for "
+                            "this long ends the run as hung, naming the rank that stopped (exit status 4, which "
+                            "--max-restarts restarts); every process group's collectives time out just after it "
+                            "(default 1800)")
     add_trust_code_option(train, checkpoint="the checkpoint model.load names (sets run.trust_code)")
 
 
 def _overrides(args: argparse.Namespace) -> list[str]:
-    """The ``key=value`` overrides, with ``--trust-code`` (``train``, ``check``) as ``run.trust_code=true``."""
-    return [*args.overrides, *(["run.trust_code=true"] if args.trust_code else [])]
+    """The ``key=value`` overrides, with ``--trust-code`` (``train``, ``check``) as ``run.trust_code=true`` and
+    ``--dist-timeout`` (``train``) as ``distributed.timeout_s``."""
+    timeout = getattr(args, "dist_timeout", None)
+    return [*args.overrides, *(["run.trust_code=true"] if args.trust_code else []),
+            *([f"distributed.timeout_s={timeout}"] if timeout is not None else [])]
 
 
 def _configure_list(lister: argparse.ArgumentParser) -> None:

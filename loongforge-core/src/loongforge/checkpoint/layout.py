@@ -38,6 +38,7 @@ METADATA_JSON = "metadata.json"
 _TMP_PREFIX = ".tmp-"
 _STEP_RE = re.compile(r"^step-(\d{7,})$")
 QUARANTINE_SUFFIX = ".corrupt"
+_QUARANTINED_RE = re.compile(r"^step-(\d{7,})\.corrupt(-\d+)?$")
 
 
 def step_dir_name(step: int) -> str:
@@ -200,18 +201,32 @@ class CheckpointDir:
         pointer = self.root / LATEST
         if not pointer.is_file():
             return None
-        path = self.root / pointer.read_text(encoding="utf-8").strip()
-        return path if _STEP_RE.match(path.name) and path.is_dir() else None
+        try:
+            name = pointer.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):  # a damaged pointer names nothing (the scan does not need it)
+            return None
+        path = self.root / name
+        return path if _STEP_RE.match(name) and path.is_dir() else None  # a bare name: never outside the root
 
     def find_valid(self) -> tuple[Path | None, list[str]]:
-        """The newest checkpoint whose manifest verifies, plus one warning per newer checkpoint that failed (each
-        of which is quarantined, so neither a later scan nor the pruner counts it again)."""
-        warnings: list[str] = []
+        """The newest checkpoint whose manifest verifies, plus one line per newer checkpoint that failed (each
+        of which is quarantined, so neither a later scan nor the pruner counts it again); the lines say which older
+        checkpoint is used instead, when there is one."""
+        rejected: list[str] = []
         for path in list_checkpoints(self.root):
-            if self._verifies(path, on_fail=lambda line: warnings.append(f"{line}; falling back to an older one"),
-                              cached=False, progress=True):  # about to be loaded (before training): always checked
-                return path, warnings + unchecked_content(path, self.verify)
-        return None, warnings
+            if self._verifies(path, on_fail=rejected.append, cached=False, progress=True):  # about to be loaded
+                fallback = [f"{line}; falling back to the older {path.name}" for line in rejected]
+                return path, fallback + unchecked_content(path, self.verify)
+        return None, rejected
+
+    def quarantined(self) -> list[Path]:
+        """The checkpoints quarantined here so far (``step-N.corrupt``, ``step-N.corrupt-2``, ...), newest step
+        first: what a resume that finds no valid checkpoint must not silently train over."""
+        if not self.root.is_dir():
+            return []
+        found = [(int(m.group(1)), p.name, p) for p in self.root.iterdir()
+                 if p.is_dir() and (m := _QUARANTINED_RE.match(p.name))]
+        return [p for _, _, p in sorted(found, reverse=True)]
 
 
 def unchecked_content(path: Path, mode: str) -> list[str]:

@@ -29,7 +29,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from megatron.core import dist_checkpointing
@@ -39,8 +38,9 @@ from loongforge.checkpoint.carried_tokenizer import carry_run_tokenizer
 from loongforge.checkpoint.layout import CONFIG_YAML, METADATA_JSON, CheckpointDir, unchecked_content
 from loongforge.checkpoint.manifest import CheckpointCorruptError, verify_manifest
 from loongforge.checkpoint.optim_state import adam_step, load_optimizer_state, optimizer_sharded_state
+from loongforge.checkpoint.state_files import load_plain, megatron_trainer_state, restore_checked, rng_state
 from loongforge.checkpoint.torch_dist import InProcessTorchDistSaveStrategy
-from loongforge.checkpoint.writer import CheckpointWriter, RankShare
+from loongforge.checkpoint.writer import CheckpointWriter, RankShare, save_torch
 from loongforge.errors import LoongForgeError
 
 MODEL_OPTIM = "model_optim"
@@ -121,7 +121,7 @@ def save_checkpoint(
             sharded_strategy=strategy,
             async_sharded_save=True,
         )
-    torch.save(rank_state, tmp / rank_file(rank))
+    save_torch(rank_state, tmp / rank_file(rank))  # a full disk is then ENOSPC, not 'unexpected pos'
     extra_state: dict[str, Any] = {}
     if on_save is not None:
         on_save(str(tmp), extra_state)
@@ -151,20 +151,21 @@ def save_checkpoint(
 def choose_resume(ckpt_dir: CheckpointDir, resume: str, warn: Callable[[str], None]) -> Path | None:
     """The checkpoint to resume from, agreed by all ranks (rank 0 verifies; the result is broadcast).
 
-    ``resume``: ``never``; ``auto`` (newest valid checkpoint, falling back past corrupt ones with a warning,
-    or none); or a checkpoint path, which must verify. Verification is ``ckpt_dir.verify`` (``checkpoint.verify``);
-    a large checkpoint's shows its progress (:data:`~loongforge.checkpoint.manifest.LARGE_CHECKPOINT_BYTES`).
+    ``resume``: ``never``; ``auto`` (the newest valid checkpoint, falling back past corrupt ones with a warning; none
+    when the directory holds no checkpoint -- but when it holds checkpoints and none verifies, a
+    :class:`CheckpointCorruptError` naming each, rather than training again from step 0 over the run);
+    ``restart`` (as ``auto``, except that then training starts again from step 0, the rejected checkpoints kept as
+    ``step-N.corrupt``); or a checkpoint path, which must verify. Verification is ``ckpt_dir.verify``
+    (``checkpoint.verify``); a large checkpoint's shows its progress
+    (:data:`~loongforge.checkpoint.manifest.LARGE_CHECKPOINT_BYTES`).
     """
     if resume == "never":
         return None
     choice: list[Any] = [None]
     if _rank() == 0:
         try:
-            if resume == "auto":
-                path, problems = ckpt_dir.find_valid()
-                for line in problems:
-                    warn(line)
-                choice[0] = str(path) if path is not None else None
+            if resume in AUTO_RESUMES:
+                choice[0] = _newest_valid(ckpt_dir, resume, warn)
             else:
                 verify_manifest(resume, mode=ckpt_dir.verify, progress=True)  # before training: shown when large
                 for line in unchecked_content(Path(resume), ckpt_dir.verify):
@@ -179,6 +180,37 @@ def choose_resume(ckpt_dir: CheckpointDir, resume: str, warn: Callable[[str], No
     return Path(choice[0]) if choice[0] is not None else None
 
 
+#: ``checkpoint.resume`` values that scan the checkpoint directory for the newest valid checkpoint.
+AUTO_RESUMES = ("auto", "restart")
+
+
+def _newest_valid(ckpt_dir: CheckpointDir, resume: str, warn: Callable[[str], None]) -> str | None:
+    """``auto`` / ``restart``: the newest checkpoint that verifies (as a string), or ``None`` to start at step 0.
+
+    Starting at step 0 in a directory that holds checkpoints would write the new run's saves over an old run that
+    could not be resumed, so ``auto`` refuses it when any checkpoint failed verification -- now, or in an earlier
+    run, which quarantined it -- in one line naming each; ``restart`` says to go ahead (with a warning)."""
+    earlier = ckpt_dir.quarantined()
+    path, problems = ckpt_dir.find_valid()
+    if path is not None:
+        for line in problems:
+            warn(line)
+        return str(path)
+    rejected = [line.removeprefix(f"checkpoint {ckpt_dir.root}/") for line in problems]
+    rejected += [f"{p.name} (quarantined by an earlier run)" for p in earlier]
+    if not rejected:
+        return None
+    if resume == "restart":
+        warn(f"no checkpoint in {ckpt_dir.root} verifies ({'; '.join(rejected)}); starting again from step 0 "
+             "(checkpoint.resume: restart)")
+        return None
+    raise CheckpointCorruptError(
+        f"checkpoint.resume: auto found checkpoints in {ckpt_dir.root} but none that verifies: {'; '.join(rejected)}. "
+        "Refusing to train again from step 0 over them: repair or remove them, or set checkpoint.resume: restart "
+        "(start again, keeping them as step-N.corrupt) or never"
+    )
+
+
 def _root_cause(exc: BaseException) -> str:
     """The first failing rank's own message from torch's per-rank ``CheckpointException`` wrapper."""
     failures = getattr(exc, "failures", None)
@@ -188,8 +220,9 @@ def _root_cause(exc: BaseException) -> str:
 
 
 def read_trainer_json(path: Path) -> dict[str, Any]:
-    """A checkpoint's shared trainer state (step, schedule, data position, recorded settings), torch-free."""
-    return json.loads((path / TRAINER_JSON).read_text(encoding="utf-8"))
+    """A checkpoint's shared trainer state (step, schedule, data position, recorded settings), torch-free; checked
+    key by key (:mod:`loongforge.checkpoint.state_files`): a malformed file is one line naming it and the key."""
+    return megatron_trainer_state(path / TRAINER_JSON)
 
 
 def load_checkpoint(path: Path, *, model_chunks: list[Any], optimizer: Any, scheduler: Any | None) -> tuple[dict, dict]:
@@ -218,7 +251,10 @@ def load_checkpoint(path: Path, *, model_chunks: list[Any], optimizer: Any, sche
     shared = read_trainer_json(path)
     load_optimizer_state(optimizer, model_chunks, state["optimizer"], shared["optimizer_steps"])
     if scheduler is not None:
-        scheduler.load_state_dict(shared["scheduler"])
+        restore_checked(lambda: scheduler.load_state_dict(shared["scheduler"]), path / TRAINER_JSON,
+                        "the learning-rate schedule")
     own = path / rank_file(_rank())
-    rank_state = torch.load(own, map_location="cpu", weights_only=True) if own.is_file() else {}
+    rank_state: dict[str, Any] = {}
+    if own.is_file():  # every stream must be there before any is restored
+        rank_state = {"rng": rng_state(load_plain(own, "this rank's random streams"), own, key="rng")}
     return rank_state, shared

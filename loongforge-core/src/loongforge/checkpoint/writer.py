@@ -26,9 +26,13 @@ previous checkpoints stay as they were.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import json
 import os
+import shutil
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,8 +40,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from loongforge.checkpoint.layout import CheckpointDir, step_dir_name
-from loongforge.checkpoint.manifest import hash_files, list_files, write_manifest
+from loongforge.checkpoint.layout import CheckpointDir, list_checkpoints, step_dir_name, warn
+from loongforge.checkpoint.manifest import MANIFEST, hash_files, list_files, write_manifest
 from loongforge.errors import LoongForgeError
 
 
@@ -92,6 +96,116 @@ class _Pending:
     thread: threading.Thread | None = None
 
 
+#: ``errno`` values of a write that found no room: the device is full, or the user's quota is.
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
+#: How the libraries word those errors when they do not pass the ``OSError`` on (safetensors' Rust writer).
+_NO_ROOM_TEXT = ("no space left on device", "disk quota exceeded", "os error 28", "os error 122")
+#: torch's own message when a write through a file *path* fell short (the disk filled): "unexpected pos 704 vs 598".
+_SHORT_WRITE_TEXT = ("unexpected pos", "file write failed", "pytorchstreamwriter failed")
+#: Below this many free bytes a short write is taken for a full disk when the checkpoint's size is not known.
+_NEARLY_FULL = 64 << 20
+
+
+def save_torch(value: Any, path: Path) -> None:
+    """``torch.save(value)`` into the file ``path`` through a Python file object: a full disk is then the
+    ``OSError`` (ENOSPC) it is, not torch's "unexpected pos 704 vs 598" from its own C++ writer."""
+    with open(path, "wb") as handle:
+        torch.save(value, handle)
+
+
+def _format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError  # unreachable
+
+
+def checkpoint_bytes(path: Path) -> int | None:
+    """The bytes of checkpoint ``path`` as its manifest lists them (``None`` when it cannot be read)."""
+    try:
+        files = json.loads((path / MANIFEST).read_text(encoding="utf-8"))["files"]
+        return sum(int(entry["size"]) for entry in files.values()) + (path / MANIFEST).stat().st_size
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def expected_save_bytes(directory: CheckpointDir) -> tuple[int, str] | None:
+    """How many bytes the next save of this run will write, and from where that is known: the size of the newest
+    checkpoint in ``directory`` (``None`` before the first)."""
+    for path in list_checkpoints(directory.root):
+        size = checkpoint_bytes(path)
+        if size is not None:
+            return size, path.name
+    return None
+
+
+def _free_bytes(root: Path) -> int | None:
+    try:
+        return shutil.disk_usage(root).free
+    except OSError:
+        return None
+
+
+def _room_hint(directory: CheckpointDir) -> str:
+    keep = directory.keep_last
+    if keep <= 0:
+        return "checkpoint.keep_last is 0, so every checkpoint stays: delete old ones or give the run more space"
+    lower = ", or lower keep_last" if keep > 1 else ""
+    return (f"checkpoint.keep_last {keep} keeps {keep} checkpoint(s) and deletes the oldest only after the new one is "
+            f"complete, so the disk must hold {keep + 1} at once: free space or move checkpoint.dir{lower}")
+
+
+def write_failure(exc: BaseException, directory: CheckpointDir, step: int) -> str | None:
+    """One line for ``exc`` when it is a write of checkpoint ``step`` that found no room (a full disk, a quota), with
+    the bytes the save needs and those that were free for it; ``None`` for any other error."""
+    text = str(exc).lower()
+    no_room = (isinstance(exc, OSError) and exc.errno in _NO_ROOM) or any(t in text for t in _NO_ROOM_TEXT)
+    free = _free_bytes(directory.root if directory.root.exists() else directory.root.parent)
+    expected = expected_save_bytes(directory)
+    if not no_room and any(t in text for t in _SHORT_WRITE_TEXT):  # torch's writer hides the errno: look at the disk
+        no_room = free is not None and free < max(_NEARLY_FULL, expected[0] if expected else 0)
+    if not no_room:
+        return None
+    tmp = directory.tmp_path(step)
+    written = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file()) if tmp.is_dir() else 0
+    if expected is not None:
+        needed = f"needs about {_format_bytes(expected[0])} (the size of {expected[1]})"
+    else:
+        needed = f"needs more than the {_format_bytes(written)} it had written"
+    where = getattr(exc, "filename", None)
+    what = f" writing {where}" if where else ""
+    room = f", and {_format_bytes(free + written)} was free for it in {directory.root}" if free is not None else ""
+    return f"no space left on device{what}: the checkpoint {needed}{room}; {_room_hint(directory)}"
+
+
+@contextlib.contextmanager
+def named_write_errors(directory: CheckpointDir, step: int) -> Iterator[None]:
+    """Turn a full disk met while saving checkpoint ``step`` (on this rank, in the main thread) into one
+    :class:`CheckpointWriteError` line with the bytes needed (:func:`write_failure`), removing the partial save so
+    that the space it took is free again; other errors pass unchanged."""
+    try:
+        yield
+    except CheckpointWriteError:
+        raise
+    except Exception as exc:
+        problem = write_failure(exc, directory, step)
+        if problem is None:
+            raise
+        shutil.rmtree(directory.tmp_path(step), ignore_errors=True)
+        raise CheckpointWriteError(f"checkpoint step {step} was not saved ({problem}); the previous checkpoints in "
+                                   f"{directory.root} are unchanged") from None
+
+
+def warn_if_no_room(directory: CheckpointDir, step: int) -> None:
+    """A warning line before the save of ``step`` when the disk has less room than the last checkpoint took."""
+    expected = expected_save_bytes(directory)
+    free = _free_bytes(directory.root)
+    if expected is not None and free is not None and free < expected[0]:
+        warn(f"checkpoint step {step}: {_format_bytes(free)} free in {directory.root}, but {expected[1]} took "
+             f"{_format_bytes(expected[0])}: the save will probably fail for lack of space; {_room_hint(directory)}")
+
+
 def write_blobs(directory: Path, blobs: Mapping[str, bytes | memoryview]) -> None:
     """Write each ``name: bytes`` of ``blobs`` under ``directory``, fsynced: the large files of a background save
     whose snapshot is serialised bytes."""
@@ -133,6 +247,7 @@ class CheckpointWriter:
         tmp = directory.tmp_path(step)
         if rank == 0:
             directory.begin(step)
+            warn_if_no_room(directory, step)
         self._barrier()
         self._pending = _Pending(directory, step, tmp)
         return tmp
@@ -177,7 +292,7 @@ class CheckpointWriter:
         pending, self._pending = self._pending, None
         job, tmp = pending.job, pending.tmp
         rank, _ = _world()
-        errors = self._all_gather(None if job.error is None else f"{type(job.error).__name__}: {job.error}")
+        errors = self._all_gather(None if job.error is None else self._described(job.error, pending))
         self._refuse(pending, "; ".join(f"rank {r}: {error}" for r, error in enumerate(errors) if error))
         before = set(list_files(tmp)) if rank == 0 else set()
         if job.share.finalize is not None:
@@ -191,13 +306,21 @@ class CheckpointWriter:
                 write_manifest(tmp, step=pending.step, entries=merged)
                 pending.directory.commit(tmp, pending.step)
             except Exception as exc:  # noqa: BLE001 -- reported on every rank below
-                outcome = str(exc) if isinstance(exc, LoongForgeError) else f"{type(exc).__name__}: {exc}"
+                outcome = str(exc) if isinstance(exc, LoongForgeError) else self._described(exc, pending)
         self._refuse(pending, self._broadcast(outcome))
         return pending.directory.root / step_dir_name(pending.step)
 
+    @staticmethod
+    def _described(exc: BaseException, pending: _Pending) -> str:
+        """One line for a rank's failure: a full disk as such (with the bytes needed), else the error itself."""
+        return write_failure(exc, pending.directory, pending.step) or f"{type(exc).__name__}: {exc}"
+
     def _refuse(self, pending: _Pending, problem: str | None) -> None:
-        """Raise on every rank (they all get the same ``problem``): the checkpoint stays a ``.tmp-*`` directory."""
+        """Raise on every rank (they all get the same ``problem``): the checkpoint stays a ``.tmp-*`` directory --
+        except after a full disk, when rank 0 removes it so that the space it took is free again."""
         if problem:
+            if "no space left on device" in problem and _world()[0] == 0:
+                shutil.rmtree(pending.tmp, ignore_errors=True)
             raise CheckpointWriteError(f"checkpoint step {pending.step} was not saved ({problem}); the previous "
                                        f"checkpoints in {pending.directory.root} are unchanged")
 

@@ -15,10 +15,23 @@ the command line, where ``kubectl get -o yaml`` shows them) and one workload of 
 Every pod runs the same torchrun a person would type on each machine (docs/parallelism.md): c10d rendezvous on
 the first pod, ``--nproc-per-node G``, ``--max-restarts R`` for crashed ranks, then ``loongforge train`` with
 ``checkpoint.resume=auto`` and ``run.output_dir`` on the shared volume, so a restarted, rescheduled or preempted
-pod group continues from the newest checkpoint that verifies. The preemption options (pass SIGUSR1 on as well as
-SIGTERM, wait ``--shutdown-timeout`` for the save) are given as torchrun's ``PET_*`` environment variables rather
-than flags: a torch older than those flags (Kunlun's XPyTorch) ignores unknown variables, where it would refuse an
-unknown flag. ``terminationGracePeriodSeconds`` leaves that save time before the kubelet kills the pod.
+pod group continues from the newest checkpoint that verifies. torchrun runs under :mod:`loongforge.cluster.agent`
+(``python3 -m loongforge.cluster.agent`` + torchrun's own arguments), which makes the pod's exit status say what its
+ranks did: 2 for an error to fix, which the failure policies never restart (JobSet: a pod failure rule on exit code
+2 and a JobSet rule that fails the whole set on it; PyTorchJob: ``restartPolicy: ExitCode``, which retries only
+statuses above 127, those the agent gives a crash, a hang or a preemption). A TrainJob's restarts are its runtime's
+JobSet's; add the same two rules there.
+
+Every pod requests CPU and memory (``--cpu`` / ``--memory``, by default from the config: ``training.threads`` CPUs
+per rank -- :data:`DEFAULT_CPUS_PER_RANK` when unset -- and :data:`DEFAULT_MEMORY_PER_RANK_GI` GiB per rank), so the
+scheduler places it where those are free and it is not the first pod evicted under memory pressure (a pod without
+requests is ``BestEffort``). Nothing limits them: a limit would throttle the data loaders or kill a rank that
+briefly needs more (an asynchronous save copies its share of the state into memory).
+
+The preemption options (pass SIGUSR1 on as well as SIGTERM, wait ``--shutdown-timeout`` for the save) are given as
+torchrun's ``PET_*`` environment variables rather than flags: a torch older than those flags (Kunlun's XPyTorch)
+ignores unknown variables, where it would refuse an unknown flag. ``terminationGracePeriodSeconds`` leaves that save
+time before the kubelet kills the pod.
 
 Nothing here talks to a cluster. The config is validated the way ``train`` validates it (the loader, the layout for
 N x G ranks) before anything is printed, so a mistake is one ``error:`` line here rather than a crash-looping pod.
@@ -53,6 +66,15 @@ SHUTDOWN_MARGIN = 30
 TRAINJOB_RUNTIME = "torch-distributed"
 #: The replicated job of the JobSet (ours, and the one that runtime makes) and the TrainJob's trainer container.
 NODE = "node"
+#: CPUs requested per rank when ``training.threads`` is unset (one for the rank, the rest for its data and I/O).
+DEFAULT_CPUS_PER_RANK = 4
+#: Memory requested per rank, in GiB: a process with torch and its libraries, its batches and, with
+#: ``checkpoint.async_save``, a host copy of its share of the state. Pass ``--memory`` for more.
+DEFAULT_MEMORY_PER_RANK_GI = 16
+#: ``loongforge``'s exit status for an error to fix (:mod:`loongforge.cluster.agent` passes it on): never restarted.
+ERROR_TO_FIX = 2
+#: What each pod runs: torchrun under the agent that turns the ranks' statuses into the pod's.
+AGENT = ["python3", "-m", "loongforge.cluster.agent"]
 #: ConfigMap data is limited to 1 MiB by the API server.
 CONFIGMAP_LIMIT = 1 << 20
 #: Longest ``--name``: JobSet pod names are ``<name>-node-<job>-<pod>-<5 random>`` and must stay DNS labels (63).
@@ -98,8 +120,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", help="workload name, a DNS label (default: run.name); outputs go to "
                                        f"{MOUNT}/NAME")
     parser.add_argument("--namespace", help="namespace of every object (default: kubectl's current one)")
-    parser.add_argument("--cpu", help="CPU request per pod, e.g. 32 or 500m")
-    parser.add_argument("--memory", help="memory request per pod, e.g. 256Gi")
+    parser.add_argument("--cpu", help="CPU request per pod, e.g. 32 or 500m (default: training.threads, or "
+                                      f"{DEFAULT_CPUS_PER_RANK} when unset, per rank)")
+    parser.add_argument("--memory", help=f"memory request per pod, e.g. 256Gi (default: "
+                                         f"{DEFAULT_MEMORY_PER_RANK_GI}Gi per rank)")
     parser.add_argument("--checkpoint-pvc", metavar="CLAIM",
                         help=f"PersistentVolumeClaim mounted at {MOUNT} for checkpoints and outputs (ReadWriteMany "
                              "when --nodes > 1); without it (one node only) an emptyDir that dies with the pod")
@@ -160,11 +184,18 @@ def launch_from(args: argparse.Namespace) -> Launch:
     text = Path(args.config).read_text(encoding="utf-8")
     if len(text.encode("utf-8")) > CONFIGMAP_LIMIT:
         raise ConfigError(f"{args.config}: larger than a ConfigMap holds (1 MiB)")
+    cpu, memory = default_requests(config, args.gpus_per_node)
     return Launch(kind=args.kind, name=name, namespace=args.namespace, image=args.image, nodes=args.nodes,
-                  gpus_per_node=args.gpus_per_node, accelerator=args.accelerator_resource, cpu=args.cpu,
-                  memory=args.memory, pvc=args.checkpoint_pvc, max_restarts=args.max_restarts,
+                  gpus_per_node=args.gpus_per_node, accelerator=args.accelerator_resource, cpu=args.cpu or cpu,
+                  memory=args.memory or memory, pvc=args.checkpoint_pvc, max_restarts=args.max_restarts,
                   grace_seconds=args.grace_period, config_text=text,
                   train_args=(f"{CONFIG_DIR}/config.yaml", *overrides))
+
+
+def default_requests(config: Any, ranks: int) -> tuple[str, str]:
+    """The CPU and memory a pod of ``ranks`` ranks requests unless ``--cpu`` / ``--memory`` say otherwise."""
+    threads = config.training.threads or DEFAULT_CPUS_PER_RANK
+    return str(ranks * threads), f"{ranks * DEFAULT_MEMORY_PER_RANK_GI}Gi"
 
 
 def _check_name(flag: str, value: str | None, pattern: re.Pattern[str], limit: int) -> None:
@@ -274,7 +305,7 @@ def _volumes(launch: Launch) -> list[dict[str, Any]]:
 
 
 def _container(launch: Launch, name: str, port_name: str) -> dict[str, Any]:
-    return {"name": name, "image": launch.image, "command": ["torchrun"], "args": torchrun_args(launch),
+    return {"name": name, "image": launch.image, "command": list(AGENT), "args": torchrun_args(launch),
             "env": _env(launch), "ports": [{"name": port_name, "containerPort": RDZV_PORT}],
             "resources": _resources(launch), "volumeMounts": _mounts()}
 
@@ -285,33 +316,46 @@ def _pod_template(launch: Launch, container: dict[str, Any], restart_policy: str
                      "containers": [container], "volumes": _volumes(launch)}}
 
 
+#: The Job controller's failure message for a pod that matched the exit-code rule (``Container C for pod P failed
+#: with exit code 2 matching FailJob rule at index 1``), which the JobSet rule below matches.
+ERROR_TO_FIX_MESSAGE = f"failed with exit code {ERROR_TO_FIX} matching FailJob rule"
+
+
 def jobset(launch: Launch) -> dict[str, Any]:
     """One indexed Job of N pods. A failed pod fails its Job (``backoffLimit: 0``) and JobSet recreates every pod,
     up to ``--max-restarts`` times; a pod evicted or preempted (``DisruptionTarget``) restarts the group without
-    using up a restart."""
+    using up a restart; a pod that exits 2 (an error to fix, :mod:`loongforge.cluster.agent`) fails the whole
+    JobSet, which a restart would only repeat."""
     pod = _pod_template(launch, _container(launch, "trainer", "rendezvous"), "Never")
+    rules = [{"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+             {"action": "FailJob", "onExitCodes": {"containerName": "trainer", "operator": "In",
+                                                   "values": [ERROR_TO_FIX]}}]
     job = {"parallelism": launch.nodes, "completions": launch.nodes, "completionMode": "Indexed", "backoffLimit": 0,
-           "podFailurePolicy": {"rules": [{"action": "FailJob",
-                                            "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]},
-           "template": pod}
+           "podFailurePolicy": {"rules": rules}, "template": pod}
     return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": _metadata(launch, launch.name),
             "spec": {"network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
                      "failurePolicy": {"maxRestarts": launch.max_restarts,
-                                       "rules": [{"name": "preemption-restarts-for-free",
+                                       "rules": [{"name": "errors-to-fix-are-not-restarted", "action": "FailJobSet",
+                                                  "onJobFailureReasons": ["PodFailurePolicy"],
+                                                  "onJobFailureMessagePatterns": [ERROR_TO_FIX_MESSAGE]},
+                                                 {"name": "preemption-restarts-for-free",
                                                   "action": "RestartJobSetAndIgnoreMaxRestarts",
                                                   "onJobFailureReasons": ["PodFailurePolicy"]}]},
                      "replicatedJobs": [{"name": NODE, "replicas": 1, "template": {"spec": job}}]}}
 
 
 def pytorchjob(launch: Launch) -> dict[str, Any]:
-    """A Master and N-1 Workers. ``OnFailure`` restarts a failed container in its pod (same name, so the
-    rendezvous re-forms), at most ``--max-restarts`` times over the job (``runPolicy.backoffLimit``). The operator's
-    own ``MASTER_ADDR``/``PET_*`` variables are overridden by the explicit torchrun flags."""
+    """A Master and N-1 Workers. ``restartPolicy: ExitCode`` has the operator recreate a pod that failed with a
+    retryable status (above 127: the agent's crash, hang and preemption statuses; same name, so the rendezvous
+    re-forms), at most ``--max-restarts`` times over the job (``runPolicy.backoffLimit``), and fail the job on any
+    other (2: an error to fix). The operator's own ``MASTER_ADDR``/``PET_*`` variables are overridden by the explicit
+    torchrun flags."""
     # The operator finds the trainer by these names: the container "pytorch", the master's port "pytorchjob-port".
-    template = _pod_template(launch, _container(launch, "pytorch", "pytorchjob-port"), "OnFailure")
-    replicas = {"Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template}}
+    # Under ExitCode it restarts pods itself: the pods' own policy is Never.
+    template = _pod_template(launch, _container(launch, "pytorch", "pytorchjob-port"), "Never")
+    replicas = {"Master": {"replicas": 1, "restartPolicy": "ExitCode", "template": template}}
     if launch.nodes > 1:
-        replicas["Worker"] = {"replicas": launch.nodes - 1, "restartPolicy": "OnFailure", "template": template}
+        replicas["Worker"] = {"replicas": launch.nodes - 1, "restartPolicy": "ExitCode", "template": template}
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": _metadata(launch, launch.name),
             "spec": {"nprocPerNode": str(launch.gpus_per_node),
                      "runPolicy": {"backoffLimit": launch.max_restarts, "cleanPodPolicy": "Running"},

@@ -11,6 +11,11 @@ requeues (torchrun's own ``--log-dir`` makes a directory per attempt and local r
 
 The command runs in this process, not a child, so the signals Slurm and torchrun send reach the training loop
 directly.
+
+``--keep-output`` leaves the output where it goes (a Kubernetes pod's log, :mod:`loongforge.cluster.agent`) and
+records the status only. A rank whose previous attempt under the same torchrun (``TORCHELASTIC_RESTART_COUNT`` > 0)
+recorded status 2 -- an error to fix, which a restart repeats -- exits 2 again at once, so torchrun's
+``--max-restarts`` cannot spend minutes per restart loading a run that fails the same way.
 """
 
 from __future__ import annotations
@@ -32,16 +37,23 @@ def status_path(log_dir: Path, rank: int) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    keep_output = bool(argv) and argv[0] == "--keep-output"
+    argv = argv[1:] if keep_output else argv
     if len(argv) < 2 or "RANK" not in os.environ:
-        print("usage: RANK=R python -m loongforge.cluster.rank LOG_DIR COMMAND... (run by torchrun, which sets RANK)",
-              file=sys.stderr)
+        print("usage: RANK=R python -m loongforge.cluster.rank [--keep-output] LOG_DIR COMMAND... (run by torchrun, "
+              "which sets RANK)", file=sys.stderr)
         return 2
     log_dir, command = Path(argv[0]), argv[1:]
     rank = int(os.environ["RANK"])
     log_dir.mkdir(parents=True, exist_ok=True)
     status_file = status_path(log_dir, rank)
+    if _failed_to_fix_before(status_file):
+        print(f"[loongforge] rank {rank}: the previous attempt exited with status 2 (an error to fix, see its "
+              "output); not running it again", file=sys.stderr, flush=True)
+        return 2
     status_file.unlink(missing_ok=True)  # an earlier attempt's status must not speak for this one
-    _redirect_output(log_path(log_dir, rank), rank)
+    if not keep_output:
+        _redirect_output(log_path(log_dir, rank), rank)
 
     from loongforge.cli import main as loongforge_main
 
@@ -54,6 +66,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         _write_status(status_file, status)
     return status
+
+
+def _failed_to_fix_before(status_file: Path) -> bool:
+    """Whether this is a torchrun restart after which this rank's previous attempt recorded status 2."""
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0 or not status_file.is_file():
+        return False
+    try:
+        return status_file.read_text(encoding="utf-8").strip() == "2"
+    except OSError:
+        return False
 
 
 def _redirect_output(path: Path, rank: int) -> None:

@@ -3,8 +3,10 @@
 What the script does, and why each piece is there:
 
 * **One torchrun agent per node** (``srun --ntasks-per-node=1``), each starting ``--nproc-per-node`` ranks, with
-  c10d rendezvous on the allocation's first node at a port derived from the job id (two jobs sharing a node do not
-  collide; ``--rdzv-port`` pins it). ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` gives every torchrun restart a fresh
+  c10d rendezvous on the node the batch script runs on (``SLURMD_NODENAME``, the allocation's first node) at a port
+  derived from the job id and checked there before use: the first free port from ``20000 + job id % 10000`` on, so
+  two jobs on one head node do not collide even when their ids agree modulo 10000, nor with a port another program
+  holds (``--rdzv-port`` pins it). ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` gives every torchrun restart a fresh
   store on every node (docs/reliability.md, "Elastic restarts").
 * **Preemption.** ``#SBATCH --signal=USR1@LEAD`` has Slurm send SIGUSR1 to every process of the job step -- the
   agents and the ranks, not the batch shell -- LEAD seconds before the time limit; scancel and a preempting job send
@@ -24,7 +26,10 @@ What the script does, and why each piece is there:
   rank), appended across torchrun restarts and requeues.
 * **Devices.** ``--gpus-per-node G`` asks Slurm for G GPUs per node and starts G ranks per node; without it the
   job asks for none and the config's ``device`` decides (``auto``: the CPU, over gloo, when no accelerator is
-  visible). OpenMP threads are the node's CPUs (``--cpus-per-task``) divided among its ranks.
+  visible). OpenMP threads are the node's CPUs (``--cpus-per-task``) divided among its ranks. Without
+  ``--cpus-per-task`` the job asks for ``training.threads`` CPUs per rank (one per rank when that is unset and no
+  GPUs are asked for: Slurm's own default, one CPU for the whole task, would put every rank on it); a GPU job with
+  neither gets the site's default (``DefCpuPerGPU``).
 
 The config is loaded and its layout checked for N x P ranks before anything is printed, so a mistake is one
 ``error:`` line here rather than a job that fails in the queue. Nothing here talks to Slurm.
@@ -39,6 +44,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from loongforge.cluster.layout import check_layout
 from loongforge.config import load_config
@@ -162,6 +168,7 @@ def job_from(args: argparse.Namespace) -> SlurmJob:
     overrides = (*args.overrides, "checkpoint.resume=auto")
     config = load_config(args.config, overrides)
     check_layout(config, args.nodes * nproc)
+    cpus = args.cpus_per_task if args.cpus_per_task is not None else default_cpus(config, nproc, args.gpus_per_node)
     chdir = args.chdir if args.chdir is not None else os.getcwd()
     job_name = args.job_name if args.job_name is not None else config.run.name
     for flag, value in (("--job-name" if args.job_name is not None else f"run.name in {config.source} (the job name)",
@@ -170,13 +177,40 @@ def job_from(args: argparse.Namespace) -> SlurmJob:
             raise ConfigError(f"{flag} {value!r} cannot be an #SBATCH value: it is empty or holds whitespace")
     return SlurmJob(config=args.config, overrides=overrides, job_name=job_name,
                     nodes=args.nodes, nproc_per_node=nproc, gpus_per_node=args.gpus_per_node,
-                    cpus_per_task=args.cpus_per_task, time=args.time, partition=args.partition,
+                    cpus_per_task=cpus, time=args.time, partition=args.partition,
                     account=args.account, chdir=chdir,
                     log_dir=args.log_dir if args.log_dir is not None else f"{config.run.output_dir}/slurm",
                     python=args.python, requeue=args.requeue, max_requeues=args.max_requeues if args.requeue else 0,
                     signal_lead_s=lead, shutdown_timeout_s=shutdown, max_restarts=args.max_restarts,
                     rdzv_port=args.rdzv_port)
 
+
+
+def default_cpus(config: Any, nproc: int, gpus_per_node: int | None) -> int | None:
+    """``--cpus-per-task`` when it is not given: ``training.threads`` per rank; one per rank for a CPU job without
+    it; ``None`` (the site's default per GPU) for a GPU job without it."""
+    if config.training.threads:
+        return nproc * config.training.threads
+    return nproc if gpus_per_node is None else None
+
+
+#: Prints the first port from ``argv[1]`` on (wrapping within the job-id range) that nothing on this node holds;
+#: ``argv[1]`` itself when all of the 200 tried are taken, so that torchrun's own error names it.
+_FREE_PORT = f"""\
+import socket, sys
+first = int(sys.argv[1])
+for i in range(200):
+    port = {RDZV_PORT_BASE} + (first - {RDZV_PORT_BASE} + i) % {RDZV_PORT_SPAN}
+    with socket.socket() as probe:
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError:
+            continue
+    print(port)
+    break
+else:
+    print(first)
+"""
 
 
 def _directives(job: SlurmJob) -> list[str]:
@@ -231,8 +265,9 @@ def render(job: SlurmJob) -> str:
     """The sbatch script for ``job``."""
     q = shlex.quote
     world = job.nodes * job.nproc_per_node
+    first_port = f"$(({RDZV_PORT_BASE} + SLURM_JOB_ID % {RDZV_PORT_SPAN}))"
     port = (str(job.rdzv_port) if job.rdzv_port is not None
-            else f"$(({RDZV_PORT_BASE} + SLURM_JOB_ID % {RDZV_PORT_SPAN}))")
+            else f'$("$python" - {first_port} <<\'PORT\'\n{_FREE_PORT}PORT\n)')
     srun_cpus = f" --cpus-per-task={job.cpus_per_task}" if job.cpus_per_task is not None else ""
     train = " ".join(q(part) for part in ("train", job.config, *job.overrides))
     header = "\n".join(_directives(job))
@@ -254,7 +289,9 @@ restarts=${{SLURM_RESTART_COUNT:-0}}
 trap '' USR1  # SIGUSR1 is for the ranks: a signal to the whole job must not end this script mid-save
 mkdir -p "$logs"
 rm -f "$logs"/rank-*.status
-head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+# the rendezvous host is this node (Slurm runs the batch script on the allocation's first node), where its port
+# is checked free
+head=${{SLURMD_NODENAME:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)}}
 port={port}
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1  # a fresh rendezvous store for each torchrun restart, on every node
 export PET_SIGNALS_TO_HANDLE={SIGNALS} PET_SHUTDOWN_TIMEOUT={job.shutdown_timeout_s}

@@ -305,8 +305,10 @@ class CheckpointConfig:
     #: Keep the newest N verified checkpoints (older ones are deleted after a successful save; one that fails
     #: verification is renamed step-N.corrupt, left in place and never counted). 0 keeps every checkpoint.
     keep_last: int = 2
-    #: ``auto`` resumes from the newest valid checkpoint in ``dir`` if one exists; ``never`` starts fresh;
-    #: a path resumes from that checkpoint.
+    #: ``auto`` resumes from the newest valid checkpoint in ``dir`` if one exists (none: starts at step 0), and
+    #: refuses to start (one line naming each) when ``dir`` holds checkpoints but none verifies; ``restart`` is
+    #: ``auto`` that then starts again from step 0 (the rejected ones stay as ``step-N.corrupt``); ``never`` starts
+    #: fresh; a path resumes from that checkpoint.
     resume: str = "auto"
     save_at_end: bool = True
     #: A resumed run compares the checkpoint's optimizer and schedule settings (lr, min_lr, warmup, decay, weight
@@ -328,6 +330,19 @@ class CheckpointConfig:
     save_on_signal: bool = True
     #: Also write each checkpoint in Hugging Face format (``<checkpoint>/hf``: safetensors + config.json).
     save_hf: bool = False
+
+
+@dataclass
+class DistributedConfig:
+    """How long the processes of a multi-process run wait for each other before the run is ended as hung."""
+
+    #: Seconds every process group's collectives may wait (the default group's, megatron's and every group made
+    #: later), and the deadline of the hang watchdog: a rank that finishes no step for this long looks up which rank
+    #: stopped (each rank's heartbeat in the rendezvous store), names it in one line and exits with status
+    #: :data:`~loongforge.parallel.distributed.HUNG_EXIT_STATUS`, so that ``--max-restarts``, Slurm and Kubernetes
+    #: restart the job from its newest checkpoint. Must exceed the longest step, save or evaluation (and a resume's
+    #: verification of the checkpoint, which the other ranks wait for). ``loongforge train --dist-timeout S`` sets it.
+    timeout_s: int = 1800
 
 
 @dataclass
@@ -394,6 +409,7 @@ class LoongForgeConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     #: The three sections below belong to plugins: kept here as the mappings the YAML gave, each is typed by a
     #: dataclass its plugin declares and checked before a run like core's sections
     #: (:mod:`loongforge.config.plugin_sections`).

@@ -17,7 +17,15 @@ import yaml
 import loongforge
 from loongforge.checkpoint.layout import CheckpointDir, warn
 from loongforge.checkpoint.rng import capture_rng_state, restore_rng_state
-from loongforge.checkpoint.saver import choose_resume, load_checkpoint, read_trainer_json, save_checkpoint
+from loongforge.checkpoint.saver import (
+    TRAINER_JSON,
+    choose_resume,
+    load_checkpoint,
+    rank_file,
+    read_trainer_json,
+    save_checkpoint,
+)
+from loongforge.checkpoint.state_files import restore_checked
 from loongforge.checkpoint.writer import CheckpointWriter
 from loongforge.config.loader import config_to_dict
 from loongforge.config.schema import LoongForgeConfig
@@ -114,10 +122,12 @@ class RunCheckpoints:
             trainer.scheduler.step(increment=int(shared["scheduler"]["num_steps"]))
             warn(f"{path}: optimizer/schedule settings differ from the checkpoint's; continuing with this config's "
                  "(checkpoint.override_schedule)")
-        trainer.data.load_state_dict(shared["data"])
+        restore_checked(lambda: trainer.data.load_state_dict(shared["data"]), path / TRAINER_JSON,
+                        "the data position ('data')")
         trainer.step = int(shared["step"])
         if rank_state:
-            restore_rng_state(rank_state["rng"], self.backend)
+            own = path / rank_file(trainer.rank)
+            restore_checked(lambda: restore_rng_state(rank_state["rng"], self.backend), own, "the random streams")
         else:
             warn(f"{path} was saved by fewer processes: this rank's RNG streams start fresh")
         self.host.on_checkpoint_load(trainer, str(path), shared.get("extra_state", {}))

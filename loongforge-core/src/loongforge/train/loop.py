@@ -57,6 +57,7 @@ from loongforge.train.trackers import validate_trackers
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from loongforge.parallel.distributed import Heartbeat
     from loongforge.train.engines.base import StepResult
     from loongforge.train.metrics import MetricsWriter
     from loongforge.train.preemption import PreemptionWatch
@@ -81,6 +82,7 @@ def validate_loop_settings(config: LoongForgeConfig) -> None:
         ("training.max_recoveries", config.training.max_recoveries, 0, ""),
         ("evaluation.interval", config.evaluation.interval, 0, " (0 turns evaluation off)"),
         ("evaluation.steps", config.evaluation.steps, 1, ""),
+        ("distributed.timeout_s", config.distributed.timeout_s, 1, ""),
     )
     for key, value, least, meaning in limits:
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -100,12 +102,17 @@ def validate_loop_settings(config: LoongForgeConfig) -> None:
 
 
 def fit(trainer: Trainer, metrics: MetricsWriter, progress: ProgressDisplay,
-        preemption: PreemptionWatch | None = None) -> dict[str, Any]:
+        preemption: PreemptionWatch | None = None, heartbeat: Heartbeat | None = None) -> dict[str, Any]:
     """Step until ``training.steps`` (or until a plugin sets ``trainer.should_stop``), logging, checkpointing,
     judging each step and calling lifecycle hooks; return the summary. Raises
     :class:`~loongforge.errors.TrainingDivergedError` for a bad step it does not recover from and
-    :class:`~loongforge.errors.TrainingPreempted` after saving at the boundary that follows a preemption signal."""
+    :class:`~loongforge.errors.TrainingPreempted` after saving at the boundary that follows a preemption signal.
+
+    ``heartbeat`` (several processes: :class:`~loongforge.parallel.distributed.Heartbeat`) is told of every step
+    boundary, and of the final save: one step, its evaluation and its save must each come within
+    ``distributed.timeout_s`` of the boundary before, or the watchdog ends the run as hung."""
     config, host = trainer.config, trainer.host
+    beat = heartbeat.beat if heartbeat is not None else _no_beat
     total, log_every, save_every = config.training.steps, config.logging.interval, config.checkpoint.interval
     eval_every = config.evaluation.interval
     health = StepHealth(config.training)
@@ -116,6 +123,7 @@ def fit(trainer: Trainer, metrics: MetricsWriter, progress: ProgressDisplay,
     speed = StepSpeed.of(trainer)
     try:
         while trainer.step < total and not trainer.should_stop:
+            beat(trainer.step)  # the deadline of this step (and its evaluation and save)
             result, row = _step(trainer, health, speed)
             trainer.step += 1
             bad = result.bad or health.judge(result.loss, result.grad_norm, lr=row["lr"], step=trainer.step)
@@ -150,6 +158,7 @@ def fit(trainer: Trainer, metrics: MetricsWriter, progress: ProgressDisplay,
                 break
         if unlogged:  # stopped between two logging steps: the partial interval still reaches the sinks
             _log(metrics, trainer.step, unlogged)
+        beat(trainer.step)  # the final save's deadline
         if preempted_by is not None:
             if saved_step != trainer.step:
                 _save(trainer, metrics, progress, healthy=not health.suspect)
@@ -160,8 +169,14 @@ def fit(trainer: Trainer, metrics: MetricsWriter, progress: ProgressDisplay,
             _save(trainer, metrics, progress, healthy=not health.suspect)
         _complete_save(trainer, progress, wait=True)
     finally:
+        if heartbeat is not None:  # what follows (the after-training sample, the report) is no step
+            heartbeat.stop()
         progress.close()
     return _summary(trainer, history, start_step, speed)
+
+
+def _no_beat(step: int) -> None:
+    """The heartbeat of a run of one process (nothing to watch for)."""
 
 
 def _step(trainer: Trainer, health: StepHealth, speed: StepSpeed) -> tuple[StepResult, dict[str, Any]]:
@@ -232,10 +247,14 @@ def _save(trainer: Trainer, metrics: MetricsWriter, progress: ProgressDisplay, *
     """Sync the metrics up to this step to disk, then save the checkpoint (a background save still pending is
     committed first); return the saved step. ``healthy``: no collapse was under way, so a rewind may come back
     here."""
+    from loongforge.checkpoint.writer import named_write_errors
+
     _complete_save(trainer, progress, wait=True)
-    metrics.sync()
     trainer.saving_healthy = healthy  # the one save in flight: committed now, or by a later _complete_save
-    _saved(trainer, progress, trainer.engine.save(trainer))  # None: written in the background (checkpoint.async_save)
+    with named_write_errors(trainer.checkpoints, trainer.step):  # a full disk: one line with the bytes needed
+        metrics.sync()
+        path = trainer.engine.save(trainer)  # None: written in the background (checkpoint.async_save)
+    _saved(trainer, progress, path)
     return trainer.step
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import random
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -88,6 +89,8 @@ def _validate(config: LoongForgeConfig, device: str | None, device_source: str) 
     import torch.distributed as dist
 
     world_size = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+    if config.checkpoint.resume == "restart":  # a keyword like auto (the pre-flight checks any other value as a path)
+        config = replace(config, checkpoint=replace(config.checkpoint, resume="auto"))
     preflight(config, nproc=world_size, device=device, device_source=device_source)
 
 
@@ -111,7 +114,7 @@ def run_training(config: LoongForgeConfig, *, device: str | None = None, device_
             backend.configure_env()
             from loongforge.parallel.distributed import init_distributed, shutdown_distributed
 
-            info = init_distributed(backend)
+            info = init_distributed(backend, timeout_s=config.distributed.timeout_s)
             try:
                 return _run(config, host, backend, reason, info, watch)
             finally:
@@ -316,6 +319,7 @@ def _train(trainer: Any, config: LoongForgeConfig, info: Any, watch: Any) -> dic
     (a text sample, a task's samples and scores: their pictures reach the trackers, which close after it),
     ``on_train_end`` and the closing report."""
     from loongforge.config.loader import config_to_dict
+    from loongforge.parallel.distributed import start_heartbeat
     from loongforge.train.loop import fit
     from loongforge.train.metrics import MetricsWriter
     from loongforge.train.progress import ProgressDisplay
@@ -335,7 +339,12 @@ def _train(trainer: Any, config: LoongForgeConfig, info: Any, watch: Any) -> dic
         trainer.media = trackers
         progress = ProgressDisplay(config.training.steps, start_step=trainer.step, rank=rank, enabled=log.progress)
         watch.connect(world_size=info.world_size, device=trainer.backend.device(info.local_rank))
-        summary = fit(trainer, metrics, progress, watch)
+        heartbeat = start_heartbeat(info, config.distributed.timeout_s)  # finds a hung rank (several processes)
+        try:
+            summary = fit(trainer, metrics, progress, watch, heartbeat=heartbeat)
+        finally:
+            if heartbeat is not None:
+                heartbeat.stop()
         summary.update(trainer.engine.finish(trainer))
     finally:
         metrics.close()

@@ -30,8 +30,17 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from loongforge.checkpoint.layout import CONFIG_YAML, warn
+from loongforge.checkpoint.manifest import CheckpointCorruptError
 from loongforge.checkpoint.rng import capture_rng_state, restore_rng_state
-from loongforge.checkpoint.writer import CheckpointWriter, RankShare, write_blobs
+from loongforge.checkpoint.state_files import (
+    TASK_STATE,
+    check_fields,
+    load_plain,
+    restore_checked,
+    rng_state,
+    task_trainer_state,
+)
+from loongforge.checkpoint.writer import CheckpointWriter, RankShare, save_torch, write_blobs
 from loongforge.config.loader import config_to_dict
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import ConfigError
@@ -119,6 +128,16 @@ def _state_blobs(model_state: dict, optim_state: dict, state: dict) -> dict[str,
         torch.save(value, buffer)
         blobs[name] = buffer.getbuffer()
     return blobs
+
+
+def _safetensors(path: Path, device: str) -> dict[str, torch.Tensor]:
+    """The tensors of a checkpoint's safetensors file; a missing or damaged one is one line naming it."""
+    if not path.is_file():
+        raise CheckpointCorruptError(f"{path}: missing (the model's weights)")
+    try:
+        return load_file(str(path), device=device)
+    except Exception as exc:  # safetensors' own error type for a bad header or truncated data  # noqa: BLE001
+        raise CheckpointCorruptError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from None
 
 
 def _strategy(config: LoongForgeConfig, world_size: int, host: Any) -> tuple[Any, Any]:
@@ -329,7 +348,7 @@ class TaskEngine(StepEngine):
         tmp = self._saves.begin(trainer.checkpoints, step)
         full = self.full_state()
         rng = f"rng-{self.rank}.pt"
-        torch.save(capture_rng_state(self.backend), tmp / rng)
+        save_torch(capture_rng_state(self.backend), tmp / rng)
         if self.rank != 0:
             return self._saves.submit(RankShare(files=[rng]))
         model_state, optim_state = full
@@ -366,7 +385,7 @@ class TaskEngine(StepEngine):
         optimizer and schedule settings must match the checkpoint's (:mod:`loongforge.train.resume_settings`); the
         hyper-parameters in the optimizer's param groups are this config's either way (equal unless
         ``checkpoint.override_schedule`` accepted new ones), the moments the checkpoint's."""
-        meta = json.loads((path / "trainer.json").read_text(encoding="utf-8"))
+        meta = task_trainer_state(path / "trainer.json")  # checked key by key: one line naming a bad one
         if meta.get("model") != self.config.model.name:
             raise ConfigError(f"checkpoint {path} is of model '{meta.get('model')}', the run is "
                               f"'{self.config.model.name}' (set checkpoint.resume: never to start fresh)")
@@ -374,26 +393,33 @@ class TaskEngine(StepEngine):
             warn(f"{path}: optimizer/schedule settings differ from the checkpoint's; continuing with this config's "
                  "(checkpoint.override_schedule)")
         configured = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
-        model_state = load_file(str(path / "model.safetensors"), device=str(self.device))
-        optim_state = torch.load(path / "optimizer.pt", weights_only=True)
-        if self.strategy is not None and self.strategy.kind in ("fsdp2", "hsdp"):
-            self.strategy.load_full_state(self.model, self.optimizer, model_state, optim_state)
-        elif self.strategy is not None:
-            self.strategy.load_full_state(self.model, self.optimizer, model_state,
-                                          _indexed_optimizer_state(optim_state, self.param_names))
-        else:
-            self.model.load_state_dict(model_state)
-            self.optimizer.load_state_dict(_indexed_optimizer_state(optim_state, self.param_names))
+        state = check_fields(load_plain(path / "state.pt", "the task's state and data position"), TASK_STATE,
+                             str(path / "state.pt"))
+        rng = path / f"rng-{self.rank}.pt"
+        streams = rng_state(load_plain(rng, "this rank's random streams"), rng) if rng.is_file() else None
+        model_state = _safetensors(path / "model.safetensors", str(self.device))
+        optim_state = load_plain(path / "optimizer.pt", "the optimizer's state")
+
+        def load_weights() -> None:
+            if self.strategy is not None and self.strategy.kind in ("fsdp2", "hsdp"):
+                self.strategy.load_full_state(self.model, self.optimizer, model_state, optim_state)
+            elif self.strategy is not None:
+                self.strategy.load_full_state(self.model, self.optimizer, model_state,
+                                              _indexed_optimizer_state(optim_state, self.param_names))
+            else:
+                self.model.load_state_dict(model_state)
+                self.optimizer.load_state_dict(_indexed_optimizer_state(optim_state, self.param_names))
+
+        restore_checked(load_weights, path / "optimizer.pt", "the model and optimizer state (model.safetensors, "
+                                                             "optimizer.pt)")
         for group, settings in zip(self.optimizer.param_groups, configured, strict=True):
             group.update(settings)
-        state = torch.load(path / "state.pt", weights_only=True)
-        self.task.load_state_dict(state["task"])
+        restore_checked(lambda: self.task.load_state_dict(state["task"]), path / "state.pt", "the task's state")
         self.order.position = state["data_position"]
         trainer.step = meta["step"]
         trainer.scheduler.step(increment=int(meta.get("scheduler_samples", trainer.step * self.samples_per_step)))
-        rng = path / f"rng-{self.rank}.pt"
-        if rng.is_file():
-            restore_rng_state(torch.load(rng, weights_only=True), self.backend)
+        if streams is not None:
+            restore_checked(lambda: restore_rng_state(streams, self.backend), rng, "the random streams")
         else:
             warn(f"{path} was written by {meta.get('world_size')} rank(s): rank {self.rank} starts fresh random "
                  "streams (the continuation is not bit-exact)")

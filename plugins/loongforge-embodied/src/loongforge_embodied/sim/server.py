@@ -12,11 +12,16 @@ What one client can cost the server is bounded (:class:`ServerLimits`, sent to c
   -- and the connection is closed with code 1009 and the sizes as the reason. The default is derived from the
   policy's observation (:meth:`~loongforge_embodied.sim.observation.ObservationSchema.default_message_bytes`).
   Each connection also buffers at most one incoming frame ahead of the one being answered.
-- **connections**: at most ``max_connections`` are served at once. One more is *refused*, not queued: it gets
-  ``{"error": ...}`` in place of the metadata and is closed with 1013 (try again later). A robot's control loop
-  is better served by an immediate error it can act on than by a socket that silently waits for a slot, and a
-  queue would itself be memory an unbounded number of clients could fill. Dead peers free their slot through
-  websockets' keepalive pings.
+- **connections**: at most ``max_connections`` are served at once, and at most ``max_connections_per_client``
+  from one address (by default as many as the total: set it when clients on several machines share a server, so
+  that one of them cannot take every slot). One more is *refused*, not queued: it gets ``{"error": ...}`` in place
+  of the metadata and is closed with 1013 (try again later). A robot's control loop is better served by an
+  immediate error it can act on than by a socket that silently waits for a slot, and a queue would itself be
+  memory an unbounded number of clients could fill. Dead peers free their slot through websockets' keepalive
+  pings; live but *idle* ones through ``idle_timeout_s``: a connection that sends no request for that long (after
+  the metadata, or after its last answer) is closed with 1000 and the reason, so a client that connected and went
+  quiet cannot hold a slot for ever. A client that hangs up during or right after the handshake is no error: the
+  slot comes free with nothing logged above debug level.
 - **content**: every request is checked against the policy's schema (:mod:`~loongforge_embodied.sim.observation`:
   state length and finiteness, cameras, image dtype/shape/size, task and seed types); a wrong one is answered with
   ``{"error": ...}`` and the connection stays usable.
@@ -41,6 +46,8 @@ from loongforge_embodied.sim.protocol import pack, unpack
 
 #: Connections served at once unless ``--max-connections`` says otherwise.
 DEFAULT_MAX_CONNECTIONS = 4
+#: Seconds a connection may go without a request before it is closed, unless ``--idle-timeout-s`` says otherwise.
+DEFAULT_IDLE_TIMEOUT_S = 120.0
 log = logging.getLogger(__name__)
 
 
@@ -52,18 +59,30 @@ class ServerLimits:
     max_message_bytes: int
     #: Connections served at once; one more is refused with an error message (not queued).
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    #: Connections served at once from one client address (``None``: up to ``max_connections``).
+    max_connections_per_client: int | None = None
+    #: Seconds without a request after which a connection is closed (its slot freed).
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
 
     def __post_init__(self) -> None:
-        if self.max_message_bytes < 1 or self.max_connections < 1:
+        per_client = self.max_connections_per_client
+        if self.max_message_bytes < 1 or self.max_connections < 1 or (per_client is not None and per_client < 1) \
+                or not 0 < self.idle_timeout_s < float("inf"):
             raise ValueError(f"server limits must be positive, got {self}")
+
+    @property
+    def per_client(self) -> int:
+        """Connections one client address may hold."""
+        return min(self.max_connections, self.max_connections_per_client or self.max_connections)
 
     @classmethod
     def for_policy(cls, metadata: dict[str, Any], *, max_message_bytes: int | None = None,
-                   max_connections: int = DEFAULT_MAX_CONNECTIONS) -> ServerLimits:
+                   max_connections: int = DEFAULT_MAX_CONNECTIONS, max_connections_per_client: int | None = None,
+                   idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S) -> ServerLimits:
         """The limits for a policy: ``max_message_bytes`` defaults to what its observation schema implies."""
         if max_message_bytes is None:
             max_message_bytes = ObservationSchema.from_metadata(metadata).default_message_bytes()
-        return cls(max_message_bytes, max_connections)
+        return cls(max_message_bytes, max_connections, max_connections_per_client, idle_timeout_s)
 
 
 class PolicyHandler:
@@ -73,36 +92,77 @@ class PolicyHandler:
         self.policy, self.limits = policy, limits
         self.schema = ObservationSchema.from_metadata(policy.metadata)
         limits_meta: dict[str, Any] = {"max_message_bytes": limits.max_message_bytes,
-                                       "max_connections": limits.max_connections}
+                                       "max_connections": limits.max_connections,
+                                       "max_connections_per_client": limits.per_client,
+                                       "idle_timeout_s": limits.idle_timeout_s}
         if self.schema.cameras:
             limits_meta["image_sides"] = list(self.schema.image_sides())
         self.metadata = {**policy.metadata, "limits": limits_meta}
         self._lock = threading.Lock()
-        self._slots = threading.BoundedSemaphore(limits.max_connections)
+        #: Connections being served, in all and by client address (under ``_count_lock``).
+        self._count_lock = threading.Lock()
+        self._serving = 0
+        self._by_client: dict[str, int] = {}
 
     def __call__(self, connection: ServerConnection) -> None:
-        peer = connection.remote_address  # read now: the socket may be gone by the time a message is logged
-        if not self._slots.acquire(blocking=False):
-            self._refuse(connection, peer)
+        peer = _peer(connection)  # read now: the socket may be gone by the time a message is logged
+        if peer is None:  # the client hung up during or right after the handshake: nothing to serve
+            log.debug("a client closed its connection before it was served")
+            return
+        client = str(peer[0]) if isinstance(peer, tuple) and peer else str(peer)
+        refused = self._take_slot(client)
+        if refused is not None:
+            self._refuse(connection, peer, refused)
             return
         try:
             connection.send(pack(self.metadata))
-            for data in connection:
-                connection.send(pack(self.answer(data)))
+            self._serve(connection, peer)
         except ConnectionClosed as closed:
             if closed.sent is not None and closed.sent.code == CloseCode.MESSAGE_TOO_BIG:
                 log.warning("closed the connection from %s: %s", peer, closed.sent.reason)
+        except OSError as err:  # the socket went away under a send (a client that vanished): its slot comes free
+            log.debug("the connection from %s broke: %s", peer, err)
         finally:
-            self._slots.release()
+            self._free_slot(client)
 
-    def _refuse(self, connection: ServerConnection, peer: Any) -> None:
-        most = self.limits.max_connections
-        log.warning("refused a connection from %s: already serving %d", peer, most)
+    def _serve(self, connection: ServerConnection, peer: Any) -> None:
+        """Answer requests until the client closes, or sends none for ``idle_timeout_s``."""
+        idle = self.limits.idle_timeout_s
+        while True:
+            try:
+                data = connection.recv(timeout=idle)
+            except TimeoutError:
+                log.info("closed the connection from %s: no request for %g s (--idle-timeout-s)", peer, idle)
+                connection.close(CloseCode.NORMAL_CLOSURE, f"idle for {idle:g} s (the server's --idle-timeout-s)")
+                return
+            connection.send(pack(self.answer(data)))
+
+    def _take_slot(self, client: str) -> str | None:
+        """Count one more connection from ``client``; the refusal's reason when a limit is reached instead."""
+        with self._count_lock:
+            if self._serving >= self.limits.max_connections:
+                return (f"the server already serves its limit of {self.limits.max_connections} connection(s) "
+                        "(loongforge serve --max-connections); retry later")
+            if self._by_client.get(client, 0) >= self.limits.per_client:
+                return (f"the server already serves {self.limits.per_client} connection(s) from {client}, its limit "
+                        "per client (loongforge serve --max-connections-per-client); retry later")
+            self._serving += 1
+            self._by_client[client] = self._by_client.get(client, 0) + 1
+            return None
+
+    def _free_slot(self, client: str) -> None:
+        with self._count_lock:
+            self._serving -= 1
+            self._by_client[client] -= 1
+            if not self._by_client[client]:
+                del self._by_client[client]
+
+    def _refuse(self, connection: ServerConnection, peer: Any, reason: str) -> None:
+        log.warning("refused a connection from %s: %s", peer, reason)
         try:
-            connection.send(pack({"error": f"the server already serves its limit of {most} connection(s) "
-                                           "(loongforge serve --max-connections); retry later"}))
+            connection.send(pack({"error": reason}))
             connection.close(CloseCode.TRY_AGAIN_LATER, "too many connections")
-        except ConnectionClosed:
+        except (ConnectionClosed, OSError):
             pass
 
     def answer(self, data: bytes | str) -> dict[str, Any]:
@@ -118,6 +178,15 @@ class PolicyHandler:
             log.exception("policy failed on a request")
             return {"error": f"the policy failed: {type(err).__name__}: {err}"}
         return {"actions": np.asarray(actions, dtype=np.float64).tolist()}
+
+
+def _peer(connection: ServerConnection) -> Any:
+    """The client's address, or ``None`` when its socket is already gone (websockets reads it from the socket,
+    which raises EBADF or ENOTCONN once the client hung up and the server closed its end)."""
+    try:
+        return connection.remote_address
+    except OSError:
+        return None
 
 
 def make_server(policy: Any, host: str = "127.0.0.1", port: int = 8765, limits: ServerLimits | None = None) -> Server:
@@ -142,6 +211,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-connections", type=_positive(int), default=DEFAULT_MAX_CONNECTIONS, metavar="N",
                         help="connections served at once; one more gets an error message and is closed (1013, "
                              f"try again later), not queued (default {DEFAULT_MAX_CONNECTIONS})")
+    parser.add_argument("--max-connections-per-client", type=_positive(int), default=None, metavar="N",
+                        help="connections served at once from one client address; one more is refused the same "
+                             "way (default: up to --max-connections)")
+    parser.add_argument("--idle-timeout-s", type=_positive(float), default=DEFAULT_IDLE_TIMEOUT_S, metavar="S",
+                        help="close a connection that sends no request for S seconds, freeing its slot (code 1000 "
+                             f"and the reason; default {DEFAULT_IDLE_TIMEOUT_S:g})")
     add_trust_code_option(parser)
 
 
@@ -167,14 +242,16 @@ def run(args: argparse.Namespace) -> int:
     policy = CheckpointPolicy(args.checkpoint, steps=args.steps, trust_code=args.trust_code)
     limits = ServerLimits.for_policy(
         policy.metadata, max_connections=args.max_connections,
+        max_connections_per_client=args.max_connections_per_client, idle_timeout_s=args.idle_timeout_s,
         max_message_bytes=None if args.max_message_mb is None else max(1, int(args.max_message_mb * 2**20)))
     with make_server(policy, args.host, args.port, limits) as server:
         host, port = server.socket.getsockname()[:2]
         meta = policy.metadata
         print(f"serving {meta['model']} from {policy.path} on ws://{host}:{port} (actions {meta['horizon']} x "
               f"{meta['action_dim']}, state {meta['state_dim']}, cameras {meta['cameras']}; requests up to "
-              f"{limits.max_message_bytes / 2**20:.2f} MiB, {limits.max_connections} connection(s) at once); "
-              "Ctrl-C stops", flush=True)
+              f"{limits.max_message_bytes / 2**20:.2f} MiB, {limits.max_connections} connection(s) at once, "
+              f"{limits.per_client} per client, closed after {limits.idle_timeout_s:g} s idle); Ctrl-C stops",
+              flush=True)
         try:
             server.serve_forever()
         except KeyboardInterrupt:
