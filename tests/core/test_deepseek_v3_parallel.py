@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -20,6 +21,8 @@ import textwrap
 import pytest
 import torch
 from conftest import free_port
+from hf_layout_roundtrip import LAYOUTS as HF_LAYOUTS
+from hf_layout_roundtrip import round_trip
 from test_parallel_parity import RTOL, STEPS, max_rel_diff, train
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -149,56 +152,15 @@ def test_megatron_mla_drops_the_rotated_keys_gradient_at_tp2(tmp_path, mla_refer
 
 # -- Hugging Face weights at a layout and back ----------------------------------------------------------------------
 
-HF_SCRIPT = """
-import os, sys
-import torch, torch.distributed as dist
-
-def worker(rank, port, out_dir, test_dir, tp, pp, ep, sp):
-    sys.path.insert(0, test_dir)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    tp, pp, ep, sp = int(tp), int(pp), int(ep), sp == "1"
-    from loongforge.devices.cpu import CPUBackend
-    from megatron.core import parallel_state, tensor_parallel
-    import test_deepseek_v3 as t
-    from loongforge.interop import sharding
-    backend = CPUBackend()
-    backend.apply_patches()
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    parallel_state.initialize_model_parallel(tp, pp, expert_model_parallel_size=ep)
-    tensor_parallel.model_parallel_cuda_manual_seed(0)
-    from loongforge.models.chunks import ChunkBuild
-    from loongforge.models.decoder_model import ParallelSettings
-    tensors = torch.load(os.path.join(out_dir, "hf.pt"))
-    flavor = t.read_flavor(t.hf_model("v3"))
-    parallel = ParallelSettings(tp=tp, pp=pp, ep=ep, sequence_parallel=sp)
-    chunk = flavor.build_chunk(ChunkBuild(
-        backend=backend, parallel=parallel, pre_process=parallel_state.is_pipeline_first_stage(),
-        post_process=parallel_state.is_pipeline_last_stage(), seed=None))
-    adapter = flavor.hf_adapter()
-    sharding.load_full_state([chunk], adapter.from_hf(tensors, padded_vocab_size=512))
-    full = sharding.gather_full_state([chunk])
-    if rank == 0:
-        torch.save(adapter.to_hf(full), os.path.join(out_dir, "back.pt"))
-    parallel_state.destroy_model_parallel()
-    dist.destroy_process_group()
-
-if __name__ == "__main__":
-    import torch.multiprocessing as mp
-    mp.spawn(worker, args=tuple(sys.argv[1:]), nprocs=2)
-"""
-
-
-@pytest.mark.parametrize(("tp", "pp", "ep", "sp"), [("2", "1", "1", "1"), ("1", "2", "1", "0"), ("1", "1", "2", "0")],
-                         ids=["tp2-sp", "pp2", "ep2"])
-def test_hf_weights_through_a_layout_come_back_bitwise(tmp_path, tp, pp, ep, sp):
+@pytest.mark.parametrize("layout", list(HF_LAYOUTS))
+def test_hf_weights_through_a_layout_come_back_bitwise(tmp_path, layout):
     from test_deepseek_v3 import hf_model, read_flavor
 
     reference = hf_model("v3")
-    files = read_flavor(reference).hf_adapter().to_hf(read_flavor(reference).hf_adapter().from_hf(
-        reference.state_dict()))  # the per-expert layout checkpoints store
-    torch.save(files, tmp_path / "hf.pt")
-    _spawn(tmp_path, HF_SCRIPT, tp, pp, ep, sp)
-    back = torch.load(tmp_path / "back.pt")
+    adapter = read_flavor(reference).hf_adapter()
+    files = adapter.to_hf(adapter.from_hf(reference.state_dict()))  # the per-expert layout checkpoints store
+    config = json.loads(reference.config.to_json_string())
+    back = round_trip(tmp_path, config, files, *HF_LAYOUTS[layout])
     assert sorted(back) == sorted(files) and all(torch.equal(back[k], files[k]) for k in files)
 
 
