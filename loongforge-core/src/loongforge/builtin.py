@@ -81,10 +81,13 @@ def loongforge_modify_model(model, config):
         from loongforge.interop.online import load_initial_weights
 
         load_initial_weights(model, config)
-    if config.model.lora is not None or config.model.freeze:
+    from loongforge.interop.mcore_checkpoint import resolve_family
+
+    trained = resolve_family(config).trained_parameters()  # a training phase of the family's own (DSA warm-up)
+    if config.model.lora is not None or config.model.freeze or trained:
         from loongforge.models.lora import apply_adapters
 
-        apply_adapters(model, config)
+        apply_adapters(model, config, trained=trained)
     return None
 
 

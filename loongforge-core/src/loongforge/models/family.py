@@ -179,6 +179,12 @@ class ModelFamily:
         decoder = self.decoder
         return decoder.check_layout(layout) if decoder is not None and decoder is not self else []
 
+    def trained_parameters(self) -> tuple[str, ...]:
+        """Megatron engine: ``fnmatch`` patterns of the only parameters (TP=1/PP=1 names) a training phase of this
+        model trains -- the rest frozen before the optimizer exists, as ``model.freeze`` freezes (DeepSeek-V3.2's
+        dense warm-up trains its indexers alone). Default ``()``: every parameter trains."""
+        return ()
+
     def check_task(self, config: LoongForgeConfig, options: Any) -> list[str]:
         """Task engine: the pre-flight of what the typed ``task:`` ``options`` name (a dataset, a checkpoint), run by
         ``loongforge check`` and ``train`` before anything is built; one summary line per thing checked. A problem

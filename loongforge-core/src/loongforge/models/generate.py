@@ -75,7 +75,8 @@ def supports_kv_cache(model: Any) -> bool:
     from megatron.core.models.gpt import GPTModel
 
     return (isinstance(model, GPTModel) and model.position_embedding_type in _CACHEABLE_POSITIONS
-            and not model.config.sequence_parallel)
+            and not model.config.sequence_parallel
+            and all(getattr(module, "supports_kv_cache", True) for module in model.modules()))
 
 
 def _sequence_parallel_size(model: Any) -> int:

@@ -294,6 +294,25 @@ def apply_lora(model_chunks: list[nn.Module], lora: Any, seed: int) -> list[str]
     return add_lora(model_chunks, lora, seed)
 
 
+def train_only(model_chunks: list[nn.Module], patterns: tuple[str, ...], where: str) -> None:
+    """Freeze every parameter whose TP=1/PP=1 name matches none of ``patterns`` (each must match some parameter on
+    some rank, as :func:`freeze_parameters` requires of its own)."""
+    hits = torch.zeros(len(patterns), dtype=torch.int64)
+    for chunk in model_chunks:
+        for module_name, module in _global_names(_unwrap(chunk)):
+            for param_name, param in module.named_parameters(recurse=False):
+                name = f"{module_name}.{param_name}" if module_name else param_name
+                matched = [i for i, pattern in enumerate(patterns) if fnmatch.fnmatchcase(name, pattern)]
+                hits[matched] += 1
+                if not matched:
+                    param.requires_grad_(False)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(hits)
+    unmatched = [p for p, n in zip(patterns, hits.tolist(), strict=True) if n == 0]
+    if unmatched:
+        raise ConfigError(f"{where}: the model's training phase trains '{unmatched[0]}', which matches no parameter")
+
+
 def freeze_parameters(model_chunks: list[nn.Module], patterns: list[str], where: str) -> int:
     """Freeze parameters whose TP=1/PP=1 names match a glob pattern; return how many this rank froze.
 
@@ -343,9 +362,13 @@ def _count_parameters(model_chunks: list[nn.Module]) -> tuple[int, int]:
     return trainable, total
 
 
-def apply_adapters(model_chunks: list[nn.Module], config: Any) -> None:
-    """``model.lora`` then ``model.freeze`` on this rank's model chunks, before DDP and the optimizer exist."""
+def apply_adapters(model_chunks: list[nn.Module], config: Any, trained: tuple[str, ...] = ()) -> None:
+    """``model.lora`` then ``model.freeze`` on this rank's model chunks, before DDP and the optimizer exist; with
+    ``trained`` (the family's :meth:`~loongforge.models.family.ModelFamily.trained_parameters`), every parameter
+    matching none of those patterns is frozen first."""
     where = config.source
+    if trained:
+        train_only(model_chunks, trained, where)
     if config.model.lora is not None:
         check_lora_settings(config.model.lora, where)
         apply_lora(model_chunks, config.model.lora, config.run.seed)

@@ -27,7 +27,16 @@ def attention_params(flavor: DeepSeekFlavor) -> int:
         query = h * flavor.q_lora_rank + flavor.q_lora_rank + flavor.q_lora_rank * heads * flavor.qk_head_dim
     latent = h * (flavor.kv_lora_rank + flavor.qk_rope_head_dim) + flavor.kv_lora_rank
     up = flavor.kv_lora_rank * heads * (flavor.qk_nope_head_dim + flavor.v_head_dim)
-    return query + latent + up + heads * flavor.v_head_dim * h
+    return query + latent + up + heads * flavor.v_head_dim * h + indexer_params(flavor)
+
+
+def indexer_params(flavor: DeepSeekFlavor) -> int:
+    """DeepSeek sparse attention's lightning indexer: query up-projection, key projection with its LayerNorm,
+    per-head weights (none without DSA)."""
+    if not flavor.is_dsa:
+        return 0
+    n, d, h = flavor.index_n_heads or 0, flavor.index_head_dim, flavor.hidden_size
+    return (flavor.q_lora_rank or h) * n * d + h * d + 2 * d + h * n
 
 
 def mlp_params(flavor: DeepSeekFlavor, moe: bool, *, active: bool = False) -> int:

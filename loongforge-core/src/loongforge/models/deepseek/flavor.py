@@ -21,6 +21,12 @@ group of fields here that :mod:`loongforge.models.deepseek.layer_spec` turns int
 * **Multi-token prediction** (MTP): ``mtp_num_layers`` extra blocks after the decoder, each predicting one token
   further ahead, their loss weighted by ``mtp_loss_scaling_factor`` (the mean over the blocks).
 
+* **DeepSeek sparse attention** (DSA, DeepSeek-V3.2): with ``index_n_heads`` set, a lightning indexer of that many
+  heads of ``index_head_dim`` channels scores every earlier token for each query and MLA attends to the
+  ``index_topk`` best only (:mod:`loongforge.models.sparse_attention`). ``dsa_phase`` is the indexer's training
+  phase: ``dense_warmup`` (dense attention; only the indexers train, on their KL loss weighted by
+  ``dsa_indexer_loss_coeff``, the rest of the model frozen) or ``sparse`` (top-k attention; everything trains).
+
 ``rope_interleave`` says only how a Hugging Face checkpoint lays out its rotated channels (``True``: DeepSeek's
 interleaved pairs, what megatron's MLA computes; ``False``: halves, reordered on conversion).
 """
@@ -33,6 +39,9 @@ from typing import Any
 from loongforge.errors import ConfigError
 from loongforge.models.flavor import DecoderFlavor
 
+#: The indexer's training phases, in order (what ``loongforge.models.sparse_attention.core_attention.DSA_PHASES``
+#: implements; kept here so that the flavor stays torch-free).
+DSA_PHASES: tuple[str, ...] = ("dense_warmup", "sparse")
 #: Router score functions (megatron's ``moe_router_score_function``).
 SCORE_FUNCTIONS: tuple[str, ...] = ("sigmoid", "softmax")
 #: Load-balancing loss types a DeepSeek flavor may weight with ``moe_aux_loss_coeff`` (megatron's names).
@@ -78,6 +87,11 @@ class DeepSeekFlavor(DecoderFlavor):
     moe_aux_loss_type: str = "seq_aux_loss"
     mtp_num_layers: int = 0
     mtp_loss_scaling_factor: float = 0.1
+    index_n_heads: int | None = None
+    index_head_dim: int = 128
+    index_topk: int = 2048
+    dsa_phase: str = "sparse"
+    dsa_indexer_loss_coeff: float = 0.0
 
     def __post_init__(self) -> None:
         # Derived, so that an override of v_head_dim or the head count cannot leave them stale.
@@ -93,6 +107,7 @@ class DeepSeekFlavor(DecoderFlavor):
         super().__post_init__()
         self._check_attention()
         self._check_experts()
+        self._check_sparse_attention()
         if self.mtp_num_layers < 0 or self.mtp_loss_scaling_factor < 0:
             raise ConfigError(f"{self.family} flavor: mtp_num_layers and mtp_loss_scaling_factor must be >= 0, got "
                               f"{self.mtp_num_layers} and {self.mtp_loss_scaling_factor}")
@@ -108,6 +123,24 @@ class DeepSeekFlavor(DecoderFlavor):
                               "(RoPE rotates channel pairs)")
         if self.yarn_factor is not None and self.yarn_factor <= 0:
             raise ConfigError(f"{self.family} flavor: yarn_factor must be positive or null, got {self.yarn_factor}")
+
+    def _check_sparse_attention(self) -> None:
+        if self.index_n_heads is None:
+            return
+        where = f"{self.family} flavor"
+        if min(self.index_n_heads, self.index_head_dim, self.index_topk) <= 0:
+            raise ConfigError(f"{where}: index_n_heads, index_head_dim and index_topk must be positive, got "
+                              f"{self.index_n_heads}, {self.index_head_dim}, {self.index_topk}")
+        if self.qk_rope_head_dim > self.index_head_dim:
+            raise ConfigError(f"{where}: the indexer rotates qk_rope_head_dim ({self.qk_rope_head_dim}) of its "
+                              f"index_head_dim ({self.index_head_dim}) channels: it must be at least that")
+        if self.dsa_phase not in DSA_PHASES:
+            raise ConfigError(f"{where}: dsa_phase {self.dsa_phase!r} is not one of {', '.join(DSA_PHASES)}")
+        if self.dsa_phase == "dense_warmup" and not self.dsa_indexer_loss_coeff > 0:
+            raise ConfigError(f"{where}: the dense warm-up trains the indexers on their loss alone; set "
+                              f"dsa_indexer_loss_coeff > 0 (got {self.dsa_indexer_loss_coeff})")
+        if self.dsa_indexer_loss_coeff < 0:
+            raise ConfigError(f"{where}: dsa_indexer_loss_coeff must be >= 0, got {self.dsa_indexer_loss_coeff}")
 
     def _check_experts(self) -> None:
         if self.moe_score_function not in SCORE_FUNCTIONS:
@@ -160,12 +193,23 @@ class DeepSeekFlavor(DecoderFlavor):
         return tuple(self.num_experts is not None and i >= self.first_k_dense for i in range(self.num_layers))
 
     @property
+    def is_dsa(self) -> bool:
+        """Whether attention is DeepSeek sparse attention (an indexer picks the keys)."""
+        return self.index_n_heads is not None
+
+    @property
     def context_parallel_blocker(self) -> str | None:
         """Multi-token prediction rolls labels across the sequence, which core's context-parallel split does not
         reproduce; MLA itself splits over cp ranks."""
+        if self.is_dsa:
+            return "DeepSeek sparse attention"
         return "multi-token prediction" if self.mtp_num_layers else None
 
     # -- the model-family contract -----------------------------------------------------------------------------
+
+    def trained_parameters(self) -> tuple[str, ...]:
+        """The dense warm-up trains the DSA indexers alone (DeepSeek-V3.2 report, Sec. 2.1)."""
+        return ("*.core_attention.indexer.*",) if self.is_dsa and self.dsa_phase == "dense_warmup" else ()
 
     @property
     def lora_linears(self) -> tuple[str, ...]:
@@ -212,6 +256,9 @@ class DeepSeekFlavor(DecoderFlavor):
         widths = {"kv_lora_rank + qk_rope_head_dim": self.kv_lora_rank + self.qk_rope_head_dim}
         if self.q_lora_rank is not None:
             widths["q_lora_rank"] = self.q_lora_rank
+        if self.is_dsa and layout.tp > 1:
+            problems.append(LayoutProblem(f"tp={layout.tp}: DeepSeek sparse attention runs at tp=1 here (its indexer "
+                                          "is not split yet)", "tp with DeepSeek sparse attention"))
         for name, width in widths.items():
             if width % layout.tp:
                 problems.append(LayoutProblem(f"tp={layout.tp} must divide the model's {name} ({width}): MLA's "

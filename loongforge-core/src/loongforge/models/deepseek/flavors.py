@@ -20,6 +20,7 @@ from loongforge.models.deepseek.flavor import DeepSeekFlavor
 
 V3 = "DeepseekV3ForCausalLM"
 V2 = "DeepseekV2ForCausalLM"
+V32 = "DeepseekV32ForCausalLM"
 #: MLA head sizes shared by every published DeepSeek-V2/V3-architecture model.
 _MLA = dict(kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)
 #: ``num_query_groups`` is derived (one per head); the tables pass the head count for the dataclass's sake.
@@ -32,6 +33,17 @@ def _v3(**kw: Any) -> DeepSeekFlavor:
     merged.setdefault("num_query_groups", merged["num_attention_heads"])
     return DeepSeekFlavor(**merged)
 
+
+#: The tiny DeepSeek-V3 (see the table), which the tiny V3.2 extends.
+_TINY_V3 = _v3(
+    num_layers=4, hidden_size=128, ffn_hidden_size=384, num_attention_heads=4, vocab_size=384,
+    max_position_embeddings=2048, rope_theta=10000.0, norm_eps=1e-6, q_lora_rank=64, kv_lora_rank=32,
+    qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, yarn_factor=4.0,
+    yarn_original_max_position_embeddings=512, yarn_mscale=1.0, yarn_mscale_all_dim=1.0, first_k_dense=1,
+    num_experts=8, moe_router_topk=4, moe_ffn_hidden_size=64, moe_shared_expert_intermediate_size=64,
+    moe_router_num_groups=4, moe_router_group_topk=2, moe_routed_scaling_factor=2.5, moe_bias_update_rate=1e-3,
+    mtp_num_layers=1,
+)
 
 FLAVORS: dict[str, DeepSeekFlavor] = {
     "deepseek-v3": _v3(
@@ -65,15 +77,22 @@ FLAVORS: dict[str, DeepSeekFlavor] = {
     ),
     # Every DeepSeek-V3 feature on a CPU-sized model; 8 experts in 4 groups so that ep=2 splits them and
     # group-limited routing (2 of 4 groups, top-4 experts: 2 per chosen group, as Hugging Face's router sums) bites.
-    "deepseek-v3-tiny": _v3(
-        num_layers=4, hidden_size=128, ffn_hidden_size=384, num_attention_heads=4, vocab_size=384,
-        max_position_embeddings=2048, rope_theta=10000.0, norm_eps=1e-6, q_lora_rank=64, kv_lora_rank=32,
-        qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, yarn_factor=4.0,
-        yarn_original_max_position_embeddings=512, yarn_mscale=1.0, yarn_mscale_all_dim=1.0, first_k_dense=1,
-        num_experts=8, moe_router_topk=4, moe_ffn_hidden_size=64, moe_shared_expert_intermediate_size=64,
-        moe_router_num_groups=4, moe_router_group_topk=2, moe_routed_scaling_factor=2.5, moe_bias_update_rate=1e-3,
-        mtp_num_layers=1,
+    "deepseek-v3-tiny": _TINY_V3,
+    # DeepSeek-V3.2: V3's layers with DeepSeek sparse attention (a 64-head lightning indexer choosing 2048 keys).
+    "deepseek-v3.2": _v3(
+        family="deepseek-v32", hf_architecture=V32,
+        num_layers=61, hidden_size=7168, ffn_hidden_size=18432, num_attention_heads=128, vocab_size=129280,
+        max_position_embeddings=163840, rope_theta=10000.0, norm_eps=1e-6, q_lora_rank=1536, **_MLA,
+        yarn_factor=40.0, yarn_original_max_position_embeddings=4096, yarn_beta_fast=32.0, yarn_beta_slow=1.0,
+        yarn_mscale=1.0, yarn_mscale_all_dim=1.0, first_k_dense=3, num_experts=256, moe_router_topk=8,
+        moe_ffn_hidden_size=2048, moe_shared_expert_intermediate_size=2048, moe_router_num_groups=8,
+        moe_router_group_topk=4, moe_routed_scaling_factor=2.5, index_n_heads=64, index_head_dim=128,
+        index_topk=2048,
     ),
+    # The tiny flavor with sparse attention that bites on CPU-sized sequences (16 keys of each query's past).
+    "deepseek-v32-tiny": _TINY_V3.with_overrides(
+        family="deepseek-v32", hf_architecture=V32, mtp_num_layers=0, index_n_heads=4, index_head_dim=32,
+        index_topk=16, dsa_indexer_loss_coeff=0.1),
 }
 
 #: Hugging Face repository ids accepted as aliases.
@@ -82,4 +101,5 @@ HF_IDS: dict[str, tuple[str, ...]] = {
     "kimi-k2": ("moonshotai/Kimi-K2-Base", "moonshotai/Kimi-K2-Instruct"),
     "moonlight-16b-a3b": ("moonshotai/Moonlight-16B-A3B", "moonshotai/Moonlight-16B-A3B-Instruct"),
     "deepseek-v2-lite": ("deepseek-ai/DeepSeek-V2-Lite", "deepseek-ai/DeepSeek-V2-Lite-Chat"),
+    "deepseek-v3.2": ("deepseek-ai/DeepSeek-V3.2", "deepseek-ai/DeepSeek-V3.2-Exp"),
 }

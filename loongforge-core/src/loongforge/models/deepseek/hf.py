@@ -32,7 +32,7 @@ from typing import Any
 
 from loongforge.errors import InteropError
 from loongforge.models.deepseek.flavor import DeepSeekFlavor
-from loongforge.models.deepseek.flavors import V2, V3
+from loongforge.models.deepseek.flavors import V2, V3, V32
 from loongforge.models.hf_format import DTYPE_NAMES
 
 #: transformers' config defaults of the keys the reader uses, per architecture.
@@ -41,14 +41,21 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
              n_shared_experts=1, n_routed_experts=256, routed_scaling_factor=2.5, n_group=8, topk_group=4,
              num_experts_per_tok=8, first_k_dense_replace=3, norm_topk_prob=True, max_position_embeddings=4096,
              rms_norm_eps=1e-6, rope_interleave=True, num_nextn_predict_layers=1, moe_intermediate_size=2048),
+    V32: dict(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+              n_shared_experts=1, n_routed_experts=256, routed_scaling_factor=2.5, n_group=8, topk_group=4,
+              num_experts_per_tok=8, first_k_dense_replace=3, norm_topk_prob=True, max_position_embeddings=163840,
+              rms_norm_eps=1e-6, moe_intermediate_size=2048, index_n_heads=64, index_head_dim=128,
+              index_topk=2048),
     V2: dict(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
              n_shared_experts=2, n_routed_experts=64, routed_scaling_factor=1.0, n_group=None, topk_group=None,
              num_experts_per_tok=None, first_k_dense_replace=0, norm_topk_prob=False, max_position_embeddings=2048,
              rms_norm_eps=1e-6, topk_method="greedy", moe_intermediate_size=1407),
 }
 _REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-_FAMILY = {V3: "deepseek-v3", V2: "deepseek-v2"}
-_MODEL_TYPE = {V3: "deepseek_v3", V2: "deepseek_v2"}
+_FAMILY = {V3: "deepseek-v3", V2: "deepseek-v2", V32: "deepseek-v32"}
+_MODEL_TYPE = {V3: "deepseek_v3", V2: "deepseek_v2", V32: "deepseek_v32"}
+#: The architectures that route by sigmoid scores with the expert bias (V3's router).
+_SIGMOID = (V3, V32)
 
 
 @dataclass(frozen=True)
@@ -81,7 +88,12 @@ class DeepSeekHFReader:
             raise refuse("moe_layer_freq", "every layer after first_k_dense_replace is MoE")
         moe = _read_moe(arch, values, refuse)
         rope = _read_rope(values, refuse)
-        mtp = 0
+        mtp, sparse = 0, {}
+        if arch == V32:  # always interleaved rotary channels and a query LoRA; no MTP layers in its model class
+            if values.get("q_lora_rank") is None:
+                raise refuse("q_lora_rank", "DeepSeek-V3.2 projects queries through the LoRA")
+            sparse = dict(index_n_heads=values["index_n_heads"], index_head_dim=values["index_head_dim"],
+                          index_topk=values["index_topk"])
         if arch == V3:
             mtp = int(values.get("num_nextn_predict_layers") or 0)
             stored = stored_layer_indices(path.parent)
@@ -95,8 +107,8 @@ class DeepSeekHFReader:
             norm_eps=float(values["rms_norm_eps"]), tie_word_embeddings=bool(values.get("tie_word_embeddings")),
             q_lora_rank=values["q_lora_rank"], kv_lora_rank=values["kv_lora_rank"],
             qk_nope_head_dim=values["qk_nope_head_dim"], qk_rope_head_dim=values["qk_rope_head_dim"],
-            v_head_dim=values["v_head_dim"], rope_interleave=bool(values.get("rope_interleave", True)),
-            mtp_num_layers=mtp, **rope, **moe,
+            v_head_dim=values["v_head_dim"], rope_interleave=bool(values.get("rope_interleave", True)) or arch == V32,
+            mtp_num_layers=mtp, **rope, **moe, **sparse,
         )
 
 
@@ -109,7 +121,7 @@ def _read_moe(arch: str, values: dict[str, Any], refuse: Any) -> dict[str, Any]:
     if not isinstance(shared, int) or shared < 1:
         raise refuse("n_shared_experts", "at least one shared expert")
     grouped = groups is not None and groups > 1
-    if arch == V3:
+    if arch in _SIGMOID:
         if values.get("scoring_func", "sigmoid") != "sigmoid":
             raise refuse("scoring_func", "DeepseekV3 routes by sigmoid scores")
         if values.get("topk_method", "noaux_tc") != "noaux_tc":
@@ -208,7 +220,8 @@ def hf_config_json(flavor: DeepSeekFlavor, dtype: str, base: dict[str, Any] | No
     or ``rope_theta`` + ``rope_scaling``)."""
     arch = flavor.hf_architecture
     if arch not in _DEFAULTS:
-        raise InteropError(f"{flavor.family}: hf_architecture {arch!r} has no DeepSeek config.json; use {V3} or {V2}")
+        raise InteropError(f"{flavor.family}: hf_architecture {arch!r} has no DeepSeek config.json; use {V3}, {V32} "
+                           f"or {V2}")
     shared, width = flavor.moe_shared_expert_intermediate_size or 0, flavor.moe_ffn_hidden_size or 0
     if not flavor.is_moe or not width or shared % width or not shared:
         raise InteropError(f"{flavor.family}: {arch} needs experts with shared experts a whole number of expert "
@@ -239,6 +252,12 @@ def hf_config_json(flavor: DeepSeekFlavor, dtype: str, base: dict[str, Any] | No
     if arch == V3:
         out.update(topk_method="noaux_tc", rope_interleave=flavor.rope_interleave,
                    num_nextn_predict_layers=flavor.mtp_num_layers)
+    elif arch == V32:
+        if not flavor.is_dsa or not flavor.rope_interleave or flavor.mtp_num_layers or flavor.q_lora_rank is None:
+            raise InteropError(f"{flavor.family}: {V32} holds sparse attention, a query LoRA and interleaved rotary "
+                               "channels, and no multi-token-prediction layers")
+        out.update(index_n_heads=flavor.index_n_heads, index_head_dim=flavor.index_head_dim,
+                   index_topk=flavor.index_topk)
     else:
         out["topk_method"] = "group_limited_greedy" if grouped else "greedy"
     out["dtype" if "dtype" in source else "torch_dtype"] = DTYPE_NAMES[dtype]

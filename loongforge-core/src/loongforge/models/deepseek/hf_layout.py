@@ -71,6 +71,14 @@ def _layer_rules(flavor: DeepSeekFlavor, mg: str, hf: str, moe: bool) -> list[_R
         _Rule(att + "linear_proj.weight", (a + "o_proj.weight",), (h, heads * flavor.v_head_dim)),
         _Rule(mg + "pre_mlp_layernorm.weight", (hf + "post_attention_layernorm.weight",), (h,)),
     ]
+    if flavor.is_dsa:  # the lightning indexer, named as transformers' DeepseekV32Indexer names it
+        n, d = flavor.index_n_heads or 0, flavor.index_head_dim
+        ix, ax = att + "core_attention.indexer.", a + "indexer."
+        rules += [_Rule(ix + "wq_b.weight", (ax + "wq_b.weight",), (n * d, flavor.q_lora_rank or h)),
+                  _Rule(ix + "wk.weight", (ax + "wk.weight",), (d, h)),
+                  _Rule(ix + "k_norm.weight", (ax + "k_norm.weight",), (d,)),
+                  _Rule(ix + "k_norm.bias", (ax + "k_norm.bias",), (d,)),
+                  _Rule(ix + "weights_proj.weight", (ax + "weights_proj.weight",), (n, h))]
     if not moe:
         f = flavor.ffn_hidden_size
         return rules + [

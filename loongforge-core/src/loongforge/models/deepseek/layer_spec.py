@@ -61,12 +61,17 @@ def config_fields(flavor: DeepSeekFlavor) -> dict[str, Any]:
         )
     if flavor.mtp_num_layers:
         fields.update(mtp_num_layers=flavor.mtp_num_layers, mtp_loss_scaling_factor=flavor.mtp_loss_scaling_factor)
+    if flavor.is_dsa:  # MLA hands its core attention the hidden states and the query latent (x, qr)
+        fields.update(experimental_attention_variant="dsa", dsa_indexer_n_heads=flavor.index_n_heads,
+                      dsa_indexer_head_dim=flavor.index_head_dim, dsa_indexer_topk=flavor.index_topk,
+                      dsa_indexer_loss_coeff=flavor.dsa_indexer_loss_coeff)
     return fields
 
 
 def mla_attention_spec(provider: Any, flavor: DeepSeekFlavor) -> ModuleSpec:
     """Megatron's ``MLASelfAttention`` (as :class:`DeepSeekMLA`, whose rotated-key gradient is right at tp > 1) with
-    the provider's linears, norms and core attention."""
+    the provider's linears, norms and core attention -- or, for DeepSeek sparse attention, the lightning indexer and
+    sparse attention of :class:`~loongforge.models.sparse_attention.core_attention.DSACoreAttention` in its phase."""
     fused = provider.fuse_layernorm_and_linear()
     up = provider.column_parallel_layer_norm_linear() if fused else provider.column_parallel_linear()
     latent_norm = IdentityOp if fused else provider.layer_norm(rms_norm=True, for_qk=True)
@@ -79,12 +84,20 @@ def mla_attention_spec(provider: Any, flavor: DeepSeekFlavor) -> ModuleSpec:
             linear_q_up_proj=up,
             linear_kv_down_proj=provider.column_parallel_linear(),
             linear_kv_up_proj=up,
-            core_attention=provider.core_attention(),
+            core_attention=_core_attention(provider, flavor),
             linear_proj=provider.row_parallel_linear(),
             q_layernorm=latent_norm if flavor.q_lora_rank is not None else IdentityOp,
             kv_layernorm=latent_norm,
         ),
     )
+
+
+def _core_attention(provider: Any, flavor: DeepSeekFlavor) -> Any:
+    if not flavor.is_dsa:
+        return provider.core_attention()
+    from loongforge.models.sparse_attention.core_attention import DSACoreAttention
+
+    return ModuleSpec(module=DSACoreAttention, params={"phase": flavor.dsa_phase})
 
 
 def layer_spec(provider: Any, flavor: DeepSeekFlavor, *, moe: bool) -> ModuleSpec:

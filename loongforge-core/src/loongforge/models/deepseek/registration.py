@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from loongforge.models.deepseek.flavor import DeepSeekFlavor
-from loongforge.models.deepseek.flavors import FLAVORS, HF_IDS, V2, V3
+from loongforge.models.deepseek.flavors import FLAVORS, HF_IDS, V2, V3, V32
 
 
 def describe(flavor: DeepSeekFlavor) -> str:
@@ -30,6 +30,8 @@ def describe(flavor: DeepSeekFlavor) -> str:
         parts.append("aux-free bias")
     if flavor.yarn_factor:
         parts.append(f"YaRN x{flavor.yarn_factor:g}")
+    if flavor.is_dsa:
+        parts.append(f"sparse attention (top-{flavor.index_topk} keys)")
     if flavor.mtp_num_layers:
         parts.append(f"MTP {flavor.mtp_num_layers} (+{size(deepseek_num_params(flavor) - total)})")
     return ", ".join(parts)
@@ -50,3 +52,5 @@ def register_deepseek_hf_architectures(registry: Any) -> None:
                       description="DeepSeek-V3 / Kimi-K2 / Moonlight (MLA, sigmoid MoE, MTP)")
     registry.register(V2, DeepSeekHFReader(V2), aliases=("deepseek_v2",),
                       description="DeepSeek-V2 (MLA, softmax MoE)")
+    registry.register(V32, DeepSeekHFReader(V32), aliases=("deepseek_v32",),
+                      description="DeepSeek-V3.2 (MLA with DeepSeek sparse attention, sigmoid MoE)")

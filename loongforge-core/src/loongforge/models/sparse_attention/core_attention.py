@@ -17,7 +17,8 @@ The indexer's parameters live here, as ``core_attention.indexer.{wq_b,wk,k_norm,
 ``self_attn.indexer.*``), and its RoPE tables come from a rotary embedding built like MLA's (``rope`` or ``yarn``),
 applied half-split to the first ``qk_pos_emb_head_dim`` channels as transformers' ``DeepseekV32Indexer`` does.
 
-Phases (:data:`DSA_PHASES`, attribute ``phase``, initially ``config.dsa_phase`` if set, else ``'sparse'``):
+Phases (:data:`DSA_PHASES`, attribute ``phase``, initially the ``phase`` argument -- a spec's ``params`` --, else
+``config.dsa_phase`` if set, else ``'sparse'``):
 
 - ``'dense_warmup'``: dense causal attention; in training the indexer's dense KL loss (Eq. 3) is attached to the
   output. Freeze everything else with :func:`freeze_all_but_indexers`.
@@ -71,10 +72,13 @@ def _rotary(config: TransformerConfig, cp_group: Any) -> torch.nn.Module:
 class DSACoreAttention(MegatronModule):
     """DeepSeek sparse attention as megatron's MLA core attention (see the module docstring)."""
 
+    #: Generation recomputes the context each token: the indexer scores whole sequences (no key/value cache).
+    supports_kv_cache = False
+
     def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type: AttnMaskType,
                  attention_type: str, attention_dropout: float | None = None, softmax_scale: float | None = None,
                  k_channels: int | None = None, v_channels: int | None = None, cp_comm_type: str | None = None,
-                 pg_collection: Any = None, num_splits: int | None = None) -> None:
+                 pg_collection: Any = None, num_splits: int | None = None, phase: str | None = None) -> None:
         super().__init__(config=config)
         missing = [name for name in ("dsa_indexer_n_heads", "dsa_indexer_head_dim", "dsa_indexer_topk")
                    if not getattr(config, name, None)]
@@ -98,7 +102,7 @@ class DSACoreAttention(MegatronModule):
                 for linear in (self.indexer.wq_b, self.indexer.wk, self.indexer.weights_proj):
                     config.init_method(linear.weight)
         self.rotary = _rotary(config, getattr(pg_collection, "cp", None))
-        self.phase = getattr(config, "dsa_phase", "sparse")
+        self.phase = phase or getattr(config, "dsa_phase", "sparse")
         if self.phase not in DSA_PHASES:
             raise ConfigError(f"dsa_phase {self.phase!r} is not one of {DSA_PHASES}")
         self.loss_coeff = float(config.dsa_indexer_loss_coeff or 0.0)
