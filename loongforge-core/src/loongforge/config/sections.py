@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from loongforge.errors import ConfigError
@@ -35,6 +37,8 @@ EXISTING_PATH = "loongforge_existing_path"
 
 #: Field metadata key: the field is set by code (where a config was read from), never by a key of the mapping.
 INTERNAL = "loongforge_internal"
+#: Field metadata key: the :class:`Range` a number given in the config must lie in (:func:`ranged`).
+RANGE = "loongforge_range"
 
 #: ``normalize(cls, data) -> data``: rewrites a section's raw value before it is checked (core's shorthands).
 Normalizer = Callable[[type, Any], Any]
@@ -115,12 +119,60 @@ def build_section(cls: type, data: Any, source: str, key: str = "", normalize: N
         raise ConfigError(f"{origin_of(source, key)}: '{prefix}{missing[0]}' is required (in '{key or '<top>'}')")
     kwargs = {name: convert(hints[name], value, source, f"{prefix}{name}", normalize)
               for name, value in data.items() if name in named}
+    for name, value in kwargs.items():
+        _check_range(named[name], value, source, f"{prefix}{name}")
     if rest is not None:
         kwargs[rest] = {str(k): v for k, v in data.items() if k not in named}
     try:
         return cls(**kwargs)
     except (ConfigError, ValueError) as exc:
         raise ConfigError(f"{origin_of(source, key)}: {key or '<top>'}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Range:
+    """Where a number of a typed section must lie: above ``low`` and below ``high`` (either may be ``None``),
+    ``open`` at an end the value may not equal; always finite."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def contains(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            return False
+        return self.high is None or not (value > self.high or (self.high_open and value == self.high))
+
+    def describe(self, integer: bool) -> str:
+        kind = "an integer" if integer else "a finite number"
+        if self.low is not None and self.high is not None:
+            return (f"{kind} in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}"
+                    f"{')' if self.high_open else ']'}")
+        if self.low is not None:
+            return f"{kind} {'>' if self.low_open else '>='} {self.low:g}"
+        if self.high is not None:
+            return f"{kind} {'<' if self.high_open else '<='} {self.high:g}"
+        return kind
+
+
+def ranged(default: Any, *, low: float | None = None, high: float | None = None, low_open: bool = False,
+           high_open: bool = False) -> Any:
+    """A dataclass field of a number that must lie in a range when a config sets it: what ``check`` and ``train``
+    refuse in one line naming the key (``task.sample.steps must be an integer >= 1, got 0``), so a plugin's
+    options are range-checked by core like core's own (NaN and infinities never pass)."""
+    return dataclasses.field(default=default, metadata={RANGE: Range(low, high, low_open, high_open)})
+
+
+def _check_range(f: dataclasses.Field, value: Any, source: str, key: str) -> None:
+    span = f.metadata.get(RANGE)
+    if span is None or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if not span.contains(value):
+        raise ConfigError(f"{origin_of(source, key)}: '{key}' must be {span.describe(isinstance(value, int))}, "
+                          f"got {value!r}")
 
 
 def path_field(default: str | None = None) -> Any:

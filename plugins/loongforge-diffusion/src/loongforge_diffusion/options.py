@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from loongforge.config.sections import path_field
+from loongforge.config.sections import path_field, ranged
 from loongforge.errors import ConfigError
 
 SAMPLING = ("uniform", "logit-normal")
@@ -20,10 +20,10 @@ WEIGHTING = ("none", "cosmap")
 class FlowMatchingConfig:
     """``task.flow_matching``: the rectified-flow objective (see :mod:`loongforge_diffusion.flow_matching`)."""
 
-    shift: float = 1.0
+    shift: float = ranged(1.0, low=0, low_open=True)
     sampling: str = "uniform"
-    logit_mean: float = 0.0
-    logit_std: float = 1.0
+    logit_mean: float = ranged(0.0)
+    logit_std: float = ranged(1.0, low=0, low_open=True)
     weighting: str = "none"
     sigma_range: tuple[float, float] = (0.0, 1.0)
 
@@ -43,7 +43,7 @@ class FlowMatchingConfig:
 class EMAOptions:
     """``task.ema``: an average of the trained weights that samples use."""
 
-    decay: float = 0.999
+    decay: float = ranged(0.999, low=0, high=1, high_open=True)
     warmup: bool = True
 
 
@@ -51,9 +51,9 @@ class EMAOptions:
 class WanLoRAOptions:
     """``task.lora`` (Wan): adapters on the named block layers, base weights frozen; ``alpha`` null = ``rank``."""
 
-    rank: int = 16
-    alpha: float | None = None
-    dropout: float = 0.0
+    rank: int = ranged(16, low=1)
+    alpha: float | None = ranged(None, low=0, low_open=True)
+    dropout: float = ranged(0.0, low=0, high=1, high_open=True)
     targets: list[str] = field(default_factory=lambda: ["self_attn", "cross_attn", "ffn"])
 
 
@@ -61,10 +61,10 @@ class WanLoRAOptions:
 class WanSampleOptions:
     """``task.sample`` (Wan): videos sampled for held-out captions after training (``videos: 0`` skips it)."""
 
-    videos: int = 16
-    steps: int = 20
-    guidance: float = 3.0
-    seed: int = 0
+    videos: int = ranged(16, low=0)
+    steps: int = ranged(20, low=1)
+    guidance: float = ranged(3.0, low=0)
+    seed: int = ranged(0, low=0)
 
 
 @dataclass(frozen=True)
@@ -73,12 +73,12 @@ class WanTaskOptions:
 
     #: A .pt of moving squares, a latent cache directory, or null (moving squares generated on the fly).
     data: str | None = path_field()
-    samples: int = 2048
-    frames: int = 4
-    side: int = 16
-    speed: int = 2
-    data_seed: int = 0
-    context_dropout: float = 0.1
+    samples: int = ranged(2048, low=1)
+    frames: int = ranged(4, low=1)
+    side: int = ranged(16, low=1)
+    speed: int = ranged(2, low=0)
+    data_seed: int = ranged(0, low=0)
+    context_dropout: float = ranged(0.1, low=0, high=1)
     flow_matching: FlowMatchingConfig = field(default_factory=FlowMatchingConfig)
     sample: WanSampleOptions = field(default_factory=WanSampleOptions)
     #: Weights to start from: a LoongForge checkpoint of this task or a released Wan DiT directory.
@@ -92,21 +92,21 @@ class WanTaskOptions:
 class QwenImageSampleOptions:
     """``task.sample`` (Qwen-Image): images sampled for held-out captions after training (``images: 0`` skips)."""
 
-    images: int = 16
-    steps: int = 20
-    guidance: float = 3.0
-    shift: float = 1.0
-    seed: int = 0
+    images: int = ranged(16, low=0)
+    steps: int = ranged(20, low=1)
+    guidance: float = ranged(3.0, low=0)
+    shift: float = ranged(1.0, low=0, low_open=True)
+    seed: int = ranged(0, low=0)
 
 
 @dataclass(frozen=True)
 class QwenImageTaskOptions:
     """``task:`` of a Qwen-Image flavor (see :mod:`loongforge_diffusion.qwen_image.run_task`)."""
 
-    samples: int = 2048
-    side: int = 16
-    data_seed: int = 0
-    context_dropout: float = 0.1
+    samples: int = ranged(2048, low=1)
+    side: int = ranged(16, low=1)
+    data_seed: int = ranged(0, low=0)
+    context_dropout: float = ranged(0.1, low=0, high=1)
     flow_matching: FlowMatchingConfig = field(default_factory=FlowMatchingConfig)
     sample: QwenImageSampleOptions = field(default_factory=QwenImageSampleOptions)
     #: A LoongForge checkpoint of this task or a diffusers QwenImageTransformer2DModel directory.

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loongforge.config.sections import path_field
+from loongforge.config.sections import path_field, ranged
 from loongforge.errors import ConfigError
 
 
@@ -19,18 +19,18 @@ from loongforge.errors import ConfigError
 class SyntheticOptions:
     """``task.synthetic``: the size of the synthetic reach set written when ``task.data`` is null."""
 
-    episodes: int = 64
-    length: int = 20
-    seed: int = 0
+    episodes: int = ranged(64, low=1)
+    length: int = ranged(20, low=1)
+    seed: int = ranged(0, low=0)
 
 
 @dataclass(frozen=True)
 class EvalOptions:
     """``task.eval``: held-out frames scored after training (``frames: 0`` skips it), Euler steps, noise seed."""
 
-    frames: int = 128
-    steps: int = 10
-    seed: int = 0
+    frames: int = ranged(128, low=0)
+    steps: int = ranged(10, low=1)
+    seed: int = ranged(0, low=0)
 
 
 @dataclass(frozen=True)
@@ -41,9 +41,9 @@ class PolicyTaskOptions:
     data: str | None = path_field()
     synthetic: SyntheticOptions = field(default_factory=SyntheticOptions)
     #: The last episodes: never trained on, used by the evaluation.
-    held_out_episodes: int = 8
+    held_out_episodes: int = ranged(8, low=0)
     #: Action chunk length H.
-    action_horizon: int = 10
+    action_horizon: int = ranged(10, low=1)
     #: States and actions: quantiles (Pi0.5), mean_std, min_max or identity.
     normalization: str = "quantiles"
     #: Camera keys in order; null takes the dataset's first ``cameras`` of the flavor.

@@ -86,6 +86,13 @@ class WanFlavor(ModelFamily):
 
         return WanRunTask(self, config)
 
+    def check_task(self, config: Any, options: Any) -> list[str]:
+        """Its data opened as training opens it, a sample held to the patch size
+        (:func:`loongforge_diffusion.preflight.check_video_task`)."""
+        from loongforge_diffusion.preflight import check_video_task
+
+        return check_video_task(self, config, options)
+
     def num_params(self, *, include_embeddings: bool = True) -> int:
         """The model family's parameter count (:func:`num_params`; a DiT has no token embeddings to leave out)."""
         return num_params(self)
