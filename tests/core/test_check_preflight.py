@@ -131,6 +131,8 @@ BROKEN = [
                                                                             "number in [0, 1], got 2.0"),
     ("configs/diffusion-moving-squares.yaml", ["task.frames=3"], "videos of 3 x 12 x 12 (frames x height x width) do "
                                                                  "not divide into the model's 2x4x4 patches"),
+    ("configs/diffusion-moving-squares.yaml", ["model.freeze=['*']"], "model.freeze pattern '*' freezes every "
+                                                                      "parameter: nothing would train"),
     (EMBODIED, ["task.action_horizon=0"], "'task.action_horizon' must be an integer >= 1, got 0"),
     (EMBODIED, ["task.eval.frames=-1"], "'task.eval.frames' must be an integer >= 0, got -1"),
     # a batch no device holds (it would try to allocate terabytes), against the planner's lowest estimate

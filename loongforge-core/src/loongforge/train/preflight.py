@@ -97,6 +97,7 @@ def _check(config: LoongForgeConfig, world_size: int, backend: DeviceBackend, ho
     validate_loop_settings(config)
     _check_loss_normalization(config)
     _check_hyperparameters(config)
+    _check_freeze(config)
     if config.model.overrides:  # against the model they apply to: the family with its parts, before overrides
         bare = dataclasses.replace(config, model=dataclasses.replace(config.model, overrides={}))
         _check_override_types(resolve_model_flavor(bare, host), config)
@@ -153,6 +154,17 @@ def _check_loss_normalization(config: LoongForgeConfig) -> None:
         where = origin_of(config.source, "training.loss_normalization")
         raise ConfigError(f"{where}: training.loss_normalization must be one of {', '.join(LOSS_NORMALIZATIONS)}, "
                           f"got '{value}'")
+
+
+def _check_freeze(config: LoongForgeConfig) -> None:
+    """A ``model.freeze`` pattern that matches every name (only ``*``) leaves nothing to train, whatever the model:
+    said before it is built (a subtler freeze-all is found when the patterns meet the built model, before any
+    step)."""
+    everything = [pattern for pattern in config.model.freeze if pattern and set(pattern) == {"*"}]
+    if everything:
+        key = "model.freeze"
+        raise ConfigError(f"{origin_of(config.source, key)}: {key} pattern '{everything[0]}' freezes every parameter: "
+                          "nothing would train (name the parts to freeze, e.g. 'encoder.*')")
 
 
 def _check_hyperparameters(config: LoongForgeConfig) -> None:
