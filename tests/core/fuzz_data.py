@@ -324,6 +324,49 @@ def lerobot_cases(directory: Path) -> list[Case]:
     return cases
 
 
+#: The diffusion recipe, pointed at a broken ``task.data`` for one cheap step.
+DIFFUSION_RECIPE = str(ROOT / "configs" / "diffusion-moving-squares.yaml")
+
+
+def _torch_file(value: Any) -> Callable[[Path], None]:
+    def write(path: Path) -> None:
+        import torch
+
+        torch.save(value, path)
+    return write
+
+
+def diffusion_cases(directory: Path) -> list[Case]:
+    """``task.data`` of the diffusion recipe broken as users break it -- empty, cut short, not a torch file, text,
+    a JSON-lines file, torch files without videos -- refused by the family's pre-flight in one line naming the file;
+    none when the plugin is not installed."""
+    if importlib.util.find_spec("loongforge_diffusion") is None:
+        return []
+    import torch
+
+    writers: dict[str, Callable[[Path], None]] = {
+        "empty": lambda path: path.write_bytes(b""),
+        "cut-short": lambda path: path.write_bytes(b"PK\x03\x04\x14\x00"),
+        "garbage": lambda path: path.write_bytes(b"garbage"),
+        "text": lambda path: path.write_text("a caption, not a tensor\n"),
+        "jsonl": lambda path: path.write_text('{"video": "clip.mp4", "caption": "a square"}\n'),
+        "no-videos": _torch_file({"captions": torch.zeros(4, 3, dtype=torch.long)}),
+        "a-tensor": _torch_file(torch.zeros(2, 2)),
+        "zero-samples": _torch_file({"videos": torch.zeros(0, 3, 4, 12, 12), "labels": torch.zeros(0, 3,
+                                                                                                   dtype=torch.long)}),
+    }
+    cases = []
+    for name, write in writers.items():
+        workdir = directory / name
+        workdir.mkdir(parents=True)
+        data = workdir / ("squares.jsonl" if name == "jsonl" else "squares.pt")
+        write(data)
+        argv = (DIFFUSION_RECIPE, f"task.data={data}", "training.steps=1", "task.sample.videos=0",
+                f"run.output_dir={workdir / 'run'}")
+        cases.append(Case(f"diffusion:{name}", argv, workdir, (f"task.data {data}",)))
+    return cases
+
+
 def _dropped_frame(directory: Path, *, version: str) -> Path:
     """The tiny synthetic LeRobot set with frame 5 of episode 0 stamped as if the frame before it had been dropped
     (its timestamp 0.3 s late at 10 fps)."""
