@@ -367,6 +367,40 @@ def diffusion_cases(directory: Path) -> list[Case]:
     return cases
 
 
+#: The VLM recipe, reading image-text data from ``data.paths``.
+VLM_RECIPE = str(ROOT / "configs" / "vlm-shapes.yaml")
+_ASKED = [{"role": "user", "content": "<image> what colour?"}, {"role": "assistant", "content": "red"}]
+
+
+def vlm_cases(directory: Path) -> list[Case]:
+    """Image-text data broken as users break it -- no records, records that are not JSON, images that are missing or
+    not images, a shard that is not a tar -- refused in one line (a source with no usable sample, or the shard by
+    name); none when the plugin is not installed."""
+    if importlib.util.find_spec("loongforge_vlm") is None:
+        return []
+    record = json.dumps({"messages": _ASKED, "images": ["picture.png"]}) + "\n"
+    writers: dict[str, tuple[str, Callable[[Path], None], str]] = {
+        "empty": ("data.jsonl", lambda path: path.write_text(""), "no usable samples"),
+        "not-json": ("data.jsonl", lambda path: path.write_text("a caption\n"), "not JSON"),
+        "missing-image": ("data.jsonl", lambda path: path.write_text(record), "picture.png: cannot be read"),
+        "not-an-image": ("data.jsonl", lambda path: (path.write_text(record),
+                                                     (path.parent / "picture.png").write_text("text")),
+                         "picture.png"),
+        "no-messages": ("data.jsonl", lambda path: path.write_text(json.dumps({"images": []}) + "\n"),
+                        "no usable samples"),
+        "shard": ("data.tar", lambda path: path.write_bytes(b"garbage"), "not a readable uncompressed tar"),
+    }
+    cases = []
+    for name, (filename, write, expected) in writers.items():
+        workdir = directory / name
+        workdir.mkdir(parents=True)
+        write(workdir / filename)
+        argv = (VLM_RECIPE, "data.dataset=image-text", f"data.paths=[{workdir / filename}]", "training.steps=1",
+                f"run.output_dir={workdir / 'run'}")
+        cases.append(Case(f"vlm:{name}", argv, workdir, (expected,)))
+    return cases
+
+
 def _dropped_frame(directory: Path, *, version: str) -> Path:
     """The tiny synthetic LeRobot set with frame 5 of episode 0 stamped as if the frame before it had been dropped
     (its timestamp 0.3 s late at 10 fps)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import yaml
 from fuzz_configs import RECIPES, malformed_configs, runnable, write_runnable_data
-from fuzz_data import FAULTS, data_cases, diffusion_cases, lerobot_cases, valid_data_cases
+from fuzz_data import FAULTS, data_cases, diffusion_cases, lerobot_cases, valid_data_cases, vlm_cases
 from fuzz_harness import COMMANDS, Case, Outcome, failures, run, run_all, summary
 from loongforge.config import strict_yaml
 
@@ -50,7 +50,8 @@ def _outcomes(name: str, tmp_path_factory, capfd) -> list[Outcome]:
         if name == "configs":
             cases = _config_cases(root)
         else:
-            cases = data_cases(root / "core") + lerobot_cases(root / "lerobot") + diffusion_cases(root / "diffusion")
+            cases = (data_cases(root / "core") + lerobot_cases(root / "lerobot")
+                     + diffusion_cases(root / "diffusion") + vlm_cases(root / "vlm"))
         _OUTCOMES[name] = run_all(cases, capfd)
     return _OUTCOMES[name]
 
@@ -164,8 +165,8 @@ def test_malformed_datasets_are_refused_in_one_line(tmp_path_factory, capfd, mon
 
 @pytest.mark.slow
 def test_fuzz_counts(tmp_path_factory, capfd, monkeypatch):
-    """The acceptance line of the issue: at least 300 configs and 40 data sets (LLM text and chat, LeRobot, diffusion),
-    both commands, all refused cleanly."""
+    """The acceptance line of the issue: at least 300 configs and 40 data sets (LLM text and chat, VLM image-text,
+    diffusion, LeRobot), both commands, all refused cleanly."""
     monkeypatch.setenv("LOONGFORGE_CACHE_DIR", str(tmp_path_factory.mktemp("fuzz-cache")))
     configs, data = (_outcomes(name, tmp_path_factory, capfd) for name in ("configs", "data"))
     totals = summary(configs + data)
@@ -174,6 +175,6 @@ def test_fuzz_counts(tmp_path_factory, capfd, monkeypatch):
               f"{totals['tracebacks']} tracebacks, {totals['hangs']} hangs, {totals['accepted']} accepted, "
               f"{totals['badly_reported']} badly reported")
     assert len(configs) // 2 >= 300 and len(data) // 2 >= 40
-    assert {case.case.name.split(":")[0] for case in data} >= {"lerobot", "diffusion"}
+    assert {case.case.name.split(":")[0] for case in data} >= {"lerobot", "diffusion", "vlm"}
     assert totals == {"runs": len(configs) + len(data), "tracebacks": 0, "hangs": 0, "accepted": 0,
                       "badly_reported": 0}, failures(configs + data)
