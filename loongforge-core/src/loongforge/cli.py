@@ -110,6 +110,9 @@ def _configure_check(check: argparse.ArgumentParser) -> None:
     check.add_argument("config")
     check.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     check.add_argument("--nproc", type=int, default=1, help="world size the layout must fit (default 1)")
+    check.add_argument("--print-config", action="store_true",
+                       help="print the resolved config (bases merged, overrides applied, defaults filled) as YAML "
+                            "first: what a run of it records in its checkpoints' config.yaml")
     add_trust_code_option(check, checkpoint="the checkpoint model.load names (sets run.trust_code)")
 
 
@@ -370,6 +373,12 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if args.nproc < 1:
         raise ConfigError(f"--nproc must be >= 1, got {args.nproc}")
     config = load_config(args.config, _overrides(args))
+    if args.print_config:
+        import yaml
+
+        from loongforge.config.loader import config_to_dict
+
+        print(yaml.safe_dump(config_to_dict(config), sort_keys=False), end="")
     for line in preflight(config, nproc=args.nproc):
         print(line)
     print(f"{args.config}: OK")

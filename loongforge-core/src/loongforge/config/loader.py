@@ -5,6 +5,10 @@ fall back to a default and waste a training run. Every error names the dotted ke
 file, or the command line for a key an override set (:class:`~loongforge.config.sections.ConfigSource`). The YAML
 itself is read by :mod:`loongforge.config.strict_yaml` (``safe_load`` that also refuses duplicate keys, deep
 nesting and runaway aliases), for files and for override values alike, and must be UTF-8.
+
+A file may start from others: ``base: common.yaml`` (or a list, applied in order; paths relative to the file)
+reads those first and lays the file's own keys over them -- mappings merged key by key, any other value replaced --
+so a family of runs shares one recipe and states only what differs. Bases may have bases; a cycle is an error.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     file = "<defaults>"
     if path is not None:
         file = str(path)
-        raw = read_yaml_mapping(Path(path))
+        raw = read_with_bases(Path(path))
     file_keys = frozenset(_key_paths(raw))
     for item in overrides:
         _apply_override(raw, item)
@@ -52,6 +56,40 @@ def load_checkpoint_config(path: str | Path, *, trust_code: bool) -> LoongForgeC
     config = load_config(path)
     config.code_trusted = trust_code
     return config
+
+
+#: The top-level key naming the file(s) a config starts from.
+BASE_KEY = "base"
+
+
+def read_with_bases(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """``path``'s mapping laid over the mappings its ``base:`` names (recursively), ``base`` itself removed."""
+    resolved = path.resolve()
+    if resolved in chain:
+        cycle = " -> ".join(str(p) for p in (*chain, resolved))
+        raise ConfigError(f"{path}: base: the configs name each other in a circle ({cycle})")
+    raw = read_yaml_mapping(path)
+    bases = raw.pop(BASE_KEY, None)
+    if bases is None:
+        return raw
+    names = [bases] if isinstance(bases, str) else bases
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+        raise ConfigError(f"{path}: base must name a config file or a list of them, got {bases!r}")
+    merged: dict[str, Any] = {}
+    for name in names:
+        base = (path.parent / name).expanduser()
+        if not base.is_file():
+            raise ConfigError(f"{path}: base {name!r}: no such config file ({base})")
+        merged = _merged(merged, read_with_bases(base, (*chain, resolved)))
+    return _merged(merged, raw)
+
+
+def _merged(under: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` laid on ``under``: mappings merged key by key, other values replaced."""
+    out = dict(under)
+    for key, value in over.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def read_yaml_mapping(path: Path) -> dict[str, Any]:
