@@ -42,6 +42,8 @@ def test_the_reference_covers_every_command_generator_and_handler(regenerated):
             assert f"\n#### handler `{handler.name}` ({handler.provider})\n" in regenerated, (point, handler.name)
     assert "| `--nproc NPROC` | start this many local processes (as torchrun would) |" in regenerated
     assert "| `--kernels {te,local}` |" in regenerated
+    undescribed = [line for line in regenerated.splitlines() if line.startswith("| `") and line.endswith("|  |")]
+    assert not undescribed, f"arguments without a help text: {undescribed}"  # every option says what it does
 
 
 def test_check_names_the_stale_file_and_the_command(tmp_path, monkeypatch, capsys):

@@ -59,7 +59,7 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 
 
 def _configure_list(lister: argparse.ArgumentParser) -> None:
-    lister.add_argument("kind", choices=sorted(_LIST_CHOICES))
+    lister.add_argument("kind", choices=sorted(_LIST_CHOICES), help="what to list")
 
 
 def _configure_doctor(doctor: argparse.ArgumentParser) -> None:
@@ -86,8 +86,8 @@ def _cmd_completion(args: argparse.Namespace) -> int:
 
 
 def _configure_plan(planner: argparse.ArgumentParser) -> None:
-    planner.add_argument("config")
-    planner.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    planner.add_argument("config", help="the run's YAML config")
+    planner.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (dotted keys)")
     planner.add_argument("--devices", type=int, required=True, help="number of devices (ranks)")
     planner.add_argument("--device-memory", help="memory per device, e.g. 80GiB (default: parallel.planner)")
     planner.add_argument("--ranks-per-node", type=int, help="devices per node (default 8)")
@@ -107,8 +107,8 @@ def _configure_plan(planner: argparse.ArgumentParser) -> None:
 def _configure_check(check: argparse.ArgumentParser) -> None:
     check.description = ("Run every check `loongforge train` runs before it builds anything (names, typed sections, "
                          "layout for --nproc processes, precision on the device, LoRA, files) and print what resolved.")
-    check.add_argument("config")
-    check.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    check.add_argument("config", help="the run's YAML config")
+    check.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (dotted keys), as for train")
     check.add_argument("--nproc", type=int, default=1, help="world size the layout must fit (default 1)")
     check.add_argument("--print-config", action="store_true",
                        help="print the resolved config (bases merged, overrides applied, defaults filled) as YAML "

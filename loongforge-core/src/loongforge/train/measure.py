@@ -92,9 +92,9 @@ def measure(config_path: str, out_dir: str, overrides: list[str], time_steps: in
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m loongforge.train.measure", description=__doc__.splitlines()[0])
-    parser.add_argument("config")
-    parser.add_argument("out_dir")
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    parser.add_argument("config", help="the run's YAML config")
+    parser.add_argument("out_dir", help="directory for the measured runs")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, as for train")
     parser.add_argument("--time-steps", type=int, default=4, help="steps of the timed run (the first is left out)")
     args = parser.parse_intermixed_args(argv)
     measure(args.config, args.out_dir, args.overrides, time_steps=args.time_steps)

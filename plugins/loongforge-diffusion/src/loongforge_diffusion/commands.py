@@ -31,7 +31,7 @@ def configure_sample(sample: argparse.ArgumentParser) -> None:
                         help="output directory (default ./samples): the samples, grid.gif/grid.png, index.json")
     sample.add_argument("--steps", type=int, default=20, help="sampler steps (default 20)")
     sample.add_argument("--guidance", type=float, default=3.0, help="classifier-free guidance scale (1 = off)")
-    sample.add_argument("--seed", type=int, default=0)
+    sample.add_argument("--seed", type=int, default=0, help="seed of the sampling noise (default 0)")
     sample.add_argument("--format", choices=("gif", "mp4", "png"), default="gif",
                         help="gif (default), mp4 (needs PyAV) or png frames")
     add_trust_code_option(sample)

@@ -163,7 +163,8 @@ def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def configure_from_lerobot(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--flavor", default="pi05-base")
+    parser.add_argument("--flavor", default="pi05-base",
+                        help="the registered policy flavor the checkpoint is (default pi05-base)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON", help="flavor field override")
 
 

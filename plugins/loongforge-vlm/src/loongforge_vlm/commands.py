@@ -36,7 +36,7 @@ def configure_shapes(parser: argparse.ArgumentParser) -> None:
     """The options of ``loongforge make-data shapes`` (run by :func:`loongforge_vlm.data.shapes.make_data`)."""
     parser.add_argument("out_dir", help="directory to write (or, with --validate, to check)")
     parser.add_argument("--count", type=int, default=1000, help="samples over both splits (default 1000)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the generated shapes (default 0)")
     parser.add_argument("--size", type=int, default=32, help="image side in pixels, even, >= 16 (default 32)")
     parser.add_argument("--heldout-fraction", type=float, default=0.1, help="share of held-out samples (0.1)")
     parser.add_argument("--format", default="jsonl", metavar="{jsonl,wds}",

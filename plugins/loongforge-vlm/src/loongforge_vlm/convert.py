@@ -120,7 +120,8 @@ def configure_hf_to_loongforge(parser: argparse.ArgumentParser) -> None:
 
 
 def configure_loongforge_to_hf(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-shard-size", default="5GB")
+    parser.add_argument("--max-shard-size", default="5GB",
+                        help="largest safetensors shard; larger models are split with an index (default 5GB)")
 
 
 def run_hf_to_loongforge(args: argparse.Namespace) -> int:

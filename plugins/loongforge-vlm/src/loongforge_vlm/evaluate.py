@@ -116,7 +116,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """The options of ``loongforge eval CHECKPOINT`` for a VLM checkpoint."""
     parser.add_argument("--data", nargs="*", help="jsonl files / shards (default: the shapes set's held-out split)")
     parser.add_argument("--limit", type=int, default=0, help="answer at most this many questions (0: all)")
-    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=8, help="longest answer generated, in tokens (default 8)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -133,7 +133,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--version", default="v3.0", choices=("v2.1", "v3.0"), help="LeRobot format version")
     parser.add_argument("--cameras", nargs="*", default=[],
                         help="cameras to record as H.264 video (needs MUJOCO_GL=egl or osmesa), e.g. corner")
-    parser.add_argument("--image-size", type=int, default=64)
+    parser.add_argument("--image-size", type=int, default=64, help="camera image side in pixels (default 64)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -112,13 +112,13 @@ def _images(images: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """The options of ``loongforge eval SOURCE`` for a policy, a policy server or ``random``."""
-    parser.add_argument("--env", default="reach-v3")
+    parser.add_argument("--env", default="reach-v3", help="Meta-World v3 task (default reach-v3)")
     parser.add_argument("--seeds", type=_at_least(1), default=20, help="how many seeds (episodes)")
     parser.add_argument("--first-seed", type=int, default=1000, help="first seed (keep clear of the training seeds)")
     parser.add_argument("--replan", type=int, default=5, help="actions executed from each chunk before asking again")
-    parser.add_argument("--max-steps", type=int, default=200)
+    parser.add_argument("--max-steps", type=int, default=200, help="steps before an episode counts as failed (200)")
     parser.add_argument("--steps", type=int, default=10, help="Euler steps per chunk (in-process policy)")
-    parser.add_argument("--sample-seed", type=int, default=0)
+    parser.add_argument("--sample-seed", type=int, default=0, help="seed of the policy's sampling noise (default 0)")
     parser.add_argument("--baseline", choices=("random",), help="also evaluate uniform random actions")
     parser.add_argument("--out", default=None, metavar="DIR",
                         help=f"where {SUMMARY_FILE} (and videos/) go (default metaworld-eval-<env>)")

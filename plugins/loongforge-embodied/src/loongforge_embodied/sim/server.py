@@ -201,8 +201,9 @@ def make_server(policy: Any, host: str = "127.0.0.1", port: int = 8765, limits: 
 def configure(parser: argparse.ArgumentParser) -> None:
     """The arguments of ``loongforge serve``."""
     parser.add_argument("checkpoint", help="a checkpoint directory, or a checkpoint root (its latest)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default 127.0.0.1: this machine only)")
+    parser.add_argument("--port", type=int, default=8765, help="port to listen on (default 8765)")
     parser.add_argument("--steps", type=int, default=10, help="Euler steps per action chunk")
     parser.add_argument("--max-message-mb", type=_positive(float), default=None, metavar="MIB",
                         help="largest request accepted, in MiB; a frame announcing more is refused before its body "
