@@ -73,8 +73,9 @@ def test_server_answers_like_the_policy_and_reports_errors():
     policy = RandomPolicy(horizon=6, state_dim=39)
     state = np.linspace(0, 1, 39)
     with serving(policy) as url, PolicyClient(url) as client:  # the limits: 8 x a float64 state + 64 KiB, 4 clients
-        assert client.metadata == {**policy.metadata,
-                                   "limits": {"max_message_bytes": 8 * 8 * 39 + 64 * 1024, "max_connections": 4}}
+        assert client.metadata == {**policy.metadata, "limits": {
+            "max_message_bytes": 8 * 8 * 39 + 64 * 1024, "max_connections": 4, "max_connections_per_client": 4,
+            "idle_timeout_s": 120.0}}
         chunk = client.act("reach the goal", state, seed=7)
         assert chunk.shape == (6, 4)
         np.testing.assert_array_equal(chunk, policy.act("reach the goal", state, seed=7))

@@ -138,7 +138,8 @@ def test_a_client_that_hangs_up_after_the_handshake_is_no_error(caplog):
         with connect(url):  # a well-behaved client that leaves without a request
             pass
         assert _connects_within(url, attempts=100)  # the one slot is free again
-    failures = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    # websockets itself notes a reset peer at debug level (with the exception attached): that is no failure
+    failures = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert not failures, [r.getMessage() for r in failures]
 
 
