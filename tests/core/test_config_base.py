@@ -53,3 +53,11 @@ def test_print_config_shows_what_a_run_records(tmp_path, capsys):
     printed = yaml.safe_load(expected)
     assert printed["training"]["steps"] == 3 and printed["optimizer"]["lr"] == 0.01
     assert printed["model"]["name"] == "llama-tiny"  # from the base
+
+
+@pytest.mark.parametrize("text", ["", "# just a comment\n", "\n\n"])
+def test_an_empty_config_file_is_refused_not_trained_with_defaults(tmp_path, text):
+    """A failed shell redirect leaves an empty file; training the default model from it (into ./runs) would hide
+    the mistake."""
+    with pytest.raises(ConfigError, match="the config file holds no settings"):
+        load_config(_write(tmp_path / "run.yaml", text))

@@ -24,7 +24,7 @@ from loongforge.data.contracts import SampleDataset
 from loongforge.data.errors import DataError
 from loongforge.data.sft import ChatSample
 from loongforge.data.tokenizers import Tokenizer
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from loongforge_vlm.data.processor import ImageProcessor, VisionProcessor
 from loongforge_vlm.data.records import RecordError, parse_record
@@ -176,6 +176,8 @@ def _decode(source: Any, index: int, name: str, *, full: bool = True) -> tuple[s
         if full:
             image.load()
         return where, image
+    except UnidentifiedImageError:  # its message names a BytesIO object: different on every read
+        raise _Skip("corrupt", where, "cannot be decoded (not an image Pillow reads)") from None
     except Exception as exc:  # Pillow raises many types for a damaged file; all mean the same here
         raise _Skip("corrupt", where, f"cannot be decoded ({type(exc).__name__}: {exc})") from None
 
