@@ -61,3 +61,4 @@ def test_an_empty_config_file_is_refused_not_trained_with_defaults(tmp_path, tex
     the mistake."""
     with pytest.raises(ConfigError, match="the config file holds no settings"):
         load_config(_write(tmp_path / "run.yaml", text))
+    assert load_config(tmp_path / "run.yaml", ["training.steps=3"]).training.steps == 3  # settings given here

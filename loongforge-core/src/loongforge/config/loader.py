@@ -36,7 +36,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     if path is not None:
         file = str(path)
         raw = read_with_bases(Path(path))
-        if not raw:  # an empty file is a mistake (a failed redirect, the wrong path), not "train the defaults"
+        if not raw and not overrides:  # a failed redirect or the wrong file, not "train the defaults"
             raise ConfigError(f"{path}: the config file holds no settings; name at least the model "
                               "(model: NAME), or start from another config (base: FILE)")
     file_keys = frozenset(_key_paths(raw))
