@@ -1,7 +1,8 @@
-"""A rank SIGKILLed under an elastic launcher: the group restarts, resumes from the newest checkpoint and finishes
-bit for bit like a run that was never interrupted, with every rank holding the same state (issue 17).
+"""A rank SIGKILLed -- or frozen -- under an elastic launcher: the group restarts, resumes from the newest checkpoint
+and finishes bit for bit like a run that was never interrupted, with every rank holding the same state (issues 17
+and 45).
 
-Two 2-process gloo runs of ``llama-debug`` (12 steps, a checkpoint every 5, ``checkpoint.resume: auto``), each next
+Three 2-process gloo runs of ``llama-debug`` (12 steps, a checkpoint every 5, ``checkpoint.resume: auto``), each next
 to an uninterrupted run of the same layout and launcher:
 
 * ``tp=2`` under ``torchrun --max-restarts 1``: rank 1 is killed at the end of step 7, between two saves. torch's
@@ -10,6 +11,12 @@ to an uninterrupted run of the same layout and launcher:
 * ``dp=2`` under ``loongforge train --nproc 2 --max-restarts 1``: rank 0 -- the rank that writes metrics.jsonl,
   the manifest and the commit -- is killed inside the save of step 10, leaving a half-made ``.tmp-step-0000010``;
   the launcher restarts both processes, which resume from step 5 and save step 10 again.
+* ``dp=2`` under ``loongforge train --nproc 2 --max-restarts 1 --dist-timeout 10`` (issue 45, item 3): rank 1
+  stops itself with SIGSTOP at the end of step 7. On main the other rank waited in a collective for gloo's
+  hard-coded 30 minutes and the launcher, which watches for dead processes only, waited with it. Now rank 0's
+  watchdog ends the attempt with one line naming rank 1 and status 4, the launcher kills the stopped rank (it cannot
+  act on SIGTERM) and restarts the group within the timeout + 60 s of the freeze, and the new group resumes from
+  step 5. Its uninterrupted run is the previous case's (same launcher and layout).
 
 Asserted as torchft's tests assert replicas agree, on the state itself: after the restart every rank's gathered
 full weights and Adam moments (tensor-parallel shards all-gathered, per global parameter name) are bit-identical
@@ -30,6 +37,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,15 +61,16 @@ STEPS = 12
 
 #: FAULT INJECTION and state probe. With KILL_AT (``step-end:N`` or ``save:N``), rank KILL_RANK sends itself
 #: KILL_SIGNAL (default SIGKILL) there once per run: the first process to get there creates PROBE_DIR/killed.json
-#: (exclusively) and is signalled, so a restarted group runs through. At the end of training every rank writes
-#: PROBE_DIR/rankR.json: per global parameter name, the sha256 of the full (tensor-parallel-gathered) weight and Adam
-#: moments.
+#: (exclusively, with its rank, pid and the time) and is signalled, so a restarted group runs through. At the end
+#: of training every rank writes PROBE_DIR/rankR.json: per global parameter name, the sha256 of the full
+#: (tensor-parallel-gathered) weight and Adam moments.
 PROBE = textwrap.dedent(
     '''
     import hashlib
     import json
     import os
     import signal
+    import time
     from pathlib import Path
 
     import torch
@@ -76,7 +86,7 @@ PROBE = textwrap.dedent(
             fd = os.open(Path(os.environ["PROBE_DIR"]) / "killed.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         except FileExistsError:  # the restarted group: the fault fired already
             return
-        os.write(fd, json.dumps({"rank": int(os.environ["RANK"]), "pid": os.getpid()}).encode())
+        os.write(fd, json.dumps({"rank": int(os.environ["RANK"]), "pid": os.getpid(), "time": time.time()}).encode())
         os.fsync(fd)
         os.close(fd)
         os.kill(os.getpid(), getattr(signal, os.environ.get("KILL_SIGNAL", "SIGKILL")))
@@ -157,6 +167,8 @@ class Case:
     fault: dict[str, str]
     #: What the output says when the group was restarted.
     restarted: str
+    #: The case whose uninterrupted run stands for this one's (the same launcher and layout); ``None``: its own.
+    reference: str | None = None
 
 
 CASES = {
@@ -168,23 +180,41 @@ CASES = {
         [sys.executable, "-m", "loongforge.cli"], ["--nproc", "2", "--max-restarts", "1"], "dp",
         {"KILL_AT": "save:10", "KILL_RANK": "0"},
         "[loongforge] rank 0 was killed by SIGKILL: restarting the 2 processes (restart 1 of 1)"),
+    "dp2-nproc-frozen": Case(
+        [sys.executable, "-m", "loongforge.cli"], ["--nproc", "2", "--max-restarts", "1", "--dist-timeout", "10"], "dp",
+        {"KILL_AT": "step-end:7", "KILL_RANK": "1", "KILL_SIGNAL": "SIGSTOP"},
+        "[loongforge] rank 0 exited with status 4: restarting the 2 processes (restart 1 of 1)", reference="dp2-nproc"),
 }
+#: The hang watchdog's line for the frozen case: rank 0 waits in step 7's end-of-step vote (the preemption check)
+#: when rank 1 stops after its step 7, so rank 0's last step boundary came after step 6.
+HUNG = ("[loongforge] error: hung: rank 1 stopped responding (no heartbeat for 2.5 s: the process is stopped, frozen "
+        "or gone); no step after step 6 finished in 10 s (distributed.timeout_s); exiting with status 4 so the job "
+        "restarts from its newest checkpoint")
 
 
 def _train(root: Path, name: str, case: Case, site: Path, status: int = 0, **fault: str) -> tuple[Path, str]:
     """One 2-process run of ``case``'s command, which must exit with ``status``; returns its output directory
-    (metrics, checkpoints, probe/) and its stdout + stderr."""
+    (metrics, checkpoints, probe/) and its output (stdout and stderr), each line prefixed with the time it came."""
     out = root / name
     (out / "probe").mkdir(parents=True)
     config = root / f"{name}.yaml"
     config.write_text(CONFIG.replace("OUT", str(out)))
     python_path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": python_path, "OMP_NUM_THREADS": "1", "PROBE_DIR": str(out / "probe"), **fault}
-    done = subprocess.run([*case.launcher, "train", str(config), *case.arguments], capture_output=True, text=True,
-                          timeout=600, env=env)
-    output = done.stdout + done.stderr
-    assert done.returncode == status, output[-5000:]
+    with subprocess.Popen([*case.launcher, "train", str(config), *case.arguments], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, env=env) as process:
+        timer = threading.Timer(600, process.kill)  # a hang fails the test below instead of holding up the suite
+        timer.start()
+        output = "".join(f"{time.time():.3f} {line}" for line in process.stdout)
+        timer.cancel()
+    assert process.returncode == status, output[-5000:]
     return out, output
+
+
+def _line(output: str, text: str) -> tuple[float, str]:
+    """The time and the line of ``output`` (as :func:`_train` returns it) that holds ``text`` (exactly one)."""
+    (found,) = [line.split(" ", 1) for line in output.splitlines() if text in line]
+    return float(found[0]), found[1]
 
 
 def _rows(out: Path) -> dict[int, dict]:
@@ -198,17 +228,33 @@ def _probes(out: Path) -> list[dict]:
     return [json.loads((out / "probe" / f"rank{rank}.json").read_text()) for rank in range(2)]
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, site):
+    """The uninterrupted run of a case (its output directory), made once for the cases that share it."""
+    runs: dict[str, Path] = {}
+
+    def run(name: str) -> Path:
+        if name not in runs:
+            runs[name], _ = _train(tmp_path_factory.mktemp(name), "straight", CASES[name], site)
+        return runs[name]
+
+    return run
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_killed_rank_restarts_and_continues_bit_exactly_with_equal_ranks(tmp_path, site, name):
+def test_killed_rank_restarts_and_continues_bit_exactly_with_equal_ranks(tmp_path, site, uninterrupted, name):
     case = CASES[name]
-    reference_out, _ = _train(tmp_path, "straight", case, site)
+    reference_out = uninterrupted(case.reference or name)
     killed_out, output = _train(tmp_path, "killed", case, site, **case.fault)
 
     killed = json.loads((killed_out / "probe" / "killed.json").read_text())
     assert killed["rank"] == int(case.fault["KILL_RANK"])
     assert case.restarted in output, output[-5000:]
+    if case.fault.get("KILL_SIGNAL") == "SIGSTOP":  # named in one line, and the attempt over within timeout + 60 s
+        assert _line(output, "hung:")[1].strip() == HUNG, output[-5000:]
+        assert _line(output, case.restarted)[0] - killed["time"] < 10 + 60, output[-5000:]
     ckpts = killed_out / "checkpoints"
     assert f"resumed from {ckpts / 'step-0000005'} at step 5" in output, output[-5000:]
 

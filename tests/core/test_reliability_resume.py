@@ -25,9 +25,10 @@ import torch
 from loongforge.checkpoint import CheckpointDir, write_manifest
 from loongforge.checkpoint.manifest import CheckpointCorruptError
 from loongforge.checkpoint.saver import choose_resume
-from loongforge.checkpoint.state_files import TASK_STATE, check_fields, load_plain, task_trainer_state
+from loongforge.checkpoint.state_files import TASK_STATE, check_fields, load_plain, restore_checked, task_trainer_state
 from loongforge.cli import main
 from loongforge.errors import UntrustedCheckpointError
+from torch.distributed import DistBackendError
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")
@@ -202,3 +203,21 @@ def test_task_checkpoint_files_are_checked_too(tmp_path):
     state.write_bytes(b"PK\x03\x04 truncated")
     with pytest.raises(CheckpointCorruptError, match=r"state.pt: unreadable"):
         load_plain(state)
+
+
+def test_a_failed_collective_during_a_restore_is_no_damaged_file(tmp_path):
+    """A state of the wrong shape is one line naming the file; another rank dying during a sharded load is not the
+    file's fault: called corrupt (status 2), it would stop ``--max-restarts`` from restarting the job."""
+    where = tmp_path / "optimizer.pt"
+
+    def wrong_shape():
+        raise RuntimeError("Error(s) in loading state_dict:\n  size mismatch for weight")
+
+    def peer_died():
+        raise DistBackendError("[gloo] Connection closed by peer")
+
+    with pytest.raises(CheckpointCorruptError, match=r"optimizer.pt: the optimizer cannot be restored \(RuntimeError: "
+                                                     r"Error\(s\) in loading state_dict:\)$"):
+        restore_checked(wrong_shape, where, "the optimizer")
+    with pytest.raises(DistBackendError):
+        restore_checked(peer_died, where, "the optimizer")

@@ -64,7 +64,7 @@ def test_help_lists_every_option(capsys):
     for option in ("--nodes", "--nproc-per-node", "--gpus-per-node", "--time", "--partition", "--account",
                    "--log-dir", "--no-requeue", "--max-requeues", "--signal-lead-s", "--max-restarts", "--write"):
         assert option in out
-    assert "(default 20000 + job id % 10000)" in " ".join(out.split())
+    assert "(default: the first one free there from 20000 + job id % 10000 on)" in " ".join(out.split())
 
 
 def test_cpu_job_asks_for_no_gpus_and_shares_its_cpus(capsys):

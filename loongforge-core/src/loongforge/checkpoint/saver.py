@@ -41,6 +41,7 @@ from loongforge.checkpoint.optim_state import adam_step, load_optimizer_state, o
 from loongforge.checkpoint.state_files import load_plain, megatron_trainer_state, restore_checked, rng_state
 from loongforge.checkpoint.torch_dist import InProcessTorchDistSaveStrategy
 from loongforge.checkpoint.writer import CheckpointWriter, RankShare, save_torch
+from loongforge.config.schema import AUTO_RESUMES
 from loongforge.errors import LoongForgeError
 
 MODEL_OPTIM = "model_optim"
@@ -178,10 +179,6 @@ def choose_resume(ckpt_dir: CheckpointDir, resume: str, warn: Callable[[str], No
     if isinstance(choice[0], Exception):
         raise CheckpointCorruptError(str(choice[0]))
     return Path(choice[0]) if choice[0] is not None else None
-
-
-#: ``checkpoint.resume`` values that scan the checkpoint directory for the newest valid checkpoint.
-AUTO_RESUMES = ("auto", "restart")
 
 
 def _newest_valid(ckpt_dir: CheckpointDir, resume: str, warn: Callable[[str], None]) -> str | None:

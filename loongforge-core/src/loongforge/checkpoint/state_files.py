@@ -7,7 +7,8 @@ lacks a key, holds a string where a count belongs or a negative ``consumed_sampl
 ``KeyError`` or ``TypeError`` traceback -- or worse, in a run that went on from a nonsensical data position. A rank
 file that would run code when unpickled was refused only by torch's multi-paragraph ``weights_only`` traceback.
 
-Everything here is torch-free except :func:`load_plain`, which imports torch when called.
+Everything here is torch-free except :func:`load_plain`, which imports torch when called, and
+:func:`restore_checked`, when the restore it runs failed.
 """
 
 from __future__ import annotations
@@ -166,9 +167,15 @@ def rng_state(data: Any, path: Path, key: str | None = None) -> dict[str, Any]:
 
 def restore_checked(restore: Callable[[], None], path: Path, what: str) -> None:
     """Run ``restore`` (which puts ``what`` from ``path`` in place); the errors of a value of the wrong shape
-    (``TypeError``, ``ValueError``, ``KeyError``, ``IndexError``, torch's ``RuntimeError``) become one line."""
+    (``TypeError``, ``ValueError``, ``KeyError``, ``IndexError``, torch's ``RuntimeError``) become one line. A
+    collective that failed (torch's ``DistError``, a ``RuntimeError`` too: another rank died during a sharded load) is
+    no fault of the file and stays what it is, so that the launcher restarts the job rather than give up on it."""
     try:
         restore()
     except (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError) as exc:
+        from torch.distributed import DistError
+
+        if isinstance(exc, DistError):
+            raise
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointCorruptError(f"{path}: {what} cannot be restored ({type(exc).__name__}: {first})") from None

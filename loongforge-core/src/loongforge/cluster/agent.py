@@ -71,17 +71,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("usage: python3 -m loongforge.cluster.agent TORCHRUN_OPTIONS --module loongforge.cli COMMAND...",
               file=sys.stderr)
         return ERROR_TO_FIX
-    statuses = Path(tempfile.mkdtemp(prefix="loongforge-ranks-"))
-    args.training_script = "loongforge.cluster.rank"
-    args.training_script_args = ["--keep-output", str(statuses), *args.training_script_args]
-    status = 0
-    try:
-        run(args)
-    except ChildFailedError:
-        status = 1
-    except SignalException as exc:  # the pod is being stopped: torch's agent passed the signal on and waited
-        status = 128 + int(exc.sigval)
-    code, why = verdict(status, rank_statuses(statuses))
+    with tempfile.TemporaryDirectory(prefix="loongforge-ranks-") as statuses:
+        args.training_script = "loongforge.cluster.rank"
+        args.training_script_args = ["--keep-output", statuses, *args.training_script_args]
+        status = 0
+        try:
+            run(args)
+        except ChildFailedError:
+            status = 1
+        except SignalException as exc:  # the pod is being stopped: torch's agent passed the signal on and waited
+            status = 128 + int(exc.sigval)
+        code, why = verdict(status, rank_statuses(Path(statuses)))
     print(f"[loongforge] pod exits with status {code}: {why}", file=sys.stderr, flush=True)
     return code
 

@@ -54,7 +54,8 @@ from loongforge.errors import ConfigError
 SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 #: Seconds of the warning kept back from torchrun's shutdown timeout, for the ranks to exit and the script to requeue.
 SHUTDOWN_MARGIN = 10
-#: The rendezvous port is ``RDZV_PORT_BASE + job id % RDZV_PORT_SPAN`` unless ``--rdzv-port`` is given.
+#: The rendezvous port is the first one free on the first node from ``RDZV_PORT_BASE + job id % RDZV_PORT_SPAN`` on
+#: (wrapping within the span) unless ``--rdzv-port`` is given.
 RDZV_PORT_BASE, RDZV_PORT_SPAN = 20000, 10000
 #: Slurm's ``--time`` formats: minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
 _TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$")
@@ -95,7 +96,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="ranks per node (default: --gpus-per-node; required without it)")
     parser.add_argument("--gpus-per-node", type=int, metavar="G", help="GPUs to ask for on each node (default: none)")
     parser.add_argument("--cpus-per-task", type=int, metavar="C",
-                        help="CPUs of each node for its agent and ranks (#SBATCH --cpus-per-task)")
+                        help="CPUs of each node for its agent and ranks (#SBATCH --cpus-per-task; default: "
+                             "training.threads per rank, else one per rank without --gpus-per-node)")
     parser.add_argument("--time", help="time limit, in Slurm's format (e.g. 4:00:00 or 2-00:00:00)")
     parser.add_argument("--partition", help="partition (#SBATCH --partition)")
     parser.add_argument("--account", help="account to charge (#SBATCH --account)")
@@ -118,8 +120,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-restarts", type=int, default=0, metavar="K",
                         help="torchrun restarts of crashed ranks inside the allocation, before a requeue (default 0)")
     parser.add_argument("--rdzv-port", type=int, metavar="PORT",
-                        help=f"rendezvous port on the first node (default {RDZV_PORT_BASE} + job id %% "
-                             f"{RDZV_PORT_SPAN})")
+                        help=f"rendezvous port on the first node (default: the first one free there from "
+                             f"{RDZV_PORT_BASE} + job id %% {RDZV_PORT_SPAN} on)")
     parser.add_argument("--write", metavar="PATH", help="write the script to PATH (executable) instead of printing it")
 
 

@@ -294,6 +294,11 @@ class TrainingConfig:
 LOSS_NORMALIZATIONS: tuple[str, ...] = ("micro_batch", "global_tokens")
 
 
+#: ``checkpoint.resume`` values that scan the checkpoint directory for the newest checkpoint that verifies (besides
+#: ``never``, any other value is the path of a checkpoint).
+AUTO_RESUMES = ("auto", "restart")
+
+
 @dataclass
 class CheckpointConfig:
     """When and where checkpoints are saved, and whether a run resumes."""

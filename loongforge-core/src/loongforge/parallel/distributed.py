@@ -216,35 +216,24 @@ class Heartbeat:
         #: The last step the loop finished, and when the watchdog fires (monotonic; ``None``: not armed).
         self.step = 0
         self.deadline: float | None = None
-        self._last_beat = time.monotonic()
         self._main = threading.main_thread().ident
         self._stopped = threading.Event()
-        self._threads: list[threading.Thread] = []
 
     # -- the loop's side -----------------------------------------------------------------------------------------
     def beat(self, step: int) -> None:
         """At a step boundary: ``step`` steps are done; the next boundary must come within ``timeout_s``."""
         self.step = step
-        self._last_beat = time.monotonic()
-        self.deadline = self._last_beat + self.timeout_s
+        self.deadline = time.monotonic() + self.timeout_s
 
     def stop(self) -> None:
         """Disarm and end both threads (they are daemons: a process that exits without this is not held up)."""
         self.deadline = None
         self._stopped.set()
 
-    def start(self) -> Heartbeat:
-        self._threads = [threading.Thread(target=self._publish, name="loongforge-heartbeat", daemon=True),
-                         threading.Thread(target=self._watch, name="loongforge-watchdog", daemon=True)]
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __enter__(self) -> Heartbeat:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def start(self) -> None:
+        """Start the publishing and the watching thread."""
+        for target, name in ((self._publish, "loongforge-heartbeat"), (self._watch, "loongforge-watchdog")):
+            threading.Thread(target=target, name=name, daemon=True).start()
 
     # -- the threads ---------------------------------------------------------------------------------------------
     def _publish(self) -> None:

@@ -18,6 +18,12 @@ all N processes again, up to N times, and they resume from the newest checkpoint
 too, see :mod:`loongforge.parallel.distributed`) because torch restarts on any non-zero status: a preempted run
 (status 3, saved on purpose) would start training again, and an error the user must fix (status 2) would fail the
 same way N more times. Each attempt is a fresh standalone rendezvous on a free port.
+
+Hangs: a rank whose watchdog finds the run hung exits with status 4 (:mod:`loongforge.parallel.distributed`), and
+torch's launcher ends the others with SIGTERM, then SIGKILL after its shutdown timeout (30 s). A *stopped* rank (the
+SIGSTOPped or frozen one the watchdog named) cannot act on SIGTERM until it is continued, so the launcher would spend
+the whole timeout on it: it is killed as soon as the SIGTERM is pending (:func:`_killing_stopped_workers`), and the
+restart comes within seconds of the watchdog's line.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from loongforge.config.schema import AUTO_RESUMES
 from loongforge.errors import ConfigError, TrainingPreempted
 
 #: Exit statuses after which the processes are not restarted: done, an error to fix (the CLI's ``error:`` lines),
@@ -45,7 +52,7 @@ def launch_local(config: Any, nproc: int, child_args: Sequence[str], *, max_rest
         raise ConfigError(f"--nproc must be >= 1, got {nproc}")
     if max_restarts < 0:
         raise ConfigError(f"--max-restarts must be >= 0, got {max_restarts}")
-    if max_restarts and config.checkpoint.resume != "auto":
+    if max_restarts and config.checkpoint.resume not in AUTO_RESUMES:
         raise ConfigError(f"{config.source}: --max-restarts restarts the processes from the newest checkpoint, which "
                           f"needs checkpoint.resume: auto (it is {config.checkpoint.resume!r})")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
@@ -84,13 +91,53 @@ def _attempt(command: list[str]) -> tuple[int, str]:
     from torch.distributed.run import parse_args, run
 
     try:
-        run(parse_args(command))
+        with _killing_stopped_workers():
+            run(parse_args(command))
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         if failure.exitcode < 0:
             return 128 - failure.exitcode, f"rank {rank} was killed by {failure.signal_name()}"
         return failure.exitcode, f"rank {rank} exited with status {failure.exitcode}"
     return 0, ""
+
+
+#: Signals torch's launcher ends its workers with (SIGTERM after a failure, or the one it was sent).
+_ENDING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+@contextlib.contextmanager
+def _killing_stopped_workers() -> Iterator[None]:
+    """While in the block, a worker process that is stopped with a signal to end it pending is killed (SIGKILL) within
+    half a second: it cannot act on that signal before it is continued, and torch's launcher would wait its whole
+    shutdown timeout for it. A stopped worker nobody is ending is left alone."""
+    import psutil
+
+    done = threading.Event()
+
+    def watch() -> None:
+        launcher = psutil.Process()
+        while not done.wait(0.5):
+            for worker in launcher.children():
+                with contextlib.suppress(psutil.Error, OSError):
+                    if worker.status() == psutil.STATUS_STOPPED and _ending_signal_pending(worker.pid):
+                        worker.kill()
+
+    thread = threading.Thread(target=watch, name="loongforge-stopped-workers", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def _ending_signal_pending(pid: int) -> bool:
+    """Whether process ``pid`` has one of :data:`_ENDING_SIGNALS` pending, from Linux's ``/proc/PID/status`` (where
+    there is none, the ``OSError`` leaves a stopped worker to torch's timeout as before)."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        masks = [int(line.split()[1], 16) for line in status if line.startswith(("SigPnd:", "ShdPnd:"))]
+    pending = masks[0] | masks[1] if len(masks) == 2 else 0
+    return any(pending >> (sig - 1) & 1 for sig in _ENDING_SIGNALS)
 
 
 @contextlib.contextmanager

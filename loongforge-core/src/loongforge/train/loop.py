@@ -247,7 +247,7 @@ def _save(trainer: Trainer, metrics: MetricsWriter, progress: ProgressDisplay, *
     """Sync the metrics up to this step to disk, then save the checkpoint (a background save still pending is
     committed first); return the saved step. ``healthy``: no collapse was under way, so a rewind may come back
     here."""
-    from loongforge.checkpoint.writer import named_write_errors
+    from loongforge.checkpoint.writer import named_write_errors  # imports torch (this module stays torch-free)
 
     _complete_save(trainer, progress, wait=True)
     trainer.saving_healthy = healthy  # the one save in flight: committed now, or by a later _complete_save

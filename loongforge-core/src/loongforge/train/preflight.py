@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loongforge.config.plugin_sections import device_options, task_options
-from loongforge.config.schema import LOSS_NORMALIZATIONS, LoongForgeConfig
+from loongforge.config.schema import AUTO_RESUMES, LOSS_NORMALIZATIONS, LoongForgeConfig
 from loongforge.config.sections import COMMAND_LINE, convert, named_paths, origin_of, unknown_key_error
 from loongforge.errors import ConfigError, LoongForgeError
 from loongforge.optimizations import check_optimization, optimization_options
@@ -375,7 +375,7 @@ def _check_data(config: LoongForgeConfig, decoder: Any, host: PluginHost) -> Any
 def _check_paths(config: LoongForgeConfig, paths: list[tuple[str, str]]) -> None:
     """Each named path exists (a data path may also be a prefix of files, as memory-mapped datasets are named)."""
     resume = config.checkpoint.resume
-    if resume not in ("auto", "never"):
+    if resume not in ("never", *AUTO_RESUMES):
         paths.append(("checkpoint.resume", resume))
     for key, value in paths:
         path = Path(value).expanduser()

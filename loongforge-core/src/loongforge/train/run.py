@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import random
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -89,8 +88,6 @@ def _validate(config: LoongForgeConfig, device: str | None, device_source: str) 
     import torch.distributed as dist
 
     world_size = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
-    if config.checkpoint.resume == "restart":  # a keyword like auto (the pre-flight checks any other value as a path)
-        config = replace(config, checkpoint=replace(config.checkpoint, resume="auto"))
     preflight(config, nproc=world_size, device=device, device_source=device_source)
 
 
