@@ -141,16 +141,47 @@ def test_freeze_task_model_refuses_in_one_line(patterns, message):
         freeze_task_model(_model(), patterns, "run.yaml")
 
 
-def test_train_freezes_a_task_models_parameters(tmp_path, capsys):
+def test_train_freezes_a_task_models_parameters(tmp_path, capfd):
     """``model.freeze`` on a diffusion DiT trains the rest (it ended in ``TypeError: 'WanModel' object is not
     iterable``); a pattern no parameter has is one line once the model is built, before any step."""
     common = [WAN, "training.steps=1", "task.samples=16", "task.sample.videos=0", "logging.progress=false"]
-    assert main(["train", *common, "model.freeze=[blocks.0.*]", f"run.output_dir={tmp_path / 'a'}"]) == 0
-    out, err = capsys.readouterr()
+    assert main(["train", *common, "model.freeze=[blocks.0.*]", "checkpoint.save_at_end=true",
+                 f"run.output_dir={tmp_path / 'a'}"]) == 0
+    out, err = capfd.readouterr()
     assert "trainable parameters:" in out and "Traceback" not in err
+    _init_is_held_to_the_model(tmp_path / "a" / "checkpoints" / "step-0000001", tmp_path, capfd)
     assert main(["train", *common, "model.freeze=[block.*]", f"run.output_dir={tmp_path / 'b'}"]) == 2
-    out, err = capsys.readouterr()
+    out, err = capfd.readouterr()
     assert err.splitlines() == ["error: command line (model.freeze=[block.*]): model.freeze pattern 'block.*' "
                                 "matches no parameter of the model (its names look like patch_embed.proj.weight, "
                                 "head.proj.bias)"]
     assert not list((tmp_path / "b").rglob("step-*")) and "trainable parameters:" not in out
+
+
+@pytest.mark.parametrize(("flag", "message"), [
+    (["--guidance", "nan"], "--guidance must be a finite number >= 0, got nan"),
+    (["--steps", "0"], "--steps must be an integer in [1, 1000], got 0"),
+])
+def test_sample_holds_its_flags_to_the_task_sample_ranges(flag, message, tmp_path, capsys):
+    """``loongforge sample`` refuses what ``task.sample`` may not hold, before it opens the checkpoint."""
+    assert main(["sample", str(tmp_path / "none"), "--prompt", "a red square", *flag]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: {message}"]
+
+
+def _init_is_held_to_the_model(checkpoint: Path, tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+    """``task.init``: a task checkpoint of this model passes ``check``; of another width, or a directory whose files
+    are not safetensors (Qwen-Image's loader ended in a SafetensorError traceback after the build), is one line from
+    ``check`` and ``train`` alike, read from headers before anything is built."""
+    assert main(["check", WAN, f"task.init={checkpoint}"]) == 0
+    damaged = tmp_path / "released"
+    damaged.mkdir()
+    (damaged / "diffusion_pytorch_model.safetensors").write_bytes(b"garbage")
+    for recipe, overrides, message in [
+        (WAN, [f"task.init={checkpoint}", "model.overrides.ffn_dim=256"],
+         "'blocks.0.ffn.fc1.weight' has shape [512, 128]; the model's is [256, 128]"),
+        (QWEN, [f"task.init={damaged}"], "diffusion_pytorch_model.safetensors: not a readable safetensors file"),
+    ]:
+        case = Case("init", (recipe, *overrides, f"run.output_dir={tmp_path / 'b'}"), tmp_path, (message,))
+        checked, trained = (run(case, command, capfd) for command in COMMANDS)
+        assert checked.problem() is None and trained.problem() is None, (checked.err, trained.err)
+        assert checked.error_line == trained.error_line
