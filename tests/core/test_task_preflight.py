@@ -185,3 +185,12 @@ def _init_is_held_to_the_model(checkpoint: Path, tmp_path: Path, capfd: pytest.C
         checked, trained = (run(case, command, capfd) for command in COMMANDS)
         assert checked.problem() is None and trained.problem() is None, (checked.err, trained.err)
         assert checked.error_line == trained.error_line
+
+
+def test_the_batch_is_held_for_every_data_parallel_rank(capsys):
+    """20 samples fill a step of one rank's 16, not of two ranks' (the engine draws 16 per data-parallel rank)."""
+    assert main(["check", WAN, "task.samples=20"]) == 0
+    assert main(["check", WAN, "task.samples=20", "--nproc", "2"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: command line (task.samples=20): task.samples: 20 training sample(s), fewer than "
+        "training.micro_batch_size (16) x 2 data-parallel ranks: no step could fill its batch"]

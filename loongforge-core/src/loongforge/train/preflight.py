@@ -123,7 +123,10 @@ def _check(config: LoongForgeConfig, world_size: int, backend: DeviceBackend, ho
     if family.engine == "megatron":
         lines += _check_dataset(config, family, host, global_batch)
     else:
-        lines += family.check_task(config, options)
+        from loongforge.train.task_sizes import data_parallel
+
+        with data_parallel(world_size // max(config.parallel.cp, 1)):  # the engine's dp (ranks / context parallel)
+            lines += family.check_task(config, options)
     check_writable(config, create=False)  # run.output_dir and the checkpoint root, without creating them
     return lines
 
