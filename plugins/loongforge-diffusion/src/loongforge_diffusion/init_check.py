@@ -21,7 +21,7 @@ WEIGHTS = "model.safetensors"
 
 
 def check_init(config: Any, path: str, expected: Mapping[str, tuple[int, ...]],
-               released: Callable[[str], Mapping[str, tuple[int, ...]]]) -> str:
+               released: Callable[[str], Mapping[str, Any]]) -> str:
     """One summary line when the weights ``path`` names fit ``expected`` (the model's names and shapes), else a
     one-line :class:`ConfigError` naming ``task.init``; ``released(path)`` reads a directory that is no LoongForge
     checkpoint (the family's released layout)."""

@@ -41,15 +41,11 @@ def check_video_task(flavor: Any, config: Any, options: Any) -> list[str]:
         validation = (len(valid), origin)
     check_data_sizes(config, (len(train), where if options.data else _samples_where(config)), validation)
     frames, height, width = video.shape[1:]
-    lines = [f"task.data: {len(train)} sample(s) of {frames} x {height} x {width}"]
-    if options.init:
-        from loongforge_diffusion.init_check import check_init, model_shapes
-        from loongforge_diffusion.wan.checkpoint import checkpoint_shapes
-        from loongforge_diffusion.wan.model import WanModel
+    from loongforge_diffusion.wan.checkpoint import checkpoint_shapes
+    from loongforge_diffusion.wan.model import WanModel
 
-        expected = model_shapes(lambda: WanModel(task.flavor))
-        lines.append(check_init(config, options.init, expected, lambda path: _sizes(checkpoint_shapes(path))))
-    return lines
+    return [f"task.data: {len(train)} sample(s) of {frames} x {height} x {width}",
+            *_init_lines(config, options, lambda: WanModel(task.flavor), checkpoint_shapes)]
 
 
 def check_image_task(flavor: Any, config: Any, options: Any) -> list[str]:
@@ -63,19 +59,21 @@ def check_image_task(flavor: Any, config: Any, options: Any) -> list[str]:
         valid = task.validation_dataset(list(config.evaluation.data), _evaluated(config))
         validation = (len(valid), "the held-out still squares")
     check_data_sizes(config, (len(train), _samples_where(config)), validation)
-    lines = [f"task: {len(train)} still square(s) of {image.shape[-2]} x {image.shape[-1]} generated per epoch"]
-    if options.init:
-        from loongforge_diffusion.init_check import check_init, model_shapes
-        from loongforge_diffusion.qwen_image.model import QwenImageModel
-        from loongforge_diffusion.qwen_image.run_task import released_shapes
+    from loongforge_diffusion.qwen_image.model import QwenImageModel
+    from loongforge_diffusion.qwen_image.run_task import released_shapes
 
-        expected = model_shapes(lambda: QwenImageModel(task.flavor))
-        lines.append(check_init(config, options.init, expected, lambda path: released_shapes(path, task.flavor)))
-    return lines
+    return [f"task: {len(train)} still square(s) of {image.shape[-2]} x {image.shape[-1]} generated per epoch",
+            *_init_lines(config, options, lambda: QwenImageModel(task.flavor),
+                         lambda path: released_shapes(path, task.flavor))]
 
 
-def _sizes(shapes: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    return {name: tuple(shape) for name, shape in shapes.items()}
+def _init_lines(config: Any, options: Any, build: Callable[[], Any], released: Callable[[str], Any]) -> list[str]:
+    """``task.init``, when set, held to the module ``build`` makes (:mod:`loongforge_diffusion.init_check`)."""
+    if not options.init:
+        return []
+    from loongforge_diffusion.init_check import check_init, model_shapes
+
+    return [check_init(config, options.init, model_shapes(build), released)]
 
 
 def _data_where(config: Any, data: str | None) -> str:
