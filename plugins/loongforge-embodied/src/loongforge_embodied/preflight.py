@@ -5,9 +5,10 @@ anything.
 Why more than the reader's checks: a LeRobot set that reads cleanly can still not train this flavor -- cameras it
 does not have, states or actions wider than the flavor pads to, fewer training frames than one batch, no held-out
 episode for an evaluation -- and each of those used to surface only after the model was built. Here the reader checks
-the whole set (metadata, data files, columns, stats, every video opening), the training split is opened with the
-action horizon and its first frame read (decoding its cameras), and the sizes are held to the batch. The synthetic
-reach set (``task.data: null``) is written by the run itself, so only its known layout is held to the flavor.
+the whole set (metadata, data files, columns, stats, every video opening) with the action horizon, the first
+training frame is read as training reads it (its action chunk, its cameras decoded), and the training and held-out
+frames are held to the batch. The synthetic reach set (``task.data: null``) is written by the run itself, so only its
+known layout is held to the flavor.
 Numpy, pyarrow and PyAV only: no torch, no model.
 """
 
@@ -27,19 +28,18 @@ def check_policy_task(flavor: Any, config: Any, options: Any) -> list[str]:
     from loongforge_embodied.data.lerobot_dataset import LeRobotDataset
 
     root = Path(options.data).expanduser()
-    dataset = LeRobotDataset(root)
+    dataset = LeRobotDataset(root, action_horizon=options.action_horizon)
     opened, named = dataset.check_videos()
-    dataset.close()
     train, held_out = options.split([ep.index for ep in dataset.episodes], root, config.source)
-    frames = LeRobotDataset(root, action_horizon=options.action_horizon, episodes=train)
-    options.camera_keys(flavor.cameras, frames.camera_keys, root, config.source)
-    first = frames[0]  # decoded as training decodes it: the action chunk and every camera
-    frames.close()
+    options.camera_keys(flavor.cameras, dataset.camera_keys, root, config.source)
+    first = dataset[0]  # episode 0 trains (the held-out ones are last): its action chunk and cameras decoded
+    dataset.close()
     flavor.check_dims(first["observation.state"].shape[-1], first["action"].shape[-1], root)
+    lengths = {ep.index: ep.length for ep in dataset.episodes}
     validation = None
     if config.evaluation.interval:
-        validation = _validation(config, options, first, lambda: len(LeRobotDataset(root, episodes=held_out)))
-    check_data_sizes(config, (len(frames), f"{config.source}: task.data {root}"), validation)
+        validation = _validation(config, options, first, sum(lengths[i] for i in held_out))
+    check_data_sizes(config, (sum(lengths[i] for i in train), f"{config.source}: task.data {root}"), validation)
     return [f"task.data: {dataset.describe()}; {opened} of {named} video file(s) opened"]
 
 
@@ -61,14 +61,14 @@ def _check_synthetic(flavor: Any, config: Any, options: Any) -> list[str]:
     return [f"task.data: {name}, {synthetic.episodes} episodes of {synthetic.length} frames, written by the run"]
 
 
-def _validation(config: Any, options: Any, first: dict[str, Any], held_out_frames: Any) -> tuple[int, str] | None:
+def _validation(config: Any, options: Any, first: dict[str, Any], held_out_frames: int) -> tuple[int, str]:
     """What the evaluation reads: ``evaluation.data``'s one root (opened, its widths those of the training data) or
     the held-out episodes' frames; (frames, where) for the batch check."""
     from loongforge_embodied.data.lerobot_dataset import LeRobotDataset
 
     paths = options.validation_paths(list(config.evaluation.data), config.source)
     if not paths:
-        return held_out_frames(), "the held-out episodes"
+        return held_out_frames, "the held-out episodes"
     root = Path(paths[0]).expanduser()
     other = LeRobotDataset(root, action_horizon=options.action_horizon)
     sample = other[0]
