@@ -6,7 +6,9 @@ own mutation alone -- the test suite checks that the unmutated recipes pass. The
 
 - every key renamed (an unknown key) and every scalar given a value of the wrong type;
 - values no run can use (:data:`BAD_VALUES`: sizes zero or negative, optimizer and schedule values out of range,
-  misspelt choices, unknown component names, files that do not exist, layouts that do not fit one process);
+  misspelt choices, unknown component names, files that do not exist, layouts that do not fit one process), and
+  for task models each declared ``task:`` range overstepped and settings wrong for the model or its data
+  (:mod:`fuzz_task_options`);
 - sections that are not mappings, shorthands that mean nothing (``model: [a, b]``, ``parallel: sideways``);
 - YAML that does not parse, or that parses into what a config must not hold: a key given twice (YAML would keep the
   last silently), nesting thousands deep, aliases that expand exponentially or into themselves;
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from fuzz_task_options import RECIPE_BAD_SETTINGS, range_values
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "configs").glob("*.yaml"))
@@ -149,14 +152,14 @@ def runnable(data: dict) -> dict:
 
 def write_runnable_data(workdir: Path) -> None:
     """The data :func:`runnable` recipes read from ``workdir``: six short episodes (the Meta-World recipe holds five
-    out), when the embodied plugin is installed."""
+    out and trains on the sixth, whose 40 frames fill its batch of 32), when the embodied plugin is installed."""
     import importlib.util
 
     if importlib.util.find_spec("loongforge_embodied") is None:
         return
     from loongforge_embodied.data.synthetic import write_synthetic_dataset
 
-    write_synthetic_dataset(workdir / TASK_DATA, version="v3.0", codec="png", lengths=[6] * 6)
+    write_synthetic_dataset(workdir / TASK_DATA, version="v3.0", codec="png", lengths=[40] * 6)
 
 
 def set_key(data: dict, path: tuple[str, ...], value: Any) -> dict:
@@ -188,17 +191,18 @@ def _rename(data: dict, path: tuple[str, ...]) -> dict:
     return data
 
 
-def _engine(recipe: Path) -> str | None:
-    """The step engine of the recipe's model (what decides which settings the run reads); ``None`` when the plugin
-    that provides it is not installed."""
+def _engine(recipe: Path) -> tuple[str | None, type | None]:
+    """The step engine of the recipe's model (what decides which settings the run reads) and its ``task_options``
+    dataclass; ``(None, None)`` when the plugin that provides it is not installed."""
     from loongforge.config import load_config
     from loongforge.errors import LoongForgeError
     from loongforge.resolve import registered_family
 
     try:
-        return registered_family(load_config(recipe)).engine
+        family = registered_family(load_config(recipe))
     except LoongForgeError:  # its model (or the family composing its parts) is not registered
-        return None
+        return None, None
+    return family.engine, type(family).task_options
 
 
 def _dump(data: dict) -> str:
@@ -227,7 +231,7 @@ def malformed_configs() -> list[MalformedConfig]:
     for recipe in RECIPES:
         original = recipe.read_text(encoding="utf-8")
         data = runnable(yaml.safe_load(original))
-        text, stem, engine = _dump(data), recipe.stem, _engine(recipe)
+        text, stem, (engine, options) = _dump(data), recipe.stem, _engine(recipe)
         for path, value in _leaves(data):
             key = ".".join(path)
             add(f"{stem}:rename:{key}", _rename(data, path))
@@ -237,11 +241,14 @@ def malformed_configs() -> list[MalformedConfig]:
         extra = {"megatron": MEGATRON_BAD_VALUES, "task": TASK_BAD_VALUES}.get(engine or "", [])
         for key, value in BAD_VALUES + extra:
             add(f"{stem}:value:{key}={value}", set_key(data, tuple(key.split(".")), value))
-        for name, settings in MEGATRON_BAD_COMBINATIONS if engine == "megatron" else []:
+        combinations = MEGATRON_BAD_COMBINATIONS if engine == "megatron" else RECIPE_BAD_SETTINGS.get(stem, [])
+        for name, settings in combinations:
             changed = data
             for key, value in settings.items():
                 changed = set_key(changed, tuple(key.split(".")), value)
             add(f"{stem}:value:{name}", changed)
+        for key, value in range_values(options) if options is not None else []:
+            add(f"{stem}:range:{key}={value}", set_key(data, tuple(key.split(".")), value))
         for key, value in NOT_MAPPINGS:
             add(f"{stem}:section:{key}={value}", {**data, key: value})
         for name, change in JUNK:

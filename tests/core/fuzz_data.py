@@ -14,7 +14,8 @@ Three families of core's data, each broken one way at a time from a valid origin
 
 The LeRobot datasets of the embodied plugin are broken by that plugin's own fault catalogue
 (``tests/embodied/lerobot_faults.py``) and by a dropped frame in each layout (:func:`lerobot_cases`), run through the
-embodied recipe.
+embodied recipe. The plugins' other data -- diffusion files and latent caches, VLM image-text sources, LeRobot sets
+that read cleanly but cannot train the flavor -- is broken in :mod:`fuzz_plugin_data`.
 """
 
 from __future__ import annotations
@@ -321,83 +322,6 @@ def lerobot_cases(directory: Path) -> list[Case]:
         workdir.mkdir(parents=True)
         argv = (faults.RECIPE, *faults.run_overrides(make(workdir), workdir / "run"))
         cases.append(Case(name, argv, workdir, (expected,), before_model=False))
-    return cases
-
-
-#: The diffusion recipe, pointed at a broken ``task.data`` for one cheap step.
-DIFFUSION_RECIPE = str(ROOT / "configs" / "diffusion-moving-squares.yaml")
-
-
-def _torch_file(value: Any) -> Callable[[Path], None]:
-    def write(path: Path) -> None:
-        import torch
-
-        torch.save(value, path)
-    return write
-
-
-def diffusion_cases(directory: Path) -> list[Case]:
-    """``task.data`` of the diffusion recipe broken as users break it -- empty, cut short, not a torch file, text,
-    a JSON-lines file, torch files without videos -- refused by the family's pre-flight in one line naming the file;
-    none when the plugin is not installed."""
-    if importlib.util.find_spec("loongforge_diffusion") is None:
-        return []
-    import torch
-
-    writers: dict[str, Callable[[Path], None]] = {
-        "empty": lambda path: path.write_bytes(b""),
-        "cut-short": lambda path: path.write_bytes(b"PK\x03\x04\x14\x00"),
-        "garbage": lambda path: path.write_bytes(b"garbage"),
-        "text": lambda path: path.write_text("a caption, not a tensor\n"),
-        "jsonl": lambda path: path.write_text('{"video": "clip.mp4", "caption": "a square"}\n'),
-        "no-videos": _torch_file({"captions": torch.zeros(4, 3, dtype=torch.long)}),
-        "a-tensor": _torch_file(torch.zeros(2, 2)),
-        "zero-samples": _torch_file({"videos": torch.zeros(0, 3, 4, 12, 12), "labels": torch.zeros(0, 3,
-                                                                                                   dtype=torch.long)}),
-    }
-    cases = []
-    for name, write in writers.items():
-        workdir = directory / name
-        workdir.mkdir(parents=True)
-        data = workdir / ("squares.jsonl" if name == "jsonl" else "squares.pt")
-        write(data)
-        argv = (DIFFUSION_RECIPE, f"task.data={data}", "training.steps=1", "task.sample.videos=0",
-                f"run.output_dir={workdir / 'run'}")
-        cases.append(Case(f"diffusion:{name}", argv, workdir, (f"task.data {data}",)))
-    return cases
-
-
-#: The VLM recipe, reading image-text data from ``data.paths``.
-VLM_RECIPE = str(ROOT / "configs" / "vlm-shapes.yaml")
-_ASKED = [{"role": "user", "content": "<image> what colour?"}, {"role": "assistant", "content": "red"}]
-
-
-def vlm_cases(directory: Path) -> list[Case]:
-    """Image-text data broken as users break it -- no records, records that are not JSON, images that are missing or
-    not images, a shard that is not a tar -- refused in one line (a source with no usable sample, or the shard by
-    name); none when the plugin is not installed."""
-    if importlib.util.find_spec("loongforge_vlm") is None:
-        return []
-    record = json.dumps({"messages": _ASKED, "images": ["picture.png"]}) + "\n"
-    writers: dict[str, tuple[str, Callable[[Path], None], str]] = {
-        "empty": ("data.jsonl", lambda path: path.write_text(""), "no usable samples"),
-        "not-json": ("data.jsonl", lambda path: path.write_text("a caption\n"), "not JSON"),
-        "missing-image": ("data.jsonl", lambda path: path.write_text(record), "picture.png: cannot be read"),
-        "not-an-image": ("data.jsonl", lambda path: (path.write_text(record),
-                                                     (path.parent / "picture.png").write_text("text")),
-                         "picture.png"),
-        "no-messages": ("data.jsonl", lambda path: path.write_text(json.dumps({"images": []}) + "\n"),
-                        "no usable samples"),
-        "shard": ("data.tar", lambda path: path.write_bytes(b"garbage"), "not a readable uncompressed tar"),
-    }
-    cases = []
-    for name, (filename, write, expected) in writers.items():
-        workdir = directory / name
-        workdir.mkdir(parents=True)
-        write(workdir / filename)
-        argv = (VLM_RECIPE, "data.dataset=image-text", f"data.paths=[{workdir / filename}]", "training.steps=1",
-                f"run.output_dir={workdir / 'run'}")
-        cases.append(Case(f"vlm:{name}", argv, workdir, (expected,)))
     return cases
 
 

@@ -10,8 +10,10 @@ import inspect
 
 import pytest
 import torch
+from loongforge.config.sections import ranged
 from loongforge.interop.world import standalone_world
 from loongforge.models.decoder_hf import DecoderHFAdapter
+from loongforge.models.family import ModelFamily
 from loongforge.models.flavor import DecoderFlavor
 from loongforge.models.registration import all_flavors
 from loongforge.testing.family_suite import ModelFamilySuite, RecordingCPUBackend
@@ -229,3 +231,28 @@ def test_the_round_trip_alone_cannot_see_these_adapters(mutant):
     suite = type("TestMutant", (ModelFamilySuite,), {"family": flavor, "has_hf_adapter": True})()
     with standalone_world(RecordingCPUBackend()) as world:
         suite.test_hf_round_trip_is_bitwise(world)
+
+
+@dataclasses.dataclass(frozen=True)
+class _UnrangedSample:
+    steps: int = 20
+    guidance: float | None = ranged(None, low=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class _UnrangedOptions:
+    samples: int = ranged(8, low=1)
+    sample: _UnrangedSample | None = None
+
+
+class LeavesAnOptionUnranged(ModelFamily):
+    """A task family one of whose numbers (nested, in an optional section) declares no range."""
+
+    engine = "task"
+    task_options = _UnrangedOptions
+
+
+def test_the_suite_fails_a_task_option_without_a_range():
+    suite = type("TestMutant", (ModelFamilySuite,), {"family": LeavesAnOptionUnranged()})()
+    with pytest.raises(AssertionError, match=r"\['task.sample.steps'\]"):
+        suite.test_task_options_declare_their_ranges()

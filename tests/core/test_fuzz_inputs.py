@@ -2,8 +2,11 @@
 ``loongforge train``, each of which must end in exactly one ``error:`` line on stderr with exit status 2 -- no
 traceback, no hang, no run that goes ahead -- and the counts printed (``fuzz: ...`` in the test output).
 
-What is generated: :mod:`fuzz_configs` (mutations of every shipped recipe) and :mod:`fuzz_data` (core's indexed,
-text and chat data broken one way at a time, plus the embodied plugin's LeRobot fault catalogue); how a run is judged:
+What is generated: :mod:`fuzz_configs` (mutations of every shipped recipe; for task models also every declared
+``task:`` range overstepped and settings wrong for the model, :mod:`fuzz_task_options`), :mod:`fuzz_data` (core's
+indexed, text and chat data broken one way at a time, plus the embodied plugin's LeRobot fault catalogue) and
+:mod:`fuzz_plugin_data` (diffusion files and latent caches, VLM image-text sources, LeRobot sets a policy cannot
+train on); how a run is judged:
 :mod:`fuzz_harness` (in-process, under an alarm; ``train`` of a core case must refuse in pre-flight, before any
 model exists). The controls -- the unmutated recipes and the valid originals of the data -- must pass, so each
 case fails for its own fault.
@@ -11,11 +14,14 @@ case fails for its own fault.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 from fuzz_configs import RECIPES, malformed_configs, runnable, write_runnable_data
-from fuzz_data import FAULTS, data_cases, diffusion_cases, lerobot_cases, valid_data_cases, vlm_cases
+from fuzz_data import FAULTS, data_cases, lerobot_cases, valid_data_cases
 from fuzz_harness import COMMANDS, Case, Outcome, failures, run, run_all, summary
+from fuzz_plugin_data import CODE_RAN, diffusion_cases, policy_cases, vlm_cases
 from loongforge.config import strict_yaml
 
 # The configs are generated from every shipped recipe, most of them the plugins' models.
@@ -24,6 +30,8 @@ pytestmark = pytest.mark.needs_plugins
 CONFIGS = malformed_configs()
 #: Outcomes of each set, run once per session by whichever test asks first (the summary asks for both).
 _OUTCOMES: dict[str, list[Outcome]] = {}
+#: Where each set was written and run.
+_ROOTS: dict[str, Path] = {}
 
 
 @pytest.fixture(autouse=True)
@@ -50,9 +58,10 @@ def _outcomes(name: str, tmp_path_factory, capfd) -> list[Outcome]:
         if name == "configs":
             cases = _config_cases(root)
         else:
-            cases = (data_cases(root / "core") + lerobot_cases(root / "lerobot")
-                     + diffusion_cases(root / "diffusion") + vlm_cases(root / "vlm"))
+            cases = (data_cases(root / "core") + lerobot_cases(root / "lerobot") + diffusion_cases(root / "diffusion")
+                     + vlm_cases(root / "vlm") + policy_cases(root / "embodied"))
         _OUTCOMES[name] = run_all(cases, capfd)
+        _ROOTS[name] = root
     return _OUTCOMES[name]
 
 
@@ -125,7 +134,7 @@ def test_the_generated_sets_are_large_and_distinct():
     assert len({(c.body, c.overrides) for c in CONFIGS}) == len(CONFIGS)
     assert len({f.name for f in FAULTS}) == len(FAULTS)
     kinds = {c.name.split(":")[1] for c in CONFIGS}
-    assert {"rename", "type", "value", "section", "yaml", "duplicate", "wild", "encoding", "override"} <= kinds
+    assert {"rename", "type", "value", "range", "section", "yaml", "duplicate", "wild", "encoding", "override"} <= kinds
 
 
 def test_the_originals_pass(tmp_path, capfd):
@@ -161,6 +170,16 @@ def test_malformed_datasets_are_refused_in_one_line(tmp_path_factory, capfd, mon
         print(f"\n{_line(f'{len(outcomes) // 2} datasets x {{check,train}}', outcomes)}")
     assert not failures(outcomes), failures(outcomes)
     assert not _disagreements(outcomes), _disagreements(outcomes)[:20]
+    assert not list(_ROOTS["data"].rglob(CODE_RAN)), "a data file's pickled code ran"
+
+
+def _tally(outcomes: list[Outcome], part: int) -> dict[str, int]:
+    """Cases per the ``part``-th field of their names (the recipe of a config, the kind of a data set)."""
+    counts: dict[str, int] = {}
+    for outcome in outcomes[::2]:
+        key = outcome.case.name.split(":")[part]
+        counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 @pytest.mark.slow
@@ -170,11 +189,14 @@ def test_fuzz_counts(tmp_path_factory, capfd, monkeypatch):
     monkeypatch.setenv("LOONGFORGE_CACHE_DIR", str(tmp_path_factory.mktemp("fuzz-cache")))
     configs, data = (_outcomes(name, tmp_path_factory, capfd) for name in ("configs", "data"))
     totals = summary(configs + data)
+    recipes, kinds = _tally(configs, 0), _tally(data, 0)
     with capfd.disabled():
         print(f"\nfuzz: {len(configs) // 2} configs x {{check,train}}, {len(data) // 2} datasets: "
               f"{totals['tracebacks']} tracebacks, {totals['hangs']} hangs, {totals['accepted']} accepted, "
               f"{totals['badly_reported']} badly reported")
+        print(f"fuzz: configs per recipe {recipes}; datasets per kind {kinds}")
     assert len(configs) // 2 >= 300 and len(data) // 2 >= 40
-    assert {case.case.name.split(":")[0] for case in data} >= {"lerobot", "diffusion", "vlm"}
+    assert set(recipes) == {recipe.stem for recipe in RECIPES}
+    assert set(kinds) >= {"indexed", "text", "chat", "lerobot", "diffusion", "vlm", "embodied"}
     assert totals == {"runs": len(configs) + len(data), "tracebacks": 0, "hangs": 0, "accepted": 0,
                       "badly_reported": 0}, failures(configs + data)

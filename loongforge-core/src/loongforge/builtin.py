@@ -76,11 +76,19 @@ def loongforge_register_tokenizers(registry):
 def loongforge_modify_model(model, config):
     """``model.load``: start from Hugging Face (``hf:DIR``) or LoongForge checkpoint weights; then ``model.lora`` /
     ``model.freeze``: add adapters and freeze weights. One function, so the order is fixed: weights are loaded
-    under the base model's names before adapters join them."""
+    under the base model's names before adapters join them. A task model (one plain module) takes ``model.freeze``
+    only (``check`` refuses ``model.lora`` for it)."""
     if config.model.load:
         from loongforge.interop.online import load_initial_weights
 
         load_initial_weights(model, config)
+    if not isinstance(model, list):  # the task engine's one plain module (megatron's chunks come as a list)
+        if config.model.freeze:
+            from loongforge.config.sections import origin_of
+            from loongforge.models.task_freeze import freeze_task_model
+
+            freeze_task_model(model, config.model.freeze, origin_of(config.source, "model.freeze"))
+        return None
     from loongforge.interop.mcore_checkpoint import resolve_family
 
     trained = resolve_family(config).trained_parameters()  # a training phase of the family's own (DSA warm-up)

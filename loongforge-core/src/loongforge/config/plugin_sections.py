@@ -7,14 +7,17 @@ dataclasses the plugins declare in slots of their contracts:
 
 The config keeps these sections as the mappings the YAML gave (what is saved next to checkpoints); these functions
 check them with :func:`~loongforge.config.sections.build_section`, so a plugin section fails exactly like one of
-core's. The pre-flight check (:mod:`loongforge.train.preflight`) calls them, and the plugins' tasks read their
-typed options through :func:`task_options`, so what ``check`` accepts is what ``train`` runs.
+core's (declared ranges included, :func:`~loongforge.config.sections.ranged`); a ``task:`` section's floats must also
+be finite (:func:`loongforge.config.numbers.check_finite`). The pre-flight check (:mod:`loongforge.train.preflight`)
+calls them, and the plugins' tasks read their typed options through :func:`task_options`, so what ``check`` accepts
+is what ``train`` runs.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from loongforge.config.numbers import check_finite
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.config.sections import build_section
 from loongforge.errors import ConfigError
@@ -25,8 +28,9 @@ if TYPE_CHECKING:
 
 
 def task_options(family: ModelFamily, config: LoongForgeConfig) -> Any:
-    """``config.task`` as an instance of ``family.task_options`` (its defaults when ``task:`` is empty); ``None``
-    for a family without task options, which then must not be given any."""
+    """``config.task`` as an instance of ``family.task_options`` (its defaults when ``task:`` is empty), every
+    declared range held and every float finite; ``None`` for a family without task options, which then must not be
+    given any."""
     options_type = type(family).task_options
     if options_type is None:
         if config.task:
@@ -34,7 +38,9 @@ def task_options(family: ModelFamily, config: LoongForgeConfig) -> Any:
             raise ConfigError(f"{config.source}: unknown key 'task.{sorted(config.task)[0]}' (model '{shown}' takes "
                               "no task: section)")
         return None
-    return build_section(options_type, config.task, config.source, "task")
+    options = build_section(options_type, config.task, config.source, "task")
+    check_finite(options, config.source, "task")
+    return options
 
 
 def device_options(backend: type[DeviceBackend] | DeviceBackend, config: LoongForgeConfig) -> dict[str, Any]:

@@ -148,14 +148,21 @@ class Range:
 
     def describe(self, integer: bool) -> str:
         kind = "an integer" if integer else "a finite number"
+        low, high = _bound(self.low), _bound(self.high)
         if self.low is not None and self.high is not None:
-            return (f"{kind} in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}"
-                    f"{')' if self.high_open else ']'}")
+            return f"{kind} in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
         if self.low is not None:
-            return f"{kind} {'>' if self.low_open else '>='} {self.low:g}"
+            return f"{kind} {'>' if self.low_open else '>='} {low}"
         if self.high is not None:
-            return f"{kind} {'<' if self.high_open else '<='} {self.high:g}"
+            return f"{kind} {'<' if self.high_open else '<='} {high}"
         return kind
+
+
+def _bound(value: float | None) -> str:
+    """A bound as a reader writes it: whole numbers in full (``2147483648``, not ``2.14748e+09``)."""
+    if value is None:
+        return ""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 def ranged(default: Any, *, low: float | None = None, high: float | None = None, low_open: bool = False,

@@ -94,7 +94,9 @@ class ModelFamily:
     #: VLM's encoder / projector / foundation. Empty: the model is not composed of parts.
     part_roles: ClassVar[tuple[str, ...]] = ()
     #: The dataclass of this model's ``task:`` config section (task engine), validated by core like its own
-    #: sections (unknown keys, types). ``None``: the model takes no ``task:`` options.
+    #: sections (unknown keys, types, each number's declared range -- ``loongforge.config.sections.ranged``, which
+    #: the family suite requires of every number --, every float finite). ``None``: the model takes no ``task:``
+    #: options.
     task_options: ClassVar[type | None] = None
     #: Whether a config that sets only parts (``model: {encoder: ..., foundation: ...}`` without ``name``)
     #: composes this model; the one registered family with this set and :attr:`part_roles` covering the given
@@ -187,8 +189,11 @@ class ModelFamily:
 
     def check_task(self, config: LoongForgeConfig, options: Any) -> list[str]:
         """Task engine: the pre-flight of what the typed ``task:`` ``options`` name (a dataset, a checkpoint), run by
-        ``loongforge check`` and ``train`` before anything is built; one summary line per thing checked. A problem
-        raises a :class:`~loongforge.errors.LoongForgeError` naming the file. Default: nothing to check."""
+        ``loongforge check`` and ``train`` before anything is built; one summary line per thing checked. Open the
+        data the way training will -- its header and one sample, held to the model (shapes, widths, cameras) -- and
+        hold its sizes to a batch (:func:`loongforge.train.task_sizes.check_data_sizes`), so that nothing the task
+        would trip over after the model is built passes. A problem raises a
+        :class:`~loongforge.errors.LoongForgeError` naming the file (and sample). Default: nothing to check."""
         return []
 
     def make_task(self, config: LoongForgeConfig) -> Any:

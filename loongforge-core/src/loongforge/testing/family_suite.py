@@ -12,6 +12,8 @@ second on a CPU); pytest collects the inherited tests::
 
 What passing means is what the commands rely on (:class:`loongforge.models.family.ModelFamily`):
 
+* **options** -- every number of a task family's ``task:`` section declares its range
+  (:func:`~loongforge.config.sections.ranged`), which ``check`` holds configs to.
 * **build** -- a megatron family builds through the one builder (:func:`loongforge.models.chunks.build_standalone`)
   with the layers of the device backend's spec provider, checked on the built modules: every norm and core
   attention is the class the device handed out (a family that bypasses the provider, or asks it once and then uses
@@ -200,6 +202,15 @@ class ModelFamilySuite:
             "a megatron family names its decoder (ModelFamily.decoder); a task family has none")
         assert (family.hf_adapter() is not None) == self.has_hf_adapter, (
             f"hf_adapter() returned {family.hf_adapter()!r}; the suite was told has_hf_adapter={self.has_hf_adapter}")
+
+    def test_task_options_declare_their_ranges(self) -> None:
+        """Every number of the family's ``task:`` section carries a range (``loongforge.config.sections.ranged``),
+        so ``check`` refuses what the family cannot train (``task.sample.steps: 0``) before anything is built."""
+        from loongforge.config.numbers import unranged_numbers
+
+        options = type(self.the_family()).task_options
+        missing = unranged_numbers(options) if options is not None else []
+        assert not missing, f"task options without a declared range (use loongforge.config.sections.ranged): {missing}"
 
     def test_builds_through_the_one_builder_deterministically(self, world: Any) -> None:
         import torch

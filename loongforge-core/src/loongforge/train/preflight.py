@@ -109,6 +109,7 @@ def _check(config: LoongForgeConfig, world_size: int, backend: DeviceBackend, ho
     options = task_options(family, config)
     global_batch = None
     if family.engine == "task":
+        _check_task_model_keys(config, family)
         paths += named_paths(options, "task") if options is not None else []
         device_options(backend, config)
         lines.append(_check_task_layout(config, world_size, host))
@@ -122,7 +123,10 @@ def _check(config: LoongForgeConfig, world_size: int, backend: DeviceBackend, ho
     if family.engine == "megatron":
         lines += _check_dataset(config, family, host, global_batch)
     else:
-        lines += family.check_task(config, options)
+        from loongforge.train.task_sizes import data_parallel
+
+        with data_parallel(world_size // max(config.parallel.cp, 1)):  # the engine's dp (ranks / context parallel)
+            lines += family.check_task(config, options)
     check_writable(config, create=False)  # run.output_dir and the checkpoint root, without creating them
     return lines
 
@@ -244,6 +248,25 @@ def _check_optimizations(config: LoongForgeConfig, host: PluginHost) -> None:
         where = f"optimizations.{name} in {config.source}"
         cls = check_optimization(registry.load(name, where=where), name, where)
         optimization_options(cls, options, config.source, f"optimizations.{name}")
+
+
+#: ``model:`` keys only megatron models take, and the ``task:`` option a family may offer instead.
+MEGATRON_MODEL_KEYS = {"model.lora": "lora", "model.load": "init", "model.recompute": "recompute"}
+
+
+def _check_task_model_keys(config: LoongForgeConfig, family: ModelFamily) -> None:
+    """A task model takes ``model.freeze`` but not the ``model:`` keys that act on megatron decoder chunks: each would
+    be ignored or end in a traceback once the model is built, so each is one line naming the family's own option."""
+    given = {"model.lora": config.model.lora, "model.load": config.model.load,
+             "model.recompute": config.model.recompute}
+    options = type(family).task_options
+    offered = {f.name for f in dataclasses.fields(options)} if options is not None else set()
+    for key, value in given.items():
+        if value is not None:
+            instead = (f"; set task.{MEGATRON_MODEL_KEYS[key]} instead" if MEGATRON_MODEL_KEYS[key] in offered
+                       else "")
+            raise ConfigError(f"{origin_of(config.source, key)}: {key} applies to megatron models; model "
+                              f"'{config.model.name or family.family_name}' is trained by the task engine{instead}")
 
 
 def _check_task_layout(config: LoongForgeConfig, world_size: int, host: PluginHost) -> str:

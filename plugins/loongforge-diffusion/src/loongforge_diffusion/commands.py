@@ -40,8 +40,7 @@ def configure_sample(sample: argparse.ArgumentParser) -> None:
 def run_sample(args: argparse.Namespace) -> int:
     from loongforge.train.task_checkpoint import load_task_model
 
-    if args.steps < 1:
-        raise ConfigError(f"--steps {args.steps}: sampling needs at least one step")
+    _check_sampling(args)
     task, model, _ = load_task_model(args.checkpoint, trust_code=args.trust_code)
     written = task.sample_files(model, args.prompt, Path(args.out), steps=args.steps, guidance=args.guidance,
                                 seed=args.seed, fmt=args.format)
@@ -49,6 +48,23 @@ def run_sample(args: argparse.Namespace) -> int:
         print(f"{file}  <- {prompt!r}")
     print(f"captioned grid and index.json in {args.out}")
     return 0
+
+
+def _check_sampling(args: argparse.Namespace) -> None:
+    """``--steps``, ``--guidance`` and ``--seed`` held to the ranges ``task.sample`` declares for them, so the command
+    refuses what a run config may not hold (a NaN guidance samples black videos and writes a bare NaN into
+    index.json)."""
+    import dataclasses
+
+    from loongforge.config.sections import RANGE
+
+    from loongforge_diffusion.options import WanSampleOptions
+
+    spans = {f.name: f.metadata[RANGE] for f in dataclasses.fields(WanSampleOptions)}
+    for name in ("steps", "guidance", "seed"):
+        value = getattr(args, name)
+        if not spans[name].contains(value):
+            raise ConfigError(f"--{name} must be {spans[name].describe(isinstance(value, int))}, got {value!r}")
 
 
 def configure_cache_latents(parser: argparse.ArgumentParser) -> None:

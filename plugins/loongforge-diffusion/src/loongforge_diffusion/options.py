@@ -13,6 +13,16 @@ from loongforge.config.sections import path_field, ranged
 from loongforge.errors import ConfigError
 
 SAMPLING = ("uniform", "logit-normal")
+#: Seeds are below this, as ``run.seed`` is: a sample's generator is seeded with ``seed * 1_000_003 + index``, which
+#: must stay within the 64 bits torch's generators take.
+SEED_LIMIT = 2**31
+#: Generated squares are a CPU test and tutorial set: at most this many samples (the data order is a permutation of
+#: them, drawn whole each epoch), frames and pixels of side (a sample is rendered whole: 128 x 256 x 256 RGB floats
+#: are 100 MB).
+MAX_SAMPLES, MAX_FRAMES, MAX_SIDE = 2**24, 128, 256
+#: Samples drawn after training are one batch (at most this many), in at most this many Euler steps (the models
+#: are trained on 1000 noise levels).
+MAX_SAMPLED, MAX_STEPS = 1024, 1000
 WEIGHTING = ("none", "cosmap")
 
 
@@ -61,10 +71,10 @@ class WanLoRAOptions:
 class WanSampleOptions:
     """``task.sample`` (Wan): videos sampled for held-out captions after training (``videos: 0`` skips it)."""
 
-    videos: int = ranged(16, low=0)
-    steps: int = ranged(20, low=1)
+    videos: int = ranged(16, low=0, high=MAX_SAMPLED)
+    steps: int = ranged(20, low=1, high=MAX_STEPS)
     guidance: float = ranged(3.0, low=0)
-    seed: int = ranged(0, low=0)
+    seed: int = ranged(0, low=0, high=SEED_LIMIT, high_open=True)
 
 
 @dataclass(frozen=True)
@@ -73,11 +83,11 @@ class WanTaskOptions:
 
     #: A .pt of moving squares, a latent cache directory, or null (moving squares generated on the fly).
     data: str | None = path_field()
-    samples: int = ranged(2048, low=1)
-    frames: int = ranged(4, low=1)
-    side: int = ranged(16, low=1)
+    samples: int = ranged(2048, low=1, high=MAX_SAMPLES)
+    frames: int = ranged(4, low=1, high=MAX_FRAMES)
+    side: int = ranged(16, low=1, high=MAX_SIDE)
     speed: int = ranged(2, low=0)
-    data_seed: int = ranged(0, low=0)
+    data_seed: int = ranged(0, low=0, high=SEED_LIMIT, high_open=True)
     context_dropout: float = ranged(0.1, low=0, high=1)
     flow_matching: FlowMatchingConfig = field(default_factory=FlowMatchingConfig)
     sample: WanSampleOptions = field(default_factory=WanSampleOptions)
@@ -92,20 +102,20 @@ class WanTaskOptions:
 class QwenImageSampleOptions:
     """``task.sample`` (Qwen-Image): images sampled for held-out captions after training (``images: 0`` skips)."""
 
-    images: int = ranged(16, low=0)
-    steps: int = ranged(20, low=1)
+    images: int = ranged(16, low=0, high=MAX_SAMPLED)
+    steps: int = ranged(20, low=1, high=MAX_STEPS)
     guidance: float = ranged(3.0, low=0)
     shift: float = ranged(1.0, low=0, low_open=True)
-    seed: int = ranged(0, low=0)
+    seed: int = ranged(0, low=0, high=SEED_LIMIT, high_open=True)
 
 
 @dataclass(frozen=True)
 class QwenImageTaskOptions:
     """``task:`` of a Qwen-Image flavor (see :mod:`loongforge_diffusion.qwen_image.run_task`)."""
 
-    samples: int = ranged(2048, low=1)
-    side: int = ranged(16, low=1)
-    data_seed: int = ranged(0, low=0)
+    samples: int = ranged(2048, low=1, high=MAX_SAMPLES)
+    side: int = ranged(16, low=1, high=4 * MAX_SIDE)  # one frame: 4x the side of a video's
+    data_seed: int = ranged(0, low=0, high=SEED_LIMIT, high_open=True)
     context_dropout: float = ranged(0.1, low=0, high=1)
     flow_matching: FlowMatchingConfig = field(default_factory=FlowMatchingConfig)
     sample: QwenImageSampleOptions = field(default_factory=QwenImageSampleOptions)

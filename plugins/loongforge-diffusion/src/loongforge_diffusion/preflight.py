@@ -3,44 +3,145 @@ before anything is built, so that a data set or an option training would trip ov
 
 The task is made as training makes it (its options, geometry, LoRA and EMA settings), its data set opened the way
 training opens it and its first sample read -- a truncated, empty or text ``.pt``, a ``.jsonl`` of what is not a
-video, a latent cache with a missing file fail here -- and the sample's shape is held to the model's patch size
-(a video whose frames or side the patch does not divide cannot be cut into tokens).
+video, a latent cache with a missing file fail here -- and the sample is held to the model: its channels and caption
+width to the model's, its frames and side to the patch size (a video whose frames or side the patch does not divide
+cannot be cut into tokens). The data must fill a training batch, and, when the run evaluates, the validation data is
+opened the same way.
 """
 
 from __future__ import annotations
 
-import pickle
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from loongforge.config.sections import origin_of
 from loongforge.errors import ConfigError, LoongForgeError
+from loongforge.train.task_sizes import check_data_sizes
 
 
 def check_video_task(flavor: Any, config: Any, options: Any) -> list[str]:
-    """One summary line for a Wan task's data; a :class:`ConfigError` naming ``task.data`` (or the geometry) when
-    training could not read or patch it."""
+    """One summary line for a Wan task's data; a :class:`ConfigError` naming ``task.data`` (or the option) when
+    training could not read, patch or batch it."""
     task = flavor.make_task(config)
-    where = f"{config.source}: task.data {options.data}" if options.data else f"{config.source}: task"
+    if options.lora is not None:
+        from loongforge_diffusion.wan.lora import selected_targets
+
+        _keyed(config, "task.lora.targets", lambda: selected_targets(options.lora.targets))
+    where = _data_where(config, options.data)
+    train = _opened(config, where, task.build_dataset, options.data)
+    video = _fits(task.flavor, train[0], where)
+    validation = None
+    if config.evaluation.interval:
+        paths = list(config.evaluation.data)
+        origin = f"evaluation.data {paths[0]}" if paths else "the held-out moving squares"
+        valid = _opened(config, f"{config.source}: {origin}",
+                        lambda: task.validation_dataset(paths, _evaluated(config)), paths[0] if paths else None)
+        _fits(task.flavor, valid[0], f"{config.source}: {origin}")
+        validation = (len(valid), origin)
+    check_data_sizes(config, (len(train), where if options.data else _samples_where(config)), validation)
+    frames, height, width = video.shape[1:]
+    from loongforge_diffusion.wan.checkpoint import checkpoint_shapes
+    from loongforge_diffusion.wan.model import WanModel
+
+    return [f"task.data: {len(train)} sample(s) of {frames} x {height} x {width}",
+            *_init_lines(config, options, lambda: WanModel(task.flavor), checkpoint_shapes)]
+
+
+def check_image_task(flavor: Any, config: Any, options: Any) -> list[str]:
+    """One summary line for a Qwen-Image task's generated still squares; a :class:`ConfigError` naming the option
+    (channels and ``task.side`` against the patch, a side no square fits, ``evaluation.data``, too few samples)."""
+    task = flavor.make_task(config)
+    train = _keyed(config, "task.side", task.build_dataset)
+    image = train[0]["image"]
+    validation = None
+    if config.evaluation.interval:
+        valid = task.validation_dataset(list(config.evaluation.data), _evaluated(config))
+        validation = (len(valid), "the held-out still squares")
+    check_data_sizes(config, (len(train), _samples_where(config)), validation)
+    from loongforge_diffusion.qwen_image.model import QwenImageModel
+    from loongforge_diffusion.qwen_image.run_task import released_shapes
+
+    return [f"task: {len(train)} still square(s) of {image.shape[-2]} x {image.shape[-1]} generated per epoch",
+            *_init_lines(config, options, lambda: QwenImageModel(task.flavor),
+                         lambda path: released_shapes(path, task.flavor))]
+
+
+def _init_lines(config: Any, options: Any, build: Callable[[], Any], released: Callable[[str], Any]) -> list[str]:
+    """``task.init``, when set, held to the module ``build`` makes (:mod:`loongforge_diffusion.init_check`)."""
+    if not options.init:
+        return []
+    from loongforge_diffusion.init_check import check_init, model_shapes
+
+    return [check_init(config, options.init, model_shapes(build), released)]
+
+
+def _data_where(config: Any, data: str | None) -> str:
+    """How messages name the training data: the file, or the options that generate it."""
+    return (f"{config.source}: task.data {data}" if data
+            else f"{origin_of(config.source, 'task')}: the generated moving squares")
+
+
+def _samples_where(config: Any) -> str:
+    return f"{origin_of(config.source, 'task.samples')}: task.samples"
+
+
+def _evaluated(config: Any) -> int:
+    """The validation samples the task engine asks a task for: ``evaluation.steps`` batches (of one rank's)."""
+    return config.evaluation.steps * config.training.micro_batch_size
+
+
+def _keyed(config: Any, key: str, run: Callable[[], Any]) -> Any:
+    """``run()``, its one-line errors (``ValueError`` too: the geometry's) prefixed by the origin of ``key``."""
     try:
-        dataset = task.build_dataset()
+        return run()
+    except (LoongForgeError, ValueError) as exc:
+        raise ConfigError(f"{origin_of(config.source, key)}: {key}: {exc}") from None
+
+
+def _opened(config: Any, where: str, build: Callable[[], Any], path: str | None = None) -> Any:
+    """The data set ``build`` opens (from ``path``, when it reads one), holding at least one sample; any failure is
+    one line after ``where`` (the task's own refusals, which name the config already, as they are)."""
+    try:
+        dataset = build()
         if len(dataset) == 0:
-            raise ConfigError(f"{where}: holds no sample")
-        sample = dataset[0]
+            raise ConfigError("holds no sample")
+        dataset[0]  # read as training reads it: a shard's values, a rendered video
     except LoongForgeError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-    except pickle.UnpicklingError:
-        raise ConfigError(f"{where}: not a data file torch.load reads with weights_only (written by `loongforge "
-                          "make-data moving-squares`; a file that would run code is never loaded)") from None
+        said = str(exc)
+        if said.startswith(config.source):
+            raise
+        if path is not None:  # where names the file already
+            said = said.removeprefix(f"{path}: ").removeprefix(f"{Path(path).expanduser()}: ")
+        raise ConfigError(f"{where}: {said}") from None
     except Exception as exc:  # noqa: BLE001 -- whatever a damaged file raises, it is the data's problem, in one line
         said = (str(exc).strip().splitlines() or ["empty, or cut short"])[0]
         raise ConfigError(f"{where}: cannot be read as training reads it ({type(exc).__name__}: {said})") from None
-    video = sample.get("video")
+    return dataset
+
+
+def _fits(flavor: Any, sample: dict[str, Any], where: str) -> Any:
+    """The sample's video, held to what ``flavor`` takes: (channels, frames, height, width) with the model's input
+    and output channels, frames and sides its patch divides (and, for per-token timesteps, a frame after the clean
+    first one), and caption states of the model's text width."""
+    video, context = sample.get("video"), sample.get("context")
     if video is None or video.dim() != 4:
         raise ConfigError(f"{where}: a sample must hold a video (channels, frames, height, width), got "
                           f"{None if video is None else list(video.shape)}")
-    patch = task.flavor.patch_size
-    frames, height, width = video.shape[1:]
+    channels, frames, height, width = video.shape
+    if channels != flavor.out_channels or channels != flavor.in_channels:
+        raise ConfigError(f"{where}: videos of {channels} channels; the model takes in_channels {flavor.in_channels} "
+                          f"and out_channels {flavor.out_channels} (model.overrides; conditioning channels are not "
+                          "trained from this data)")
+    patch = flavor.patch_size
     if frames % patch[0] or height % patch[1] or width % patch[2]:
-        raise ConfigError(f"{config.source}: task.frames/side: videos of {frames} x {height} x {width} (frames x "
-                          f"height x width{' in latents' if options.data else ''}) do not divide into the model's "
-                          f"{'x'.join(map(str, patch))} patches")
-    return [f"task.data: {len(dataset)} sample(s) of {frames} x {height} x {width}"]
+        raise ConfigError(f"{where}: videos of {frames} x {height} x {width} (frames x height x width) do not divide "
+                          f"into the model's {'x'.join(map(str, patch))} patches (task.frames, task.side, "
+                          "model.overrides.patch_size)")
+    if flavor.per_token_timesteps and frames // patch[0] < 2:
+        raise ConfigError(f"{where}: {frames} frame(s) are one latent frame of {patch[0]}; a model that "
+                          "keeps the first frame clean (per-token timesteps) needs at least one more to learn")
+    if context is None or context.dim() != 2 or context.shape[1] != flavor.text_dim:
+        raise ConfigError(f"{where}: caption states of shape {None if context is None else list(context.shape)}; "
+                          f"the model takes (tokens, {flavor.text_dim}) (model.overrides.text_dim)")
+    return video

@@ -14,14 +14,19 @@ from pathlib import Path
 from loongforge.config.sections import path_field, ranged
 from loongforge.errors import ConfigError
 
+#: Seeds are below this, as ``run.seed`` is (numpy's and torch's generators take them).
+SEED_LIMIT = 2**31
+#: The synthetic reach set is written by the run before it trains: at most this many episodes of this many frames.
+MAX_EPISODES, MAX_LENGTH = 10_000, 10_000
+
 
 @dataclass(frozen=True)
 class SyntheticOptions:
     """``task.synthetic``: the size of the synthetic reach set written when ``task.data`` is null."""
 
-    episodes: int = ranged(64, low=1)
-    length: int = ranged(20, low=1)
-    seed: int = ranged(0, low=0)
+    episodes: int = ranged(64, low=1, high=MAX_EPISODES)
+    length: int = ranged(20, low=1, high=MAX_LENGTH)
+    seed: int = ranged(0, low=0, high=SEED_LIMIT, high_open=True)
 
 
 @dataclass(frozen=True)
@@ -30,7 +35,7 @@ class EvalOptions:
 
     frames: int = ranged(128, low=0)
     steps: int = ranged(10, low=1)
-    seed: int = ranged(0, low=0)
+    seed: int = ranged(0, low=0, high=SEED_LIMIT, high_open=True)
 
 
 @dataclass(frozen=True)
@@ -66,3 +71,23 @@ class PolicyTaskOptions:
             raise ConfigError(f"task.held_out_episodes in {source}: {held}, but {root} has {len(episodes)} episodes "
                               "(keep at least one for training)")
         return episodes[:len(episodes) - held], episodes[len(episodes) - held:]
+
+    def camera_keys(self, wanted: int, available: list[str], root: Path | str, source: str) -> list[str]:
+        """The camera keys training reads, in order: ``cameras`` or the first ``wanted`` (the flavor's count) of
+        ``available`` (the dataset's); a :class:`ConfigError` when they are not ``wanted`` of the dataset's."""
+        cameras = list(self.cameras or available[:wanted])
+        if len(cameras) != wanted or set(cameras) - set(available):
+            raise ConfigError(f"task.cameras in {source}: {cameras}; the flavor takes {wanted} of {root}'s cameras "
+                              f"{available}")
+        return cameras
+
+    def validation_paths(self, paths: list[str], source: str) -> list[str]:
+        """``evaluation.data`` as a policy run reads it -- one LeRobotDataset root, or none (the held-out episodes,
+        of which there must be some); a :class:`ConfigError` otherwise."""
+        if len(paths) > 1:
+            raise ConfigError(f"{source}: evaluation.data names {len(paths)} paths; a policy run reads one "
+                              "LeRobotDataset root")
+        if not paths and not self.held_out_episodes:
+            raise ConfigError(f"{source}: evaluation: task.held_out_episodes is 0, so no episode is held out; hold "
+                              "some out or name a LeRobotDataset root in evaluation.data")
+        return paths

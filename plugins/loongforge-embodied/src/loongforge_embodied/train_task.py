@@ -141,10 +141,7 @@ class PolicyTask(TaskBase):
 
     def _frames(self, root: Path, episodes: list[int]) -> PolicyFrames:
         dataset = LeRobotDataset(root, action_horizon=self.action_horizon, episodes=episodes)
-        cameras = list(self.options.cameras or dataset.camera_keys[:self.flavor.cameras])
-        if len(cameras) != self.flavor.cameras or set(cameras) - set(dataset.camera_keys):
-            raise ConfigError(f"task.cameras in {self.source}: {cameras}; the flavor takes {self.flavor.cameras} of "
-                              f"{root}'s cameras {dataset.camera_keys}")
+        cameras = self.options.camera_keys(self.flavor.cameras, dataset.camera_keys, root, self.source)
         return PolicyFrames(dataset, cameras)
 
     def build_dataset(self) -> PolicyFrames:
@@ -152,12 +149,7 @@ class PolicyTask(TaskBase):
         root = self._root()
         train_episodes, _ = self._split(root)
         self.train = self._frames(root, train_episodes)
-        for what, dim, most in (("actions", self.train.action_dim, self.flavor.max_action_dim),
-                                (STATE, self.train.state_dim, self.flavor.max_state_dim)):
-            if dim > most:
-                field = "max_action_dim" if what == "actions" else "max_state_dim"
-                raise ConfigError(f"{root}: {what} have {dim} dimensions, the flavor takes at most {most} "
-                                  f"(raise model.overrides.{field})")
+        self.flavor.check_dims(self.train.state_dim, self.train.action_dim, root)
         mode = self.options.normalization
         self._set_inference_state(self.train.stats(), {STATE: mode, ACTION: mode}, state_dim=self.train.state_dim,
                                   action_dim=self.train.action_dim, camera_keys=self.train.cameras)
@@ -209,18 +201,12 @@ class PolicyTask(TaskBase):
         """``evaluation:``: the held-out episodes' frames, or every episode of the one LeRobotDataset root
         ``paths`` names, as training items normalised with the training split's normaliser (all frames are read;
         the evaluation takes the first ``samples``)."""
-        if len(paths) > 1:
-            raise ConfigError(f"{self.source}: evaluation.data names {len(paths)} paths; a policy run reads one "
-                              "LeRobotDataset root")
-        if paths:
+        if self.options.validation_paths(paths, self.source):
             root = Path(paths[0]).expanduser()
             episodes = [ep.index for ep in LeRobotDataset(root).episodes]
         else:
             root = self._root()
             _, episodes = self._split(root)
-            if not episodes:
-                raise ConfigError(f"{self.source}: evaluation: task.held_out_episodes is 0, so no episode is held "
-                                  "out; hold some out or name a LeRobotDataset root in evaluation.data")
         frames = self._frames(root, episodes)
         dims = (frames.state_dim, frames.action_dim)
         if dims != (self.state_dim, self.action_dim):

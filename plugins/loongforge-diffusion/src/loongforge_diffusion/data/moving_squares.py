@@ -139,12 +139,26 @@ class MovingSquares(Dataset):
 
 
 class TensorVideoDataset(Dataset):
-    """A dataset written by :func:`write` (stacked tensors in one file), read back sample by sample."""
+    """A dataset written by :func:`write` (stacked tensors in one file), read back sample by sample; the file is
+    checked whole when opened (:func:`loongforge_diffusion.data.written.read_written`), so a damaged one is one
+    :class:`DataError` naming it."""
 
     def __init__(self, path: str | Path) -> None:
-        stored = torch.load(path, weights_only=True)
+        from loongforge_diffusion.data.written import read_written
+
+        path = Path(path).expanduser()
+        stored = read_written(path)
         self.tensors = {k: stored[k] for k in ("video", "context", "labels")}
-        self.geometry = Geometry(**stored["geometry"])
+        geometry = stored["geometry"]
+        try:
+            self.geometry = Geometry(**geometry)
+        except (TypeError, ValueError) as exc:
+            raise DataError(f"{path}: 'geometry' {geometry!r} is not one moving squares are made with "
+                            f"({exc})") from None
+        frames, side = self.tensors["video"].shape[2:4]
+        if (frames, side) != (self.geometry.frames, self.geometry.side):
+            raise DataError(f"{path}: videos of {frames} frames of side {side}, but 'geometry' says "
+                            f"{self.geometry.frames} of side {self.geometry.side}")
 
     def __len__(self) -> int:
         return self.tensors["labels"].shape[0]

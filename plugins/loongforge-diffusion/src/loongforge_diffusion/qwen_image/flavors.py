@@ -86,6 +86,13 @@ class QwenImageFlavor(ModelFamily):
 
         return QwenImageRunTask(self, config)
 
+    def check_task(self, config: Any, options: Any) -> list[str]:
+        """The task made and its still squares generated as training makes them, held to the patch and the batch
+        (:func:`loongforge_diffusion.preflight.check_image_task`)."""
+        from loongforge_diffusion.preflight import check_image_task
+
+        return check_image_task(self, config, options)
+
     def num_params(self, *, include_embeddings: bool = True) -> int:
         """The model family's parameter count (:func:`num_params`; a DiT has no token embeddings to leave out)."""
         return num_params(self)

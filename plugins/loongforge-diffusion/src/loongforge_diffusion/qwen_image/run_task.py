@@ -219,12 +219,30 @@ def _released_weights(path: str, flavor: QwenImageFlavor) -> dict[str, torch.Ten
 
     from loongforge_diffusion.qwen_image.diffusers_adapter import from_diffusers
 
-    directory = Path(path).expanduser()
-    files = sorted(directory.glob("*.safetensors")) or sorted((directory / "transformer").glob("*.safetensors"))
-    if not files:
-        raise ConfigError(f"task.init {path}: neither a LoongForge checkpoint (no manifest) nor a diffusers "
-                          "Qwen-Image transformer directory (no *.safetensors here or under transformer/)")
+    located = released_files(path)
     state: dict[str, torch.Tensor] = {}
-    for file in files:
+    for file in sorted(set(located.values())):
         state.update(load_file(str(file)))
     return from_diffusers(state, flavor)
+
+
+def released_shapes(path: str, flavor: QwenImageFlavor) -> dict[str, tuple[int, ...]]:
+    """Our names and shapes of a diffusers Qwen-Image transformer directory, from its files' headers alone (what
+    ``check`` holds ``task.init`` to)."""
+    from loongforge_diffusion.qwen_image.diffusers_adapter import from_diffusers
+    from loongforge_diffusion.wan.checkpoint import meta_tensors
+
+    return {name: tuple(t.shape) for name, t in from_diffusers(meta_tensors(released_files(path)), flavor).items()}
+
+
+def released_files(path: str) -> dict[str, Path]:
+    """Tensor name -> the readable safetensors file holding it, directly in ``path`` or under ``transformer/``."""
+    from loongforge_diffusion.wan.checkpoint import weight_files
+
+    directory = Path(path).expanduser()
+    if not any(directory.glob("*.safetensors")) and any((directory / "transformer").glob("*.safetensors")):
+        directory = directory / "transformer"
+    if not any(directory.glob("*.safetensors")):
+        raise ConfigError(f"task.init {path}: neither a LoongForge checkpoint (no manifest) nor a diffusers "
+                          "Qwen-Image transformer directory (no *.safetensors here or under transformer/)")
+    return weight_files(directory)

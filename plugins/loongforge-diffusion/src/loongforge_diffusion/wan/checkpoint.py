@@ -59,7 +59,7 @@ class WanCheckpoint:
         return WanFlavor(**{**self.fields, **overrides})
 
 
-def _weight_files(directory: Path) -> dict[str, Path]:
+def weight_files(directory: Path) -> dict[str, Path]:
     """Tensor name -> the file holding it, from the index when there is one, else from every safetensors file."""
     indexes = sorted(directory.glob("*.safetensors.index.json"))
     if len(indexes) > 1:
@@ -88,7 +88,7 @@ def _names_in(file: Path) -> list[str]:
         raise LoongForgeError(f"{file}: not a readable safetensors file: {exc}") from None
 
 
-def _meta_tensors(located: dict[str, Path]) -> dict[str, torch.Tensor]:
+def meta_tensors(located: dict[str, Path]) -> dict[str, torch.Tensor]:
     """Every tensor as a meta tensor of its stored shape (reads headers only); a name the index lists but its
     file lacks is an error naming both."""
     metas: dict[str, torch.Tensor] = {}
@@ -96,6 +96,7 @@ def _meta_tensors(located: dict[str, Path]) -> dict[str, torch.Tensor]:
     for name, file in located.items():
         by_file.setdefault(file, []).append(name)
     for file, names in sorted(by_file.items()):
+        _names_in(file)  # readable, or one line naming it
         with safe_open(str(file), framework="pt") as handle:
             present = set(handle.keys())
             for name in names:
@@ -203,20 +204,32 @@ def _check_against(flavor: WanFlavor, shapes: Mapping[str, torch.Size], layout: 
                                   f"the model its other shapes describe needs {list(shape)}")
 
 
+def checkpoint_shapes(path: str | Path, *, num_heads: int | None = None) -> dict[str, torch.Size]:
+    """Our names and shapes of the Wan DiT checkpoint in directory ``path``, from its files' headers alone, checked
+    as :func:`load_wan_checkpoint` checks them (what ``check`` holds ``task.init`` to before anything loads)."""
+    return _inspect(Path(path).expanduser(), num_heads)[2]
+
+
+def _inspect(directory: Path, num_heads: int | None) -> tuple[dict[str, Path], str, dict[str, torch.Size],
+                                                               dict[str, Any]]:
+    """Where each tensor is, the layout, our names' shapes and the flavor fields they describe (headers only)."""
+    if not directory.is_dir():
+        raise LoongForgeError(f"{directory}: not a directory (pass the folder holding the *.safetensors files)")
+    located = weight_files(directory)
+    layout = _layout(located, directory)
+    shapes = {name: t.shape for name, t in _LAYOUTS[layout][1](meta_tensors(located)).items()}
+    fields = _infer_fields(shapes, _config(directory), num_heads, layout, directory)
+    _check_against(WanFlavor(**fields), shapes, layout, directory)
+    return located, layout, shapes, fields
+
+
 def load_wan_checkpoint(path: str | Path, *, num_heads: int | None = None) -> WanCheckpoint:
     """Load the Wan DiT checkpoint in directory ``path`` (diffusers or original names) into our names.
 
     :param num_heads: attention heads, for a checkpoint without ``config.json`` whose heads are not 128 wide.
     """
-    directory = Path(path).expanduser()
-    if not directory.is_dir():
-        raise LoongForgeError(f"{directory}: not a directory (pass the folder holding the *.safetensors files)")
-    located = _weight_files(directory)
-    layout = _layout(located, directory)
+    located, layout, _, fields = _inspect(Path(path).expanduser(), num_heads)
     convert = _LAYOUTS[layout][1]
-    shapes = {name: t.shape for name, t in convert(_meta_tensors(located)).items()}
-    fields = _infer_fields(shapes, _config(directory), num_heads, layout, directory)
-    _check_against(WanFlavor(**fields), shapes, layout, directory)
     tensors: dict[str, torch.Tensor] = {}
     for file in sorted(set(located.values())):
         loaded = load_file(str(file))

@@ -66,7 +66,7 @@ class LoRALinear(nn.Module):
                 f"rank={self.lora_A.shape[1]}, scaling={self.scaling}")
 
 
-def _selected(targets: Iterable[str]) -> set[str]:
+def selected_targets(targets: Iterable[str]) -> set[str]:
     """Target names or their groups (``ffn`` = ``ffn.fc1`` and ``ffn.fc2``) -> names in :data:`TARGETS`."""
     chosen: set[str] = set()
     for target in targets:
@@ -90,7 +90,7 @@ def apply_lora(model: nn.Module, *, rank: int, alpha: float | None = None, dropo
         raise ConfigError(f"lora: rank must be positive and dropout in [0, 1); got rank={rank}, dropout={dropout}")
     if any(isinstance(m, LoRALinear) for m in model.modules()):
         raise ConfigError("lora: this model already has adapters; merge_lora(model) first to stack another set")
-    chosen = _selected(targets)
+    chosen = selected_targets(targets)
     model.requires_grad_(False)
     wrapped = []
     for index, block in enumerate(model.blocks):

@@ -57,26 +57,20 @@ class PolicyFlavor(ModelFamily):
     def with_overrides(self, **overrides: Any) -> Any:
         return replace_fields(self, overrides, what=f"{self.kind} flavor")
 
+    def check_dims(self, state_dim: int, action_dim: int, root: Any) -> None:
+        """A one-line :class:`ConfigError` when the data's states or actions are wider than the flavor pads to."""
+        for what, dim, most, field in (("actions", action_dim, self.max_action_dim, "max_action_dim"),
+                                       ("observation.state", state_dim, self.max_state_dim, "max_state_dim")):
+            if dim > most:
+                raise ConfigError(f"{root}: {what} have {dim} dimensions, the flavor takes at most {most} "
+                                  f"(raise model.overrides.{field})")
+
     def check_task(self, config: Any, options: PolicyTaskOptions) -> list[str]:
-        """Pre-flight of ``loongforge check`` and ``train``: the LeRobotDataset ``task.data`` names passes every
-        check of its reader (metadata, data files, columns, stats; :class:`LeRobotDataset`), its videos open and
-        decode, and it has more episodes than ``task.held_out_episodes``; what was read, one line. The synthetic
-        set (``task.data: null``) is written by the run itself: only its size is checked against the held-out
-        episodes."""
-        if options.data is None:
-            options.split(list(range(options.synthetic.episodes)), "the synthetic set (task.synthetic.episodes)",
-                          config.source)
-            return []
-        from pathlib import Path
+        """Pre-flight of ``loongforge check`` and ``train``: the data opened and held to the flavor as training will
+        hold it (:func:`loongforge_embodied.preflight.check_policy_task`)."""
+        from loongforge_embodied.preflight import check_policy_task
 
-        from loongforge_embodied.data.lerobot_dataset import LeRobotDataset  # numpy/pyarrow/PyAV, not torch
-
-        root = Path(options.data).expanduser()
-        dataset = LeRobotDataset(root)
-        opened, named = dataset.check_videos()
-        dataset.close()
-        options.split([ep.index for ep in dataset.episodes], root, config.source)
-        return [f"task.data: {dataset.describe()}; {opened} of {named} video file(s) opened"]
+        return check_policy_task(self, config, options)
 
     def make_task(self, config: Any) -> Any:
         """What ``loongforge train`` runs for this flavor: the policy task every flavor shares (``train_task``)."""

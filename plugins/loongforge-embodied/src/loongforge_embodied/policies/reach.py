@@ -20,6 +20,8 @@ from loongforge_embodied.data.lerobot_writer import EpisodeData, VideoOptions, w
 
 TASKS = ("reach the red square", "go back to the centre")
 CAMERA = "observation.images.top"
+#: The widths of the set's states and actions: a position and a move in the image plane.
+STATE_DIM = ACTION_DIM = 2
 SQUARE = 3
 
 
