@@ -2,7 +2,8 @@
 merged model against a frozen copy of the base -- the loss within 1e-6 and the adapters' gradients exactly what the
 chain rule makes of the merged weights' gradients (``W' = W + s B A``: ``dL/dB = s G A^T``, ``dL/dA = s B^T G``) --
 at step 0 (``B = 0``: the adapted model, the adapters-off reference and the base are one model, bitwise) and with
-trained adapters."""
+trained adapters. Without LoRA the reference is a frozen copy, which at step 0 computes the policy's log-probs
+bitwise."""
 
 from __future__ import annotations
 
@@ -97,3 +98,20 @@ def test_lora_dpo_equals_merged_model_dpo(megatron_cpu_world, batch, trained):
             # to 1e-6 of the gradient's size: megatron's cross-entropy backward runs in float32
             torch.testing.assert_close(grad, expected, rtol=0, atol=1e-6 * expected.abs().max().item())
     assert all(p.grad is None for n, p in adapted.named_parameters() if ".lora." not in n)  # the base is frozen
+
+
+def test_frozen_copy_computes_exactly_what_the_policy_does(megatron_cpu_world, batch):
+    """The copy's log-probs equal the policy's bitwise at a width (256) where megatron's frozen-weight linear takes
+    another GEMM than a trained one on the CPU: the copy keeps the policy's ``requires_grad`` flags."""
+    from loongforge.models.llama import FLAVORS
+    from loongforge.train.preference.reference import copy_weights
+
+    flavor = FLAVORS["llama-tiny"]
+    torch.manual_seed(3)
+    policy = build_model(flavor, backend=megatron_cpu_world)
+    policy.embedding.requires_grad_(False)  # a frozen part (model.freeze) stays frozen in the copy
+    copy = build_model(flavor, backend=megatron_cpu_world)
+    copy_weights(policy, copy)
+    copy.eval()
+    assert [p.requires_grad for p in copy.parameters()] == [p.requires_grad for p in policy.parameters()]
+    assert torch.equal(_logps(copy, batch), _logps(policy.eval(), batch))

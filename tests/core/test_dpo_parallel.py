@@ -60,5 +60,7 @@ def test_layout_equals_one_process(root, single, layout):
     rows, stdout = train(root, layout, *extra, nproc=2, torchrun=layout == "tp2", config_text=CONFIG)
     assert "world size 2" in stdout
     reference = single["single-lora" if "lora" in layout else "single"]
-    assert reference[4]["loss"] < reference[2]["loss"] and reference[4]["val_dpo/reward_margin"] != 0  # it trains
+    # it trains: the policy has left its reference (the first steps are exact ties, ln 2), on held-out pairs too
+    assert reference[1]["loss"] == math.log(2) and abs(reference[4]["loss"] - math.log(2)) > 1e-3
+    assert abs(reference[4]["val_dpo/reward_margin"]) > 1e-3
     _assert_same(rows, reference)

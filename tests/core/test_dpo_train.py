@@ -100,7 +100,7 @@ def test_lora_reference_is_the_model_with_adapters_off_precomputed_or_not(tmp_pa
         runs[precompute] = _rows(out)
     every_step, precomputed = runs["false"], runs["true"]
     assert every_step[1]["loss"] == math.log(2) == precomputed[1]["loss"]  # B = 0: the policy is the reference
-    assert every_step[4]["loss"] < every_step[2]["loss"]
+    assert abs(every_step[4]["loss"] - math.log(2)) > 1e-3  # the adapters have moved the policy off its reference
     for step in range(1, 5):
         for key in DPO_METRICS:
             assert every_step[step][key] == pytest.approx(precomputed[step][key], rel=1e-6, abs=1e-9), (step, key)

@@ -110,6 +110,8 @@ class PreferenceEngine(MegatronEngine):
         last pipeline stage, none on the others): one forward-only pass of the schedule."""
         reference = self.reference
         chunks = self.model if reference.adapters_off else reference.chunks
+        if not chunks:
+            raise RuntimeError("dpo: the frozen copy was dropped once dpo.precompute_reference had scored every pair")
         off = adapters_disabled(self.model) if reference.adapters_off else contextlib.nullcontext()
         with self._forward_only(chunks), off:
             reduced = self._schedule(self._reference_step, self._feed(iter(micro_batches)), len(micro_batches),
@@ -119,6 +121,14 @@ class PreferenceEngine(MegatronEngine):
     def _reference_step(self, data_iterator: Any, model: Any) -> tuple[torch.Tensor, Any]:
         batch = next(data_iterator)
         return self._per_token_loss(batch, model), partial(self.objective.reference_report, batch["loss_mask"])
+
+    def _memory_mib(self, trainer: Any) -> dict[str, float]:
+        """The language-model engine's memory by component, and the frozen copy's weights (``reference``)."""
+        memory = super()._memory_mib(trainer)
+        if self.reference is not None and self.reference.chunks:
+            memory["reference"] = round(sum(p.numel() * p.element_size() for chunk in self.reference.chunks
+                                            for p in chunk.parameters()) / 2**20, 2)
+        return memory
 
     def _table(self, split: str) -> torch.Tensor:
         """The precomputed log-probs of ``split``'s pairs; at the first call every split's are computed and the
