@@ -101,6 +101,12 @@ EXCLUDED: dict[str, dict[str, str]] = {
 #: file -> {command as documented: words appended when the test runs it}: reference commands that train for
 #: minutes as written (the guides' own commands are short as they stand).
 CHEAP: dict[str, dict[str, str]] = {
+    "docs/post-training.md": {
+        "loongforge train configs/sft-tiny.yaml": "training.steps=4 training.sample_tokens=0",
+        "loongforge train configs/dpo-tiny.yaml": "training.steps=4 evaluation.interval=4 evaluation.steps=1",
+        "loongforge train configs/dpo-tiny.yaml model.lora.rank=8 run.output_dir=runs/dpo-tiny-lora":
+            "training.steps=4 evaluation.interval=0",
+    },
     "docs/sft-lora.md": {
         "loongforge train configs/sft-tiny.yaml": "training.steps=4 training.sample_tokens=0",
         "loongforge train configs/sft-tiny.yaml model.lora.rank=8 run.output_dir=runs/sft-tiny-lora":

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
-from loongforge import hookimpl
+from loongforge import hookimpl, load_config
 from loongforge.cli import main
 from loongforge.devices.base import MegatronSettings
 from loongforge.devices.cpu import CPUBackend
@@ -52,6 +52,14 @@ def test_every_recipe_checks_ok(recipe, capsys, tmp_path):
 
         root, _ = write_synthetic_dataset(tmp_path / "dataset", version="v3.0")
         overrides = [f"task.data={root}", "task.held_out_episodes=1", "training.micro_batch_size=8"]  # 27 frames
+    if recipe.name == "dpo-tiny.yaml":  # starts from the SFT recipe's checkpoint (see its header): one step of it
+        from loongforge.train.run import run_training
+
+        run_training(load_config("configs/sft-tiny.yaml", [
+            f"run.output_dir={tmp_path / 'sft'}", "training.steps=1", "training.sample_tokens=0",
+            "logging.progress=false", "logging.trackers=[]"]))
+        overrides = [f"model.load={tmp_path / 'sft' / 'checkpoints'}"]
+        capsys.readouterr()  # the training's output is not check's
     code, out, err = check(capsys, f"configs/{recipe.name}", *overrides)
     assert code == 0, err
     assert out[-1] == f"configs/{recipe.name}: OK"

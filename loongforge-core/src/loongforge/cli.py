@@ -226,6 +226,9 @@ def register_core_commands(commands: CommandRegistry) -> None:
                  run=_cmd_eval)
     commands.add("make-data", help="write a synthetic or recorded dataset (generators the plugins add)",
                  configure=_configure_make_data, run=_cmd_make_data)
+    commands.add_generator("preference-pairs", help="write generated preference pairs (right vs wrong answers) to a "
+                           ".jsonl for training.phase dpo", configure="loongforge.data.preference_pairs:configure",
+                           run="loongforge.data.preference_pairs:run")
     commands.add("generate", help="continue prompts (or chat) with a LoongForge or Hugging Face checkpoint",
                  configure=_configure_generate, run=_cmd_generate)
     commands.add("plot", help="draw loss/lr/throughput curves of one or several runs into a PNG",

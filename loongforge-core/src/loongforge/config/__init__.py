@@ -6,6 +6,7 @@ from loongforge.config.loader import config_to_dict, load_config
 from loongforge.config.schema import (
     CheckpointConfig,
     DataConfig,
+    DPOConfig,
     EvaluationConfig,
     LoggingConfig,
     LoongForgeConfig,
@@ -20,6 +21,7 @@ from loongforge.config.schema import (
 __all__ = [
     "CheckpointConfig",
     "DataConfig",
+    "DPOConfig",
     "EvaluationConfig",
     "LoggingConfig",
     "LoongForgeConfig",

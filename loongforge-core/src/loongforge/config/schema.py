@@ -252,8 +252,9 @@ class TrainingConfig:
     #: After training, generate this many tokens from ``sample_prompt`` (0 disables).
     sample_tokens: int = 0
     sample_prompt: str = "The "
-    #: ``pretrain`` (every token is a target) or ``sft`` (chat data, loss on assistant tokens only; needs a chat
-    #: dataset such as ``sft`` or ``shipped-chat``).
+    #: ``pretrain`` (every token is a target), ``sft`` (chat data, loss on assistant tokens only; needs a chat
+    #: dataset such as ``sft`` or ``shipped-chat``) or ``dpo`` (preference optimisation on chosen/rejected pairs,
+    #: the ``dpo:`` section; needs a preference dataset such as ``preference`` or ``shipped-preference``).
     phase: str = "pretrain"
     #: How the megatron trainer averages the loss: ``micro_batch`` (each micro-batch's masked mean, then the mean
     #: over micro-batches and data-parallel ranks) or ``global_tokens`` (the sum over every target token of the
@@ -297,6 +298,34 @@ LOSS_NORMALIZATIONS: tuple[str, ...] = ("micro_batch", "global_tokens")
 #: ``checkpoint.resume`` values that scan the checkpoint directory for the newest checkpoint that verifies (besides
 #: ``never``, any other value is the path of a checkpoint).
 AUTO_RESUMES = ("auto", "restart")
+
+
+@dataclass
+class DPOConfig:
+    """Preference optimisation (``training.phase: dpo``): the DPO family of losses on chosen/rejected pairs
+    (:mod:`loongforge.train.preference`; docs/post-training.md). Read only in that phase: set with another, it is
+    an error."""
+
+    #: ``sigmoid`` (DPO; with ``label_smoothing``: conservative DPO), ``ipo``, ``hinge`` (SLiC) or ``simpo``
+    #: (SimPO: no reference model, length-normalised log-probs, target margin ``gamma``).
+    loss_type: Literal["sigmoid", "ipo", "hinge", "simpo"] = "sigmoid"
+    #: Inverse temperature: how far the policy may move from the reference (larger: closer). SimPO's papers use 2-10.
+    beta: float = 0.1
+    #: ``sigmoid``/``simpo`` only: the share of pairs assumed to be labelled the wrong way round (cDPO), in [0, 0.5).
+    label_smoothing: float = 0.0
+    #: ``simpo`` only: the target reward margin (TRL's ``simpo_gamma``).
+    gamma: float = 0.5
+    #: Compare mean instead of summed log-probs over each response's tokens; null: true for ``ipo`` and ``simpo``
+    #: (as TRL computes them), false for ``sigmoid`` and ``hinge``.
+    length_normalization: bool | None = None
+    #: Where the reference log-probs come from: ``frozen_copy`` (a frozen copy of the starting weights, kept beside
+    #: the policy with its layout), ``adapters_off`` (``model.lora`` only: the policy itself with its adapters off,
+    #: which is the starting model -- no second copy), ``none`` (reference-free: a zero reference; what ``simpo``
+    #: uses) or ``auto``: ``none`` for ``simpo``, ``adapters_off`` under ``model.lora``, else ``frozen_copy``.
+    reference: Literal["auto", "frozen_copy", "adapters_off", "none"] = "auto"
+    #: Compute the reference log-probs of every training and validation pair once, before the first step (then
+    #: the frozen copy is dropped and no step runs a reference forward); recomputed the same way on resume.
+    precompute_reference: bool = False
 
 
 @dataclass
@@ -415,6 +444,8 @@ class LoongForgeConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    #: Preference optimisation options (``training.phase: dpo``).
+    dpo: DPOConfig = field(default_factory=DPOConfig)
     #: The three sections below belong to plugins: kept here as the mappings the YAML gave, each is typed by a
     #: dataclass its plugin declares and checked before a run like core's sections
     #: (:mod:`loongforge.config.plugin_sections`).

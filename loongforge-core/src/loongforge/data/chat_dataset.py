@@ -44,21 +44,26 @@ class ChatDataset(SampleDataset):
     def split_samples(self, data: Any) -> tuple[ChatRowDataset, ChatRowDataset | None]:
         """Training and validation rows for a :class:`~loongforge.config.schema.DataConfig` (``seq_length``,
         ``pack``, ``valid_fraction``: the last conversations are held out, before packing)."""
-        if not 0.0 <= data.valid_fraction < 1.0:
-            raise DataError(f"valid_fraction must be in [0, 1), got {data.valid_fraction}")
         keep = [s for s in self.samples if s.supervised[1 : data.seq_length + 1].any()]
         if not keep:
             raise DataError(f"{self.paths[0]}: no conversation has a reply within the first {data.seq_length} "
                             "tokens (raise data.seq_length)")
-        num_valid = max(1, round(len(keep) * data.valid_fraction)) if data.valid_fraction else 0
-        if num_valid >= len(keep):
-            raise DataError(f"{self.paths[0]}: {len(keep)} conversation(s) are too few to hold out "
-                            f"{data.valid_fraction:.0%} for validation")
-        train_samples = keep[: len(keep) - num_valid]
+        train_samples, valid_samples = hold_out(keep, data.valid_fraction, f"{self.paths[0]}", "conversation(s)")
         pad = self.tokenizer.pad_id
         train = ChatRowDataset(train_samples, data.seq_length, pad, pack=data.pack)
-        valid = ChatRowDataset(keep[len(train_samples):], data.seq_length, pad, pack=data.pack) if num_valid else None
+        valid = ChatRowDataset(valid_samples, data.seq_length, pad, pack=data.pack) if valid_samples else None
         return train, valid
+
+
+def hold_out(items: list[Any], fraction: float, where: str, unit: str) -> tuple[list[Any], list[Any]]:
+    """``items`` split into training items and the last ``fraction`` of them (at least one when ``fraction`` > 0) for
+    validation; one-line errors for a fraction outside ``[0, 1)`` or too few ``unit`` to leave any for training."""
+    if not 0.0 <= fraction < 1.0:
+        raise DataError(f"valid_fraction must be in [0, 1), got {fraction}")
+    num_valid = max(1, round(len(items) * fraction)) if fraction else 0
+    if num_valid >= len(items):
+        raise DataError(f"{where}: {len(items)} {unit} are too few to hold out {fraction:.0%} for validation")
+    return items[: len(items) - num_valid], items[len(items) - num_valid:]
 
 
 def shipped_chat_path() -> Path:

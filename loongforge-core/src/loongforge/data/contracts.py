@@ -27,6 +27,13 @@ class SampleDataset(abc.ABC):
         ``seq_length``, ``pack`` and ``valid_fraction``: map-style datasets of equal-shape micro-batch rows."""
 
 
+class PreferencePairs(SampleDataset):
+    """Chosen/rejected response pairs (``training.phase: dpo`` data): the rows :meth:`split_samples` returns hold
+    one pair each, and their ``batch(indices)`` gives ``2 x len(indices)`` sequences -- the chosen ones of those
+    pairs, then the rejected ones in the same order -- so that a pair never leaves its micro-batch (nor, under
+    pipeline parallelism, the last stage that scores it), plus ``pair_index`` (the pairs' row indices)."""
+
+
 class BalancedRows(abc.ABC):
     """Training rows whose samples vary in compute, which can be re-placed across data-parallel ranks every step
     (``loongforge_balance_samples``); returned by a :class:`SampleDataset` whose rows support it."""

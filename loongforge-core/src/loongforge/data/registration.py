@@ -47,6 +47,17 @@ def register_builtin_datasets(registry: Any) -> None:
         "loongforge.data.chat_dataset:shipped_chat",
         description="small generated chat set (arithmetic, Austen facts) shipped with loongforge-core",
     )
+    registry.register(
+        "preference",
+        "loongforge.data.preference_dataset:preference_dataset",
+        aliases=("dpo",),
+        description="preference .jsonl ({prompt, chosen, rejected}: strings or chat messages) for training.phase dpo",
+    )
+    registry.register(
+        "shipped-preference",
+        "loongforge.data.preference_dataset:shipped_preference",
+        description="small generated preference pairs (right vs wrong answers) shipped with loongforge-core",
+    )
 
 
 def register_builtin_tokenizers(registry: Any) -> None:

@@ -70,9 +70,16 @@ class Conversation:
 
 def read_conversations(path: str | Path) -> Iterator[tuple[int, Conversation]]:
     """``(line number, conversation)`` for every non-blank line of a chat ``.jsonl`` file, validated."""
+    for lineno, line, where in jsonl_lines(path, "chat data"):
+        yield lineno, parse_conversation(line, where)
+
+
+def jsonl_lines(path: str | Path, kind: str) -> Iterator[tuple[int, str, str]]:
+    """``(line number, text, "FILE:LINE")`` of every non-blank line of a UTF-8 ``.jsonl`` file of ``kind`` (named
+    when the file is missing)."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise DataError(f"chat data file not found: {path}")
+        raise DataError(f"{kind} file not found: {path}")
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, start=1):
             try:
@@ -80,17 +87,30 @@ def read_conversations(path: str | Path) -> Iterator[tuple[int, Conversation]]:
             except UnicodeDecodeError as exc:
                 raise DataError(f"{path}:{lineno}: not valid UTF-8 (byte {exc.start})") from None
             if line:
-                yield lineno, parse_conversation(line, f"{path}:{lineno}")
+                yield lineno, line, f"{path}:{lineno}"
 
 
-def parse_conversation(line: str, where: str) -> Conversation:
-    """One JSON line in the OpenAI or the ShareGPT format (see the module docstring)."""
+def parse_json_line(line: str, where: str) -> Any:
+    """One line's JSON value; a one-line :class:`DataError` naming ``where`` when it is not JSON."""
     try:
-        record = json.loads(line)
+        return json.loads(line)
     except ValueError as exc:
         raise DataError(f"{where}: invalid JSON: {exc}") from None
     except RecursionError:
         raise DataError(f"{where}: invalid JSON: nested too deeply to read") from None
+
+
+def parse_messages(messages: Any, where: str, tools: Any = None) -> Conversation:
+    """A list of OpenAI-style messages checked as a ``messages`` line's are (roles, content, tool calls, weights),
+    without asking for an assistant turn: a part of a conversation (a preference pair's prompt or response)."""
+    if not isinstance(messages, list) or not messages:
+        raise DataError(f"{where}: expected a string or a non-empty list of messages")
+    return _openai({"messages": messages, "tools": tools}, where)
+
+
+def parse_conversation(line: str, where: str) -> Conversation:
+    """One JSON line in the OpenAI or the ShareGPT format (see the module docstring)."""
+    record = parse_json_line(line, where)
     if isinstance(record, dict) and isinstance(record.get("conversations"), list) and record["conversations"]:
         conversation = _sharegpt(record, where)
     elif isinstance(record, dict) and isinstance(record.get("messages"), list) and record["messages"]:
@@ -126,7 +146,7 @@ def _openai(record: dict[str, Any], where: str) -> Conversation:
             raise DataError(f"{where}: message {index} has weight {weight!r}; use 0 or 1")
         if role == "assistant" and weight == 0:
             unsupervised.add(index)
-    return Conversation(messages, _tools(record.get("tools"), where), frozenset(unsupervised))
+    return Conversation(messages, parse_tools(record.get("tools"), where), frozenset(unsupervised))
 
 
 def _sharegpt(record: dict[str, Any], where: str) -> Conversation:
@@ -152,7 +172,7 @@ def _sharegpt(record: dict[str, Any], where: str) -> Conversation:
     tools = record.get("tools")
     if isinstance(tools, str):
         tools = _json_value(tools, f"{where}: 'tools'") if tools.strip() else None
-    return Conversation(messages, _tools(tools, where))
+    return Conversation(messages, parse_tools(tools, where))
 
 
 def _message(role: str, content: str, calls: list[dict[str, Any]] | None = None) -> Message:
@@ -184,7 +204,8 @@ def _tool_call(call: Any, where: str) -> dict[str, Any]:
     return {"type": "function", **ids, "function": {"name": function["name"], "arguments": arguments}}
 
 
-def _tools(tools: Any, where: str) -> list[dict[str, Any]] | None:
+def parse_tools(tools: Any, where: str) -> list[dict[str, Any]] | None:
+    """A line's ``tools`` (function schemas for the template): ``None`` when absent or empty."""
     if tools is None:
         return None
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):

@@ -91,6 +91,8 @@ class LoRAAdapter(nn.Module):
         self.split, self.scaling, self.tp_group = split, scaling, tp_group
         self.sequence_parallel = sequence_parallel
         self.dropout = nn.Dropout(dropout) if dropout else nn.Identity()
+        #: False inside :func:`adapters_disabled`: the layer computes its base output alone.
+        self.enabled = True
         name, axis = self.split_tensor()
         set_tensor_model_parallel_attributes(getattr(self, name), True, axis, 1)
 
@@ -123,9 +125,27 @@ class LoRAAdapter(nn.Module):
 
 def _add_adapter_output(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
     """Forward hook: megatron linears return ``(output, bias)``; add the adapter's update to ``output``."""
+    adapter = getattr(module, ADAPTER)
+    if not adapter.enabled:
+        return output
     x = args[0] if args else kwargs["input_"]
     out, bias = output
-    return out + getattr(module, ADAPTER)(x).to(out.dtype), bias
+    return out + adapter(x).to(out.dtype), bias
+
+
+@contextlib.contextmanager
+def adapters_disabled(model_chunks: list[nn.Module]) -> Iterator[None]:
+    """Inside the block every LoRA adapter of ``model_chunks`` is left out of the forward, so the chunks compute the
+    base model: under ``model.lora`` that is the model training started from (DPO's reference) with no second copy
+    of the weights. The adapters are back on afterwards, whatever happened inside."""
+    adapters = [m for chunk in model_chunks for m in _unwrap(chunk).modules() if isinstance(m, LoRAAdapter)]
+    for adapter in adapters:
+        adapter.enabled = False
+    try:
+        yield
+    finally:
+        for adapter in adapters:
+            adapter.enabled = True
 
 
 def _sharded_state_dict_with_adapter(module: nn.Module, gated: bool, prefix: str = "",

@@ -19,11 +19,11 @@ from typing import Any
 import torch.distributed as dist
 
 from loongforge.config.schema import LoongForgeConfig
-from loongforge.data.contracts import BalancedRows, SampleDataset
+from loongforge.data.contracts import BalancedRows, PreferencePairs, SampleDataset
 from loongforge.errors import ConfigError
 
 #: Values of ``training.phase``.
-PHASES = ("pretrain", "sft")
+PHASES = ("pretrain", "sft", "dpo")
 
 
 def load_tokenizer(host: Any, config: LoongForgeConfig) -> Any:
@@ -107,21 +107,25 @@ def open_dataset(host: Any, config: LoongForgeConfig, tokenizer: Any, *, model: 
 def split_dataset(dataset: Any, config: LoongForgeConfig) -> tuple[Any, Any]:
     """Train/valid samples: the dataset's own ``split_samples`` (chat data) or windows of a token stream.
 
-    ``training.phase`` must agree with the data: ``sft`` trains on chat data with loss masks, ``pretrain`` on
-    every token; a mismatch is almost always a config mistake, so it is an error rather than a guess.
+    ``training.phase`` must agree with the data: ``sft`` trains on chat data with loss masks, ``dpo`` on preference
+    pairs, ``pretrain`` on every token; a mismatch is almost always a config mistake, so it is an error rather than a
+    guess.
     """
     from loongforge.data.gpt_dataset import train_valid_split
 
     phase, where = config.training.phase, config.source
     if phase not in PHASES:
         raise ConfigError(f"{where}: training.phase must be one of {', '.join(PHASES)}, got '{phase}'")
-    chat = isinstance(dataset, SampleDataset)
-    if chat != (phase == "sft"):
+    kind = ("preference-pair" if isinstance(dataset, PreferencePairs)
+            else "chat" if isinstance(dataset, SampleDataset) else "plain-text")
+    needed = {"preference-pair": "dpo", "chat": "sft", "plain-text": "pretrain"}[kind]
+    if phase != needed:
         raise ConfigError(
-            f"{where}: data.dataset '{config.data.dataset}' is {'chat' if chat else 'plain-text'} data but "
-            f"training.phase is '{phase}' (chat data needs phase sft, e.g. dataset sft or shipped-chat)"
+            f"{where}: data.dataset '{config.data.dataset}' is {kind} data but training.phase is '{phase}' (chat data "
+            "needs phase sft, e.g. dataset sft or shipped-chat; preference pairs need phase dpo, e.g. dataset "
+            "preference or shipped-preference)"
         )
-    if chat:
+    if kind != "plain-text":
         return dataset.split_samples(config.data)
     if config.data.pack:
         raise ConfigError(f"{where}: data.pack applies to chat datasets; '{config.data.dataset}' is already "

@@ -47,6 +47,7 @@ from loongforge.optimizations import check_optimization, optimization_options
 from loongforge.parallel.strategy import check_strategy
 from loongforge.plugins import get_host
 from loongforge.resolve import resolve_model_flavor
+from loongforge.train.preference.settings import check_dpo
 from loongforge.train.writable import check_writable
 
 #: Precisions the task engine trains in (parameters in fp32, bf16 autocast or FSDP2 mixed precision).
@@ -103,6 +104,7 @@ def _check(config: LoongForgeConfig, world_size: int, backend: DeviceBackend, ho
         _check_override_types(resolve_model_flavor(bare, host), config)
     family = resolve_model_flavor(config, host)
     lines = _names(config, family, backend, host)
+    lines += check_dpo(config, family.engine)
     _check_optimizations(config, host)
     paths = [(f"data.paths[{i}]", p) for i, p in enumerate(config.data.paths)] if family.engine == "megatron" else []
     paths += [(f"evaluation.data[{i}]", p) for i, p in enumerate(config.evaluation.data)]

@@ -8,7 +8,9 @@ that ``training.steps`` implied, the global batch size in samples), and a resume
 config: a difference is a one-line :class:`~loongforge.errors.ConfigError` listing each key with both values,
 unless ``checkpoint.override_schedule: true`` says the new values are meant. Then the schedule is rebuilt from the
 new config and continues at the resumed step (samples seen so far), and the optimizer's hyper-parameters are the
-new config's; the Adam moments and the weights are the checkpoint's.
+new config's; the Adam moments and the weights are the checkpoint's. A DPO run also records its objective and reference
+(``dpo.*``, :func:`loongforge.train.preference.settings.dpo_settings`): resuming it as another loss would train
+something else under the same step count.
 
 Torch-free: both step engines call it, and it needs only the config.
 """
@@ -19,6 +21,7 @@ from typing import Any
 
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import ConfigError
+from loongforge.train.preference.settings import dpo_settings
 
 #: The key under which a checkpoint's ``trainer.json`` records :func:`schedule_settings`.
 SETTINGS_KEY = "schedule_settings"
@@ -46,6 +49,7 @@ def schedule_settings(config: LoongForgeConfig, samples_per_step: int) -> dict[s
         # a constant schedule never decays: its length does not change the curve
         "scheduler.decay_steps": None if sched.decay == "constant" else max(decay_steps, sched.warmup_steps + 1),
         "training.global_batch_size": samples_per_step,
+        **dpo_settings(config),  # a DPO run's objective and reference (nothing for other phases)
     }
 
 

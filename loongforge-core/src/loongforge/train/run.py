@@ -31,6 +31,7 @@ from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import ConfigError
 from loongforge.plugins import get_host
 from loongforge.resolve import decoder_flavor, model_label, registered_family, resolve_model_flavor
+from loongforge.train.preference.settings import is_preference_run, reference_forward_share
 from loongforge.train.preflight import preflight, requested_device
 from loongforge.train.writable import check_writable
 
@@ -221,11 +222,16 @@ def _build_trainer(
     from loongforge.models.chunks import build_model_chunks
     from loongforge.train.batches import build_batches, validation_origin, validation_set
     from loongforge.train.checkpointing import RunCheckpoints, checkpoint_dir, run_metadata
-    from loongforge.train.engines.megatron import MegatronEngine
     from loongforge.train.optim import build_optimizer
 
     global_batch, num_microbatches = plan.global_batch_size, plan.num_microbatches
     model = host.modify_model(build_model_chunks(flavor, config, backend, layout, settings), config)
+    reference = None
+    if is_preference_run(config):  # the starting weights, before DDP and any resume
+        from loongforge.train.preference.reference import build_reference
+
+        reference = build_reference(config, model, lambda: build_model_chunks(flavor, config, backend, layout,
+                                                                              settings))
     model = _wrap_ddp(model, config, settings)
     optimizer = build_optimizer(config, model, params_dtype=settings.params_dtype)
     _connect_schedule(model, optimizer)
@@ -250,8 +256,9 @@ def _build_trainer(
     if auto_decision is not None:  # what parallel: auto chose and why, next to the device choice
         metadata["parallel_auto"] = auto_decision
     checkpoints = checkpoint_dir(config)
-    engine = MegatronEngine(
-        config=config,
+    engine = _megatron_engine(
+        config,
+        reference,
         model=model,
         optimizer=optimizer,
         data=data,
@@ -266,6 +273,20 @@ def _build_trainer(
     trainer = _trainer_for(engine, checkpoints, config, host, backend, info.rank)
     _resume(trainer, info.rank)
     return trainer
+
+
+def _megatron_engine(config: LoongForgeConfig, reference: Any, **engine: Any) -> Any:
+    """The megatron step engine: the language-model one, or for ``training.phase: dpo`` the preference engine with
+    the ``dpo:`` section's objective and the ``reference`` built for it."""
+    from loongforge.train.engines.megatron import MegatronEngine
+
+    if not is_preference_run(config):
+        return MegatronEngine(config=config, **engine)
+    from loongforge.train.preference.engine import PreferenceEngine
+    from loongforge.train.preference.objective import PreferenceObjective
+
+    return PreferenceEngine(objective=PreferenceObjective.of(config.dpo), reference=reference,
+                            precompute=config.dpo.precompute_reference, config=config, **engine)
 
 
 def _build_task_trainer(config: LoongForgeConfig, task: Any, host: Any, backend: Any, info: Any) -> Any:
@@ -289,7 +310,11 @@ def _model_flops_per_step(config: LoongForgeConfig, flavor: Any, backend: Any, g
     from loongforge.train.throughput import model_flops_per_step
 
     workload = workload_for(config, flavor, kernels_of(backend))
-    return model_flops_per_step(workload, global_batch)
+    if not is_preference_run(config):
+        return model_flops_per_step(workload, global_batch)
+    # DPO: both sequences of every pair trained, and a forward (a third of it) through the reference each step
+    flops = model_flops_per_step(workload, 2 * global_batch)
+    return flops * (1 + reference_forward_share(config)) if flops is not None else None
 
 
 def _trainer_for(engine: Any, checkpoints: Any, config: LoongForgeConfig, host: Any, backend: Any,

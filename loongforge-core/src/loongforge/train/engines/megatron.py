@@ -7,8 +7,9 @@ loss per step (the optimizer's grad-norm already synchronises), no file I/O and 
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -127,7 +128,7 @@ class MegatronEngine(StepEngine):
         #: Multi-token-prediction blocks (DecoderSpec.mtp_block_spec): their loss reads the loss mask too.
         self._mtp_blocks = getattr(model_config, "mtp_num_layers", None) or 0
         # The interleaved schedule wants one iterator per model chunk, all yielding the same micro-batches.
-        self._data_iterator = chunk_feeds(data, len(model)) if len(model) > 1 else data
+        self._data_iterator = self._feed(data)
         layers, around = _compile_targets(model)
         self.compiled: CompileReport = compile_blocks(layers, config.training.compile, rest=around)
         # One micro-batch's activations by component, counted in the first step; not under training.compile, where
@@ -144,24 +145,78 @@ class MegatronEngine(StepEngine):
         return self._forward(next(data_iterator), model, token_sums=True)
 
     def _forward(self, batch: dict[str, Any], model: Any, *, token_sums: bool) -> tuple[torch.Tensor, Callable]:
-        """The per-token loss of one micro-batch and the loss function the schedule applies to it (``token_sums``:
-        summed with its token count, which :meth:`_reduce_token_loss` divides by over all micro-batches and
-        ranks)."""
+        """The per-token loss of one micro-batch and the loss function the schedule applies to it
+        (:meth:`_loss_func`)."""
         if self._cp_size > 1:  # this rank's chunks of every sequence
             batch = context.split_for_rank(batch, self._cp_rank, self._cp_size)
+        return self._per_token_loss(batch, model), self._loss_func(batch, token_sums=token_sums)
+
+    def _loss_func(self, batch: dict[str, Any], *, token_sums: bool) -> Callable:
+        """What turns one micro-batch's per-token loss into the loss the schedule backpropagates and the numbers it
+        reports (``token_sums``: summed with the token count, which :meth:`_reduce_token_loss` divides by over all
+        micro-batches and ranks)."""
         if token_sums:  # local sums and counts; megatron normalises by the global count
-            loss_func = partial(_token_sum_loss, batch["loss_mask"])
-        elif self._cp_size > 1:  # the loss is the mean over all cp ranks' tokens
-            loss_func = partial(context.global_mean_loss, self._cp_group, batch["loss_mask"])
-        else:
-            loss_func = partial(_masked_mean_loss, batch["loss_mask"])
+            return partial(_token_sum_loss, batch["loss_mask"])
+        if self._cp_size > 1:  # the loss is the mean over all cp ranks' tokens
+            return partial(context.global_mean_loss, self._cp_group, batch["loss_mask"])
+        return partial(_masked_mean_loss, batch["loss_mask"])
+
+    def _per_token_loss(self, batch: dict[str, Any], model: Any) -> torch.Tensor:
+        """``model``'s cross-entropy of every label of ``batch`` (``[rows, seq]``; a tensor-parallel model computes
+        it with megatron's vocab-parallel cross-entropy); the input of the next stage on earlier pipeline stages."""
         extra = {key: batch[key] for key in self._extra_inputs if key in batch}  # images, grids (VLMs)
         if self._mtp_blocks:
             extra["loss_mask"] = batch["loss_mask"]
-        per_token_loss = model(
-            batch["tokens"], batch["position_ids"], batch.get("attention_mask"), labels=batch["labels"], **extra
+        return model(batch["tokens"], batch["position_ids"], batch.get("attention_mask"), labels=batch["labels"],
+                     **extra)
+
+    def _schedule(self, step_func: Callable, feed: Any, num_microbatches: int, *, forward_only: bool,
+                  model: list[Any] | None = None) -> list[dict]:
+        """megatron's forward(-backward) schedule of ``step_func`` over ``num_microbatches`` micro-batches of
+        ``feed`` through ``model`` (the policy's chunks by default); what the last stage's loss functions
+        reported."""
+        chunks = self.model if model is None else model
+        return self._forward_backward(
+            forward_step_func=step_func,
+            data_iterator=feed,
+            model=chunks if len(chunks) > 1 else chunks[0],
+            num_microbatches=num_microbatches,
+            seq_length=self.config.data.seq_length,
+            micro_batch_size=self.rows_per_micro_batch,
+            forward_only=forward_only,
         )
-        return per_token_loss, loss_func
+
+    @property
+    def rows_per_micro_batch(self) -> int:
+        """Sequences in one micro-batch, the shape pipeline stages exchange: ``training.micro_batch_size``."""
+        return self.config.training.micro_batch_size
+
+    def _train_feed(self) -> Any:
+        """Where this step's micro-batches come from: the run's iterator (one feed per chunk when interleaved)."""
+        return self._data_iterator
+
+    def _step_numbers(self, reduced: list[dict]) -> tuple[float, dict[str, float]]:
+        """The step's loss (known on every rank) and what else it reports from the loss functions' outputs."""
+        return self._reduce_loss(reduced), {}
+
+    @contextlib.contextmanager
+    def _forward_only(self, chunks: list[Any] | None = None) -> Iterator[None]:
+        """A pass that only reads the model: eval mode, no gradient, and the MoE routers' and multi-token-prediction
+        blocks' counts of it discarded (they belong to the next training step); modes restored afterwards."""
+        chunks = self.model if chunks is None else chunks
+        modes = [chunk.training for chunk in chunks]
+        for chunk in chunks:
+            chunk.eval()
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            for chunk, mode in zip(chunks, modes, strict=True):
+                chunk.train(mode)
+        if self._moe is not None:
+            self._moe.discard()
+        if self._mtp_blocks:
+            discard_mtp_loss()
 
     def _reduce_loss(self, reduced: list[dict]) -> float:
         """This step's loss averaged over microbatches and data-parallel ranks, known on every rank."""
@@ -208,22 +263,17 @@ class MegatronEngine(StepEngine):
         for chunk in self.model:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
+        feed = self._train_feed()
         with self._activations.step():
-            reduced = self._forward_backward(
-                forward_step_func=self._forward_step,
-                data_iterator=self._data_iterator,
-                model=self.model if len(self.model) > 1 else self.model[0],
-                num_microbatches=self.num_microbatches,
-                seq_length=self.config.data.seq_length,
-                micro_batch_size=self.config.training.micro_batch_size,
-                forward_only=False,
-            )
-        loss = self._reduce_loss(reduced)
+            reduced = self._schedule(self._forward_step, feed, self.num_microbatches, forward_only=False)
+        loss, numbers = self._step_numbers(reduced)
         bad = screen.screen(loss, self._gradient_sum) if screen is not None else None
         if bad is not None:  # left out: weights, Adam's moments and step count stay as they are
-            return StepResult(loss=loss, grad_norm=None, skipped=True, extra=self._step_extra(), bad=bad)
+            return StepResult(loss=loss, grad_norm=None, skipped=True, extra={**numbers, **self._step_extra()},
+                              bad=bad)
         update_successful, grad_norm, _ = self.optimizer.step()
-        return StepResult(loss=loss, grad_norm=grad_norm, skipped=not update_successful, extra=self._step_extra())
+        return StepResult(loss=loss, grad_norm=grad_norm, skipped=not update_successful,
+                          extra={**numbers, **self._step_extra()})
 
     def evaluate(self) -> dict[str, float]:
         """The mean cross-entropy per target token (``loss_mask``) over every token of the validation batches, and
@@ -234,31 +284,27 @@ class MegatronEngine(StepEngine):
         forward-only pass of megatron's schedule over all ``batches x num_microbatches`` micro-batches, so
         tensor-, pipeline-, context- and data-parallel layouts evaluate as they train; the sums are reduced over
         the data- and context-parallel ranks (and the pipeline, whose last stage computed them)."""
-        validation = self._validation
-        feed: Any = validation.micro_batches(self.config.training.micro_batch_size, self.num_microbatches,
-                                             dp_rank=self._dp_rank, dp_size=self._dp_size)
-        feed = chunk_feeds(feed, len(self.model)) if len(self.model) > 1 else feed
-        modes = [chunk.training for chunk in self.model]
-        for chunk in self.model:
-            chunk.eval()
-        try:
-            with torch.no_grad():
-                reduced = self._forward_backward(
-                    forward_step_func=self._validation_step,
-                    data_iterator=feed,
-                    model=self.model if len(self.model) > 1 else self.model[0],
-                    num_microbatches=validation.batches * self.num_microbatches,
-                    seq_length=self.config.data.seq_length,
-                    micro_batch_size=self.config.training.micro_batch_size,
-                    forward_only=True,
-                )
-        finally:
-            for chunk, mode in zip(self.model, modes, strict=True):
-                chunk.train(mode)
-        if self._moe is not None:  # the routers counted the validation tokens too: not the next step's
-            self._moe.discard()
-        if self._mtp_blocks:
-            discard_mtp_loss()
+        count = self._validation.batches * self.num_microbatches
+        feed = self._validation_feed()
+        with self._forward_only():
+            reduced = self._schedule(self._validation_step, feed, count, forward_only=True)
+        return self._validation_numbers(reduced)
+
+    def _validation_micro_batches(self) -> Iterator[dict[str, Any]]:
+        """This rank's micro-batches of one evaluation, in order."""
+        return self._validation.micro_batches(self.config.training.micro_batch_size, self.num_microbatches,
+                                              dp_rank=self._dp_rank, dp_size=self._dp_size)
+
+    def _validation_feed(self) -> Any:
+        """:meth:`_validation_micro_batches` as the schedule takes them (one feed per chunk when interleaved)."""
+        return self._feed(self._validation_micro_batches())
+
+    def _feed(self, micro_batches: Iterator[dict[str, Any]]) -> Any:
+        """Micro-batches as the schedule takes them: one iterator, or one per chunk of an interleaved pipeline."""
+        return chunk_feeds(micro_batches, len(self.model)) if len(self.model) > 1 else micro_batches
+
+    def _validation_numbers(self, reduced: list[dict]) -> dict[str, float]:
+        """The validation loss per target token and its perplexity."""
         loss = self._reduce_token_loss(reduced)
         return {"loss": loss, "ppl": math.exp(loss) if loss < _LARGEST_EXP else math.inf}
 
