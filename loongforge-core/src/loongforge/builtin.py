@@ -66,6 +66,13 @@ def loongforge_register_datasets(registry):
 
 
 @hookimpl
+def loongforge_register_rewards(registry):
+    from loongforge.train.rl.rewards import register_builtin_rewards
+
+    register_builtin_rewards(registry)
+
+
+@hookimpl
 def loongforge_register_tokenizers(registry):
     from loongforge.data.registration import register_builtin_tokenizers
 

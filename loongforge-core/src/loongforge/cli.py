@@ -229,6 +229,10 @@ def register_core_commands(commands: CommandRegistry) -> None:
     commands.add_generator("preference-pairs", help="write generated preference pairs (right vs wrong answers) to a "
                            ".jsonl for training.phase dpo", configure="loongforge.data.preference_pairs:configure",
                            run="loongforge.data.preference_pairs:run")
+    commands.add_generator("verifiable-tasks", help="write generated prompts with checkable answers (sums, capitals, "
+                           "backwards spelling, authors) to a .jsonl for training.phase grpo",
+                           configure="loongforge.data.verifiable_tasks:configure",
+                           run="loongforge.data.verifiable_tasks:run")
     commands.add("generate", help="continue prompts (or chat) with a LoongForge or Hugging Face checkpoint",
                  configure=_configure_generate, run=_cmd_generate)
     commands.add("plot", help="draw loss/lr/throughput curves of one or several runs into a PNG",

@@ -116,6 +116,19 @@ def loongforge_register_hf_architectures(registry: Registry) -> None:
 
 
 @hookspec
+def loongforge_register_rewards(registry: Registry) -> None:
+    """Register rewards for ``training.phase: grpo`` (``grpo.reward``, or a prompt line's ``reward``).
+
+    :param registry: the ``reward`` registry; a target is a callable (or its import path) called as
+        ``reward(completion=..., answer=..., prompt=...)`` with the reply's text (its end-of-turn token left out),
+        the prompt line's ``answer`` and the rendered prompt, returning a finite ``float`` (a
+        :class:`loongforge.train.rl.rewards.Reward`). It runs on every rank that samples replies, once per reply,
+        so it must be deterministic and cheap. Core registers ``exact-match``, ``regex`` and ``numeric``; a config
+        may also name any ``pkg.module:function`` (code execution, as every import path in a config).
+    """
+
+
+@hookspec
 def loongforge_register_commands(commands: CommandRegistry) -> None:
     """Add sub-commands to the ``loongforge`` command line (core's own commands register here too).
 

@@ -60,6 +60,7 @@ _COLLECTORS = {
     "tokenizer": "loongforge_register_tokenizers",
     "optimization": "loongforge_register_optimizations",
     "hf_architecture": "loongforge_register_hf_architectures",
+    "reward": "loongforge_register_rewards",
 }
 _COMMANDS_COLLECTOR = "loongforge_register_commands"
 

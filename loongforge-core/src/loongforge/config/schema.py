@@ -329,6 +329,52 @@ class DPOConfig:
 
 
 @dataclass
+class GRPOConfig:
+    """Reinforcement learning with verifiable rewards (``training.phase: grpo``): group relative policy optimisation
+    on prompts whose replies a reward checks (:mod:`loongforge.train.rl`; docs/post-training.md). Read only in that
+    phase: set with another, it is an error. ``training.micro_batch_size`` and ``global_batch_size`` count prompts;
+    each is sampled ``group_size`` times."""
+
+    #: Replies sampled per prompt; their rewards are compared within the group (>= 2).
+    group_size: int = 8
+    #: Longest reply in tokens (a reply also ends at the tokenizer's end-of-text, or where its row of
+    #: ``data.seq_length`` tokens is full).
+    max_new_tokens: int = 32
+    #: How replies are sampled: ``exact`` (each step a forward of the whole batch the trainer runs, so every
+    #: sampled token's log-prob is the trainer's bit for bit) or ``kv_cache`` (the KV-cache generator: one token's
+    #: forward per step, faster, log-probs off in the last bits; ``rl/logprob_diff_max`` shows by how much).
+    rollout: Literal["exact", "kv_cache"] = "exact"
+    #: The reward every prompt's replies are scored with (a registered name -- ``loongforge list rewards`` -- or
+    #: ``pkg.module:function``); null: each prompt line's own ``reward``.
+    reward: str | None = None
+    #: Lower and upper clip of the importance ratio (PPO's epsilon; a larger upper clip is DAPO's clip-higher).
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    #: Weight of the per-token KL penalty to the reference model (the k3 estimator); 0: no reference model.
+    kl_coeff: float = 0.0
+    #: The reference of the KL term: ``frozen_copy`` of the starting weights, ``adapters_off`` (``model.lora``: the
+    #: policy with its adapters off, no second copy) or ``auto`` (``adapters_off`` under LoRA, else a frozen copy).
+    reference: Literal["auto", "frozen_copy", "adapters_off"] = "auto"
+    #: How token losses become the step's loss: ``token_mean`` (every reply token of the step weighs the same; DAPO),
+    #: ``sequence_mean`` (each reply's token mean, then the mean over replies; the GRPO paper) or
+    #: ``sequence_sum_norm`` (token sums over replies x max_new_tokens; Dr. GRPO).
+    loss_aggregation: Literal["token_mean", "sequence_mean", "sequence_sum_norm"] = "token_mean"
+    #: Divide each group's centred rewards by their standard deviation (GRPO); false: centred only (Dr. GRPO).
+    scale_advantages: bool = True
+    #: Optimizer updates per step on the step's replies (mini-batches of its prompts); past the first, the policy
+    #: has moved off the one that sampled and the clipped ratio does its work.
+    updates_per_step: int = 1
+    #: Truncated importance sampling: each token's loss is weighted by min(pi_old / pi_rollout, cap), which is 1
+    #: wherever the rollout engine computed what the trainer computes (the built-in one, exactly).
+    rollout_correction_cap: float = 2.0
+    #: MoE: the experts each token was routed to while its reply was sampled are reused in every training forward
+    #: of the step (routing replay), so a policy update cannot move a token to other experts mid-step.
+    routing_replay: bool = False
+    #: Sampled replies written to the trackers (a table) and ``rollouts.jsonl`` at each logging interval.
+    log_samples: int = 4
+
+
+@dataclass
 class CheckpointConfig:
     """When and where checkpoints are saved, and whether a run resumes."""
 
@@ -446,6 +492,8 @@ class LoongForgeConfig:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     #: Preference optimisation options (``training.phase: dpo``).
     dpo: DPOConfig = field(default_factory=DPOConfig)
+    #: Reinforcement learning options (``training.phase: grpo``).
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
     #: The three sections below belong to plugins: kept here as the mappings the YAML gave, each is typed by a
     #: dataclass its plugin declares and checked before a run like core's sections
     #: (:mod:`loongforge.config.plugin_sections`).

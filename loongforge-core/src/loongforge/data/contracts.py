@@ -34,6 +34,13 @@ class PreferencePairs(SampleDataset):
     pipeline parallelism, the last stage that scores it), plus ``pair_index`` (the pairs' row indices)."""
 
 
+class PromptSet(SampleDataset):
+    """Prompts with the answers a reward checks (``training.phase: grpo`` data): the rows :meth:`split_samples`
+    returns hold one prompt each -- its token ids rendered with the chat template up to where the reply begins, its
+    text, ``answer`` and the name of its reward -- and their ``batch(indices)`` gives ``prompt_index`` (the rows'
+    indices); the step engine samples the replies."""
+
+
 class BalancedRows(abc.ABC):
     """Training rows whose samples vary in compute, which can be re-placed across data-parallel ranks every step
     (``loongforge_balance_samples``); returned by a :class:`SampleDataset` whose rows support it."""

@@ -75,17 +75,17 @@ def parse_pair(line: str, where: str) -> PairMessages:
     if missing:
         raise DataError(f"{where}: missing '{missing[0]}' (a pair needs {', '.join(PAIR_KEYS)})")
     tools = parse_tools(record.get("tools"), where)
-    prompt = _side(record["prompt"], "user", f"{where}: prompt")
+    prompt = message_side(record["prompt"], "user", f"{where}: prompt")
     if prompt.messages[-1]["role"] == "assistant":
         raise DataError(f"{where}: prompt ends with an assistant message; the response goes in chosen/rejected")
-    chosen = _side(record["chosen"], "assistant", f"{where}: chosen")
-    rejected = _side(record["rejected"], "assistant", f"{where}: rejected")
+    chosen = message_side(record["chosen"], "assistant", f"{where}: chosen")
+    rejected = message_side(record["rejected"], "assistant", f"{where}: rejected")
     if chosen.messages == rejected.messages:
         raise DataError(f"{where}: chosen and rejected are the same response (nothing to prefer)")
     return PairMessages(prompt.messages, chosen, rejected, tools)
 
 
-def _side(value: Any, role: str, where: str) -> Conversation:
+def message_side(value: Any, role: str, where: str) -> Conversation:
     """A prompt or a response: a string is one message of ``role``; a list must be messages, a response's starting
     with an assistant message."""
     if isinstance(value, str):

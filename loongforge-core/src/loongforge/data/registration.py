@@ -58,6 +58,19 @@ def register_builtin_datasets(registry: Any) -> None:
         "loongforge.data.preference_dataset:shipped_preference",
         description="small generated preference pairs (right vs wrong answers) shipped with loongforge-core",
     )
+    registry.register(
+        "prompts",
+        "loongforge.data.prompt_dataset:prompt_dataset",
+        aliases=("grpo",),
+        description="prompt .jsonl ({prompt, answer, reward}: a string or chat messages, the answer a reward checks)"
+                    " for training.phase grpo",
+    )
+    registry.register(
+        "shipped-tasks",
+        "loongforge.data.prompt_dataset:shipped_tasks",
+        description="small generated verifiable tasks (sums, capitals, backwards spelling) shipped with "
+                    "loongforge-core",
+    )
 
 
 def register_builtin_tokenizers(registry: Any) -> None:

@@ -30,6 +30,7 @@ never perturbs the training RNG streams.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -41,7 +42,7 @@ from loongforge.errors import LoongForgeError
 _CACHEABLE_POSITIONS = ("rope", "learned_absolute", "none")
 
 
-def _gather_vocab(logits: torch.Tensor) -> torch.Tensor:
+def gather_vocab(logits: torch.Tensor) -> torch.Tensor:
     """Full-vocabulary logits when the output layer is split over tensor-parallel ranks."""
     from megatron.core import parallel_state, tensor_parallel
 
@@ -138,7 +139,7 @@ class _Context:
             pad = -tokens.shape[1] % self.sequence_multiple
             tokens, real = F.pad(tokens, (pad, 0)), F.pad(real, (pad, 0))
             logits = self.model(tokens, _positions(real), _attention_mask(real, real.shape[1]))
-            return _gather_vocab(logits)[:, -1]
+            return gather_vocab(logits)[:, -1]
         new = self.tokens.shape[1] - self.cached
         logits = self.model(
             self.tokens[:, self.cached:], _positions(self.real)[:, self.cached:], _attention_mask(self.real, new),
@@ -155,31 +156,43 @@ class _Context:
         self.real = torch.cat([self.real, torch.tensor(real, device=device).unsqueeze(1)], dim=1)
 
 
+@dataclass
+class Sampled:
+    """What :func:`sample_batch` wrote for each prompt: the new ``ids`` (a stop id left out), the log-prob of each
+    chosen id under the model's whole distribution (the logits' log-softmax over the padded vocabulary, before any
+    temperature or top-k; the stop id's last when the prompt stopped) and the stop id it ended at (``None``: it ran
+    out of tokens)."""
+
+    ids: list[list[int]]
+    logprobs: list[list[float]]
+    stops: list[int | None]
+
+
 @torch.no_grad()
-def generate_batch(
+def sample_batch(
     model: Any,
     prompts: Sequence[Sequence[int]],
-    max_new_tokens: int,
+    max_new_tokens: int | Sequence[int],
     *,
     vocab_size: int,
     max_positions: int,
     temperature: float = 0.0,
     top_k: int = 0,
     top_p: float = 1.0,
-    seed: int = 0,
+    seed: int | Sequence[int] = 0,
     stop_ids: Collection[int] = (),
     use_cache: bool = True,
     on_step: Callable[[int], None] | None = None,
-) -> list[list[int]]:
-    """Extend each prompt by up to ``max_new_tokens`` ids; returns the new ids of each, in order.
+) -> Sampled:
+    """Extend each prompt by up to ``max_new_tokens`` ids (one number, or one per prompt).
 
     ``on_step(writing)``, when given, is called after each decoding step with the number of prompts still writing
     (a progress display counts the steps with it).
 
-    A prompt stops early at any of ``stop_ids`` (not included: end-of-text, or a chat model's end-of-turn ids).
+    A prompt stops early at any of ``stop_ids`` (end-of-text, or a chat model's end-of-turn ids).
     ``vocab_size`` is the tokenizer's: ids beyond it (megatron pads the vocabulary) are never chosen. Prompts
     longer than ``max_positions`` keep their last ``max_positions`` ids. ``use_cache=False`` recomputes the whole
-    context every token.
+    context every token. ``seed`` seeds every prompt's generator, or one seed per prompt.
     """
     from megatron.core import parallel_state
 
@@ -187,23 +200,29 @@ def generate_batch(
         raise LoongForgeError("text generation does not support pipeline parallelism (parallel.pp > 1)")
     if not prompts or any(len(prompt) == 0 for prompt in prompts):
         raise LoongForgeError("text generation needs non-empty prompts")
-    generators = [torch.Generator(device="cpu").manual_seed(seed) for _ in prompts]
+    seeds = [seed] * len(prompts) if isinstance(seed, int) else list(seed)
+    limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    generators = [torch.Generator(device="cpu").manual_seed(s) for s in seeds]
     was_training = model.training
     model.eval()
-    context = _Context(model, prompts, max_new_tokens, max_positions, use_cache, next(model.parameters()).device)
-    new: list[list[int]] = [[] for _ in prompts]
-    live = [True] * len(prompts)
+    context = _Context(model, prompts, max(limits), max_positions, use_cache, next(model.parameters()).device)
+    out = Sampled([[] for _ in prompts], [[] for _ in prompts], [None] * len(prompts))
+    live = [limit > 0 for limit in limits]
     try:
-        for _ in range(max_new_tokens):
-            logits = context.last_logits()[:, :vocab_size].float().cpu()
+        for _ in range(max(limits)):
+            full = context.last_logits().float().cpu()
+            logits = full[:, :vocab_size]
             column = [0] * len(prompts)  # a stopped prompt's placeholder id (masked out)
             for row, generator in enumerate(generators):
                 if live[row]:
                     token = _next_token(logits[row], temperature, top_k, generator, top_p)
-                    live[row] = token not in stop_ids
-                    if live[row]:
-                        new[row].append(token)
+                    out.logprobs[row].append(float(torch.log_softmax(full[row], -1)[token]))
+                    if token in stop_ids:
+                        out.stops[row] = token
+                    else:
+                        out.ids[row].append(token)
                         column[row] = token
+                    live[row] = out.stops[row] is None and len(out.logprobs[row]) < limits[row]
             if on_step is not None:
                 on_step(sum(live))
             if not any(live):
@@ -211,7 +230,12 @@ def generate_batch(
             context.append(column, live)
     finally:
         model.train(was_training)
-    return new
+    return out
+
+
+def generate_batch(model: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, **kwargs: Any) -> list[list[int]]:
+    """:func:`sample_batch`'s new ids of each prompt, in order (stop ids left out)."""
+    return sample_batch(model, prompts, max_new_tokens, **kwargs).ids
 
 
 def generate_ids(model: Any, prompt_ids: Sequence[int], max_new_tokens: int, **kwargs: Any) -> list[int]:

@@ -19,11 +19,11 @@ from typing import Any
 import torch.distributed as dist
 
 from loongforge.config.schema import LoongForgeConfig
-from loongforge.data.contracts import BalancedRows, PreferencePairs, SampleDataset
+from loongforge.data.contracts import BalancedRows, PreferencePairs, PromptSet, SampleDataset
 from loongforge.errors import ConfigError
 
 #: Values of ``training.phase``.
-PHASES = ("pretrain", "sft", "dpo")
+PHASES = ("pretrain", "sft", "dpo", "grpo")
 
 
 def load_tokenizer(host: Any, config: LoongForgeConfig) -> Any:
@@ -116,14 +116,14 @@ def split_dataset(dataset: Any, config: LoongForgeConfig) -> tuple[Any, Any]:
     phase, where = config.training.phase, config.source
     if phase not in PHASES:
         raise ConfigError(f"{where}: training.phase must be one of {', '.join(PHASES)}, got '{phase}'")
-    kind = ("preference-pair" if isinstance(dataset, PreferencePairs)
+    kind = ("preference-pair" if isinstance(dataset, PreferencePairs) else "prompt" if isinstance(dataset, PromptSet)
             else "chat" if isinstance(dataset, SampleDataset) else "plain-text")
-    needed = {"preference-pair": "dpo", "chat": "sft", "plain-text": "pretrain"}[kind]
+    needed = {"preference-pair": "dpo", "prompt": "grpo", "chat": "sft", "plain-text": "pretrain"}[kind]
     if phase != needed:
         raise ConfigError(
             f"{where}: data.dataset '{config.data.dataset}' is {kind} data but training.phase is '{phase}' (chat data "
             "needs phase sft, e.g. dataset sft or shipped-chat; preference pairs need phase dpo, e.g. dataset "
-            "preference or shipped-preference)"
+            "preference or shipped-preference; prompts need phase grpo, e.g. dataset prompts or shipped-tasks)"
         )
     if kind != "plain-text":
         return dataset.split_samples(config.data)

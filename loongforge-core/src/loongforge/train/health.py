@@ -69,13 +69,16 @@ class BadStep:
 class StepHealth:
     """The verdicts of one run's steps, the recent losses spike detection compares with, and the recoveries used."""
 
-    def __init__(self, training: TrainingConfig) -> None:
+    def __init__(self, training: TrainingConfig, *, watch_loss: bool = True) -> None:
+        """``watch_loss``: whether the loss is one whose spikes and flat runs mean trouble (the engine's
+        :attr:`~loongforge.train.engines.base.StepEngine.loss_tracks_progress`); without, only non-finite numbers
+        are bad."""
         self.policy = training.on_nonfinite
         self.max_recoveries = training.max_recoveries
-        self._factor = training.spike_factor
+        self._factor = training.spike_factor if watch_loss else None
         self._min_increase = training.spike_min_increase
         self._recent: deque[float] = deque(maxlen=training.spike_window)
-        self._collapse_steps = training.collapse_steps
+        self._collapse_steps = training.collapse_steps if watch_loss else None
         #: The current streak of collapse signs: ``(first step, length, quantity, value)``; ``None``: no streak.
         self._streak: tuple[int, int, str, float] | None = None
         self._last_loss: float | None = None

@@ -115,7 +115,7 @@ def fit(trainer: Trainer, metrics: MetricsWriter, progress: ProgressDisplay,
     beat = heartbeat.beat if heartbeat is not None else _no_beat
     total, log_every, save_every = config.training.steps, config.logging.interval, config.checkpoint.interval
     eval_every = config.evaluation.interval
-    health = StepHealth(config.training)
+    health = StepHealth(config.training, watch_loss=trainer.engine.loss_tracks_progress)
     start_step, saved_step, preempted_by = trainer.step, None, None
     history: list[dict[str, Any]] = []
     unlogged: list[dict[str, Any]] = []
@@ -141,6 +141,7 @@ def fit(trainer: Trainer, metrics: MetricsWriter, progress: ProgressDisplay,
             shown = row
             if logged:
                 shown, unlogged = _log(metrics, trainer.step, unlogged), []
+                trainer.engine.log_records(trainer, trainer.step)
             progress.update(trainer.step, shown, logged=logged)
             if validation is not None:
                 progress.evaluation(trainer.step, validation)

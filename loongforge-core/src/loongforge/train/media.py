@@ -23,6 +23,9 @@ class MediaLog(Protocol):
     def videos(self, tag: str, videos: Sequence[Any], captions: Sequence[str], *, step: int, fps: int) -> None:
         """Log ``videos`` (``uint8`` T x H x W x C arrays, played at ``fps``) under ``tag``, each with its caption."""
 
+    def table(self, tag: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, step: int) -> None:
+        """Log a table of text and numbers (``rows``, each with one value per column) under ``tag``."""
+
 
 class NoMediaLog:
     """A :class:`MediaLog` that drops everything (ranks other than 0, runs with no tracker that shows pictures)."""
@@ -31,6 +34,9 @@ class NoMediaLog:
         return None
 
     def videos(self, tag: str, videos: Sequence[Any], captions: Sequence[str], *, step: int, fps: int) -> None:
+        return None
+
+    def table(self, tag: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, step: int) -> None:
         return None
 
 

@@ -48,6 +48,7 @@ from loongforge.parallel.strategy import check_strategy
 from loongforge.plugins import get_host
 from loongforge.resolve import resolve_model_flavor
 from loongforge.train.preference.settings import check_dpo
+from loongforge.train.rl.settings import check_grpo, is_rl_run
 from loongforge.train.writable import check_writable
 
 #: Precisions the task engine trains in (parameters in fp32, bf16 autocast or FSDP2 mixed precision).
@@ -105,6 +106,7 @@ def _check(config: LoongForgeConfig, world_size: int, backend: DeviceBackend, ho
     family = resolve_model_flavor(config, host)
     lines = _names(config, family, backend, host)
     lines += check_dpo(config, family.engine)
+    lines += check_grpo(config, family.engine)
     _check_optimizations(config, host)
     paths = [(f"data.paths[{i}]", p) for i, p in enumerate(config.data.paths)] if family.engine == "megatron" else []
     paths += [(f"evaluation.data[{i}]", p) for i, p in enumerate(config.evaluation.data)]
@@ -363,6 +365,7 @@ def _check_dataset(config: LoongForgeConfig, family: ModelFamily, host: PluginHo
     held_out = f", {len(valid)} held out" if valid is not None else ""
     lines = [f"data: {config.data.dataset}: {len(train)} training sample(s){held_out}"]
     ev = config.evaluation
+    rows = None
     if ev.interval:
         rows = _keyed(config, "evaluation.data", lambda: validation_rows(host, config, tokenizer, valid, model=family,
                                                                         progress=progress))
@@ -373,6 +376,11 @@ def _check_dataset(config: LoongForgeConfig, family: ModelFamily, host: PluginHo
             batches = validation_batch_count(config, len(rows), global_batch, origin)
             lines.append(f"evaluation: every {ev.interval} steps on {batches} global batch(es) of {global_batch} "
                          f"from {origin}")
+    if is_rl_run(config):  # every reward the prompts name exists, and every regex answer compiles
+        from loongforge.train.rl.rewards import resolve_rewards
+
+        names = resolve_rewards(config, host, [*train.prompts, *(rows.prompts if rows is not None else [])])
+        lines.append(f"rewards: {', '.join(sorted(names))}")
     return lines
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import ConfigError
 from loongforge.train.preference.settings import dpo_settings
+from loongforge.train.rl.settings import grpo_settings
 
 #: The key under which a checkpoint's ``trainer.json`` records :func:`schedule_settings`.
 SETTINGS_KEY = "schedule_settings"
@@ -50,6 +51,7 @@ def schedule_settings(config: LoongForgeConfig, samples_per_step: int) -> dict[s
         "scheduler.decay_steps": None if sched.decay == "constant" else max(decay_steps, sched.warmup_steps + 1),
         "training.global_batch_size": samples_per_step,
         **dpo_settings(config),  # a DPO run's objective and reference (nothing for other phases)
+        **grpo_settings(config),  # a GRPO run's objective and sampling
     }
 
 

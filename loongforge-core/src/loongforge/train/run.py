@@ -32,6 +32,7 @@ from loongforge.errors import ConfigError
 from loongforge.plugins import get_host
 from loongforge.resolve import decoder_flavor, model_label, registered_family, resolve_model_flavor
 from loongforge.train.preference.settings import is_preference_run, reference_forward_share
+from loongforge.train.rl.settings import is_rl_run
 from loongforge.train.preflight import preflight, requested_device
 from loongforge.train.writable import check_writable
 
@@ -227,11 +228,12 @@ def _build_trainer(
     global_batch, num_microbatches = plan.global_batch_size, plan.num_microbatches
     model = host.modify_model(build_model_chunks(flavor, config, backend, layout, settings), config)
     reference = None
-    if is_preference_run(config):  # the starting weights, before DDP and any resume
+    kind = run_reference_kind(config)
+    if kind != "none":  # the starting weights, before DDP and any resume
         from loongforge.train.preference.reference import build_reference
 
-        reference = build_reference(config, model, lambda: build_model_chunks(flavor, config, backend, layout,
-                                                                              settings))
+        reference = build_reference(kind, model, lambda: build_model_chunks(flavor, config, backend, layout,
+                                                                            settings))
     model = _wrap_ddp(model, config, settings)
     optimizer = build_optimizer(config, model, params_dtype=settings.params_dtype)
     _connect_schedule(model, optimizer)
@@ -259,6 +261,8 @@ def _build_trainer(
     engine = _megatron_engine(
         config,
         reference,
+        host,
+        tokenizer,
         model=model,
         optimizer=optimizer,
         data=data,
@@ -275,18 +279,42 @@ def _build_trainer(
     return trainer
 
 
-def _megatron_engine(config: LoongForgeConfig, reference: Any, **engine: Any) -> Any:
-    """The megatron step engine: the language-model one, or for ``training.phase: dpo`` the preference engine with
-    the ``dpo:`` section's objective and the ``reference`` built for it."""
+def run_reference_kind(config: LoongForgeConfig) -> str:
+    """The reference model the run's phase needs (``none`` for pretraining and SFT)."""
+    if is_preference_run(config):
+        from loongforge.train.preference.settings import reference_kind
+
+        return reference_kind(config)
+    if is_rl_run(config):
+        from loongforge.train.rl.settings import reference_kind
+
+        return reference_kind(config)
+    return "none"
+
+
+def _megatron_engine(config: LoongForgeConfig, reference: Any, host: Any, tokenizer: Any, **engine: Any) -> Any:
+    """The megatron step engine: the language-model one; for ``training.phase: dpo`` the preference engine with the
+    ``dpo:`` section's objective and the ``reference`` built for it; for ``grpo`` the policy-gradient engine with
+    the ``grpo:`` section's objective, the rewards its prompts name and the KL term's ``reference``."""
     from loongforge.train.engines.megatron import MegatronEngine
 
-    if not is_preference_run(config):
-        return MegatronEngine(config=config, **engine)
-    from loongforge.train.preference.engine import PreferenceEngine
-    from loongforge.train.preference.objective import PreferenceObjective
+    if is_preference_run(config):
+        from loongforge.train.preference.engine import PreferenceEngine
+        from loongforge.train.preference.objective import PreferenceObjective
 
-    return PreferenceEngine(objective=PreferenceObjective.of(config.dpo), reference=reference,
-                            precompute=config.dpo.precompute_reference, config=config, **engine)
+        return PreferenceEngine(objective=PreferenceObjective.of(config.dpo), reference=reference,
+                                precompute=config.dpo.precompute_reference, config=config, **engine)
+    if is_rl_run(config):
+        from loongforge.train.rl.engine import PolicyGradientEngine
+        from loongforge.train.rl.objective import PolicyObjective
+        from loongforge.train.rl.rewards import resolve_rewards
+
+        prompts = engine["data"].dataset
+        validation = engine["validation"]
+        rewards = resolve_rewards(config, host, [*prompts.prompts, *(validation.rows.prompts if validation else [])])
+        return PolicyGradientEngine(objective=PolicyObjective.of(config.grpo), options=config.grpo, rewards=rewards,
+                                    reference=reference, tokenizer=tokenizer, config=config, **engine)
+    return MegatronEngine(config=config, **engine)
 
 
 def _build_task_trainer(config: LoongForgeConfig, task: Any, host: Any, backend: Any, info: Any) -> Any:
@@ -310,6 +338,12 @@ def _model_flops_per_step(config: LoongForgeConfig, flavor: Any, backend: Any, g
     from loongforge.train.throughput import model_flops_per_step
 
     workload = workload_for(config, flavor, kernels_of(backend))
+    if is_rl_run(config):
+        # GRPO: every reply trained, plus the recompute pass and the reference's (a third each); the rollout's
+        # forwards are timed apart (time/rollout_s), not counted
+        flops = model_flops_per_step(workload, config.grpo.group_size * global_batch)
+        passes = 1 + (1 + (config.grpo.kl_coeff > 0)) / 3
+        return flops * passes if flops is not None else None
     if not is_preference_run(config):
         return model_flops_per_step(workload, global_batch)
     # DPO: both sequences of every pair trained, and a forward (a third of it) through the reference each step

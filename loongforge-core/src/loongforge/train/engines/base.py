@@ -53,6 +53,10 @@ class StepEngine(abc.ABC):
     #: loop reports ``tflops`` and ``mfu`` (:mod:`loongforge.train.throughput`); ``None`` where the engine does not
     #: count them.
     flops_per_step: float | None = None
+    #: Whether the step's loss falls as training goes (a cross-entropy), so that a spike or a flat run of it is a
+    #: sign of trouble (:mod:`loongforge.train.health`); a policy-gradient loss is not one (it is exactly 0 whenever
+    #: every group's replies score alike), and only its non-finite values are bad.
+    loss_tracks_progress: ClassVar[bool] = True
     #: MoE: the last step's tokens per expert, ``[layer][expert]`` (see :class:`~loongforge.train.trainer.Trainer`).
     expert_tokens: list[list[int]] | None = None
 
@@ -111,6 +115,11 @@ class StepEngine(abc.ABC):
         across steps and resumed runs. It must leave training exactly as it found it -- the data position, the
         weights, the optimizer and every random stream the next step draws from (the loop also restores the
         process-wide streams around it) -- so that a run trains the same losses with evaluation on as off."""
+
+    def log_records(self, trainer: Trainer, step: int) -> None:
+        """At each logging step, on every rank, after the step's numbers: what the engine records beside them (GRPO's
+        sampled replies, to ``rollouts.jsonl`` and the trackers' tables). Nothing by default."""
+        return None
 
     def finish(self, trainer: Trainer) -> dict[str, Any]:
         """After the last step: what the engine adds to the run summary (a text sample, a task's scores)."""

@@ -186,6 +186,15 @@ class MegatronEngine(StepEngine):
             forward_only=forward_only,
         )
 
+    def _forward_pass(self, step_func: Callable, micro_batches: list[dict[str, Any]],
+                      chunks: list[Any] | None = None) -> list[dict]:
+        """A forward-only pass of the schedule (:meth:`_forward_only`) of ``step_func`` over ``micro_batches``
+        through ``chunks`` (the policy's by default): a reference model's or a recomputation's scores."""
+        chunks = self.model if chunks is None else chunks
+        with self._forward_only(chunks):
+            return self._schedule(step_func, self._feed(iter(micro_batches)), len(micro_batches), forward_only=True,
+                                  model=chunks)
+
     @property
     def rows_per_micro_batch(self) -> int:
         """Sequences in one micro-batch, the shape pipeline stages exchange: ``training.micro_batch_size``."""

@@ -19,7 +19,6 @@ checkpoints and resume are unchanged: the reference is rebuilt from the starting
 
 from __future__ import annotations
 
-import contextlib
 from functools import partial
 from typing import Any, ClassVar
 
@@ -28,7 +27,6 @@ import torch
 import torch.distributed as dist
 
 from loongforge.data.preference_dataset import PAIR_INDEX
-from loongforge.models.lora import adapters_disabled
 from loongforge.train.engines.megatron import MegatronEngine
 from loongforge.train.preference.objective import REFERENCE_LOGPS, REPORT, PreferenceObjective
 from loongforge.train.preference.reference import ReferenceModel
@@ -108,14 +106,8 @@ class PreferenceEngine(MegatronEngine):
     def reference_logps(self, micro_batches: list[dict[str, Any]]) -> list[torch.Tensor]:
         """The reference's log-prob of every row of ``micro_batches`` (one ``[2m]`` tensor per micro-batch on the
         last pipeline stage, none on the others): one forward-only pass of the schedule."""
-        reference = self.reference
-        chunks = self.model if reference.adapters_off else reference.chunks
-        if not chunks:
-            raise RuntimeError("dpo: the frozen copy was dropped once dpo.precompute_reference had scored every pair")
-        off = adapters_disabled(self.model) if reference.adapters_off else contextlib.nullcontext()
-        with self._forward_only(chunks), off:
-            reduced = self._schedule(self._reference_step, self._feed(iter(micro_batches)), len(micro_batches),
-                                     forward_only=True, model=chunks)
+        with self.reference.scoring(self.model) as chunks:
+            reduced = self._forward_pass(self._reference_step, micro_batches, chunks)
         return [r[REFERENCE_LOGPS] for r in reduced]
 
     def _reference_step(self, data_iterator: Any, model: Any) -> tuple[torch.Tensor, Any]:

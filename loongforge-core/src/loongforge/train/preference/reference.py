@@ -12,12 +12,12 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from loongforge.config.schema import LoongForgeConfig
-from loongforge.models.lora import ADAPTER
-from loongforge.train.preference.settings import reference_kind
+from loongforge.models.lora import ADAPTER, adapters_disabled
 
 #: State-dict keys that are not weights (Transformer Engine's per-module extra state).
 _EXTRA_STATE = "_extra_state"
@@ -35,11 +35,23 @@ class ReferenceModel:
     def adapters_off(self) -> bool:
         return self.chunks is None
 
+    @contextlib.contextmanager
+    def scoring(self, policy: list[Any]) -> Iterator[list[Any]]:
+        """The chunks a reference pass runs through: the frozen copy, or ``policy`` with its adapters off inside the
+        block."""
+        if self.adapters_off:
+            with adapters_disabled(policy):
+                yield policy
+            return
+        if not self.chunks:
+            raise RuntimeError("the reference's frozen copy was dropped once its log-probs were precomputed")
+        yield self.chunks
 
-def build_reference(config: LoongForgeConfig, policy: list[Any], build_chunks: Any) -> ReferenceModel | None:
-    """The run's reference: ``None`` for ``none``; for ``frozen_copy``, ``build_chunks()`` (this rank's chunks at the
-    run's layout) filled with the weights of ``policy`` (this rank's chunks as built and loaded, before DDP)."""
-    kind = reference_kind(config)
+
+def build_reference(kind: str, policy: list[Any], build_chunks: Any) -> ReferenceModel | None:
+    """The run's reference of ``kind``: ``None`` for ``none``; for ``frozen_copy``, ``build_chunks()`` (this rank's
+    chunks at the run's layout) filled with the weights of ``policy`` (this rank's chunks as built and loaded,
+    before DDP)."""
     if kind == "none":
         return None
     if kind == "adapters_off":

@@ -61,6 +61,10 @@ class Tracker(ABC):
         return None
 
     @abstractmethod
+    def table(self, tag: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, step: int) -> None:
+        """Show a table (``rows`` of text and numbers, one value per column) under ``tag``."""
+        return None
+
     def flush(self) -> None:
         """Put everything recorded so far on disk (called at logging steps and before a checkpoint is saved)."""
 
@@ -158,6 +162,12 @@ class Trackers:
             raise LoongForgeError(f"media '{tag}': fps must be an integer >= 1, got {fps!r}")
         for tracker in self._trackers:
             tracker.videos(tag, checked, list(captions), step=step, fps=fps)
+
+    def table(self, tag: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, step: int) -> None:
+        if any(len(row) != len(columns) for row in rows):
+            raise LoongForgeError(f"table '{tag}': every row needs one value per column ({len(columns)})")
+        for tracker in self._trackers:
+            tracker.table(tag, list(columns), [list(row) for row in rows], step=step)
 
     def flush(self) -> None:
         for tracker in self._trackers:

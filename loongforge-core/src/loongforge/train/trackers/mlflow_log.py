@@ -15,7 +15,7 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from loongforge.train.media import gif_bytes
 from loongforge.train.trackers import Scalar, Tracker, rgb
@@ -76,6 +76,10 @@ class MlflowTracker(Tracker):
                 names[path.name] = caption
             Path(folder, f"step{step:06d}-captions.json").write_text(json.dumps(names, indent=1), encoding="utf-8")
             self._client.log_artifacts(self.run_id, folder, artifact_path=tag)
+
+    def table(self, tag: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, step: int) -> None:
+        records = [dict(zip(columns, row, strict=True)) for row in rows]
+        self._client.log_dict(self.run_id, records, f"{tag}/step{step:06d}.json")
 
     def flush(self) -> None:
         return None  # every call above has written its files already

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from loongforge.train.media import gif_bytes
 from loongforge.train.trackers import Scalar, Tracker
@@ -58,6 +58,14 @@ class TensorBoardTracker(Tracker):
             self._writer.file_writer.add_summary(Summary(value=[Summary.Value(tag=f"{tag}/{index}", image=gif)]),
                                                  step)
             self._writer.add_text(f"{tag}/{index}", caption, step)
+
+    def table(self, tag: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, step: int) -> None:
+        def cell(value: Any) -> str:
+            return str(value).replace("|", "\\|").replace("\n", "<br>")
+
+        lines = [f"| {' | '.join(columns)} |", f"|{'---|' * len(columns)}",
+                 *(f"| {' | '.join(cell(v) for v in row)} |" for row in rows)]
+        self._writer.add_text(tag, "\n".join(lines), step)
 
     def flush(self) -> None:
         self._writer.flush()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from loongforge.train.media import gif_bytes
 from loongforge.train.trackers import Scalar, Tracker, rgb
@@ -45,6 +45,9 @@ class WandbTracker(Tracker):
         shown = [self._wandb.Image(rgb(image), caption=caption)
                  for image, caption in zip(images, captions, strict=True)]
         self._run.log({tag: shown}, step=step)
+
+    def table(self, tag: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, step: int) -> None:
+        self._run.log({tag: self._wandb.Table(columns=list(columns), data=[list(row) for row in rows])}, step=step)
 
     def videos(self, tag: str, videos: Sequence[np.ndarray], captions: Sequence[str], *, step: int,
                fps: int) -> None:

@@ -1,0 +1,98 @@
+"""Generated prompts with verifiable answers for ``training.phase: grpo``: what ``loongforge make-data
+verifiable-tasks OUT`` writes and what ``task_data/tasks.jsonl`` (``data.dataset: shipped-tasks``) holds.
+
+Why these tasks: reinforcement learning with verifiable rewards needs a model that already answers some prompts right
+and some wrong, and a checker that tells them apart without a judge. The tiny chat model of ``configs/sft-tiny.yaml``
+knows the question formats of the shipped chat set but gets many answers wrong, so each task here is one of those
+formats with its answer computed, and its ``reward`` names the built-in check (:mod:`loongforge.train.rl.rewards`):
+
+- adding 1 or 10 to a two-digit number (``What is 37 + 10?``, answer ``47``, reward ``numeric``: the last number of
+  the reply must equal it) -- a digit-wise rule, so held-out sums can be right;
+- writing a word in capitals (answer ``\\bGENTLEMAN\\b``, reward ``regex``: found in the reply);
+- spelling a word backwards (answer ``'nisuoc'``, reward ``regex``);
+- who wrote one of the three shipped novels (answer ``Jane Austen``, reward ``regex``).
+
+Every fourth task is written in the chat-messages form (a system prompt, then the question), the others as plain
+strings. The output is a pure function of ``(count, seed)`` and the shipped corpus: ``python -m
+loongforge.data.verifiable_tasks OUT`` with the defaults writes the shipped file byte for byte, which a test checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+from pathlib import Path
+
+from loongforge.data.sft_data.make_chat import NOVELS, SYSTEM_PROMPTS, corpus_words
+
+#: The shipped file's generator settings.
+DEFAULT_COUNT, DEFAULT_SEED = 512, 20261205
+
+
+def _sum(rng: random.Random, words: list[str]) -> tuple[str, str, str]:
+    a, step = rng.randint(10, 89), rng.choice((1, 10))
+    return f"What is {a} + {step}?", str(a + step), "numeric"
+
+
+def _capitals(rng: random.Random, words: list[str]) -> tuple[str, str, str]:
+    word = rng.choice(words)
+    return f"Write '{word}' in capital letters.", rf"\b{re.escape(word.upper())}\b", "regex"
+
+
+def _backwards(rng: random.Random, words: list[str]) -> tuple[str, str, str]:
+    word = rng.choice(words)
+    return f"Spell '{word}' backwards.", re.escape(f"'{word[::-1]}'"), "regex"
+
+
+def _author(rng: random.Random, words: list[str]) -> tuple[str, str, str]:
+    return f"Who wrote {rng.choice(sorted(NOVELS))}?", "Jane Austen", "regex"
+
+
+TASKS = (_sum, _capitals, _backwards, _author)
+
+
+def tasks(count: int = DEFAULT_COUNT, seed: int = DEFAULT_SEED) -> list[dict]:
+    """``count`` tasks ``{"prompt", "answer", "reward"}``, a function of ``seed``."""
+    rng = random.Random(seed)
+    words = [w for w in corpus_words(200) if w != w[::-1]]
+    out = []
+    for index in range(count):
+        question, answer, reward = TASKS[rng.randrange(len(TASKS))](rng, words)
+        prompt: str | list = question
+        if index % 4 == 3:
+            prompt = [{"role": "system", "content": SYSTEM_PROMPTS[index % 2]}, {"role": "user", "content": question}]
+        out.append({"prompt": prompt, "answer": answer, "reward": reward})
+    return out
+
+
+def write(out: str | Path, count: int = DEFAULT_COUNT, seed: int = DEFAULT_SEED) -> Path:
+    """Write :func:`tasks` as JSON lines to ``out``; return its path."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(t, ensure_ascii=False) + "\n" for t in tasks(count, seed)), encoding="utf-8")
+    return path
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """``loongforge make-data verifiable-tasks``'s arguments."""
+    parser.add_argument("out", help="output .jsonl, read by data.dataset=prompts data.paths=[OUT]")
+    parser.add_argument("--count", type=int, default=DEFAULT_COUNT, help=f"tasks (default {DEFAULT_COUNT})")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                        help=f"data seed (default {DEFAULT_SEED}: the shipped set)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from loongforge.errors import ConfigError
+
+    if args.count < 1:
+        raise ConfigError(f"--count {args.count}: must be at least 1")
+    print(f"wrote {args.count} verifiable tasks to {write(args.out, args.count, args.seed)}")
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="Write generated verifiable tasks (default: the shipped set).")
+    configure(parser)
+    raise SystemExit(run(parser.parse_args()))
