@@ -106,6 +106,8 @@ CHEAP: dict[str, dict[str, str]] = {
         "loongforge train configs/dpo-tiny.yaml": "training.steps=4 evaluation.interval=4 evaluation.steps=1",
         "loongforge train configs/dpo-tiny.yaml model.lora.rank=8 run.output_dir=runs/dpo-tiny-lora":
             "training.steps=4 evaluation.interval=0",
+        "loongforge train configs/grpo-tiny.yaml": "training.steps=2 evaluation.interval=0 grpo.group_size=2 "
+                                                   "grpo.max_new_tokens=4 training.global_batch_size=2",
     },
     "docs/sft-lora.md": {
         "loongforge train configs/sft-tiny.yaml": "training.steps=4 training.sample_tokens=0",

@@ -52,7 +52,7 @@ def test_every_recipe_checks_ok(recipe, capsys, tmp_path):
 
         root, _ = write_synthetic_dataset(tmp_path / "dataset", version="v3.0")
         overrides = [f"task.data={root}", "task.held_out_episodes=1", "training.micro_batch_size=8"]  # 27 frames
-    if recipe.name == "dpo-tiny.yaml":  # starts from the SFT recipe's checkpoint (see its header): one step of it
+    if recipe.name in ("dpo-tiny.yaml", "grpo-tiny.yaml"):  # starts from the SFT recipe's checkpoint (see its header): one step of it
         from loongforge.train.run import run_training
 
         run_training(load_config("configs/sft-tiny.yaml", [

@@ -53,6 +53,9 @@ class CheapRun:
     metaworld_episodes: bool = False
     #: It starts from ``runs/sft-tiny`` (its ``model.load``), which ``sft-tiny.yaml``'s cheap run writes first.
     sft_checkpoint: bool = False
+    #: A policy-gradient recipe: its loss is no cross-entropy (0 when a group's replies score alike), so the run is
+    #: judged by its sampled rewards and log-probs instead of a falling loss.
+    rewards: bool = False
 
 
 #: One row per file in configs/ (a new recipe fails ``test_every_recipe_has_a_cheap_run`` until it has one).
@@ -64,6 +67,10 @@ CHEAP = {
     "dpo-tiny.yaml": CheapRun(SMALL_LLM + ("optimizer.lr=2e-3", "data.seq_length=96", "training.micro_batch_size=32",
                                            "training.global_batch_size=128", "evaluation.interval=0"),
                               core=True, sft_checkpoint=True),
+    "grpo-tiny.yaml": CheapRun(SMALL_LLM + ("data.seq_length=112", "training.micro_batch_size=1",
+                                            "training.global_batch_size=2", "grpo.group_size=4",
+                                            "grpo.max_new_tokens=8", "evaluation.interval=0"),
+                               core=True, sft_checkpoint=True, rewards=True),
     "vlm-shapes.yaml": CheapRun(("data.seq_length=96", "training.micro_batch_size=4", "optimizer.lr=1e-2")),
     "diffusion-moving-squares.yaml": CheapRun(("model.overrides.num_layers=1", "task.samples=64",
                                                "training.micro_batch_size=8", "task.sample={videos: 0}")),
@@ -133,6 +140,11 @@ def test_recipe_trains_and_its_loss_falls(tmp_path, request, name):
     assert summary["steps"] == STEPS
     rows = _training_rows(out)
     assert sorted(rows) == list(range(1, STEPS + 1))
+    if cheap.rewards:
+        for row in rows.values():
+            assert 0 <= row["rl/reward_mean"] <= 1 and row["rl/reply_length"] > 0
+            assert 0 <= row["rl/logprob_diff_max"] < 1e-4 and math.isfinite(row["loss"])
+        return
     losses = [rows[step]["loss"] for step in sorted(rows)]
     assert all(math.isfinite(loss) and loss > 0 for loss in losses), losses
     assert all(math.isfinite(rows[step]["grad_norm"]) for step in rows)
