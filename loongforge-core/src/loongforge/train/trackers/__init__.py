@@ -60,11 +60,11 @@ class Tracker(ABC):
         """Show ``uint8`` T x H x W x C ``videos`` played at ``fps`` under ``tag``, each with its caption."""
         return None
 
-    @abstractmethod
     def table(self, tag: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, step: int) -> None:
         """Show a table (``rows`` of text and numbers, one value per column) under ``tag``."""
         return None
 
+    @abstractmethod
     def flush(self) -> None:
         """Put everything recorded so far on disk (called at logging steps and before a checkpoint is saved)."""
 
