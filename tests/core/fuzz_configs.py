@@ -142,9 +142,13 @@ TASK_DATA = "task-data"
 
 
 def runnable(data: dict) -> dict:
-    """The recipe as a test runs it: writing under the working directory and, for a recipe that names a LeRobot
-    dataset (the Meta-World one names what a collect command writes), reading :data:`TASK_DATA` there."""
+    """The recipe as a test runs it: writing under the working directory, from the seed's weights where it starts
+    from another recipe's checkpoint (the post-training ones load ``runs/sft-tiny``; the faults here are the
+    recipe's own keys) and, for a recipe that names a LeRobot dataset (the Meta-World one names what a collect
+    command writes), reading :data:`TASK_DATA` there."""
     data = set_key(data, ("run", "output_dir"), "out")
+    if isinstance(data.get("model"), dict):
+        data["model"].pop("load", None)
     if (data.get("task") or {}).get("data"):
         data = set_key(data, ("task", "data"), TASK_DATA)
     return data
