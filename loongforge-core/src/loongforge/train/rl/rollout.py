@@ -98,9 +98,9 @@ def sample_replies(
             probs = torch.softmax(last, dim=-1)
             chosen = [int(torch.multinomial(probs[i], 1, generator=generators[row]))
                       for i, row in enumerate(writing)]
-        labels = ids[:, 1 : width + 1].clone()
-        labels[picked, at] = torch.as_tensor(chosen)
-        step_logps = -token_loss(labels, logits)[picked, at]
+        # the loss of the sampled positions only: the cross-entropy is row-wise, so scoring them alone gives what
+        # the same function computes over the whole batch
+        step_logps = -token_loss(torch.as_tensor(chosen).unsqueeze(1), logits[picked, at].unsqueeze(1))[:, 0]
         for i, (row, token) in enumerate(zip(writing, chosen, strict=True)):
             logps[row, lengths[row] - 1] = step_logps[i]
             ids[row, lengths[row]] = token
