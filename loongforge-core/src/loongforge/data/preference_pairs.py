@@ -26,10 +26,10 @@ command writes the shipped file byte for byte with the defaults, which a test ch
 from __future__ import annotations
 
 import argparse
-import json
 import random
 from pathlib import Path
 
+from loongforge.data.generated_jsonl import add_generator_arguments, run_generator, write_jsonl
 from loongforge.data.sft_data.make_chat import NOVELS, SYSTEM_PROMPTS, corpus_words
 
 #: The shipped file's generator settings.
@@ -90,27 +90,16 @@ def pairs(count: int = DEFAULT_COUNT, seed: int = DEFAULT_SEED) -> list[dict]:
 
 def write(out: str | Path, count: int = DEFAULT_COUNT, seed: int = DEFAULT_SEED) -> Path:
     """Write :func:`pairs` as JSON lines to ``out``; return its path."""
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in pairs(count, seed)), encoding="utf-8")
-    return path
+    return write_jsonl(out, pairs(count, seed))
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """``loongforge make-data preference-pairs``'s arguments."""
-    parser.add_argument("out", help="output .jsonl, read by data.dataset=preference data.paths=[OUT]")
-    parser.add_argument("--count", type=int, default=DEFAULT_COUNT, help=f"pairs (default {DEFAULT_COUNT})")
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED,
-                        help=f"data seed (default {DEFAULT_SEED}: the shipped set)")
+    add_generator_arguments(parser, unit="pairs", dataset="preference", count=DEFAULT_COUNT, seed=DEFAULT_SEED)
 
 
 def run(args: argparse.Namespace) -> int:
-    from loongforge.errors import ConfigError
-
-    if args.count < 1:
-        raise ConfigError(f"--count {args.count}: must be at least 1")
-    print(f"wrote {args.count} preference pairs to {write(args.out, args.count, args.seed)}")
-    return 0
+    return run_generator(args, write, "preference pairs")
 
 
 if __name__ == "__main__":
