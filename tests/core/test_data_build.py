@@ -140,7 +140,8 @@ def test_registration_names_resolve_to_the_factories():
     datasets, tokenizers = Registry("dataset"), Registry("tokenizer")
     register_builtin_datasets(datasets)
     register_builtin_tokenizers(tokenizers)
-    assert datasets.names() == ["hf-datasets", "mmap", "sft", "shipped-chat", "shipped-corpus", "text"]
+    assert datasets.names() == ["hf-datasets", "mmap", "preference", "prompts", "sft", "shipped-chat", "shipped-corpus",
+                               "shipped-preference", "shipped-tasks", "text"]
     assert datasets.load("megatron") is mmap_dataset
     assert datasets.load("jsonl") is text_dataset and datasets.load("shipped-corpus") is shipped_corpus
     assert tokenizers.names() == ["byte", "hf"]

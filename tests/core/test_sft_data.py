@@ -170,7 +170,7 @@ def test_phase_must_match_the_data(tmp_path):
     chat = shipped_chat([], BYTE)
     with pytest.raises(ConfigError, match="'shipped-chat' is chat data but training.phase is 'pretrain'"):
         split_dataset(chat, load_config(None, ["data.dataset=shipped-chat"]))
-    with pytest.raises(ConfigError, match="training.phase must be one of pretrain, sft, dpo, got 'rlhf'"):
+    with pytest.raises(ConfigError, match="training.phase must be one of pretrain, sft, dpo, grpo, got 'rlhf'"):
         split_dataset(chat, load_config(None, ["training.phase=rlhf"]))
     train, valid = split_dataset(chat, load_config(None, ["training.phase=sft", "data.valid_fraction=0.1"]))
     assert isinstance(train, ChatRowDataset) and (len(train), len(valid)) == (360, 40)

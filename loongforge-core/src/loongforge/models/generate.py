@@ -186,7 +186,7 @@ def sample_batch(
 ) -> Sampled:
     """Extend each prompt by up to ``max_new_tokens`` ids (one number, or one per prompt).
 
-    ``on_step(writing)``, when given, is called after each decoding step with the number of prompts still writing
+    ``on_step(writing)``, when given, is called after each decoding step with the number of prompts that wrote a token in it
     (a progress display counts the steps with it).
 
     A prompt stops early at any of ``stop_ids`` (end-of-text, or a chat model's end-of-turn ids).
@@ -210,6 +210,7 @@ def sample_batch(
     live = [limit > 0 for limit in limits]
     try:
         for _ in range(max(limits)):
+            writing = sum(live)
             full = context.last_logits().float().cpu()
             logits = full[:, :vocab_size]
             column = [0] * len(prompts)  # a stopped prompt's placeholder id (masked out)
@@ -224,7 +225,7 @@ def sample_batch(
                         column[row] = token
                     live[row] = out.stops[row] is None and len(out.logprobs[row]) < limits[row]
             if on_step is not None:
-                on_step(sum(live))
+                on_step(writing)
             if not any(live):
                 break
             context.append(column, live)
