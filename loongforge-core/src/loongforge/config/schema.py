@@ -340,9 +340,10 @@ class GRPOConfig:
     #: Longest reply in tokens (a reply also ends at the tokenizer's end-of-text, or where its row of
     #: ``data.seq_length`` tokens is full).
     max_new_tokens: int = 32
-    #: How replies are sampled: ``exact`` (each step a forward of the whole batch the trainer runs, so every
-    #: sampled token's log-prob is the trainer's bit for bit) or ``kv_cache`` (the KV-cache generator: one token's
-    #: forward per step, faster, log-probs off in the last bits; ``rl/logprob_diff_max`` shows by how much).
+    #: How replies are sampled: ``exact`` (drafted by the KV-cache generator, every token verified by a forward of
+    #: the whole batch the trainer runs, so each sampled token and its log-prob are the trainer's bit for bit) or
+    #: ``kv_cache`` (the KV-cache generator unverified, as an external engine: log-probs off in the last bits;
+    #: ``rl/logprob_diff_max`` shows by how much).
     rollout: Literal["exact", "kv_cache"] = "exact"
     #: The reward every prompt's replies are scored with (a registered name -- ``loongforge list rewards`` -- or
     #: ``pkg.module:function``); null: each prompt line's own ``reward``.

@@ -51,11 +51,27 @@ def gather_vocab(logits: torch.Tensor) -> torch.Tensor:
     return logits
 
 
-def _next_token(
-    logits: torch.Tensor, temperature: float, top_k: int, generator: torch.Generator, top_p: float = 1.0
-) -> int:
-    """Greedy when ``temperature <= 0``; else sample from the ``top_k`` best, then from the smallest set of
-    tokens whose probability reaches ``top_p`` (the most likely token is always kept)."""
+def pick(probs: torch.Tensor, uniform: float) -> int:
+    """The id an inverse-CDF draw ``uniform`` in [0, 1) picks from ``probs`` (one row, not necessarily normalised).
+
+    Why not ``torch.multinomial``: with the draw explicit, a second computation of the same distribution can replay
+    it -- the GRPO sampler drafts replies with the KV cache and verifies every pick against the trainer's forward
+    with the same draws (:mod:`loongforge.train.rl.rollout`). A zero-probability id is never picked."""
+    cdf = torch.cumsum(probs.double(), dim=0)
+    index = int(torch.searchsorted(cdf, uniform * float(cdf[-1]), right=True))
+    if index >= probs.numel():  # the draw rounded up to the whole mass: the last id with any
+        index = int(torch.nonzero(probs > 0)[-1])
+    return index
+
+
+def uniform_draw(generator: torch.Generator) -> float:
+    """One draw in [0, 1) from ``generator``: what :func:`pick` consumes per sampled token."""
+    return float(torch.rand((), generator=generator, dtype=torch.float64))
+
+
+def _next_token(logits: torch.Tensor, temperature: float, top_k: int, uniform: float, top_p: float = 1.0) -> int:
+    """Greedy when ``temperature <= 0``; else sample (by the draw ``uniform``) from the ``top_k`` best, then from the
+    smallest set of tokens whose probability reaches ``top_p`` (the most likely token is always kept)."""
     if temperature <= 0:
         return int(torch.argmax(logits))
     logits = logits / temperature
@@ -68,7 +84,7 @@ def _next_token(
         before = torch.cumsum(sorted_probs, dim=0) - sorted_probs  # mass of the strictly better tokens
         sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)
         probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return pick(probs, uniform)
 
 
 def supports_kv_cache(model: Any) -> bool:
@@ -183,6 +199,7 @@ def sample_batch(
     stop_ids: Collection[int] = (),
     use_cache: bool = True,
     on_step: Callable[[int], None] | None = None,
+    uniforms: Sequence[Sequence[float]] | None = None,
 ) -> Sampled:
     """Extend each prompt by up to ``max_new_tokens`` ids (one number, or one per prompt).
 
@@ -192,7 +209,8 @@ def sample_batch(
     A prompt stops early at any of ``stop_ids`` (end-of-text, or a chat model's end-of-turn ids).
     ``vocab_size`` is the tokenizer's: ids beyond it (megatron pads the vocabulary) are never chosen. Prompts
     longer than ``max_positions`` keep their last ``max_positions`` ids. ``use_cache=False`` recomputes the whole
-    context every token. ``seed`` seeds every prompt's generator, or one seed per prompt.
+    context every token. ``seed`` seeds every prompt's generator, or one seed per prompt; ``uniforms``, when given,
+    replaces the generators: the ``k``-th token sampled for prompt ``r`` is picked by the draw ``uniforms[r][k]``.
     """
     from megatron.core import parallel_state
 
@@ -216,7 +234,9 @@ def sample_batch(
             column = [0] * len(prompts)  # a stopped prompt's placeholder id (masked out)
             for row, generator in enumerate(generators):
                 if live[row]:
-                    token = _next_token(logits[row], temperature, top_k, generator, top_p)
+                    done = len(out.logprobs[row])
+                    draw = uniform_draw(generator) if uniforms is None else float(uniforms[row][done])
+                    token = _next_token(logits[row], temperature, top_k, draw, top_p)
                     out.logprobs[row].append(float(torch.log_softmax(full[row], -1)[token]))
                     if token in stop_ids:
                         out.stops[row] = token

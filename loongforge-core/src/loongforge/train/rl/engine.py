@@ -39,6 +39,7 @@ from loongforge.checkpoint.saver import unwrap_model
 from loongforge.config.schema import GRPOConfig
 from loongforge.data.prompt_dataset import PROMPT_INDEX, Prompt
 from loongforge.errors import ConfigError
+from loongforge.models.generate import supports_kv_cache
 from loongforge.train.engines.megatron import MegatronEngine
 from loongforge.train.rl.objective import (
     ADVANTAGES,
@@ -53,7 +54,14 @@ from loongforge.train.rl.objective import (
     group_advantages,
 )
 from loongforge.train.rl.rewards import Reward, score
-from loongforge.train.rl.rollout import Replies, reply_seed, sample_replies, sample_replies_cached
+from loongforge.train.rl.rollout import (
+    Replies,
+    kv_cache_draft,
+    reply_seed,
+    reply_uniforms,
+    sample_replies,
+    sample_replies_cached,
+)
 from loongforge.train.rl.routing_replay import RoutingReplay
 
 #: Sampled replies, one JSON line each, in the run's directory.
@@ -155,11 +163,14 @@ class PolicyGradientEngine(MegatronEngine):
         shape = {"width": self.config.data.seq_length, "max_new_tokens": self.options.max_new_tokens,
                  "vocab_size": tokenizer.vocab_size, "stop_ids": (tokenizer.eos_id,), "pad_id": tokenizer.pad_id}
         ids = [p.ids for p in prompts]
+        uniforms = None if seeds is None else reply_uniforms(seeds, self.options.max_new_tokens)
+        model = unwrap_model(self.model[0])
         with self._forward_only():
             if self.options.rollout == "kv_cache":
-                return sample_replies_cached(unwrap_model(self.model[0]), ids, seeds=seeds, **shape)
-            generators = None if seeds is None else [torch.Generator().manual_seed(seed) for seed in seeds]
-            return sample_replies(self._policy_forward, self._token_loss, ids, generators=generators, **shape)
+                return sample_replies_cached(model, ids, uniforms=uniforms, **shape)
+            # drafted by the KV cache where the model has one, every token verified by the trainer's forward
+            draft = kv_cache_draft(model, tokenizer.vocab_size, shape["stop_ids"]) if supports_kv_cache(model) else None
+            return sample_replies(self._policy_forward, self._token_loss, ids, uniforms=uniforms, draft=draft, **shape)
 
     def _policy_forward(self, tokens: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         return self.model[0](tokens, position_ids, None)
