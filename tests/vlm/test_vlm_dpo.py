@@ -136,7 +136,7 @@ def _rows(out: Path) -> list[dict]:
 def test_dpo_from_a_checkpoint_trains_every_part_and_raises_held_out_accuracy(tmp_path, register_plugin):
     from loongforge.train.run import run_training
 
-    quiet = ["logging.progress=false", "logging.trackers=[]", "training.threads=1", f"cache_dir={tmp_path}"]
+    quiet = ["logging.progress=false", "logging.trackers=[]", "training.threads=1"]
     sft = tmp_path / "sft"
     run_training(load_config(ROOT / "configs" / "vlm-shapes.yaml", [
         f"run.output_dir={sft}", *quiet, "training.steps=60", "data.seq_length=96"]))
