@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+from itertools import permutations
 from pathlib import Path
 
 import numpy as np
@@ -34,8 +35,9 @@ SEQ = 80
 VISION = ("pixel_values", "image_grid_thw")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def world():
+    """Megatron's one-process state for a test that builds models itself (released before a training run starts)."""
     with standalone_world() as backend:
         yield backend
 
@@ -133,10 +135,32 @@ def _rows(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_dpo_from_a_checkpoint_trains_every_part_and_raises_held_out_accuracy(tmp_path, register_plugin):
+#: The recipe's LLM at half the depth and width, so that SFT then DPO run in seconds.
+SMALL = "model.foundation={name: qwen3-tiny, num_layers: 2, hidden_size: 128, ffn_hidden_size: 384}"
+
+
+def _text_only_ceiling(records: list[dict]) -> float:
+    """The best preference accuracy a scorer of (question, answer) alone reaches on ``records``: per question, the
+    best ranking of its answers. The same question has different right answers on different images, so it is low."""
+    by_question: dict[str, list[tuple[str, str]]] = {}
+    for record in records:
+        by_question.setdefault(_question(record), []).append((_answer(record["chosen"]), _answer(record["rejected"])))
+    right = 0
+    for pairs in by_question.values():
+        answers = sorted({a for pair in pairs for a in pair})
+        right += max(sum(rank.index(c) < rank.index(r) for c, r in pairs) for rank in permutations(answers))
+    return right / len(records)
+
+
+def test_dpo_from_a_checkpoint_trains_every_part_and_learns_what_the_images_show(tmp_path, register_plugin):
+    """SFT on the shapes set, then DPO on 32 generated pairs (16 epochs): preference accuracy on them goes from 50%
+    (a tie: the policy is its reference) to far above what the question and answer text alone allow (65.6% here):
+    the model learns what each image shows. (Held-out accuracy, the recipe's measure, needs minutes: the docs.)"""
     from loongforge.train.run import run_training
 
-    quiet = ["logging.progress=false", "logging.trackers=[]", "training.threads=1"]
+    pairs = shape_pairs.write(tmp_path / "pairs" / "pairs.jsonl", count=32, seed=1)
+    ceiling = _text_only_ceiling([json.loads(line) for line in pairs.read_text().splitlines()])
+    quiet = ["logging.progress=false", "logging.trackers=[]", "training.threads=1", SMALL]
     sft = tmp_path / "sft"
     run_training(load_config(ROOT / "configs" / "vlm-shapes.yaml", [
         f"run.output_dir={sft}", *quiet, "training.steps=60", "data.seq_length=96"]))
@@ -144,7 +168,9 @@ def test_dpo_from_a_checkpoint_trains_every_part_and_raises_held_out_accuracy(tm
     out = tmp_path / "dpo"
     run_training(load_config(ROOT / "configs" / "vlm-dpo-shapes.yaml", [
         f"run.output_dir={out}", *quiet, f"model.load={sft / 'checkpoints'}", "checkpoint.save_at_end=false",
-        "training.steps=30", "evaluation.interval=30", "evaluation.steps=8"]))
+        "data.dataset=image-preference", f"data.paths=[{pairs}]", "data.valid_fraction=0",
+        f"evaluation.data=[{pairs}]", "evaluation.steps=4", "evaluation.interval=64", "training.steps=64",
+        "optimizer.lr=1e-3"]))
 
     (policy_before, reference_before), (policy_after, reference_after) = recorder.before, recorder.after
     changed = {n for n, p in policy_after.items() if not p.equal(policy_before[n])}
@@ -152,14 +178,19 @@ def test_dpo_from_a_checkpoint_trains_every_part_and_raises_held_out_accuracy(tm
     for part in ("module.encoder.", "module.projector.", "module.language_model."):
         assert any(n.startswith(part) for n in changed), part
     assert all(p.equal(reference_before[n]) for n, p in reference_after.items())  # frozen: never stepped
-    assert recorder.before_eval["dpo/accuracy"] == 0.5  # the policy is its reference: every pair a tie
+    assert recorder.before_eval["dpo/accuracy"] == 0.5  # every pair a tie at the start
     final = [row for row in _rows(out) if "val_dpo/accuracy" in row][-1]
-    assert final["val_dpo/accuracy"] >= 0.6 and final["val_dpo/reward_margin"] > 0, final
+    assert ceiling < 0.7 and final["val_dpo/accuracy"] >= 0.85, (ceiling, final)
+    assert final["val_dpo/reward_margin"] > 0
 
 
 def _question(record: dict) -> str:
     prompt = record["prompt"]
     return prompt.removeprefix("<image>\n") if isinstance(prompt, str) else prompt[0]["content"][1]["text"][1:]
+
+
+def _answer(response: str | list[dict]) -> str:
+    return response if isinstance(response, str) else response[0]["content"]
 
 
 def test_every_line_form_reads_to_the_same_prompt_tokens(pairs_file):
@@ -171,8 +202,7 @@ def test_every_line_form_reads_to_the_same_prompt_tokens(pairs_file):
     prompts: dict[str, set] = {}
     for pair, record in zip(dataset.pairs, records, strict=True):
         for side, answer in ((pair.tokens.chosen, record["chosen"]), (pair.tokens.rejected, record["rejected"])):
-            answer = answer if isinstance(answer, str) else answer[0]["content"]
-            assert tokenizer.decode(side.ids[side.supervised]) == answer + "\n"
+            assert tokenizer.decode(side.ids[side.supervised]) == _answer(answer) + "\n"
             assert not side.supervised[side.ids > tokenizer.pad_id].any()  # no vision token is a target
             assert (side.ids == tokenizer.vision_tokens.image_pad).sum() == 16  # siglip-tiny: 4x4 merged patches
         first = int(np.flatnonzero(pair.tokens.chosen.supervised)[0])
