@@ -108,6 +108,8 @@ CHEAP: dict[str, dict[str, str]] = {
             "training.steps=4 evaluation.interval=0",
         "loongforge train configs/grpo-tiny.yaml": "training.steps=2 evaluation.interval=0 grpo.group_size=2 "
                                                    "grpo.max_new_tokens=4 training.global_batch_size=2",
+        "loongforge train configs/vlm-shapes.yaml": "training.steps=4",
+        "loongforge train configs/vlm-dpo-shapes.yaml": "training.steps=4 evaluation.interval=4 evaluation.steps=1",
     },
     "docs/sft-lora.md": {
         "loongforge train configs/sft-tiny.yaml": "training.steps=4 training.sample_tokens=0",

@@ -42,6 +42,11 @@ def check(capsys, config: str, *overrides: str) -> tuple[int, list[str], list[st
     return code, out.splitlines(), err.splitlines()
 
 
+#: Recipes that start from another recipe's checkpoint (their ``model.load``) -> that recipe.
+STARTS_FROM = {"dpo-tiny.yaml": "sft-tiny.yaml", "grpo-tiny.yaml": "sft-tiny.yaml",
+               "vlm-dpo-shapes.yaml": "vlm-shapes.yaml"}
+
+
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
 def test_every_recipe_checks_ok(recipe, capsys, tmp_path):
     # The Meta-World recipe trains on a LeRobot dataset its collect command writes (see the recipe's header); check
@@ -52,13 +57,13 @@ def test_every_recipe_checks_ok(recipe, capsys, tmp_path):
 
         root, _ = write_synthetic_dataset(tmp_path / "dataset", version="v3.0")
         overrides = [f"task.data={root}", "task.held_out_episodes=1", "training.micro_batch_size=8"]  # 27 frames
-    if recipe.name in ("dpo-tiny.yaml", "grpo-tiny.yaml"):  # starts from the SFT recipe's checkpoint (see its header): one step of it
+    if recipe.name in STARTS_FROM:  # starts from another recipe's checkpoint (see its header): one step of it
         from loongforge.train.run import run_training
 
-        run_training(load_config("configs/sft-tiny.yaml", [
-            f"run.output_dir={tmp_path / 'sft'}", "training.steps=1", "training.sample_tokens=0",
+        run_training(load_config(f"configs/{STARTS_FROM[recipe.name]}", [
+            f"run.output_dir={tmp_path / 'start'}", "training.steps=1", "training.sample_tokens=0",
             "logging.progress=false", "logging.trackers=[]"]))
-        overrides = [f"model.load={tmp_path / 'sft' / 'checkpoints'}"]
+        overrides = [f"model.load={tmp_path / 'start' / 'checkpoints'}"]
         capsys.readouterr()  # the training's output is not check's
     code, out, err = check(capsys, f"configs/{recipe.name}", *overrides)
     assert code == 0, err

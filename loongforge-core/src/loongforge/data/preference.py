@@ -68,7 +68,15 @@ def read_pairs(path: str | Path) -> Iterator[tuple[int, PairMessages]]:
 
 def parse_pair(line: str, where: str) -> PairMessages:
     """One JSON line ``{"prompt", "chosen", "rejected"}`` (see the module docstring)."""
-    record = parse_json_line(line, where)
+    return pair_from_record(parse_json_line(line, where), where)
+
+
+def pair_from_record(record: Any, where: str) -> PairMessages:
+    """One pair from its decoded JSON value, checked as :func:`parse_pair` checks a line.
+
+    Separate from the line reader so that a dataset kind whose records come from elsewhere (a plugin's image-text
+    pairs, read from jsonl files or tar shards, their images taken out first) validates and renders its pairs by
+    the same rules; ``where`` prefixes every error."""
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected an object with {', '.join(PAIR_KEYS)}")
     missing = [key for key in PAIR_KEYS if key not in record]

@@ -1,6 +1,6 @@
 """What the ``vlm`` plugin adds to the ``loongforge`` command line: Qwen2-VL / Qwen2.5-VL conversion both ways
-(``loongforge convert``), VQA evaluation of a VLM checkpoint (``loongforge eval``) and the synthetic shapes set
-(``loongforge make-data shapes``).
+(``loongforge convert``), VQA evaluation of a VLM checkpoint (``loongforge eval``), the synthetic shapes set
+(``loongforge make-data shapes``) and preference pairs on shapes images (``loongforge make-data shapes-pairs``).
 
 Torch-free: the claims read ``config.json`` or a checkpoint's saved config; the converters, the evaluator and the
 generator are registered by import path and load when they run. The generator's options are set up here, because
@@ -60,3 +60,6 @@ def register_commands(commands: CommandRegistry) -> None:
                          configure="loongforge_vlm.evaluate:configure", run="loongforge_vlm.evaluate:run")
     commands.add_generator("shapes", help="synthetic shapes VQA images (colour / shape / count questions)",
                            configure=configure_shapes, run="loongforge_vlm.data.shapes:make_data")
+    commands.add_generator("shapes-pairs", help="image preference pairs on shapes images (a right and a wrong answer)",
+                           configure="loongforge_vlm.data.shape_pairs:configure",
+                           run="loongforge_vlm.data.shape_pairs:run")

@@ -36,6 +36,11 @@ def loongforge_register_datasets(registry):
                       description="image-text conversations: jsonl + image files, or WebDataset .tar shards")
     registry.register("vlm-shapes", "loongforge_vlm.data.kind:shapes_dataset",
                       description="synthetic shapes VQA (colour/shape/count), generated on first use, no downloads")
+    registry.register("image-preference", "loongforge_vlm.data.kind:image_preference_dataset",
+                      description="image preference pairs for dpo: jsonl/shards of {image, prompt, chosen, rejected}")
+    registry.register("vlm-shapes-pairs", "loongforge_vlm.data.kind:shapes_pairs_dataset",
+                      description="shapes questions with a right (chosen) and a wrong answer, for dpo; generated "
+                                  "on first use")
 
 
 @hookimpl

@@ -11,6 +11,8 @@ use, so plugin registration stays light. Modules:
 - :mod:`~loongforge_vlm.data.batching`: rows (packed or not) and the batch dict
 - :mod:`~loongforge_vlm.data.kind`: the dataset kinds a config names; tokenizer/processor for a VLM flavor
 - :mod:`~loongforge_vlm.data.shapes`: the synthetic shapes set (`loongforge make-data shapes`)
+- :mod:`~loongforge_vlm.data.pairs`: image preference pairs (``training.phase: dpo``)
+- :mod:`~loongforge_vlm.data.shape_pairs`: preference pairs on shapes images (`loongforge make-data shapes-pairs`)
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ _EXPORTS = {
     "split_rows": "batching",
     "image_text_dataset": "kind",
     "shapes_dataset": "kind",
+    "image_preference_dataset": "kind",
+    "shapes_pairs_dataset": "kind",
+    "VisionPairDataset": "pairs",
+    "VisionPairRows": "pairs",
     "sources_for": "kind",
     "byte_tokenizer_for": "kind",
     "processor_for_vlm": "kind",

@@ -49,6 +49,51 @@ class VisionSample:
     where: str
 
 
+class SampleProblem(Exception):
+    """Why a record cannot become a sample: ``reason`` is a :class:`~loongforge_vlm.data.skips.SkipReport`
+    category (``malformed``, ``mismatch``, ``corrupt``), ``where`` names the record or file, ``detail`` says what is
+    wrong. The image-text kind counts it as a skip (or raises it, strict); the pair kinds stop on it."""
+
+    def __init__(self, reason: str, where: str, detail: str) -> None:
+        super().__init__(f"{where}: {detail}")
+        self.reason, self.where, self.detail = reason, where, detail
+
+
+@dataclass(frozen=True)
+class Media:
+    """A record's images (names) and videos (frame names, sampled at ``fps``), read through its source.
+
+    Shared by the conversation and pair kinds: indexing counts each one's LLM tokens (:meth:`token_counts`,
+    decoding every frame), loading turns them into a sample's pixel fields (:meth:`load`)."""
+
+    images: tuple[str, ...]
+    videos: tuple[tuple[str, ...], ...]
+    fps: float
+
+    def token_counts(self, processor: ImageProcessor, source: Any, index: int, *,
+                     full: bool = True) -> tuple[list[int], list[int]]:
+        """LLM tokens of each image and each video, in order (every frame decoded fully unless ``full`` is
+        false); raises :class:`SampleProblem` for an unreadable image."""
+        images = [processor.num_tokens(_grid(processor, source, index, [name], full)) for name in self.images]
+        videos = [processor.num_tokens(_grid(processor, source, index, frames, full)) for frames in self.videos]
+        return images, videos
+
+    def load(self, processor: ImageProcessor, source: Any, index: int, *, verified: bool) -> dict[str, np.ndarray]:
+        """The pixel fields of a :class:`VisionSample`. An image that was read when the dataset was indexed and is
+        unreadable now stops the run in one line (``verified``: it was decoded fully then, not only its header)."""
+        try:
+            images = [processor.image(decode_image(source, index, name)[1]) for name in self.images]
+            videos = [processor.video([decode_image(source, index, n)[1] for n in frames]) for frames in self.videos]
+        except SampleProblem as problem:
+            checked = "decoded" if verified else "had a readable header (verify_images=False)"
+            raise DataError(f"{problem.where}: {problem.detail} (it {checked} when the dataset was indexed)") from None
+        shape = processor.pixel_shape
+        return {"pixel_values": _rows(images, shape), "image_grid_thw": _grids(images),
+                "pixel_values_videos": _rows(videos, shape), "video_grid_thw": _grids(videos),
+                "second_per_grid_ts": np.full(len(videos), getattr(processor, "temporal_patch_size", 1) / self.fps,
+                                              dtype=np.float32)}
+
+
 @dataclass(frozen=True)
 class _Entry:
     """What the index keeps of one accepted record."""
@@ -57,15 +102,7 @@ class _Entry:
     index: int
     where: str
     chat: ChatSample
-    images: tuple[str, ...]
-    videos: tuple[tuple[str, ...], ...]
-    fps: float
-
-
-class _Skip(Exception):
-    def __init__(self, reason: str, where: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason, self.where, self.detail = reason, where, detail
+    media: Media
 
 
 class VisionChatDataset(SampleDataset):
@@ -89,8 +126,8 @@ class VisionChatDataset(SampleDataset):
                 seen += 1
                 try:
                     self.entries.append(self._index(source_index, index))
-                except _Skip as skip:
-                    self.skipped.skip(skip.reason, skip.where, skip.detail)
+                except SampleProblem as problem:
+                    self.skipped.skip(problem.reason, problem.where, problem.detail)
         self.num_records = seen
         if self.skipped.total:
             logger.warning(self.skipped.summary(seen))
@@ -104,57 +141,31 @@ class VisionChatDataset(SampleDataset):
         try:
             record = parse_record(source.raw(index))
         except RecordError as exc:
-            raise _Skip("malformed", where, str(exc)) from None
+            raise SampleProblem("malformed", where, str(exc)) from None
         images = record.images or source.default_images(index)
         if record.videos and not self.processor.supports_video:
             raise DataError(f"{where}: has videos, but the vision tower's processor takes only images")
         marked_images, marked_videos = count_markers(record.messages)
         if (marked_images, marked_videos) != (len(images), len(record.videos)):
-            raise _Skip("mismatch", where, f"{marked_images} image and {marked_videos} video placeholder(s) for "
-                        f"{len(images)} image(s) and {len(record.videos)} video(s)")
-        image_tokens = [self.processor.num_tokens(self._grid(source, index, [name])) for name in images]
-        video_tokens = [self.processor.num_tokens(self._grid(source, index, frames)) for frames in record.videos]
+            raise SampleProblem("mismatch", where, f"{marked_images} image and {marked_videos} video placeholder(s) "
+                                f"for {len(images)} image(s) and {len(record.videos)} video(s)")
+        media = Media(tuple(images), tuple(tuple(v) for v in record.videos), record.fps)
+        image_tokens, video_tokens = media.token_counts(self.processor, source, index, full=self.verify_images)
         try:
             chat = tokenize_multimodal(record.messages, self.tokenizer, self._template, image_tokens, video_tokens,
                                        where)
         except DataError as exc:
-            raise _Skip("malformed", where, str(exc).removeprefix(f"{where}: ")) from None
-        return _Entry(source_index, index, where, chat, tuple(images), tuple(tuple(v) for v in record.videos),
-                      record.fps)
-
-    def _grid(self, source: Any, index: int, frames: Sequence[str]) -> tuple[int, int, int]:
-        """Patch grid of an image (one frame) or video, after decoding every frame fully."""
-        decoded = [_decode(source, index, name, full=self.verify_images) for name in frames]
-        sizes = {image.size for _, image in decoded}
-        if len(sizes) != 1:
-            raise _Skip("corrupt", decoded[0][0], f"video frames differ in size: {sorted(sizes)}")
-        width, height = sizes.pop()
-        try:
-            return self.processor.grid(width, height, len(frames))
-        except ValueError as exc:
-            raise _Skip("corrupt", decoded[0][0], str(exc)) from None
+            raise SampleProblem("malformed", where, str(exc).removeprefix(f"{where}: ")) from None
+        return _Entry(source_index, index, where, chat, media)
 
     def __len__(self) -> int:
         return len(self.entries)
 
     def __getitem__(self, i: int) -> VisionSample:
         entry = self.entries[i]
-        source = self.sources[entry.source]
-        shape = self.processor.pixel_shape
-        try:
-            images = [self.processor.image(_decode(source, entry.index, name)[1]) for name in entry.images]
-            videos = [self.processor.video([_decode(source, entry.index, n)[1] for n in frames])
-                      for frames in entry.videos]
-        except _Skip as skip:
-            checked = "decoded" if self.verify_images else "had a readable header (verify_images=False)"
-            raise DataError(f"{skip.where}: {skip.detail} (it {checked} when the dataset was indexed)") from None
-        return VisionSample(
-            ids=entry.chat.ids, supervised=entry.chat.supervised,
-            pixel_values=_rows(images, shape), image_grid_thw=_grids(images),
-            pixel_values_videos=_rows(videos, shape), video_grid_thw=_grids(videos),
-            second_per_grid_ts=np.full(len(videos), getattr(self.processor, "temporal_patch_size", 1) / entry.fps,
-                                       dtype=np.float32),
-            where=entry.where)
+        pixels = entry.media.load(self.processor, self.sources[entry.source], entry.index,
+                                  verified=self.verify_images)
+        return VisionSample(ids=entry.chat.ids, supervised=entry.chat.supervised, **pixels, where=entry.where)
 
     def split_samples(self, data: Any) -> tuple[Any, Any]:
         """Training and validation rows for a core ``DataConfig`` (``seq_length``, ``pack``, ``valid_fraction``);
@@ -164,22 +175,36 @@ class VisionChatDataset(SampleDataset):
         return split_rows(self, data.seq_length, pack=data.pack, valid_fraction=data.valid_fraction)
 
 
-def _decode(source: Any, index: int, name: str, *, full: bool = True) -> tuple[str, Image.Image]:
+def _grid(processor: ImageProcessor, source: Any, index: int, frames: Sequence[str],
+          full: bool) -> tuple[int, int, int]:
+    """Patch grid of an image (one frame) or video, after decoding every frame (fully unless ``full`` is false)."""
+    decoded = [decode_image(source, index, name, full=full) for name in frames]
+    sizes = {image.size for _, image in decoded}
+    if len(sizes) != 1:
+        raise SampleProblem("corrupt", decoded[0][0], f"video frames differ in size: {sorted(sizes)}")
+    width, height = sizes.pop()
+    try:
+        return processor.grid(width, height, len(frames))
+    except ValueError as exc:
+        raise SampleProblem("corrupt", decoded[0][0], str(exc)) from None
+
+
+def decode_image(source: Any, index: int, name: str, *, full: bool = True) -> tuple[str, Image.Image]:
     """Where the image is and the image, decoded fully (else only its header is read); an unreadable or damaged
-    one is a ``corrupt`` skip naming the file."""
+    one is a ``corrupt`` :class:`SampleProblem` naming the file."""
     try:
         where, data = source.media(index, name)
     except MediaError as exc:
-        raise _Skip("corrupt", exc.where, exc.reason) from None
+        raise SampleProblem("corrupt", exc.where, exc.reason) from None
     try:
         image = Image.open(io.BytesIO(data))
         if full:
             image.load()
         return where, image
     except UnidentifiedImageError:  # its message names a BytesIO object: different on every read
-        raise _Skip("corrupt", where, "cannot be decoded (not an image Pillow reads)") from None
+        raise SampleProblem("corrupt", where, "cannot be decoded (not an image Pillow reads)") from None
     except Exception as exc:  # Pillow raises many types for a damaged file; all mean the same here
-        raise _Skip("corrupt", where, f"cannot be decoded ({type(exc).__name__}: {exc})") from None
+        raise SampleProblem("corrupt", where, f"cannot be decoded ({type(exc).__name__}: {exc})") from None
 
 
 def _rows(items: list[tuple[np.ndarray, tuple[int, int, int]]], shape: tuple[int, ...]) -> np.ndarray:

@@ -4,14 +4,16 @@ the tokenizer and processor that match a VLM flavor.
 ``image_text_dataset``: ``paths`` may mix jsonl files and WebDataset shards: each ``.jsonl`` is one source;
 anything else (``.tar`` files, brace or glob patterns) is read as shards. Sources keep the order given, so the
 sample order is fixed. ``shapes_dataset``: the synthetic shapes set, generated on first use under the cache
-directory (no downloads), so a quickstart config needs no data path.
+directory (no downloads), so a quickstart config needs no data path. ``image_preference_dataset`` and
+``shapes_pairs_dataset``: the same for image preference pairs (``training.phase: dpo``,
+:mod:`loongforge_vlm.data.pairs`).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +21,9 @@ from loongforge.data.cache import default_cache_dir
 from loongforge.data.errors import DataError
 from loongforge.data.tokenizers import Tokenizer
 
-from loongforge_vlm.data import shapes
+from loongforge_vlm.data import shape_pairs, shapes
 from loongforge_vlm.data.dataset import VisionChatDataset
+from loongforge_vlm.data.pairs import VisionPairDataset
 from loongforge_vlm.data.processor import ImageProcessor, processor_for
 from loongforge_vlm.data.sources import JsonlSource, WebDatasetSource
 from loongforge_vlm.data.tokens import VisionByteTokenizer, VisionTokenIds, vision_token_ids
@@ -69,10 +72,47 @@ def shapes_dataset(
     if paths:
         raise DataError("dataset 'vlm-shapes' takes no paths (use 'image-text' for your own files)")
     out = Path(cache_dir or default_cache_dir()) / "datasets" / f"vlm-shapes-{count}-{seed}"
-    if shapes.validate(out):  # missing, partial or damaged: (re)write it
-        _generate_into(out, count, seed)
+    _generate_into(out, lambda scratch: shapes.generate(scratch, count, seed), shapes.validate)
     processor = _matched(tokenizer, processor, model)
     return VisionChatDataset([JsonlSource(out / f"{split}.jsonl")], tokenizer, processor, strict=strict)
+
+
+def image_preference_dataset(
+    paths: Sequence[str | Path],
+    tokenizer: Tokenizer,
+    *,
+    text_key: str = "text",
+    cache_dir: str | Path | None = None,
+    progress: bool = False,
+    processor: ImageProcessor | None = None,
+    model: Any = None,
+) -> VisionPairDataset:
+    """Image preference pairs (``{"image", "prompt", "chosen", "rejected"}`` per line, see
+    :mod:`loongforge_vlm.data.pairs`) from jsonl files and/or WebDataset shards, for ``training.phase: dpo``."""
+    return VisionPairDataset(sources_for(paths), tokenizer, _matched(tokenizer, processor, model))
+
+
+def shapes_pairs_dataset(
+    paths: Sequence[str | Path],
+    tokenizer: Tokenizer,
+    *,
+    text_key: str = "text",
+    cache_dir: str | Path | None = None,
+    progress: bool = False,
+    processor: ImageProcessor | None = None,
+    count: int = shape_pairs.DEFAULT_COUNT,
+    seed: int = shape_pairs.DEFAULT_SEED,
+    model: Any = None,
+) -> VisionPairDataset:
+    """The generated shapes preference pairs (``loongforge make-data shapes-pairs``' defaults), written under
+    ``cache_dir/datasets`` once."""
+    if paths:
+        raise DataError("dataset 'vlm-shapes-pairs' takes no paths (use 'image-preference' for your own files)")
+    out = Path(cache_dir or default_cache_dir()) / "datasets" / f"vlm-shapes-pairs-{count}-{seed}"
+    _generate_into(out, lambda scratch: shape_pairs.write(scratch / shape_pairs.FILE, count, seed),
+                   shape_pairs.missing)
+    pairs = JsonlSource(out / shape_pairs.FILE)
+    return VisionPairDataset([pairs], tokenizer, _matched(tokenizer, processor, model))
 
 
 def _matched(tokenizer: Tokenizer, processor: ImageProcessor | None, model: Any) -> ImageProcessor | None:
@@ -94,13 +134,17 @@ def _matched(tokenizer: Tokenizer, processor: ImageProcessor | None, model: Any)
     return processor or processor_for_vlm(model)
 
 
-def _generate_into(out: Path, count: int, seed: int) -> None:
-    """Write the set to a private folder and rename it into place, so concurrent ranks never see half a set (the
-    set is a function of its arguments: whichever copy lands is the same)."""
+def _generate_into(out: Path, write: Callable[[Path], Any], problems: Callable[[Path], list[str]]) -> None:
+    """Unless ``out`` holds a sound set (``problems(out)`` is empty), ``write`` one into a private folder and
+    rename it into place, so concurrent ranks never see half a set (the set is a function of its arguments:
+    whichever copy lands is the same)."""
+    if not problems(out):
+        return
     scratch = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     shutil.rmtree(scratch, ignore_errors=True)
-    shapes.generate(scratch, count, seed)
-    if out.exists() and shapes.validate(out):
+    scratch.mkdir(parents=True)
+    write(scratch)
+    if out.exists() and problems(out):
         shutil.rmtree(out, ignore_errors=True)
     try:
         os.rename(scratch, out)

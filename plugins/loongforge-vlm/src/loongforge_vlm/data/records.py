@@ -50,14 +50,7 @@ def parse_record(raw: Any) -> Record:
     turns = raw.get("messages", raw.get("conversations"))
     if not isinstance(turns, list) or not turns:
         raise RecordError("needs a non-empty 'messages' (or 'conversations') list")
-    images = _names(raw.get("images", raw.get("image", [])), "images")
-    videos = raw.get("videos", [])
-    if not isinstance(videos, list) or not all(isinstance(v, list) and v for v in videos):
-        raise RecordError("'videos' must be a list of non-empty frame lists")
-    videos = [_names(v, "video frames") for v in videos]
-    fps = raw.get("fps", DEFAULT_FPS)
-    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not fps > 0:
-        raise RecordError(f"'fps' must be a positive number, got {fps!r}")
+    images, videos, fps = parse_media(raw)
     part_images: list[str] = []
     part_videos: list[list[str]] = []
     messages = []
@@ -68,10 +61,22 @@ def parse_record(raw: Any) -> Record:
         if role is None:
             raise RecordError(f"turn {index} needs a role of {', '.join(_ROLES)}")
         content = turn.get("content", turn.get("value"))
-        messages.append({"role": role, "content": _content(content, index, part_images, part_videos)})
+        messages.append({"role": role, "content": content_text(content, index, part_images, part_videos)})
     if not any(m["role"] == "assistant" for m in messages):
         raise RecordError("has no assistant turn (nothing to train on)")
-    return Record(messages, images or part_images, videos or part_videos, float(fps))
+    return Record(messages, images or part_images, videos or part_videos, fps)
+
+
+def parse_media(raw: dict[str, Any]) -> tuple[list[str], list[list[str]], float]:
+    """The record's top-level media: image names (``images`` or ``image``), videos' frame names and ``fps``."""
+    images = _names(raw.get("images", raw.get("image", [])), "images")
+    videos = raw.get("videos", [])
+    if not isinstance(videos, list) or not all(isinstance(v, list) and v for v in videos):
+        raise RecordError("'videos' must be a list of non-empty frame lists")
+    fps = raw.get("fps", DEFAULT_FPS)
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not fps > 0:
+        raise RecordError(f"'fps' must be a positive number, got {fps!r}")
+    return images, [_names(v, "video frames") for v in videos], float(fps)
 
 
 def _names(value: Any, what: str) -> list[str]:
@@ -81,8 +86,9 @@ def _names(value: Any, what: str) -> list[str]:
     return list(names)
 
 
-def _content(content: Any, index: int, images: list[str], videos: list[list[str]]) -> str:
-    """The turn's text with a marker per image/video; file names given inside parts go to ``images``/``videos``."""
+def content_text(content: Any, index: int, images: list[str], videos: list[list[str]]) -> str:
+    """Turn ``index``'s text with a marker per image/video (``<image>``/``<video>`` placeholders or parts); file
+    names given inside parts are appended to ``images``/``videos``."""
     if isinstance(content, str):
         for placeholder, marker in _TEXT_PLACEHOLDERS.items():
             content = content.replace(placeholder, marker)

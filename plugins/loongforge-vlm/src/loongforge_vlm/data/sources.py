@@ -8,9 +8,9 @@ key (the member path up to the first dot of its file name), ``key.json`` holds t
 the name after that dot (``jpg``, ``0.png``) is how the record's ``images`` refer to a member; without an
 ``images`` list, a sample's images are its image members in name order.
 
-A source answers four questions: ``where(i)``, ``raw(i) -> JSON value``, ``media(i, name) -> (where, bytes)``
-and ``default_images(i)``; ``where`` strings (``data.jsonl line 17``, ``shards/00001.tar:abc.jpg``) are what
-warnings and errors print.
+A source has a ``name`` and answers four questions: ``where(i)``, ``raw(i) -> JSON value``,
+``media(i, name) -> (where, bytes)`` and ``default_images(i)``; ``where`` strings (``data.jsonl line 17``,
+``shards/00001.tar:abc.jpg``) are what warnings and errors print.
 """
 
 from __future__ import annotations
@@ -77,6 +77,11 @@ class JsonlSource:
     def __len__(self) -> int:
         return len(self._offsets)
 
+    @property
+    def name(self) -> str:
+        """What messages call the whole source."""
+        return str(self.path)
+
     def where(self, index: int) -> str:
         return f"{self.path} line {self._lines[index]}"
 
@@ -133,6 +138,11 @@ class WebDatasetSource:
 
     def __len__(self) -> int:
         return len(self._samples)
+
+    @property
+    def name(self) -> str:
+        """What messages call the whole source."""
+        return self.shards[0] if len(self.shards) == 1 else f"{self.shards[0]} (+{len(self.shards) - 1} shards)"
 
     def _read(self, index: int, extension: str) -> tuple[str, bytes]:
         shard_index, key, members = self._samples[index]

@@ -81,8 +81,9 @@ def vision_token_ids(tokenizer: Tokenizer) -> VisionTokenIds:
     return VisionTokenIds(**ids)
 
 
-class _MarkerTokenizer:
-    """Wraps a tokenizer so that each image/video marker in the text encodes to start, one pad, end."""
+class MarkerTokenizer:
+    """Wraps a tokenizer so that each image/video marker in the text encodes to start, one pad, end: what core's
+    chat tokenization is given, before :func:`expand_vision_tokens` repeats each pad."""
 
     def __init__(self, base: Tokenizer, vision: VisionTokenIds) -> None:
         self._base, self._vision = base, vision
@@ -123,7 +124,14 @@ def tokenize_multimodal(messages: Sequence[Message], tokenizer: Tokenizer, templ
     reading order; the counts must equal the markers (the caller checks, so a mismatch is reported per sample).
     """
     vision = vision_token_ids(tokenizer)
-    sample = tokenize_conversation(messages, _MarkerTokenizer(tokenizer, vision), template, where)
+    sample = tokenize_conversation(messages, MarkerTokenizer(tokenizer, vision), template, where)
+    return expand_vision_tokens(sample, vision, image_tokens, video_tokens, where)
+
+
+def expand_vision_tokens(sample: ChatSample, vision: VisionTokenIds, image_tokens: Sequence[int],
+                         video_tokens: Sequence[int], where: str) -> ChatSample:
+    """A sample tokenized through :class:`MarkerTokenizer` with each image's (video's) single pad repeated
+    ``image_tokens[i]`` (``video_tokens[i]``) times; vision tokens are never targets."""
     repeats = np.ones(len(sample.ids), dtype=np.int64)
     for pad, counts in ((vision.image_pad, image_tokens), (vision.video_pad, video_tokens)):
         slots = np.flatnonzero(sample.ids == pad)

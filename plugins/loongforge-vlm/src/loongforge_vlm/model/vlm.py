@@ -101,6 +101,25 @@ class VisionLanguageModel(MegatronModule):
         """Megatron's schedules ask the model for its type: the backbone's."""
         return self.language_model.model_type
 
+    @property
+    def pre_process(self) -> bool:
+        """Whether this chunk is the first pipeline stage (holds the embedding): the backbone's. Megatron's gradient
+        finalisation finds the chunk that ties the embedding to the output layer by this attribute."""
+        return self.language_model.pre_process
+
+    @property
+    def post_process(self) -> bool:
+        return self.language_model.post_process
+
+    @property
+    def share_embeddings_and_output_weights(self) -> bool:
+        return self.language_model.share_embeddings_and_output_weights
+
+    def shared_embedding_or_output_weight(self) -> Any:
+        """The backbone's tied word-embedding / output weight, which megatron all-reduces between the first and the
+        last pipeline stage."""
+        return self.language_model.shared_embedding_or_output_weight()
+
     def set_input_tensor(self, input_tensor: Any) -> None:
         """Megatron's pipeline schedule hands the previous stage's activations in here."""
         self.language_model.set_input_tensor(input_tensor)
