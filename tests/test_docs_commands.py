@@ -313,7 +313,8 @@ def runnable(file: str) -> list[tuple[str, tuple[str, ...]]]:
     :data:`CHEAP` one (a plain command, no shell syntax) is rebuilt from its words with the overrides after them, so
     that they cannot land in a comment, and its recorded output (of the full command) is not compared."""
     cheap = CHEAP.get(file, {})
-    return [(shlex.join([*c.words, *cheap[c.key].split()]), ()) if c.key in cheap else (c.text, tuple(must_match(c.output)))
+    return [(shlex.join([*c.words, *cheap[c.key].split()]), ()) if c.key in cheap
+            else (c.text, tuple(must_match(c.output)))
             for c in commands(ROOT / file) if exclusion(file, c) is None]
 
 

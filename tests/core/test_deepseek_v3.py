@@ -315,7 +315,6 @@ def test_greedy_generation_equals_transformers(tmp_path, capsys):
     transformers' greedy tokens, 32 of them, for two prompts of different lengths batched together (left padding,
     megatron's KV cache of MLA's per-head keys and values)."""
     from loongforge.cli import main
-
     from safetensors.torch import save_file
 
     reference, _, state = hf_with_mtp()
@@ -563,7 +562,8 @@ class BiasWatch:
         from megatron.core.transformer.moe.router import TopKRouter
 
         self.routers = [m for chunk in trainer.model for name, m in chunk.named_modules()
-                        if isinstance(m, TopKRouter) and "mtp" not in name.split(".")]  # the decoder's, counted per layer
+                        # the decoder's, counted per layer
+                        if isinstance(m, TopKRouter) and "mtp" not in name.split(".")]
         self.biases.append(self._biases())
 
     def _biases(self):

@@ -6,8 +6,8 @@ built tiny from a hand-written config, with sequences longer than the indexer's 
   that the same weights with a top-k covering the whole sequence compute other logits;
 * ``convert`` both ways bit for bit (also through pp=2 and ep=2: sparse attention runs at tp=1), the published
   DeepSeek-V3.2 config read as the registered flavor;
-* greedy ``generate`` equal to transformers' for 32 tokens (DSA recomputes the context each token: the indexer scores whole
-  sequences);
+* greedy ``generate`` equal to transformers' for 32 tokens (DSA recomputes the context each token: the indexer scores
+  whole sequences);
 * the indexer's two training phases through ``loongforge train``: the dense warm-up trains the indexers alone (every
   other weight bit for bit unchanged), the sparse phase trains everything and the loss falls.
 """

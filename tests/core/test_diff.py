@@ -13,7 +13,6 @@ import json
 import shutil
 
 import pytest
-import torch
 from conftest import make_hf_model, tiny_settings
 from loongforge.cli import main
 from safetensors.torch import load_file, save_file

@@ -123,7 +123,7 @@ def test_reward_problems_are_one_line_naming_the_prompt(tmp_path):
         resolve_rewards(_config("grpo.reward=nope"), get_host(), prompts)
     for bad in (math.nan, "1", None):
         with pytest.raises(ConfigError, match=rf"^{path}:1: reward 'odd' returned {bad!r}; a reward returns a finite"):
-            score(lambda **_: bad, completion="", answer="", prompt="", name="odd", where=f"{path}:1")
+            score(lambda bad=bad, **_: bad, completion="", answer="", prompt="", name="odd", where=f"{path}:1")
     with pytest.raises(ConfigError, match=rf"^{path}:1: reward 'boom' failed: ZeroDivisionError"):
         score(lambda **_: 1 / 0, completion="", answer="", prompt="", name="boom", where=f"{path}:1")
 

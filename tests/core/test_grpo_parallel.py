@@ -66,8 +66,9 @@ def test_moe_log_probs_at_tp2_are_the_trainers_bit_for_bit(setup):
     from test_grpo_train import MOE
 
     root, config, _ = setup
-    rows, stdout = train(root, "tp2-moe", "parallel.tp=2", "parallel.sequence_parallel=true", *MOE, "grpo.routing_replay=true",
-                         "grpo.updates_per_step=2", nproc=2, torchrun=True, config_text=config)
+    rows, stdout = train(root, "tp2-moe", "parallel.tp=2", "parallel.sequence_parallel=true", *MOE,
+                         "grpo.routing_replay=true", "grpo.updates_per_step=2", nproc=2, torchrun=True,
+                         config_text=config)
     assert "world size 2" in stdout and sorted(rows) == [1, 2, 3, 4, 5]
     assert all(row["rl/logprob_diff_max"] == 0.0 for row in rows.values()), rows
     assert any(row["rl/ratio_max"] != 1.0 for row in rows.values())  # the second update is off the sampling policy

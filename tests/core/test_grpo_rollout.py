@@ -27,8 +27,9 @@ class SampleAtStart:
         prompts = [engine.data.dataset[i].ids for i in range(6) for _ in range(2)]
         max_new = engine.options.max_new_tokens
         uniforms = None if self.greedy else reply_uniforms([reply_seed(3, i, 0) for i in range(12)], max_new)
-        shape = {"width": trainer.config.data.seq_length, "max_new_tokens": max_new, "vocab_size": engine._tokenizer.vocab_size,
-                 "stop_ids": (engine._tokenizer.eos_id,), "pad_id": engine._tokenizer.pad_id, "uniforms": uniforms}
+        tokenizer = engine._tokenizer
+        shape = {"width": trainer.config.data.seq_length, "max_new_tokens": max_new, "vocab_size": tokenizer.vocab_size,
+                 "stop_ids": (tokenizer.eos_id,), "pad_id": tokenizer.pad_id, "uniforms": uniforms}
         kv = kv_cache_draft(unwrap_model(engine.model[0]), shape["vocab_size"], shape["stop_ids"])
 
         def corrupted(prefixes, limits, draws):  # every third drafted token replaced by another id

@@ -364,7 +364,8 @@ def test_recoveries_beyond_max_recoveries_stop(tmp_path, capsys, register_plugin
                            "training.on_nonfinite=skip_step", "training.max_recoveries=1")
     assert code == 2
     assert err[-1] == (f"error: step 4: loss is nan (training.on_nonfinite: skip_step; bad step 2, over "
-                       f"training.max_recoveries 1); the newest healthy checkpoint before it is {out}/checkpoints/step-0000003")
+                       "training.max_recoveries 1); the newest healthy checkpoint before it is "
+                       f"{out}/checkpoints/step-0000003")
     assert [(row["step"], row.get("action")) for row in _rows(out)] == [
         (1, None), (2, "skip_step"), (3, None), (4, "stop")]
     assert _saved_steps(out) == [3]
@@ -387,7 +388,8 @@ def test_a_loss_spike_is_a_bad_step(tmp_path, capsys, register_plugin, policy):
     what = f"loss spike: {spike!r} > 3.0 x {median!r} (the median loss of the previous 3 steps)"
     if policy == "stop":
         assert code == 2 and [row["step"] for row in rows] == [1, 2, 3, 4, 5]
-        assert err == [f"error: step 5: {what} (training.on_nonfinite: stop); no healthy checkpoint was saved before it"]
+        assert err == [f"error: step 5: {what} (training.on_nonfinite: stop); "
+                       "no healthy checkpoint was saved before it"]
     else:
         assert code == 0 and [row["step"] for row in rows] == [1, 2, 3, 4, 5, 6]
         assert "bad" not in rows[5]  # the spike's loss stayed out of the window
@@ -442,7 +444,7 @@ def test_flat_losses_collapse_only_while_learning_and_near_zero_losses_do_not_sp
     moving = StepHealth(TrainingConfig())
     assert all(moving.judge(1e-4 * (1 - 1e-3 * s), 1e-3, lr=1e-3, step=s) is None for s in range(1, 20))
     memorised = StepHealth(TrainingConfig())
-    for step, loss in enumerate([0.01, 0.012, 0.011, 0.009], start=1):
+    for loss in [0.01, 0.012, 0.011, 0.009]:
         memorised.accept(loss)
     assert memorised.judge(0.5, 1.0, lr=1e-3, step=5) is None  # 50 times the median, but 0.49 above it
 

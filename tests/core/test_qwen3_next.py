@@ -7,9 +7,6 @@ tensor parallelism reproducing the single-process run."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np

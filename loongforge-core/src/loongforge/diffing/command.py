@@ -166,7 +166,8 @@ def _render(report: dict[str, Any], top: int) -> str:
         for kind, first in models["first_by_kind"].items():
             count = models["compared"][kind]
             lines.append(f"  {kind}s ({count}): " + ("identical" if first is None else f"first part at {first.name} "
-                         f"(max abs {first.max_abs:.3g}, relative {first.rel:.3g}{', ' + first.why if first.why else ''})"))
+                         f"(max abs {first.max_abs:.3g}, relative {first.rel:.3g}"
+                         f"{', ' + first.why if first.why else ''})"))
         if top:
             for kind, largest in models["largest"].items():
                 shown = [d for d in largest if d.rel > 0]

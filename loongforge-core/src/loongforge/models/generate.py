@@ -203,8 +203,8 @@ def sample_batch(
 ) -> Sampled:
     """Extend each prompt by up to ``max_new_tokens`` ids (one number, or one per prompt).
 
-    ``on_step(writing)``, when given, is called after each decoding step with the number of prompts that wrote a token in it
-    (a progress display counts the steps with it).
+    ``on_step(writing)``, when given, is called after each decoding step with the number of prompts that wrote a
+    token in it (a progress display counts the steps with it).
 
     A prompt stops early at any of ``stop_ids`` (end-of-text, or a chat model's end-of-turn ids).
     ``vocab_size`` is the tokenizer's: ids beyond it (megatron pads the vocabulary) are never chosen. Prompts

@@ -371,7 +371,8 @@ class ModelFamilySuite:
         reference, info = reference_class.from_pretrained(directory, output_loading_info=True,
                                                           attn_implementation="eager", dtype=torch.float32)
         reference.eval()
-        extra = [k for k in info["unexpected_keys"] if not any(fnmatch.fnmatchcase(k, p) for p in self.hf_extra_tensors)]
+        extra = [k for k in info["unexpected_keys"]
+                 if not any(fnmatch.fnmatchcase(k, p) for p in self.hf_extra_tensors)]
         missing, mismatched = list(info["missing_keys"]), list(info["mismatched_keys"])
         assert not missing and not extra and not mismatched, (
             f"the export does not load into transformers' {architecture}: missing {missing[:3]}, left over "
@@ -389,12 +390,15 @@ class ModelFamilySuite:
             f"{gap:.3g} (logits up to {scale:.3g})")
         if self.causal_lm:
             prompt = batch["tokens"][0, :5].tolist()
-            ours_ids = generate_ids(model, prompt, 8, vocab_size=vocab, max_positions=family.decoder.max_position_embeddings)
+            ours_ids = generate_ids(model, prompt, 8, vocab_size=vocab,
+                                    max_positions=family.decoder.max_position_embeddings)
             reference.generation_config.eos_token_id = None
             with torch.no_grad():
-                theirs_ids = reference.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                theirs_ids = reference.generate(torch.tensor([prompt]),
+                                                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                                                 max_new_tokens=8, do_sample=False, pad_token_id=0)[0, len(prompt):]
-            assert ours_ids == theirs_ids.tolist(), f"greedy tokens differ from transformers': {ours_ids} vs {theirs_ids.tolist()}"
+            assert ours_ids == theirs_ids.tolist(), (
+                f"greedy tokens differ from transformers': {ours_ids} vs {theirs_ids.tolist()}")
 
     # -- generate ---------------------------------------------------------------------------------------
 

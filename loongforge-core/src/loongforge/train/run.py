@@ -32,8 +32,8 @@ from loongforge.errors import ConfigError
 from loongforge.plugins import get_host
 from loongforge.resolve import decoder_flavor, model_label, registered_family, resolve_model_flavor
 from loongforge.train.preference.settings import is_preference_run, reference_forward_share
-from loongforge.train.rl.settings import is_rl_run
 from loongforge.train.preflight import preflight, requested_device
+from loongforge.train.rl.settings import is_rl_run
 from loongforge.train.writable import check_writable
 
 

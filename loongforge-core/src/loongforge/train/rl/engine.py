@@ -43,7 +43,6 @@ from loongforge.models.generate import supports_kv_cache
 from loongforge.train.engines.megatron import MegatronEngine
 from loongforge.train.rl.objective import (
     ADVANTAGES,
-    MAXIMA,
     OLD_LOGPS,
     REFERENCE_LOGPS,
     REPORT,
