@@ -235,7 +235,10 @@ def sample_batch(
             for row, generator in enumerate(generators):
                 if live[row]:
                     done = len(out.logprobs[row])
-                    draw = uniform_draw(generator) if uniforms is None else float(uniforms[row][done])
+                    if temperature <= 0:  # greedy: no draw
+                        draw = 0.0
+                    else:
+                        draw = uniform_draw(generator) if uniforms is None else float(uniforms[row][done])
                     token = _next_token(logits[row], temperature, top_k, draw, top_p)
                     out.logprobs[row].append(float(torch.log_softmax(full[row], -1)[token]))
                     if token in stop_ids:

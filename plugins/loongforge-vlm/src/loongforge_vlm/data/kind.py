@@ -69,10 +69,8 @@ def shapes_dataset(
     model: Any = None,
 ) -> VisionChatDataset:
     """The shapes set (``count`` samples of ``seed``; its ``split``), written under ``cache_dir/datasets`` once."""
-    if paths:
-        raise DataError("dataset 'vlm-shapes' takes no paths (use 'image-text' for your own files)")
-    out = Path(cache_dir or default_cache_dir()) / "datasets" / f"vlm-shapes-{count}-{seed}"
-    _generate_into(out, lambda scratch: shapes.generate(scratch, count, seed), shapes.validate)
+    out = _generated("vlm-shapes", "image-text", paths, cache_dir, count, seed,
+                     lambda scratch: shapes.generate(scratch, count, seed), shapes.validate)
     processor = _matched(tokenizer, processor, model)
     return VisionChatDataset([JsonlSource(out / f"{split}.jsonl")], tokenizer, processor, strict=strict)
 
@@ -106,13 +104,21 @@ def shapes_pairs_dataset(
 ) -> VisionPairDataset:
     """The generated shapes preference pairs (``loongforge make-data shapes-pairs``' defaults), written under
     ``cache_dir/datasets`` once."""
-    if paths:
-        raise DataError("dataset 'vlm-shapes-pairs' takes no paths (use 'image-preference' for your own files)")
-    out = Path(cache_dir or default_cache_dir()) / "datasets" / f"vlm-shapes-pairs-{count}-{seed}"
-    _generate_into(out, lambda scratch: shape_pairs.write(scratch / shape_pairs.FILE, count, seed),
-                   shape_pairs.missing)
+    out = _generated("vlm-shapes-pairs", "image-preference", paths, cache_dir, count, seed,
+                     lambda scratch: shape_pairs.write(scratch / shape_pairs.FILE, count, seed), shape_pairs.missing)
     pairs = JsonlSource(out / shape_pairs.FILE)
     return VisionPairDataset([pairs], tokenizer, _matched(tokenizer, processor, model))
+
+
+def _generated(kind: str, own_files_kind: str, paths: Sequence[str | Path], cache_dir: str | Path | None, count: int,
+               seed: int, write: Any, check: Any) -> Path:
+    """The directory of generated dataset ``kind`` (``count`` samples of ``seed``) under ``cache_dir/datasets``,
+    written by ``write(scratch)`` the first time; such a kind takes no paths (``own_files_kind`` reads a user's)."""
+    if paths:
+        raise DataError(f"dataset '{kind}' takes no paths (use '{own_files_kind}' for your own files)")
+    out = Path(cache_dir or default_cache_dir()) / "datasets" / f"{kind}-{count}-{seed}"
+    _generate_into(out, write, check)
+    return out
 
 
 def _matched(tokenizer: Tokenizer, processor: ImageProcessor | None, model: Any) -> ImageProcessor | None:
