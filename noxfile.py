@@ -43,7 +43,7 @@ def _install_plugins(session: nox.Session, *names: str) -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The whole suite: core and every first-party plugin installed together."""
-    _install_core(session, "test", "hf", *TRACKER_EXTRAS)
+    _install_core(session, "test", "hf", "eval", *TRACKER_EXTRAS)
     _install_plugins(session, *PLUGINS)
     # tests/slurm's jobs need the Slurm daemons that only ``nox -s slurm`` starts
     session.run("pytest", "-q", "-ra", "--durations=15", "tests", "-m", "not slurm", *session.posargs)
@@ -67,7 +67,7 @@ def slurm(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def tests_core(session: nox.Session) -> None:
     """Core alone, no plugins installed: proves core never needs one."""
-    _install_core(session, "test", "hf", *TRACKER_EXTRAS)
+    _install_core(session, "test", "hf", "eval", *TRACKER_EXTRAS)
     session.run("pytest", "-q", "tests/core", "-m", "not needs_plugins", *session.posargs)
 
 

@@ -191,12 +191,13 @@ def _console_commands(lines: list[str]) -> list[tuple[str, tuple[str, ...]]]:
 
 
 #: Recorded output that must come out again: each step's loss (and validation loss), a run's first and last loss,
-#: sample scores and held-out numbers, the checkpoints saved. Speeds, ETAs and memory vary from machine to machine.
+#: sample scores and held-out numbers, the checkpoints saved, lm-eval's scores (task, metric, value). Speeds, ETAs and memory vary from machine to machine.
 _MUST_MATCH = (
     re.compile(r"^(step \d+/\d+) \| ((?:val_)?loss [-\d.]+)"),
     re.compile(r"^\[loongforge\] done: (\d+ steps, loss [-\d.]+ -> [-\d.]+)"),
     re.compile(r"^\[loongforge\] ((?:sample scores|held out action mse|validation): .*)$"),
     re.compile(r"^(saved checkpoint \S+)"),
+    re.compile(r"^\|([\w ]*?)\s*\|[^|]*\|[^|]*\|[^|]*\|\s*(\w+)\s*\|[^|]*\|\s*([-\d.]+)\s*\|"),  # lm-eval's table
 )
 
 
@@ -265,12 +266,19 @@ def test_recorded_output_is_read_and_what_must_match_is_picked(tmp_path):
         [loongforge] done: 2 steps, loss 5.9000 -> 5.1000, 200 tokens/s
         [loongforge] memory (MiB): parameters 3.5, peak 900
         $ loongforge doctor
+        $ loongforge eval ckpt --tasks t.yaml
+        eval loglikelihood: 40/40 request (28.33/s, 1.4s)
+        |  Tasks  |Version|Filter|n-shot| Metric |   |Value |   |Stderr|
+        |---------|-------|------|-----:|--------|---|-----:|---|------|
+        |cloze    |Yaml   |none  |     0|acc     |↑  |0.2500|±  |   N/A|
+        |         |       |none  |     0|acc_norm|↑  |0.5000|±  |   N/A|
         ```
         """), encoding="utf-8")
-    train, doctor = commands(page)
+    train, doctor, evaluate = commands(page)
     assert train.words == ["loongforge", "train", "a.yaml", "training.steps=2"] and doctor.output == ()
     assert must_match(train.output) == ["step 1/2 loss 5.9000", "saved checkpoint runs/a/checkpoints/step-0000002",
                                         "2 steps, loss 5.9000 -> 5.1000"]
+    assert must_match(evaluate.output) == ["cloze acc 0.2500", " acc_norm 0.5000"]
 
 
 def test_documented_commands_are_found():

@@ -119,12 +119,14 @@ def loongforge_on_checkpoint_save(trainer, path, extra_state):
 
 @hookimpl
 def loongforge_register_commands(commands):
-    """Core's sub-commands (``train``, ``check``, ``convert``, ``launch`` ...) and its LLM converters, through the
-    same hook plugins use to add theirs."""
+    """Core's sub-commands (``train``, ``check``, ``convert``, ``launch`` ...), its LLM converters and its LLM
+    evaluator, through the same hook plugins use to add theirs."""
     from loongforge.cli import register_core_commands
     from loongforge.cluster.command import register_launch_command
     from loongforge.core_converters import register_core_converters
+    from loongforge.evaluation.command import register_eval_handler
 
     register_core_commands(commands)
     register_launch_command(commands)
     register_core_converters(commands)
+    register_eval_handler(commands)

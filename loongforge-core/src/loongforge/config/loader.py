@@ -179,7 +179,7 @@ def _shorthands(cls: type, data: Any) -> Any:
     no :class:`ModelConfig` field) names no model, so the family that composes such parts is chosen later; nor does
     one that loads ``hf:DIR`` without a ``name`` (DIR's config.json names it, :func:`_hf_load_defaults`)."""
     if cls is LoongForgeConfig and isinstance(data, dict):
-        return _hf_load_defaults(data)
+        return _hf_load_defaults(_hub_ids_resolved(data))
     if cls in _NAME_SHORTHAND.values() and isinstance(data, str):
         return {"name": data}
     if cls is ModelConfig and isinstance(data, dict) and "name" not in data and (
@@ -190,6 +190,22 @@ def _shorthands(cls: type, data: Any) -> Any:
         if cls is shorthand_cls and data == word:
             return dict(mapping)
     return data
+
+
+def _hub_ids_resolved(raw: dict[str, Any]) -> dict[str, Any]:
+    """``model.load`` and ``data.tokenizer`` given as ``hf:OWNER/NAME[@REV]`` (a Hugging Face Hub id, not an existing
+    path) rewritten to ``hf:`` + the local snapshot (:mod:`loongforge.interop.hub`: downloaded into the Hugging Face
+    cache, or found there offline), so that everything after reads a directory."""
+    from loongforge.interop.hub import looks_like_hub_id, resolve_hub_directory
+
+    resolved = dict(raw)
+    for section, key in (("model", "load"), ("data", "tokenizer")):
+        block = resolved.get(section)
+        value = block.get(key) if isinstance(block, dict) else None
+        if isinstance(value, str) and value.startswith("hf:") and looks_like_hub_id(value[3:]):
+            directory = resolve_hub_directory(value[3:], what=f"{section}.{key}")
+            resolved[section] = {**block, key: f"hf:{directory}"}
+    return resolved
 
 
 def _loads_hf(model: dict[str, Any]) -> bool:

@@ -73,7 +73,9 @@ class HFTokenizer:
     """
 
     def __init__(self, directory: str | Path) -> None:
-        directory = Path(directory).expanduser()
+        from loongforge.interop.hub import resolve_hub_directory
+
+        directory = resolve_hub_directory(str(directory), what="tokenizer")  # a path, or a Hub id's snapshot
         if not directory.is_dir():
             raise DataError(f"tokenizer directory not found: {directory}")
         tokenizer_file = directory / "tokenizer.json"

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from loongforge.errors import InteropError
-from loongforge.interop.model_source import open_model_source
+from loongforge.interop.model_source import ModelSource, open_model_source
 from loongforge.progress import job_progress
 
 #: A prompt: text, or (chat mode) a conversation as ``{"role", "content"}`` messages.
@@ -89,15 +89,8 @@ def complete_from_checkpoint(
         raise InteropError("generation needs at least one prompt")
     source = open_model_source(path, trust_code=trust_code, command="`loongforge generate`")
     path, family, is_hf = source.path, source.family, source.is_hf
-    spec = tokenizer or source.tokenizer()  # the carried one is checked against config.yaml only when it is used
-    if spec is None:
-        raise InteropError(f"{path}: carries no tokenizer (no tokenizer.json or loongforge_tokenizer.json); "
-                           "pass --tokenizer (byte or hf:/dir)")
-    tok = _tokenizer(spec)
+    spec, tok = source_tokenizer(source, tokenizer)
     decoder = family.decoder
-    if tok.vocab_size > decoder.vocab_size:
-        raise InteropError(f"tokenizer {tok.name} has {tok.vocab_size} ids but the model in {path} only "
-                           f"{decoder.vocab_size}; pass --tokenizer with this model's tokenizer")
     texts = [chat_prompt_text(tok, prompt, system) if chat else _plain_prompt(prompt) for prompt in prompts]
     encoded = [tok.encode(text) for text in texts]
     for number, (text, ids) in enumerate(zip(texts, encoded, strict=True), 1):
@@ -116,6 +109,20 @@ def complete_from_checkpoint(
                 on_step=lambda writing: progress.advance(note=f"{writing} of {len(encoded)} prompts writing"),
             )
     return [Completion(text, ids, tok.decode(ids)) for text, ids in zip(texts, new, strict=True)]
+
+
+def source_tokenizer(source: ModelSource, override: str | None = None) -> tuple[str, Any]:
+    """``(spec, tokenizer)`` to encode text for the model of ``source``: ``override`` (a ``--tokenizer``) or the one
+    the checkpoint carries, refused in one line when it is missing or has more ids than the model."""
+    spec = override or source.tokenizer()  # the carried one is checked against config.yaml only when it is used
+    if spec is None:
+        raise InteropError(f"{source.path}: carries no tokenizer (no tokenizer.json or loongforge_tokenizer.json); "
+                           "pass --tokenizer (byte or hf:/dir)")
+    tok = _tokenizer(spec)
+    if tok.vocab_size > source.family.decoder.vocab_size:
+        raise InteropError(f"tokenizer {tok.name} has {tok.vocab_size} ids but the model in {source.path} only "
+                           f"{source.family.decoder.vocab_size}; pass --tokenizer with this model's tokenizer")
+    return spec, tok
 
 
 def generate_from_checkpoint(path: str | Path, prompt: str, **options: Any) -> str:

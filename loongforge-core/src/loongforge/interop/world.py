@@ -15,9 +15,10 @@ from loongforge.errors import InteropError
 
 
 @contextlib.contextmanager
-def standalone_world(backend: Any = None) -> Iterator[Any]:
+def standalone_world(backend: Any = None, *, tp_size: int = 1) -> Iterator[Any]:
     """Yield the CPU backend (or ``backend``, a CPU-world one such as the ModelFamilySuite's recording backend)
-    with a gloo world of one and megatron at TP=PP=1; tear both down after."""
+    with a gloo world of one and megatron at TP=PP=1 -- or, for ``tp_size > 1``, a torchrun world of that
+    many processes at that TP size (``loongforge eval``); tear both down after."""
     from megatron.core import parallel_state, tensor_parallel
 
     from loongforge.devices.cpu import CPUBackend
@@ -27,9 +28,11 @@ def standalone_world(backend: Any = None) -> Iterator[Any]:
     backend.apply_patches()
     info = init_distributed(backend)
     try:
-        if info.world_size != 1:
-            raise InteropError(f"conversion and generation run in one process, not a world of {info.world_size}")
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+        if info.world_size != tp_size:
+            raise InteropError(f"this command runs in {tp_size} process(es) (its tensor-parallel size), "
+                               f"not a world of {info.world_size}")
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp_size,
+                                                 pipeline_model_parallel_size=1)
         tensor_parallel.model_parallel_cuda_manual_seed(0)
         yield backend
     finally:

@@ -123,6 +123,30 @@ def _attention_mask(real: torch.Tensor, queries: int) -> torch.Tensor | None:
     return ~visible.unsqueeze(1)
 
 
+@torch.no_grad()
+def sequence_logits(model: Any, rows: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    """Each row's ``[len(row), padded vocab]`` logits (float32, on the CPU) from one forward of the rows left-padded
+    into a batch: what scoring a text needs (``loongforge eval``'s log-likelihoods). The padding is hidden as in
+    generation, so a row's logits do not depend on the rows batched with it beyond the last bits. Every
+    tensor-parallel rank must call it (the forward is collective)."""
+    width = max(len(row) for row in rows)
+    multiple = _sequence_parallel_size(model)
+    width += -width % multiple
+    device = next(model.parameters()).device
+    tokens = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+    real = torch.zeros(len(rows), width, dtype=torch.bool, device=device)
+    for index, row in enumerate(rows):
+        tokens[index, width - len(row):] = torch.tensor(list(row), dtype=torch.long)
+        real[index, width - len(row):] = True
+    was_training = model.training
+    model.eval()
+    try:
+        logits = gather_vocab(model(tokens, _positions(real), _attention_mask(real, width))).float().cpu()
+    finally:
+        model.train(was_training)
+    return [logits[index, width - len(row):] for index, row in enumerate(rows)]
+
+
 class _Context:
     """The growing, left-padded token batch and, while it lasts, the model's KV cache over it."""
 

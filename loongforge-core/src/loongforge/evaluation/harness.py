@@ -1,0 +1,210 @@
+"""``loongforge eval`` for language models: lm-evaluation-harness tasks and held-out perplexity on a checkpoint.
+
+The model is what ``loongforge generate`` builds (:func:`~loongforge.interop.model_source.open_model_source`: a
+LoongForge checkpoint, a LoRA run's adapters merged, or a Hugging Face directory), here at the tensor-parallel size of
+the world it runs in (``torchrun --nproc-per-node 2 -m loongforge.cli eval ...``: the checkpoint resharded on loading);
+lm-eval asks it through :class:`~loongforge.evaluation.lm.LoongForgeLM`.
+
+Tasks are lm-eval's: a name lm-eval knows (its datasets come from the Hub, so they need a network or a filled
+``HF_DATASETS_CACHE``), or the path of a task YAML -- lm-eval's own format, whose ``dataset_path: json`` with
+``dataset_kwargs: {data_files: ...}`` reads local files (relative ``data_files`` are taken from the YAML's directory).
+``--perplexity FILE`` scores a held-out text file (paragraphs of a ``.txt``, or the ``text`` of each ``.jsonl`` line)
+with lm-eval's rolling log-likelihood metrics: word and byte perplexity and bits per byte.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from loongforge.errors import LoongForgeError
+
+#: The task lm-eval runs for ``--perplexity``: every document's rolling log-likelihood.
+PERPLEXITY_TASK = "loongforge_perplexity"
+
+
+def _task_yaml(path: Path, directory: Path) -> str:
+    """Copy the task YAML ``path`` into ``directory`` (what lm-eval's task manager indexes) with its relative
+    ``data_files`` made absolute; returns its ``task`` name."""
+    try:
+        task = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise LoongForgeError(f"task file {path}: {exc}") from None
+    if not isinstance(task, dict) or not isinstance(task.get("task"), str):
+        raise LoongForgeError(f"task file {path}: no 'task: NAME' at its top level (an lm-eval task YAML)")
+    files = (task.get("dataset_kwargs") or {}).get("data_files")
+    if files is not None:
+        task["dataset_kwargs"]["data_files"] = _absolute(files, path.parent)
+    (directory / f"{path.stem}.yaml").write_text(yaml.safe_dump(task, sort_keys=False), encoding="utf-8")
+    return task["task"]
+
+
+def _absolute(files: Any, base: Path) -> Any:
+    if isinstance(files, str):
+        return str((base / files).expanduser().resolve())
+    if isinstance(files, list):
+        return [_absolute(item, base) for item in files]
+    if isinstance(files, dict):
+        return {split: _absolute(item, base) for split, item in files.items()}
+    return files
+
+
+def read_documents(path: Path) -> list[str]:
+    """The documents of a perplexity file: a ``.jsonl``'s ``text`` fields, else a text file's paragraphs."""
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise LoongForgeError(f"perplexity file {path}: {exc}") from None
+    if path.suffix == ".jsonl":
+        documents = []
+        for number, line in enumerate(raw.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise LoongForgeError(f"{path}:{number}: not JSON ({exc})") from None
+            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                raise LoongForgeError(f"{path}:{number}: needs a string 'text'")
+            documents.append(row["text"])
+    else:
+        documents = [part.strip() for part in raw.split("\n\n") if part.strip()]
+    if not documents:
+        raise LoongForgeError(f"perplexity file {path}: no documents")
+    return documents
+
+
+def _perplexity_yaml(path: Path, directory: Path) -> str:
+    """Write the held-out documents of ``path`` and the task that scores them into ``directory``."""
+    data = directory / "perplexity.jsonl"
+    data.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in read_documents(path)), encoding="utf-8")
+    task = {
+        "task": PERPLEXITY_TASK, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(data)}},
+        "test_split": "test", "output_type": "loglikelihood_rolling", "doc_to_text": "", "doc_to_target": "{{text}}",
+        "should_decontaminate": False,
+        "metric_list": [{"metric": name} for name in ("word_perplexity", "byte_perplexity", "bits_per_byte")],
+    }
+    (directory / f"{PERPLEXITY_TASK}.yaml").write_text(yaml.safe_dump(task, sort_keys=False), encoding="utf-8")
+    return PERPLEXITY_TASK
+
+
+@contextlib.contextmanager
+def task_directory(tasks: list[str], perplexity: Path | None) -> Iterator[tuple[list[str], Path]]:
+    """``(task names, directory of the task YAMLs)`` for lm-eval: each of ``tasks`` that is a YAML file copied in
+    (its name used), every other name kept for lm-eval to find among its own."""
+    with tempfile.TemporaryDirectory(prefix="loongforge-eval-") as tmp:
+        directory = Path(tmp)
+        names = []
+        for task in tasks:
+            path = Path(task).expanduser()
+            if path.suffix in (".yaml", ".yml"):
+                if not path.is_file():
+                    raise LoongForgeError(f"task file {path} not found")
+                names.append(_task_yaml(path, directory))
+            else:
+                names.append(task)
+        if perplexity is not None:
+            names.append(_perplexity_yaml(perplexity, directory))
+        if not names:
+            raise LoongForgeError("nothing to evaluate: give --tasks and/or --perplexity")
+        yield names, directory
+
+
+class _RequestProgress:
+    """One progress display per kind of request lm-eval sends (log-likelihood, generation)."""
+
+    def __init__(self, stack: contextlib.ExitStack) -> None:
+        from loongforge.progress import job_progress
+
+        self._open, self._stack, self._shown, self._job_progress = None, stack, {}, job_progress
+
+    def __call__(self, what: str, done: int, total: int) -> None:
+        if self._open is None or self._open[0] != (what, total):
+            self._open = ((what, total), self._stack.enter_context(
+                self._job_progress(f"eval {what}", total, unit="request", stderr=True)))
+            self._shown[what] = 0
+        _, progress = self._open
+        progress.advance(done - self._shown[what])
+        self._shown[what] = done
+
+
+def evaluate_language_model(source: str, tasks: list[str], *, perplexity: Path | None = None,
+                            batch_size: int = 8, max_gen_toks: int = 256, limit: int | None = None,
+                            trust_code: bool = False, tokenizer: str | None = None) -> dict[str, Any]:
+    """lm-eval's results dict (``results`` per task and metric, ``configs``, ``n-samples`` ...) for the model in
+    ``source``, at the tensor-parallel size of the running world (empty on ranks other than 0). ``limit`` caps the
+    documents per task."""
+    import os
+    from unittest import mock
+
+    import lm_eval
+    import lm_eval.evaluator
+    import torch.distributed as dist
+    from lm_eval.tasks import TaskManager
+
+    from loongforge.evaluation.lm import LoongForgeLM
+    from loongforge.interop.generate import source_tokenizer, stop_ids
+    from loongforge.interop.mcore_checkpoint import HF_SOURCE
+
+    with task_directory(tasks, perplexity) as (names, directory), loaded_model(source, trust_code) as (model, info):
+        spec, tok = source_tokenizer(info, tokenizer)
+        stops = stop_ids(info.path if info.is_hf else info.path / HF_SOURCE, spec, tok)
+        with contextlib.ExitStack() as stack:
+            lm = LoongForgeLM(model, tok, vocab_size=info.family.decoder.vocab_size,
+                              max_length=info.family.decoder.max_position_embeddings, stop_ids=sorted(stops),
+                              batch_size=batch_size, max_gen_toks=max_gen_toks, on_batch=_RequestProgress(stack))
+            # lm-eval records the git commit of the working directory (running git, which complains outside a
+            # repository): that is not the evaluated model's, so none is recorded
+            with mock.patch.object(lm_eval.evaluator, "get_git_commit_hash", lambda: None):
+                results = lm_eval.simple_evaluate(
+                    model=lm, tasks=names, task_manager=TaskManager(include_path=str(directory)), limit=limit,
+                    log_samples=False, bootstrap_iters=0, random_seed=0, numpy_random_seed=0, torch_random_seed=0,
+                    fewshot_random_seed=0,
+                )
+        if dist.is_initialized():
+            dist.barrier()
+    if results is None and int(os.environ.get("RANK", "0")) == 0:
+        raise LoongForgeError("lm-eval returned no results")
+    return results or {}  # lm-eval reports on rank 0 only (under torchrun every rank is its one process)
+
+
+@contextlib.contextmanager
+def loaded_model(source: str, trust_code: bool) -> Iterator[tuple[Any, Any]]:
+    """``(model, ModelSource)``: the model in ``source`` built and filled at the tensor-parallel size of the world
+    (torchrun's ``WORLD_SIZE``, 1 without it), inside its megatron world."""
+    import os
+    import sys
+
+    from loongforge.interop.mcore_checkpoint import load_trained_weights
+    from loongforge.interop.model_source import open_model_source
+    from loongforge.interop.world import standalone_world
+    from loongforge.models.chunks import ChunkBuild
+    from loongforge.models.decoder_model import ParallelSettings
+
+    info = open_model_source(source, trust_code=trust_code, command="`loongforge eval`")
+    if info.family.decoder is not info.family:
+        raise LoongForgeError(f"{info.path}: `loongforge eval` with tasks scores language models; this is a "
+                              f"{info.family.family_name} model")
+    tp = int(os.environ.get("WORLD_SIZE", "1"))
+    if tp > 1 and info.is_hf:
+        raise LoongForgeError(f"{info.path}: a Hugging Face directory is evaluated in one process; convert it "
+                              "(loongforge convert hf-to-mcore) to evaluate it at tensor-parallel size "
+                              f"{tp}")
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"[loongforge] eval: {info.path} ({info.family.family_name}, {info.dtype}) at tensor-parallel size {tp}",
+              file=sys.stderr)
+    with standalone_world(tp_size=tp) as backend:
+        build = ChunkBuild(backend=backend, params_dtype=info.dtype, parallel=ParallelSettings(tp=tp), seed=None)
+        model = info.family.build_chunk(build)
+        if info.is_hf:
+            model = info.load(model)
+        else:
+            load_trained_weights(info.path, [model], info.config)
+        model.eval()
+        yield model, info
