@@ -191,7 +191,8 @@ def _console_commands(lines: list[str]) -> list[tuple[str, tuple[str, ...]]]:
 
 
 #: Recorded output that must come out again: each step's loss (and validation loss), a run's first and last loss,
-#: sample scores and held-out numbers, the checkpoints saved, lm-eval's scores (task, metric, value). Speeds, ETAs and memory vary from machine to machine.
+#: sample scores and held-out numbers, the checkpoints saved, lm-eval's scores (task, metric, value). Speeds, ETAs and
+#: memory vary from machine to machine.
 _MUST_MATCH = (
     re.compile(r"^(step \d+/\d+) \| ((?:val_)?loss [-\d.]+)"),
     re.compile(r"^\[loongforge\] done: (\d+ steps, loss [-\d.]+ -> [-\d.]+)"),

@@ -1,8 +1,8 @@
 """Hugging Face Hub ids where a Hugging Face directory is expected: ``Qwen/Qwen3-0.6B`` (or ``Qwen/Qwen3-0.6B@REV``,
 a branch, tag or commit) becomes the local snapshot directory ``huggingface_hub`` downloads it into.
 
-Why ``huggingface_hub.snapshot_download`` and nothing of our own: its cache is the one transformers, datasets and lm-eval
-share (``HF_HOME`` / ``HF_HUB_CACHE``), a model downloaded by any of them is found here, and it honours
+Why ``huggingface_hub.snapshot_download`` and nothing of our own: its cache is the one transformers, datasets and
+lm-eval share (``HF_HOME`` / ``HF_HUB_CACHE``), a model downloaded by any of them is found here, and it honours
 ``HF_HUB_OFFLINE=1`` (the cache only), tokens and mirrors (``HF_ENDPOINT``) as users configure them. Only what a
 model directory needs is fetched: configs, safetensors weights and tokenizer files, never ``.bin`` pickles.
 
@@ -52,8 +52,8 @@ def resolve_hub_directory(name: str, *, what: str = "model") -> Path:
         return Path(snapshot_download(repo, revision=revision, allow_patterns=list(MODEL_FILES)))
     except (LocalEntryNotFoundError, OfflineModeIsEnabled):
         where = "HF_HUB_OFFLINE=1" if constants.HF_HUB_OFFLINE else "the Hub cannot be reached"
-        raise InteropError(f"{what} '{name}' is no local directory, and as a Hugging Face Hub id it is not in the cache "
-                           f"({constants.HF_HUB_CACHE}) while {where}: download it once online "
+        raise InteropError(f"{what} '{name}' is no local directory, and as a Hugging Face Hub id it is not in the "
+                           f"cache ({constants.HF_HUB_CACHE}) while {where}: download it once online "
                            f"(huggingface-cli download {repo}) or name a local directory") from None
     except RevisionNotFoundError:
         raise InteropError(f"{what} '{name}': the Hub repository {repo} has no revision '{revision}'") from None

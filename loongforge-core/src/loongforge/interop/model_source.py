@@ -1,13 +1,12 @@
 """A model to build and fill from either checkpoint kind, for the commands that read one model outside training
-(``generate``, ``diff``).
+(``generate``, ``diff``, ``eval``).
 
 A directory with ``config.json`` and no ``manifest.json`` (or a Hugging Face Hub id, :mod:`loongforge.interop.hub`) is
-read as a Hugging Face checkpoint (its family's reader and adapter), anything else as a LoongForge checkpoint (a step directory, a checkpoint root with ``latest``, or a
-converted one; a LoRA run's adapters are folded in). The caller builds the model at TP=PP=1 through the family's
-``build_chunk`` (the one builder) and hands it to :attr:`ModelSource.load`, so what it computes is what a converted
-or trained model computes.
+read as a Hugging Face checkpoint (its family's reader and adapter), anything else as a LoongForge checkpoint (a step
+directory, a checkpoint root with ``latest``, or a converted one; a LoRA run's adapters are folded in). The caller
+builds the model through the family's ``build_chunk`` (the one builder) and hands it to :attr:`ModelSource.load`, so
+what it computes is what a converted or trained model computes.
 """
-
 from __future__ import annotations
 
 from collections.abc import Callable
