@@ -39,6 +39,7 @@ NETWORK = "installs packages from an index (no network in the test)"
 SUITE = "runs the test suite or a benchmark itself"
 CLUSTER = "needs a cluster (several nodes, Slurm, Kubernetes, docker)"
 WEIGHTS = "needs a published checkpoint downloaded beforehand"
+NETWORK_MODEL = "downloads a published model from the Hugging Face Hub (tests/core/test_hub_ids.py runs it offline)"
 SYNOPSIS = "a synopsis with placeholders (CONFIG, N, ...), not a command to paste"
 SERVER = "a tool that serves until stopped (TensorBoard)"
 
@@ -61,6 +62,8 @@ EXCLUDED: dict[str, dict[str, str]] = {
         "loongforge convert mcore-to-hf ./runs/run/checkpoints": SYNOPSIS,
         "loongforge generate ./runs/run/checkpoints": SYNOPSIS,
         "loongforge generate ./Qwen3-0.6B": WEIGHTS,
+        "loongforge generate Qwen/Qwen3-0.6B": NETWORK_MODEL,
+        "HF_HUB_OFFLINE=1 loongforge convert hf-to-mcore Qwen/Qwen3-0.6B": WEIGHTS,
     },
     "docs/parallelism.md": {
         "loongforge train run.yaml": SYNOPSIS,
