@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from loongforge.data.errors import DataError
 from loongforge.data.tokenizers import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -88,7 +91,7 @@ def test_hf_pad_defaults_to_eos_and_special_tokens_map_is_read(tmp_path):
     "setup, message",
     [
         (lambda d: None, "tokenizer directory not found"),
-        (lambda d: d.mkdir(), "no tokenizer.json in"),
+        (lambda d: d.mkdir(), "no tokenizer.json or tokenizer.model in"),
         (lambda d: build_hf_tokenizer_dir(d, eos=None, specials=("<s>", "<pad>")),
          "declares none (special tokens: <s>, <pad>)"),
         (lambda d: build_hf_tokenizer_dir(d, config=False, specials=("</s>", "<|endoftext|>")),
@@ -122,3 +125,52 @@ def test_load_tokenizer_specs(tmp_path):
         load_tokenizer("gpt9")
     with pytest.raises(DataError, match="tokenizer directory not found"):
         load_tokenizer(f"hf:{tmp_path / 'missing'}")
+
+
+def build_sentencepiece_dir(directory, corpus_text: str, *, config: dict | None = None):
+    """A SentencePiece BPE model trained on ``corpus_text`` and saved as ``tokenizer.model`` (no tokenizer.json), as
+    Llama-2 and Mistral releases ship, with a ``tokenizer_config.json`` naming the class transformers reads it as."""
+    import sentencepiece
+
+    directory.mkdir()
+    (directory / "corpus.txt").write_text(corpus_text)
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(directory / "corpus.txt"), model_prefix=str(directory / "tokenizer"), vocab_size=400,
+        model_type="bpe", unk_id=0, bos_id=1, eos_id=2, pad_id=-1, byte_fallback=True, character_coverage=1.0,
+        minloglevel=2)
+    (directory / "tokenizer.vocab").unlink()
+    (directory / "corpus.txt").unlink()
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        config if config is not None else {"tokenizer_class": "LlamaTokenizer", "add_bos_token": False}))
+    return directory
+
+
+SENTENCES = ["It is a truth universally acknowledged, that a single man", "  leading spaces and\ttabs\n\nnewlines",
+             "accents éà, digits 1234567 and an emoji 😀 (byte fallback)", "Elizabeth", ""]
+
+
+def test_a_sentencepiece_model_reads_as_autotokenizer_reads_it(tmp_path):
+    """A directory with only tokenizer.model: the ids, decoding and special tokens transformers' AutoTokenizer gives."""
+    from transformers import AutoTokenizer
+
+    corpus = sorted((ROOT / "loongforge-core/src/loongforge/data/corpus").glob("*.txt"))[0].read_text()[:120_000]
+    directory = build_sentencepiece_dir(tmp_path / "sp", corpus)
+    ours, reference = HFTokenizer(directory), AutoTokenizer.from_pretrained(str(directory))
+    for text in SENTENCES:
+        ids = ours.encode(text)
+        assert ids == reference.encode(text, add_special_tokens=False), text
+        assert ours.decode(ids) == reference.decode(ids, skip_special_tokens=True)
+    assert len(ours.encode(SENTENCES[0])) < 0.75 * len(SENTENCES[0])  # merges are used: a subword vocabulary
+    assert (ours.bos_id, ours.eos_id, ours.pad_id) == (1, 2, 2) == (reference.bos_token_id, reference.eos_token_id, 2)
+    assert ours.vocab_size == len(reference) == 400
+    assert load_tokenizer(f"hf:{directory}").name == ours.name and ours.name.startswith("hf:sp@")
+
+
+def test_a_broken_sentencepiece_model_is_one_line(tmp_path):
+    directory = tmp_path / "sp"
+    directory.mkdir()
+    (directory / "tokenizer.model").write_bytes(b"not a sentencepiece model")
+    (directory / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "LlamaTokenizer"}))
+    with pytest.raises(DataError, match=f"cannot load the SentencePiece tokenizer in {directory}: ") as caught:
+        HFTokenizer(directory)
+    assert "\n" not in str(caught.value)

@@ -30,6 +30,9 @@ TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json",
     "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
 )
+#: The files that make a directory a Hugging Face tokenizer: a fast tokenizer's ``tokenizer.json``, or a SentencePiece
+#: model (``tokenizer.model``) that transformers converts, as ``AutoTokenizer`` does.
+TOKENIZER_MODELS = ("tokenizer.json", "tokenizer.model")
 #: The descriptor of a tokenizer without files.
 DESCRIPTOR = "loongforge_tokenizer.json"
 #: The directory of a training checkpoint (``step-N/``) that holds its tokenizer.
@@ -42,7 +45,12 @@ def hf_tokenizer_dir(spec: str) -> Path | None:
     if spec.startswith("hf:"):
         return Path(spec[3:]).expanduser()
     path = Path(spec).expanduser()
-    return path if ":" not in spec and (path / "tokenizer.json").is_file() else None
+    return path if ":" not in spec and holds_hf_tokenizer(path) else None
+
+
+def holds_hf_tokenizer(directory: Path) -> bool:
+    """Whether ``directory`` holds a Hugging Face tokenizer (:data:`TOKENIZER_MODELS`)."""
+    return any((directory / name).is_file() for name in TOKENIZER_MODELS)
 
 
 def write_tokenizer(spec: str, target: Path) -> list[str]:
@@ -52,8 +60,9 @@ def write_tokenizer(spec: str, target: Path) -> list[str]:
     if source is None:
         (target / DESCRIPTOR).write_text(json.dumps({"tokenizer": spec}, indent=1) + "\n", encoding="utf-8")
         return [DESCRIPTOR]
-    if not (source / "tokenizer.json").is_file():
-        raise InteropError(f"tokenizer {spec}: {source / 'tokenizer.json'} not found; it cannot be carried")
+    if not holds_hf_tokenizer(source):
+        raise InteropError(f"tokenizer {spec}: neither {source / 'tokenizer.json'} nor tokenizer.model found; it "
+                           "cannot be carried")
     copied = [name for name in TOKENIZER_FILES if (source / name).is_file()]
     for name in copied:
         shutil.copy2(source / name, target / name)
@@ -62,8 +71,9 @@ def write_tokenizer(spec: str, target: Path) -> list[str]:
 
 def carried_tokenizer(directory: Path) -> str | None:
     """The tokenizer ``directory`` carries, spelt as ``data.tokenizer`` spells it: ``hf:<directory>`` when it holds
-    ``tokenizer.json``, the descriptor's spec when it holds :data:`DESCRIPTOR`, else ``None``."""
-    if (directory / "tokenizer.json").is_file():
+    ``tokenizer.json`` (or a SentencePiece ``tokenizer.model``), the descriptor's spec when it holds :data:`DESCRIPTOR`,
+    else ``None``."""
+    if holds_hf_tokenizer(directory):
         return f"hf:{directory}"
     path = directory / DESCRIPTOR
     if not path.is_file():

@@ -221,6 +221,8 @@ def _hf_load_defaults(raw: dict[str, Any]) -> dict[str, Any]:
         return raw
     if not (data is None or (isinstance(data, dict) and "tokenizer" not in data)):
         return raw
-    if not (Path(model["load"][3:]).expanduser() / "tokenizer.json").is_file():
+    from loongforge.checkpoint.carried_tokenizer import holds_hf_tokenizer
+
+    if not holds_hf_tokenizer(Path(model["load"][3:]).expanduser()):
         return raw
     return {**raw, "data": {**(data or {}), "tokenizer": model["load"]}}

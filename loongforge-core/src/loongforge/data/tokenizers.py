@@ -62,14 +62,15 @@ class ByteTokenizer:
 
 
 class HFTokenizer:
-    """A Hugging Face *fast* tokenizer loaded from a local directory, with no network access.
+    """A Hugging Face *fast* tokenizer loaded from a local directory (or a Hub id's cached snapshot).
 
     Reads ``tokenizer.json`` with the ``tokenizers`` library (much lighter than ``transformers``, which is
-    not needed) and the special tokens from ``tokenizer_config.json`` (falling back to
-    ``special_tokens_map.json``), the files ``save_pretrained`` writes. ``eos_token`` is required because
-    documents are separated by it; ``bos_token`` is optional and ``pad_token`` defaults to ``eos_token``. A
-    ``tokenizer.json`` alone (what the ``tokenizers`` library saves) names its end of text itself
-    (:func:`declared_eos`).
+    not needed); a directory with a SentencePiece ``tokenizer.model`` and no ``tokenizer.json`` (Llama-2, Mistral,
+    Gemma releases) is converted by transformers, as ``AutoTokenizer`` does. The special tokens come from
+    ``tokenizer_config.json`` (falling back to ``special_tokens_map.json``), the files ``save_pretrained`` writes.
+    ``eos_token`` is required because documents are separated by it; ``bos_token`` is optional and ``pad_token``
+    defaults to ``eos_token``. A ``tokenizer.json`` alone (what the ``tokenizers`` library saves) names its end of
+    text itself (:func:`declared_eos`).
     """
 
     def __init__(self, directory: str | Path) -> None:
@@ -79,29 +80,27 @@ class HFTokenizer:
         if not directory.is_dir():
             raise DataError(f"tokenizer directory not found: {directory}")
         tokenizer_file = directory / "tokenizer.json"
-        if not tokenizer_file.is_file():
-            raise DataError(f"no tokenizer.json in {directory} (save the tokenizer with save_pretrained)")
-        try:
-            from tokenizers import Tokenizer as _FastTokenizer
-        except ImportError:
-            raise DataError(
-                "Hugging Face tokenizers need the 'tokenizers' package: pip install 'loongforge-core[hf]'"
-            ) from None
-        try:
-            self._tok = _FastTokenizer.from_file(str(tokenizer_file))
-        except Exception as exc:  # the Rust side raises plain Exception subclasses
-            raise DataError(f"cannot load {tokenizer_file}: {exc}") from None
         self.directory = directory
-        special = _special_tokens(directory)
         self._specials: list[str] = []
-        if "eos_token" not in special:
-            special["eos_token"], self._specials = declared_eos(tokenizer_file)
+        special = _special_tokens(directory)
+        if tokenizer_file.is_file():
+            self._tok = _fast_tokenizer(tokenizer_file)
+            if "eos_token" not in special:
+                special["eos_token"], self._specials = declared_eos(tokenizer_file)
+            identity = tokenizer_file.read_bytes()
+        elif (directory / "tokenizer.model").is_file():
+            self._tok, default_specials = _converted_sentencepiece(directory)
+            special = {**default_specials, **special}
+            identity = (directory / "tokenizer.model").read_bytes()
+        else:
+            raise DataError(f"no tokenizer.json or tokenizer.model in {directory} (save the tokenizer with "
+                            "save_pretrained)")
         self.eos_id = self._token_id(special.get("eos_token"), "eos_token", required=True)
         self.bos_id = self._token_id(special.get("bos_token"), "bos_token", required=False)
         pad = self._token_id(special.get("pad_token"), "pad_token", required=False)
         self.pad_id = self.eos_id if pad is None else pad
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
-        digest = hashlib.sha256(tokenizer_file.read_bytes()).hexdigest()[:12]
+        digest = hashlib.sha256(identity).hexdigest()[:12]
         self.name = f"hf:{directory.name}@{digest}"
 
     def _token_id(self, token: str | None, key: str, *, required: bool) -> int | None:
@@ -159,6 +158,38 @@ def _appended_special(processor: dict[str, Any] | None) -> str | None:
     if single and "SpecialToken" in single[-1] and any("Sequence" in item for item in single):
         return single[-1]["SpecialToken"]["id"]
     return None
+
+
+def _fast_tokenizer(tokenizer_file: Path) -> Any:
+    try:
+        from tokenizers import Tokenizer as FastTokenizer
+    except ImportError:
+        raise DataError("Hugging Face tokenizers need the 'tokenizers' package: pip install 'loongforge-core[hf]'"
+                        ) from None
+    try:
+        return FastTokenizer.from_file(str(tokenizer_file))
+    except Exception as exc:  # the Rust side raises plain Exception subclasses
+        raise DataError(f"cannot load {tokenizer_file}: {exc}") from None
+
+
+def _converted_sentencepiece(directory: Path) -> tuple[Any, dict[str, str]]:
+    """The fast tokenizer transformers' ``AutoTokenizer`` makes of the SentencePiece model ``directory`` holds (its
+    own converter, so the ids are those every transformers user gets), and the special tokens that tokenizer class
+    declares by default (``tokenizer_config.json`` overrides them)."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise DataError(f"{directory} holds a SentencePiece tokenizer.model, which transformers converts: pip install "
+                        "'loongforge-core[hf]'") from None
+    try:
+        converted = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+        backend = converted.backend_tokenizer
+    except Exception as exc:  # transformers raises many kinds (missing sentencepiece/protobuf, a bad model file)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DataError(f"cannot load the SentencePiece tokenizer in {directory}: {first}") from None
+    specials = {key: value for key in ("bos_token", "eos_token", "pad_token")
+                if isinstance(value := getattr(converted, key, None), str)}
+    return backend, specials
 
 
 def _special_tokens(directory: Path) -> dict[str, str]:
