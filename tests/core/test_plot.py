@@ -85,3 +85,38 @@ def test_unknown_metric_and_missing_matplotlib_are_one_line(two_runs, tmp_path, 
     assert main(["plot", str(two_runs[0]), "--out", str(out)]) == 2
     assert capsys.readouterr().err == "error: loongforge plot needs matplotlib: pip install 'loongforge-core[plot]'\n"
     assert not out.exists()
+
+
+def _write_run(directory, rows, interval=None):
+    import json
+
+    directory.mkdir(parents=True)
+    (directory / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    if interval is not None:
+        step = directory / "checkpoints" / "step-0000006"
+        step.mkdir(parents=True)
+        (step / "config.yaml").write_text(f"logging:\n  interval: {interval}\n")
+    return directory
+
+
+def test_per_step_values_are_interval_means_and_validation_shares_the_loss_axes(tmp_path, capsys):
+    """Means over the run's logging interval (as the step lines print them), val_loss dashed on the loss subplot, a
+    run without validation named on the console."""
+    from PIL import Image
+    from loongforge.plot import interval_means, logging_interval, read_curves
+
+    rows = [{"step": s, "loss": float(10 - s), "lr": 0.1 * s} for s in range(1, 7)]
+    rows[2]["val_loss"], rows[5]["val_loss"] = 7.5, 4.5
+    with_val = _write_run(tmp_path / "a", rows, interval=3)
+    without = _write_run(tmp_path / "b", [{"step": s, "loss": 9.0 - s, "lr": 0.1} for s in range(1, 7)])
+    assert logging_interval(with_val) == 3 and logging_interval(without) == 1
+    means = interval_means(read_curves(with_val), 3)
+    assert means["loss"] == {3: 8.0, 6: 5.0} and means["lr"] == pytest.approx({3: 0.2, 6: 0.5})
+    assert means["val_loss"] == {3: 7.5, 6: 4.5}  # evaluations are drawn as recorded
+    assert interval_means(read_curves(with_val), 4)["loss"] == {4: 7.5, 6: 4.5}  # a short last window
+    out = tmp_path / "curves.png"
+    assert main(["plot", str(with_val), str(without), "--out", str(out), "--metrics", "loss,val_loss,lr"]) == 0
+    assert capsys.readouterr().out == f"b: recorded no val_loss\nwrote {out}: loss+val_loss, lr of 2 run(s)\n"
+    assert Image.open(out).size == (2 * 640, 360)  # two subplots: val_loss has none of its own
+    assert main(["plot", str(with_val), "--out", str(out), "--every", "0"]) == 2
+    assert capsys.readouterr().err == "error: --every must be >= 1, got 0\n"

@@ -3,8 +3,12 @@ for people who do not run TensorBoard (and for notes and reports).
 
 Why the JSONL and not the trackers' files: every run writes ``metrics.jsonl`` (one line per step, the exact values,
 whichever trackers it used), so any two runs compare, across engines and versions. One subplot per metric (x =
-step), one line per run, labelled by the run directory's name. A step recorded twice (trained again after a
-``rewind``) is drawn with its newest value; missing values (a NaN loss is written as ``null``) are gaps.
+step, whole steps), one colour per run, labelled by the run directory's name; a validation metric (``val_loss``) is
+drawn dashed on its training metric's axes when both are plotted. Per-step values are averaged over the logging
+interval, as the step lines and the trackers show them (``--every``; the run's ``logging.interval`` by default);
+validation values are drawn as recorded. A run that recorded nothing for a subplot says so in its legend and on the
+console. A step recorded twice (trained again after a ``rewind``) is drawn with its newest value; missing values (a
+NaN loss is written as ``null``) are gaps.
 matplotlib (the ``plot`` extra) is imported only when a plot is drawn, with the Agg backend, so no display is
 needed. Torch-free.
 """
@@ -15,6 +19,8 @@ import argparse
 import json
 import math
 from pathlib import Path
+
+import yaml
 
 from loongforge.errors import LoongForgeError
 
@@ -37,15 +43,65 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="the PNG to write, e.g. curves.png")
     parser.add_argument("--metrics", help="comma-separated metric names from metrics.jsonl (default: "
                                           f"{','.join(DEFAULT_METRICS)}, those recorded; samples_per_s when no "
-                                          "run has tokens_per_s)")
+                                          "run has tokens_per_s); val_X shares X's subplot when both are drawn")
+    parser.add_argument("--every", type=int, metavar="N",
+                        help="average per-step values over N steps, as the step lines and trackers do (default: each "
+                             "run's logging.interval, read from its newest checkpoint; 1 draws every step)")
 
 
 def run(args: argparse.Namespace) -> int:
-    runs = {label: read_curves(Path(path)) for label, path in _labels(args.runs).items()}
+    if args.every is not None and args.every < 1:
+        raise LoongForgeError(f"--every must be >= 1, got {args.every}")
+    runs = {}
+    for label, path in _labels(args.runs).items():
+        curves = read_curves(path)
+        runs[label] = interval_means(curves, args.every or logging_interval(path))
     metrics = _chosen(args.metrics, runs)
-    out = plot_runs(runs, metrics, Path(args.out))
-    print(f"wrote {out}: {', '.join(metrics)} of {len(runs)} run(s)")
+    panels = panels_of(metrics)
+    for label, curves in runs.items():
+        missing = [metric for metric in metrics if metric not in curves]
+        if missing:
+            print(f"{label}: recorded no {', '.join(missing)}")
+    out = plot_runs(runs, panels, Path(args.out))
+    print(f"wrote {out}: {', '.join('+'.join(panel) for panel in panels)} of {len(runs)} run(s)")
     return 0
+
+
+def logging_interval(run_dir: Path) -> int:
+    """``logging.interval`` of the run in ``run_dir`` (its newest checkpoint's config.yaml), 1 when none is found."""
+    configs = sorted(run_dir.glob("checkpoints/step-*/config.yaml"))
+    if not configs:
+        return 1
+    try:
+        recorded = yaml.safe_load(configs[-1].read_text(encoding="utf-8")) or {}
+        interval = (recorded.get("logging") or {}).get("interval")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return 1
+    return interval if isinstance(interval, int) and interval >= 1 else 1
+
+
+def interval_means(curves: Curves, every: int) -> Curves:
+    """Each per-step metric averaged over windows of ``every`` steps (1-N, N+1-2N, ...), each mean drawn at its
+    window's last recorded step; validation metrics (``val_*``, recorded at evaluations only) unchanged."""
+    if every == 1:
+        return curves
+    averaged: Curves = {}
+    for metric, points in curves.items():
+        if metric.startswith("val_"):
+            averaged[metric] = points
+            continue
+        windows: dict[int, list[tuple[int, float]]] = {}
+        for step, value in points.items():
+            windows.setdefault((step - 1) // every, []).append((step, value))
+        averaged[metric] = {max(step for step, _ in window): sum(value for _, value in window) / len(window)
+                            for window in windows.values()}
+    return averaged
+
+
+def panels_of(metrics: list[str]) -> list[tuple[str, ...]]:
+    """The subplots: each metric alone, except that ``val_X`` joins ``X`` when both are drawn."""
+    return [(metric, f"val_{metric}") if f"val_{metric}" in metrics else (metric,) for metric in metrics
+            if not (metric.startswith("val_") and metric[4:] in metrics)]
 
 
 def read_curves(run_dir: Path) -> Curves:
@@ -72,31 +128,38 @@ def read_curves(run_dir: Path) -> Curves:
     return curves
 
 
-def plot_runs(runs: dict[str, Curves], metrics: list[str], out: Path) -> Path:
-    """Draw ``metrics`` of ``runs`` (label -> curves) into the PNG ``out``; return its path."""
+def plot_runs(runs: dict[str, Curves], panels: list[tuple[str, ...]], out: Path) -> Path:
+    """Draw ``panels`` (the metrics of each subplot) of ``runs`` (label -> curves) into the PNG ``out``."""
     try:
         import matplotlib
     except ImportError:
         raise LoongForgeError("loongforge plot needs matplotlib: pip install 'loongforge-core[plot]'") from None
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    columns = min(COLUMNS, len(metrics))
-    rows = math.ceil(len(metrics) / columns)
+    columns = min(COLUMNS, len(panels))
+    rows = math.ceil(len(panels) / columns)
     figure, axes = plt.subplots(rows, columns, squeeze=False,
                                 figsize=(SUBPLOT_INCHES[0] * columns, SUBPLOT_INCHES[1] * rows), dpi=DPI)
     try:
-        for ax, metric in zip(axes.flat, metrics, strict=False):
-            for label, curves in runs.items():
-                points = sorted(curves.get(metric, {}).items())
-                if points:
+        for ax, panel in zip(axes.flat, panels, strict=False):
+            for index, (label, curves) in enumerate(runs.items()):
+                for metric in panel:
+                    points = sorted(curves.get(metric, {}).items())
+                    name = label if metric == panel[0] else f"{label} ({metric})"
+                    if not points:
+                        ax.plot([], [], color=f"C{index}", label=f"{name}: not recorded")
+                        continue
                     steps, values = zip(*points, strict=True)
-                    ax.plot(steps, values, label=label, marker="." if len(points) < 30 else None)
-            ax.set_title(metric)
+                    ax.plot(steps, values, label=name, color=f"C{index}", linestyle="-" if metric == panel[0] else
+                            "--", marker="." if len(points) < 30 else None)
+            ax.set_title(" / ".join(panel))
             ax.set_xlabel("step")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(alpha=0.3)
             ax.legend(fontsize="small")
-        for ax in list(axes.flat)[len(metrics):]:
+        for ax in list(axes.flat)[len(panels):]:
             ax.set_visible(False)
         figure.tight_layout()
         out.parent.mkdir(parents=True, exist_ok=True)
