@@ -102,8 +102,8 @@ def _write_run(directory, rows, interval=None):
 def test_per_step_values_are_interval_means_and_validation_shares_the_loss_axes(tmp_path, capsys):
     """Means over the run's logging interval (as the step lines print them), val_loss dashed on the loss subplot, a
     run without validation named on the console."""
-    from PIL import Image
     from loongforge.plot import interval_means, logging_interval, read_curves
+    from PIL import Image
 
     rows = [{"step": s, "loss": float(10 - s), "lr": 0.1 * s} for s in range(1, 7)]
     rows[2]["val_loss"], rows[5]["val_loss"] = 7.5, 4.5
