@@ -54,6 +54,9 @@ def test_the_bash_script_parses_and_offers_every_command(bash_script, tmp_path):
     (("completion", ""), ["bash", "zsh", "fish"]),
     (("doctor", "--a"), ["--all"]),
     (("--ver",), ["--version"]),
+    (("train", "run.yaml", "training.ste"), ["training.steps="]),  # config keys from the schema, as KEY=
+    (("check", "run.yaml", "model.lora.ra"), ["model.lora.rank="]),
+    (("eval", "ckpt", "--tas"), ["--tasks"]),  # a handler's option (core's lm-eval) at its dispatch point
 ])
 def test_bash_offers_subcommands_options_and_choices(bash_script, tmp_path, words, expected):
     assert offered(bash_script, *words, cwd=tmp_path) == expected
@@ -61,7 +64,10 @@ def test_bash_offers_subcommands_options_and_choices(bash_script, tmp_path, word
 
 def test_a_value_or_positional_completes_as_a_file_name(bash_script, tmp_path):
     (tmp_path / "run.yaml").write_text("")
-    assert offered(bash_script, "train", "ru", cwd=tmp_path) == ["run.yaml"]
+    assert offered(bash_script, "train", "run.y", cwd=tmp_path) == ["run.yaml"]
+    # a word that may be a file or a config key offers both
+    assert offered(bash_script, "train", "ru", cwd=tmp_path) == [
+        "run.name=", "run.output_dir=", "run.seed=", "run.trust_code=", "run.yaml"]
     # the value of --prompts-file is a file, and "--prompts-file FILE" is not taken for a sub-command path
     assert offered(bash_script, "generate", "ckpt", "--prompts-file", "r", cwd=tmp_path) == ["run.yaml"]
     assert offered(bash_script, "generate", "ckpt", "--prompts-file", "run.yaml", "--jso", cwd=tmp_path) == ["--jsonl"]
@@ -98,3 +104,16 @@ def test_an_unknown_shell_is_one_line():
     done = subprocess.run([sys.executable, "-m", "loongforge.cli", "completion", "powershell"],
                           capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
     assert done.returncode == 2 and "invalid choice: 'powershell'" in done.stderr
+
+
+def test_dispatch_point_help_lists_every_handlers_options(capsys):
+    from loongforge.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    shown = capsys.readouterr().out
+    assert "options of handler lm-eval (loongforge-core): a LoongForge checkpoint" in shown
+    assert "--tasks TASK[,TASK...]" in shown and "--perplexity FILE" in shown
+    with pytest.raises(SystemExit):
+        main(["convert", "mcore-to-hf", "--help"])
+    assert "--max-shard-size" in capsys.readouterr().out

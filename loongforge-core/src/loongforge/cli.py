@@ -79,9 +79,11 @@ def _configure_completion(completion: argparse.ArgumentParser) -> None:
 
 
 def _cmd_completion(args: argparse.Namespace) -> int:
-    from loongforge.completion import command_tree, script
+    from loongforge.completion import add_handler_options, command_tree, script
 
-    sys.stdout.write(script(command_tree(full_parser()), args.shell))
+    tree = command_tree(full_parser())
+    add_handler_options(tree, get_host().commands())
+    sys.stdout.write(script(tree, args.shell))
     return 0
 
 
@@ -140,6 +142,7 @@ def _configure_convert(convert: argparse.ArgumentParser) -> None:
                                    epilog="Options after SOURCE OUT belong to the handler that claims SOURCE "
                                           f"(loongforge {point} SOURCE OUT --help shows them).")
         add_trust_code_option(sub)
+        _show_handler_options(sub, point)
         sub.add_argument("source", help=DISPATCH_POINTS[point])
         sub.add_argument("out", help="new output directory (or file, where the handler writes one)")
         sub.add_argument("options", nargs=argparse.REMAINDER, help="the claiming handler's options")
@@ -148,6 +151,7 @@ def _configure_convert(convert: argparse.ArgumentParser) -> None:
 def _configure_eval(evaluate: argparse.ArgumentParser) -> None:
     evaluate.description = f"Evaluate a checkpoint with the evaluator of its model. {_handlers_text('eval')}"
     add_trust_code_option(evaluate)
+    _show_handler_options(evaluate, "eval")
     evaluate.add_argument("source", help=DISPATCH_POINTS["eval"])
     evaluate.add_argument("options", nargs=argparse.REMAINDER, help="the claiming evaluator's options")
 
@@ -198,6 +202,23 @@ def _configure_make_data(make: argparse.ArgumentParser) -> None:
 def _cmd_make_data(args: argparse.Namespace) -> int:
     chosen = next(g for g in get_host().commands().generators() if g.name == args.generator)
     return chosen.run(args)
+
+
+def _show_handler_options(parser: argparse.ArgumentParser, point: str) -> None:
+    """Make ``--help`` of dispatch point ``point`` end with every handler's own options. Why at print time: a handler's
+    options are set up by its (lazily imported) module, which only ``--help`` needs, not every ``loongforge`` start."""
+    plain = parser.format_help
+
+    def format_help() -> str:
+        sections = [plain()]
+        for handler in get_host().commands().handlers(point):
+            options = argparse.ArgumentParser(prog=handler.name, add_help=False)
+            handler.configure(options)
+            listed = options.format_help().split("\n\n", 1)[-1].removeprefix("options:\n")  # no usage line
+            sections.append(f"options of handler {handler.name} ({handler.provider}): {handler.accepts}\n{listed}")
+        return "\n".join(sections)
+
+    parser.format_help = format_help  # type: ignore[method-assign]
 
 
 def _handlers_text(point: str) -> str:

@@ -8,7 +8,9 @@ carries them as tables and completes instantly. Re-run the command after install
 :func:`command_tree` reads an :class:`argparse.ArgumentParser` (every command configured) into plain
 :class:`Node` values; one renderer per shell turns the tree into a script. The zsh script loads the bash one
 through zsh's ``bashcompinit``, so both shells complete from the same tables. Positional arguments complete as
-file names; what a dispatch handler takes after ``SOURCE OUT`` depends on the source and is not completed.
+file names. A dispatch point (``eval``, ``convert hf-to-mcore`` ...) completes the options of every installed handler
+(:func:`add_handler_options`: which one runs depends on the source), and ``train``, ``check`` and ``plan`` complete
+the config's dotted keys as ``KEY=`` (:func:`config_keys`, from the schema) beside file names.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import argparse
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 #: The shells a script is written for.
 SHELLS = ("bash", "zsh", "fish")
@@ -73,6 +76,53 @@ def command_tree(parser: argparse.ArgumentParser, path: tuple[str, ...] = (), he
     return node
 
 
+def add_handler_options(tree: Node, registry: Any) -> None:
+    """Give each dispatch point's node the options of every handler registered there (``registry``: the plugin
+    host's :class:`~loongforge.commands.CommandRegistry`), once each."""
+    from loongforge.commands import DISPATCH_POINTS
+
+    for point in DISPATCH_POINTS:
+        node = tree
+        for word in point.split():
+            node = node.children.get(word, node)
+        seen = {flag for option in node.options for flag in option.flags}
+        for handler in registry.handlers(point):
+            parser = argparse.ArgumentParser(add_help=False)
+            handler.configure(parser)
+            for option in command_tree(parser).options:
+                if not seen & set(option.flags):
+                    node.options.append(option)
+                    seen.update(option.flags)
+
+
+def config_keys(cls: type | None = None, prefix: str = "") -> list[str]:
+    """Every dotted key of the run config a ``KEY=VALUE`` override may set (``training.steps``, ``model.lora.rank``
+    ...): the schema's dataclass fields, sections recursed into, the plugin sections (mappings) as their names."""
+    import dataclasses
+    import typing
+
+    from loongforge.config.schema import LoongForgeConfig
+    from loongforge.config.sections import INTERNAL
+
+    cls = cls or LoongForgeConfig
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for item in dataclasses.fields(cls):
+        if not item.init or item.metadata.get(INTERNAL):  # set by the loader, never by a config
+            continue
+        kind = hints.get(item.name)
+        nested = [arg for arg in (typing.get_args(kind) or (kind,)) if dataclasses.is_dataclass(arg)]
+        if nested:
+            keys += config_keys(nested[0], f"{prefix}{item.name}.")
+        else:
+            keys.append(f"{prefix}{item.name}")
+    return keys
+
+
+#: Commands whose positional words after the config are ``KEY=VALUE`` overrides.
+OVERRIDE_COMMANDS = ("train", "check", "plan")
+
+
 def script(tree: Node, shell: str) -> str:
     """The completion script for ``shell`` (one of :data:`SHELLS`)."""
     if shell == "bash":
@@ -114,6 +164,9 @@ def _bash(tree: Node) -> str:
     lines += _bash_case("_loongforge_options", options)
     lines += _bash_case("_loongforge_choices", choices)
     lines += _bash_case("_loongforge_valued", valued)
+    keys = [f"{key}=" for key in config_keys()]
+    lines += _bash_case("_loongforge_keys", [(f" {command}", keys) for command in OVERRIDE_COMMANDS
+                                             if command in tree.children])
     lines += [
         "_loongforge() {",
         '    local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}" path="" word i',
@@ -129,6 +182,12 @@ def _bash(tree: Node) -> str:
         "    fi",
         '    if [[ -z "$words" && "$cur" == -* ]]; then words="$(_loongforge_options "$path")"; fi',
         '    if [[ -z "$words" ]]; then words="$(_loongforge_children "$path")"; fi',
+        '    if [[ -z "$words" && "$cur" != -* ]]; then',
+        '        local keys; keys=($(compgen -W "$(_loongforge_keys "$path")" -- "$cur"))',
+        '        if (( ${#keys[@]} )); then',
+        '            COMPREPLY=("${keys[@]}" $(compgen -f -- "$cur")); compopt -o nospace 2>/dev/null; return',
+        "        fi",
+        "    fi",
         '    if [[ -n "$words" ]]; then COMPREPLY=($(compgen -W "$words" -- "$cur")); else '
         'COMPREPLY=($(compgen -f -- "$cur")); fi',
         "}",
@@ -166,6 +225,11 @@ def _fish(tree: Node) -> str:
             extra += " -F" if option.takes_value and not option.choices else ""
             lines.append(f"complete -c {PROG} -n {_fish_quote(seen)} {spelled}{extra}"
                          + (f" -d {_fish_quote(_first_line(option.help))}" if option.help else ""))
+    keys = " ".join(f"{key}=" for key in config_keys())
+    for command in OVERRIDE_COMMANDS:
+        if command in tree.children:
+            lines.append(f"complete -c {PROG} -n {_fish_quote(f'__fish_seen_subcommand_from {command}')} -F "
+                         f"-a {_fish_quote(keys)}")
     return "\n".join(lines) + "\n"
 
 
