@@ -223,3 +223,34 @@ def test_eval_refuses_what_it_cannot_score(tmp_path, capsys, quickstart_export):
                           (["--tasks", str(bad), "--batch-size", "0"], "--batch-size must be >= 1")):
         assert main(["eval", str(checkpoint), *args]) == 2
         assert message in capsys.readouterr().err
+
+
+def test_evaluation_tasks_score_the_training_weights_as_eval_scores_the_checkpoint(tmp_path):
+    """``evaluation.tasks`` during a run: the scores logged at a step equal ``loongforge eval`` of the checkpoint
+    saved at that step (the same weights, read back), and reach metrics.jsonl and the step line."""
+    tasks = write_tasks(tmp_path, MC_DOCS, stop=".")[:1]
+    out = tmp_path / "run"
+    assert main(["train", str(ROOT / "configs/quickstart.yaml"), f"run.output_dir={out}", "training.steps=8",
+                 "training.micro_batch_size=4", "training.sample_tokens=0", "scheduler.warmup_steps=2",
+                 "data.valid_fraction=0.02", "evaluation.interval=8", "evaluation.steps=1",
+                 f"evaluation.tasks=[{tasks[0]}]", "checkpoint.interval=0", "logging.interval=8"]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    logged = {key[4:]: value for key, value in rows[-1].items() if key.startswith("val_test_mc/")}
+    assert set(logged) == {"test_mc/acc", "test_mc/acc_norm"}
+    scored = tmp_path / "scores.json"
+    assert main(["eval", str(out / "checkpoints"), "--tasks", tasks[0], "--output", str(scored)]) == 0
+    offline = json.loads(scored.read_text())["results"]["test_mc"]
+    assert logged == pytest.approx({"test_mc/acc": offline["acc,none"], "test_mc/acc_norm": offline["acc_norm,none"]},
+                                   abs=1e-4)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["evaluation.interval=0"], "evaluation.tasks is set but evaluation.interval is 0"),
+    (["training.phase=dpo", "data.dataset=shipped-preference"], "scores pretraining and SFT runs"),
+    (["evaluation.tasks=[missing.yaml]"], "evaluation.tasks: task file missing.yaml not found"),
+])
+def test_evaluation_tasks_a_run_cannot_score_are_refused_by_check(tmp_path, capsys, overrides, message):
+    task = write_tasks(tmp_path, MC_DOCS, stop=".")[0]
+    assert main(["check", str(ROOT / "configs/quickstart.yaml"), "evaluation.interval=10", "data.valid_fraction=0.05",
+                 f"evaluation.tasks=[{task}]", *overrides]) == 2
+    assert message in capsys.readouterr().err

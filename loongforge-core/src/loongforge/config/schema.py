@@ -444,6 +444,13 @@ class EvaluationConfig:
     #: ``data.seq_length`` as ``data.paths``. Task models read them in their own format (a Wan run: one written
     #: dataset or latent cache; a policy: one LeRobotDataset root); empty takes the task's held-out split.
     data: list[str] = field(default_factory=list)
+    #: lm-evaluation-harness tasks scored on the weights at every evaluation (pretraining and SFT of a language model
+    #: at pp=1, cp=1; ``pip install 'loongforge-core[eval]'``): task YAML paths or names lm-eval knows, as
+    #: ``loongforge eval --tasks`` takes them. Each metric joins the row as ``val_<task>/<metric>`` (``val/...`` in
+    #: the trackers), equal to ``loongforge eval`` of a checkpoint saved at that step.
+    tasks: list[str] = field(default_factory=list)
+    #: Documents per task at each evaluation (the first N; 0 = all).
+    tasks_limit: int = 0
 
 
 @dataclass

@@ -10,7 +10,13 @@ formats with its answer computed, and its ``reward`` names the built-in check (:
   the reply must equal it) -- a digit-wise rule, so held-out sums can be right;
 - writing a word in capitals (answer ``\\bGENTLEMAN\\b``, reward ``regex``: found in the reply);
 - spelling a word backwards (answer ``'nisuoc'``, reward ``regex``);
-- who wrote one of the three shipped novels (answer ``Jane Austen``, reward ``regex``).
+- who wrote one of the three shipped novels (answer ``Jane Austen``, reward ``regex``);
+- when one of them was first published (answer ``1817``, reward ``numeric``);
+- in which of them a character appears (answer ``Persuasion``, reward ``regex``): nineteen characters, which the
+  tiny SFT model places right about half the time -- the facts reinforcement learning has most to sharpen.
+
+The facts are a closed set (three novels, nineteen characters), so the same fact questions are in the training and
+the held-out prompts; held-out words and sums are new.
 
 Every fourth task is written in the chat-messages form (a system prompt, then the question), the others as plain
 strings. The output is a pure function of ``(count, seed)`` and the shipped corpus: ``python -m
@@ -50,7 +56,17 @@ def _author(rng: random.Random, words: list[str]) -> tuple[str, str, str]:
     return f"Who wrote {rng.choice(sorted(NOVELS))}?", "Jane Austen", "regex"
 
 
-TASKS = (_sum, _capitals, _backwards, _author)
+def _published(rng: random.Random, words: list[str]) -> tuple[str, str, str]:
+    novel = rng.choice(sorted(NOVELS))
+    return f"When was {novel} first published?", str(NOVELS[novel][0]), "numeric"
+
+
+def _novel_of(rng: random.Random, words: list[str]) -> tuple[str, str, str]:
+    novel = rng.choice(sorted(NOVELS))
+    return f"In which novel does {rng.choice(NOVELS[novel][1])} appear?", re.escape(novel), "regex"
+
+
+TASKS = (_sum, _capitals, _backwards, _author, _published, _novel_of)
 
 
 def tasks(count: int = DEFAULT_COUNT, seed: int = DEFAULT_SEED) -> list[dict]:

@@ -64,14 +64,9 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         raise LoongForgeError("loongforge eval on a language model runs lm-evaluation-harness: pip install "
                               "'loongforge-core[eval]'") from None
-    import logging
-
     from lm_eval.utils import make_table
 
     from loongforge.evaluation.harness import evaluate_language_model
-
-    # a task YAML without aggregation / direction keys is normal (lm-eval's defaults apply): no warning per metric
-    logging.getLogger("lm_eval.api.task").setLevel(logging.ERROR)
 
     tasks = [name.strip() for value in args.tasks for name in value.split(",") if name.strip()]
     for name, value in (("--batch-size", args.batch_size), ("--max-gen-toks", args.max_gen_toks),

@@ -140,13 +140,7 @@ def evaluate_language_model(source: str, tasks: list[str], *, perplexity: Path |
     """lm-eval's results dict (``results`` per task and metric, ``configs``, ``n-samples`` ...) for the model in
     ``source``, at the tensor-parallel size of the running world (empty on ranks other than 0). ``limit`` caps the
     documents per task."""
-    import os
-    from unittest import mock
-
-    import lm_eval
-    import lm_eval.evaluator
     import torch.distributed as dist
-    from lm_eval.tasks import TaskManager
 
     from loongforge.evaluation.lm import LoongForgeLM
     from loongforge.interop.generate import source_tokenizer, stop_ids
@@ -159,19 +153,97 @@ def evaluate_language_model(source: str, tasks: list[str], *, perplexity: Path |
             lm = LoongForgeLM(model, tok, vocab_size=info.family.decoder.vocab_size,
                               max_length=info.family.decoder.max_position_embeddings, stop_ids=sorted(stops),
                               batch_size=batch_size, max_gen_toks=max_gen_toks, on_batch=_RequestProgress(stack))
-            # lm-eval records the git commit of the working directory (running git, which complains outside a
-            # repository): that is not the evaluated model's, so none is recorded
-            with mock.patch.object(lm_eval.evaluator, "get_git_commit_hash", lambda: None):
-                results = lm_eval.simple_evaluate(
-                    model=lm, tasks=names, task_manager=TaskManager(include_path=str(directory)), limit=limit,
-                    log_samples=False, bootstrap_iters=0, random_seed=0, numpy_random_seed=0, torch_random_seed=0,
-                    fewshot_random_seed=0,
-                )
+            results = run_lm_eval(lm, names, directory, limit)
         if dist.is_initialized():
             dist.barrier()
+    return results
+
+
+def run_lm_eval(lm: Any, names: list[str], directory: Path, limit: int | None) -> dict[str, Any]:
+    """lm-eval's ``simple_evaluate`` of ``lm`` on tasks ``names`` (those defined by YAMLs in ``directory`` among them),
+    seeded alike every time; empty on the ranks lm-eval does not report on (all but local rank 0)."""
+    import logging
+    import os
+    from unittest import mock
+
+    import lm_eval
+    import lm_eval.evaluator
+    from lm_eval.tasks import TaskManager
+
+    # a task YAML without aggregation / direction keys is normal (lm-eval's defaults apply): no warning per metric
+    logging.getLogger("lm_eval.api.task").setLevel(logging.ERROR)
+    # lm-eval records the git commit of the working directory (running git, which complains outside a repository):
+    # that is not the evaluated model's, so none is recorded
+    with mock.patch.object(lm_eval.evaluator, "get_git_commit_hash", lambda: None):
+        results = lm_eval.simple_evaluate(
+            model=lm, tasks=names, task_manager=TaskManager(include_path=str(directory)), limit=limit,
+            log_samples=False, bootstrap_iters=0, random_seed=0, numpy_random_seed=0, torch_random_seed=0,
+            fewshot_random_seed=0,
+        )
     if results is None and int(os.environ.get("RANK", "0")) == 0:
         raise LoongForgeError("lm-eval returned no results")
     return results or {}  # lm-eval reports on rank 0 only (under torchrun every rank is its one process)
+
+
+def flat_scores(results: dict[str, Any]) -> dict[str, float]:
+    """``{"<task>/<metric>": value}`` of lm-eval's results (standard errors left out; a metric under a filter other
+    than lm-eval's default ``none`` is named ``<metric>[<filter>]``)."""
+    scores = {}
+    for task, metrics in results.get("results", {}).items():
+        for key, value in metrics.items():
+            # metrics are "<metric>,<filter>"; other keys (alias, sample_len) describe the task
+            if "," not in key or not isinstance(value, (int, float)) or isinstance(value, bool) or "_stderr" in key:
+                continue
+            metric, _, applied = key.partition(",")
+            scores[f"{task}/{metric}" if applied == "none" else f"{task}/{metric}[{applied}]"] = float(value)
+    return scores
+
+
+def check_evaluation_tasks(config: Any, family: Any, layout: Any) -> None:
+    """Refuse ``evaluation.tasks`` a run cannot score, in one line naming the key: no evaluations, a model that is not
+    a language model, a preference or RL phase, a layout the scorer cannot run (pp > 1, cp > 1), a task YAML that is
+    missing, or lm-eval not installed."""
+    tasks = config.evaluation.tasks
+    if not tasks:
+        return
+    where = f"{config.source}: evaluation.tasks"
+    if config.evaluation.interval == 0:
+        raise LoongForgeError(f"{where} is set but evaluation.interval is 0: set an interval to score the tasks")
+    if family.engine != "megatron" or family.decoder is not family:
+        raise LoongForgeError(f"{where} scores language models; model '{config.model.name}' is a "
+                              f"{family.family_name} model")
+    if config.training.phase in ("dpo", "grpo"):
+        raise LoongForgeError(f"{where} scores pretraining and SFT runs, not training.phase {config.training.phase}")
+    if layout is not None and (layout.pp > 1 or layout.cp > 1):  # None: parallel auto, chosen at train time
+        raise LoongForgeError(f"{where} needs the whole model on each rank's pipeline and sequence (pp=1, cp=1); "
+                              f"this layout has pp={layout.pp} cp={layout.cp}")
+    for task in tasks:
+        path = Path(task).expanduser()
+        if path.suffix in (".yaml", ".yml") and not path.is_file():
+            raise LoongForgeError(f"{where}: task file {path} not found")
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError:
+        raise LoongForgeError(f"{where} runs lm-evaluation-harness: pip install 'loongforge-core[eval]'") from None
+
+
+def task_scores(model: Any, tokenizer: Any, decoder: Any, tasks: list[str], *, limit: int | None = None,
+                batch_size: int = 8) -> dict[str, float]:
+    """:func:`flat_scores` of lm-eval ``tasks`` on a training run's model (``evaluation.tasks``): its one chunk
+    (unwrapped from megatron's DDP), scored in eval mode, the mode it was in restored after."""
+    from loongforge.checkpoint.saver import unwrap_model
+    from loongforge.evaluation.lm import LoongForgeLM
+
+    plain = unwrap_model(model)
+    was_training = plain.training
+    plain.eval()
+    try:
+        with task_directory(tasks, None) as (names, directory):
+            lm = LoongForgeLM(plain, tokenizer, vocab_size=decoder.vocab_size,
+                              max_length=decoder.max_position_embeddings, stop_ids=[], batch_size=batch_size)
+            return flat_scores(run_lm_eval(lm, names, directory, limit))
+    finally:
+        plain.train(was_training)
 
 
 @contextlib.contextmanager

@@ -82,6 +82,7 @@ def validate_loop_settings(config: LoongForgeConfig) -> None:
         ("training.max_recoveries", config.training.max_recoveries, 0, ""),
         ("evaluation.interval", config.evaluation.interval, 0, " (0 turns evaluation off)"),
         ("evaluation.steps", config.evaluation.steps, 1, ""),
+        ("evaluation.tasks_limit", config.evaluation.tasks_limit, 0, " (0 scores every document)"),
         ("distributed.timeout_s", config.distributed.timeout_s, 1, ""),
     )
     for key, value, least, meaning in limits:

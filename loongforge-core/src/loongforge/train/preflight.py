@@ -319,6 +319,10 @@ def _check_megatron(config: LoongForgeConfig, world_size: int, family: ModelFami
         from loongforge.models.recompute import recompute_kwargs  # megatron's own checks come after process groups
 
         recompute_kwargs(config.model.recompute, decoder.num_layers // (layout.pp * layout.num_chunks), config.source)
+    if config.evaluation.tasks:
+        from loongforge.evaluation.harness import check_evaluation_tasks
+
+        check_evaluation_tasks(config, family, None if config.parallel.auto else layout)
     settings = _device_settings(config, backend)
     lines.append(f"precision: {config.training.precision} on {backend.name} (parameters {settings.params_dtype})")
     if config.model.lora is not None:

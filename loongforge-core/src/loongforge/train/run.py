@@ -273,10 +273,21 @@ def _build_trainer(
         sample=lambda chunks: _sample(chunks, decoder, tokenizer, config, info.rank),
         validation=validation,
         flops_per_step=_model_flops_per_step(config, flavor, backend, global_batch),
+        score_tasks=_task_scorer(config, decoder, tokenizer),
     )
     trainer = _trainer_for(engine, checkpoints, config, host, backend, info.rank)
     _resume(trainer, info.rank)
     return trainer
+
+
+def _task_scorer(config: LoongForgeConfig, decoder: Any, tokenizer: Any) -> Any:
+    """``evaluation.tasks``' scorer of the model chunk (:func:`loongforge.evaluation.harness.task_scores`), or None."""
+    if not config.evaluation.tasks:
+        return None
+    from loongforge.evaluation.harness import task_scores
+
+    limit = config.evaluation.tasks_limit or None
+    return lambda chunk: task_scores(chunk, tokenizer, decoder, config.evaluation.tasks, limit=limit)
 
 
 def run_reference_kind(config: LoongForgeConfig) -> str:

@@ -87,7 +87,8 @@ class MegatronEngine(StepEngine):
     ``extra_inputs`` are the batch keys the model's forward takes beside the text (a VLM's pixels); ``sample``
     writes the after-training text sample (``None`` when there is none); ``validation`` is what :meth:`evaluate`
     reads (``None`` while ``evaluation.interval`` is 0); ``flops_per_step`` is the model's FLOP count of one step
-    (:func:`~loongforge.train.throughput.model_flops_per_step`).
+    (:func:`~loongforge.train.throughput.model_flops_per_step`); ``score_tasks(chunk)``, when given
+    (``evaluation.tasks``), adds lm-eval's scores of the model to each evaluation.
     """
 
     name: ClassVar[str] = "megatron"
@@ -95,7 +96,8 @@ class MegatronEngine(StepEngine):
     def __init__(self, *, config: LoongForgeConfig, model: list[Any], optimizer: Any, data: Any,
                  num_microbatches: int, global_batch_size: int, checkpoints: RunCheckpoints,
                  extra_inputs: tuple[str, ...], sample: Callable[[Any], str | None],
-                 validation: ValidationSet | None = None, flops_per_step: float | None = None) -> None:
+                 validation: ValidationSet | None = None, flops_per_step: float | None = None,
+                 score_tasks: Callable[[Any], dict[str, float]] | None = None) -> None:
         self.config = config
         self.model = model
         self.optimizer = optimizer
@@ -108,6 +110,7 @@ class MegatronEngine(StepEngine):
         self._sample = sample
         self._extra_inputs = extra_inputs
         self._validation = validation
+        self._score_tasks = score_tasks
         self._forward_backward = get_forward_backward_func()
         self._dp_group = parallel_state.get_data_parallel_group()
         self._dp_rank = parallel_state.get_data_parallel_rank()
@@ -297,7 +300,10 @@ class MegatronEngine(StepEngine):
         feed = self._validation_feed()
         with self._forward_only():
             reduced = self._schedule(self._validation_step, feed, count, forward_only=True)
-        return self._validation_numbers(reduced)
+        numbers = self._validation_numbers(reduced)
+        if self._score_tasks is not None:  # evaluation.tasks: lm-eval's scores of the same weights
+            numbers.update(self._score_tasks(self.model[0]))
+        return numbers
 
     def _validation_micro_batches(self) -> Iterator[dict[str, Any]]:
         """This rank's micro-batches of one evaluation, in order."""
