@@ -38,7 +38,8 @@ RUN FLASH_ATTN_CUDA_ARCHS="${CUDA_ARCHS}" MAX_JOBS=${MAX_JOBS} \
     pip install --no-build-isolation flash-attn==2.8.3.post2 einops==0.8.2
 
 RUN pip install megatron-core==0.16.1 pluggy==1.7.0 importlib-metadata==10.2.0 pyyaml==6.0.4 safetensors==0.8.0 \
-        rich==15.0.0 tensorboard==2.21.0 tokenizers==0.23.3 transformers==5.24.0 jinja2==3.1.6
+        rich==15.0.0 tensorboard==2.21.0 tokenizers==0.23.3 transformers==5.24.0 jinja2==3.1.6 \
+        huggingface_hub==2.4.0 sentencepiece==0.2.3 protobuf==7.36.2
 
 # LoongForge from this checkout, built into wheels and installed by version without an index: the build stops if a
 # version here disagrees with a pyproject file or a dependency installed above misses its declared range.

@@ -31,7 +31,7 @@ ENV PIP_CONSTRAINT=/etc/loongforge/constraints.txt
 # or newer, pin megatron-core==0.16.1 (as the CUDA image does) and numpy==2.2.6 (the last for Python 3.10).
 RUN python3 -m pip install megatron-core==0.15.0 numpy==1.26.4 psutil==7.2.2 pluggy==1.7.0 importlib-metadata==9.0.1 \
         pyyaml==6.0.4 safetensors==0.8.0 rich==15.0.0 tensorboard==2.21.0 tokenizers==0.23.3 transformers==5.20.2 \
-        jinja2==3.1.6 setuptools==84.2.1 wheel==0.48.0
+        jinja2==3.1.6 huggingface_hub==2.4.0 sentencepiece==0.2.3 protobuf==7.36.2 setuptools==84.2.1 wheel==0.48.0
 
 # LoongForge from this checkout, built into wheels and installed by version without an index: the build stops if a
 # version here disagrees with a pyproject file or a dependency installed above misses its declared range.

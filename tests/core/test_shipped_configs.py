@@ -68,7 +68,7 @@ CHEAP = {
     "dpo-tiny.yaml": CheapRun(SMALL_LLM + ("optimizer.lr=2e-3", "data.seq_length=96", "training.micro_batch_size=32",
                                            "training.global_batch_size=128", "evaluation.interval=0"),
                               core=True, starts_from="sft-tiny.yaml"),
-    "grpo-tiny.yaml": CheapRun(SMALL_LLM + ("data.seq_length=112", "training.micro_batch_size=1",
+    "grpo-tiny.yaml": CheapRun(SMALL_LLM + ("data.seq_length=128", "training.micro_batch_size=1",
                                             "training.global_batch_size=2", "grpo.group_size=4",
                                             "grpo.max_new_tokens=8", "evaluation.interval=0"),
                                core=True, starts_from="sft-tiny.yaml", rewards=True),

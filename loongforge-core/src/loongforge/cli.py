@@ -462,7 +462,7 @@ def _run_handler(point: str, point_args: argparse.Namespace, **fixed: str) -> in
     ``point_args.options`` and the point's arguments (``source``, ``out``, ``trust_code``) set on the namespace it
     receives. ``--trust-code`` is the point's wherever it stands, before SOURCE or among the handler's options: the
     claims need it before the handler is known."""
-    from loongforge.interop.hub import resolve_hub_directory
+    from loongforge.hf_dirs import resolve_hub_directory
 
     options = [option for option in point_args.options if option != "--trust-code"]
     trust_code = point_args.trust_code or len(options) < len(point_args.options)

@@ -24,15 +24,13 @@ from pathlib import Path
 import yaml
 
 from loongforge.errors import InteropError
+from loongforge.hf_dirs import holds_hf_tokenizer
 
 #: A Hugging Face tokenizer's files, as ``save_pretrained`` writes them (``tokenizer.json`` is the one we read).
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model", "vocab.json",
     "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
 )
-#: The files that make a directory a Hugging Face tokenizer: a fast tokenizer's ``tokenizer.json``, or a SentencePiece
-#: model (``tokenizer.model``) that transformers converts, as ``AutoTokenizer`` does.
-TOKENIZER_MODELS = ("tokenizer.json", "tokenizer.model")
 #: The descriptor of a tokenizer without files.
 DESCRIPTOR = "loongforge_tokenizer.json"
 #: The directory of a training checkpoint (``step-N/``) that holds its tokenizer.
@@ -47,10 +45,6 @@ def hf_tokenizer_dir(spec: str) -> Path | None:
     path = Path(spec).expanduser()
     return path if ":" not in spec and holds_hf_tokenizer(path) else None
 
-
-def holds_hf_tokenizer(directory: Path) -> bool:
-    """Whether ``directory`` holds a Hugging Face tokenizer (:data:`TOKENIZER_MODELS`)."""
-    return any((directory / name).is_file() for name in TOKENIZER_MODELS)
 
 
 def write_tokenizer(spec: str, target: Path) -> list[str]:

@@ -194,9 +194,9 @@ def _shorthands(cls: type, data: Any) -> Any:
 
 def _hub_ids_resolved(raw: dict[str, Any]) -> dict[str, Any]:
     """``model.load`` and ``data.tokenizer`` given as ``hf:OWNER/NAME[@REV]`` (a Hugging Face Hub id, not an existing
-    path) rewritten to ``hf:`` + the local snapshot (:mod:`loongforge.interop.hub`: downloaded into the Hugging Face
+    path) rewritten to ``hf:`` + the local snapshot (:mod:`loongforge.hf_dirs`: downloaded into the Hugging Face
     cache, or found there offline), so that everything after reads a directory."""
-    from loongforge.interop.hub import looks_like_hub_id, resolve_hub_directory
+    from loongforge.hf_dirs import looks_like_hub_id, resolve_hub_directory
 
     resolved = dict(raw)
     for section, key in (("model", "load"), ("data", "tokenizer")):
@@ -221,7 +221,7 @@ def _hf_load_defaults(raw: dict[str, Any]) -> dict[str, Any]:
         return raw
     if not (data is None or (isinstance(data, dict) and "tokenizer" not in data)):
         return raw
-    from loongforge.checkpoint.carried_tokenizer import holds_hf_tokenizer
+    from loongforge.hf_dirs import holds_hf_tokenizer
 
     if not holds_hf_tokenizer(Path(model["load"][3:]).expanduser()):
         return raw

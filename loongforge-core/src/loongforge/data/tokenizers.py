@@ -74,7 +74,7 @@ class HFTokenizer:
     """
 
     def __init__(self, directory: str | Path) -> None:
-        from loongforge.interop.hub import resolve_hub_directory
+        from loongforge.hf_dirs import resolve_hub_directory
 
         directory = resolve_hub_directory(str(directory), what="tokenizer")  # a path, or a Hub id's snapshot
         if not directory.is_dir():

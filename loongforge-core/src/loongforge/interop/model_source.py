@@ -1,7 +1,7 @@
 """A model to build and fill from either checkpoint kind, for the commands that read one model outside training
 (``generate``, ``diff``, ``eval``).
 
-A directory with ``config.json`` and no ``manifest.json`` (or a Hugging Face Hub id, :mod:`loongforge.interop.hub`) is
+A directory with ``config.json`` and no ``manifest.json`` (or a Hugging Face Hub id, :mod:`loongforge.hf_dirs`) is
 read as a Hugging Face checkpoint (its family's reader and adapter), anything else as a LoongForge checkpoint (a step
 directory, a checkpoint root with ``latest``, or a converted one; a LoRA run's adapters are folded in). The caller
 builds the model through the family's ``build_chunk`` (the one builder) and hands it to :attr:`ModelSource.load`, so
@@ -42,7 +42,7 @@ def is_hf_directory(path: Path) -> bool:
 def open_model_source(path: str | Path, *, trust_code: bool = False, command: str = "this command") -> ModelSource:
     """The model ``path`` holds; a model that is not a megatron language or vision-language model (a task engine's)
     is one line naming ``command``, which reads megatron models only."""
-    from loongforge.interop.hub import resolve_hub_directory
+    from loongforge.hf_dirs import resolve_hub_directory
 
     path = resolve_hub_directory(str(path))  # a Hugging Face Hub id: its snapshot in the local cache
     return _open_hf(path) if is_hf_directory(path) else _open_checkpoint(path, trust_code, command)

@@ -1,4 +1,6 @@
-"""Hugging Face Hub ids where a Hugging Face directory is expected: ``Qwen/Qwen3-0.6B`` (or ``Qwen/Qwen3-0.6B@REV``,
+"""Hugging Face directories: what makes one a tokenizer, and Hub ids where a directory is expected.
+
+**Hub ids** where a Hugging Face directory is expected: ``Qwen/Qwen3-0.6B`` (or ``Qwen/Qwen3-0.6B@REV``,
 a branch, tag or commit) becomes the local snapshot directory ``huggingface_hub`` downloads it into.
 
 Why ``huggingface_hub.snapshot_download`` and nothing of our own: its cache is the one transformers, datasets and
@@ -18,10 +20,18 @@ from pathlib import Path
 
 from loongforge.errors import InteropError
 
+#: The files that make a directory a Hugging Face tokenizer: a fast tokenizer's ``tokenizer.json``, or a SentencePiece
+#: model (``tokenizer.model``) that transformers converts, as ``AutoTokenizer`` does.
+TOKENIZER_MODELS = ("tokenizer.json", "tokenizer.model")
 #: ``owner/name`` with an optional ``@revision`` (branch, tag or commit).
 _HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w][\w.-]*)(?:@(?P<revision>[\w./-]+))?$")
 #: What a model directory needs: configs, weights (safetensors only: pickles are never read), tokenizer files.
 MODEL_FILES = ("*.json", "*.safetensors", "tokenizer.model", "*.txt", "*.jinja", "*.tiktoken")
+
+
+def holds_hf_tokenizer(directory: Path) -> bool:
+    """Whether ``directory`` holds a Hugging Face tokenizer (:data:`TOKENIZER_MODELS`)."""
+    return any((directory / name).is_file() for name in TOKENIZER_MODELS)
 
 
 def looks_like_hub_id(name: str) -> bool:
