@@ -462,11 +462,12 @@ def _run_handler(point: str, point_args: argparse.Namespace, **fixed: str) -> in
     ``point_args.options`` and the point's arguments (``source``, ``out``, ``trust_code``) set on the namespace it
     receives. ``--trust-code`` is the point's wherever it stands, before SOURCE or among the handler's options: the
     claims need it before the handler is known."""
-    from loongforge.hf_dirs import resolve_hub_directory
+    from loongforge.hf_dirs import looks_like_hub_id, resolve_hub_directory
 
     options = [option for option in point_args.options if option != "--trust-code"]
     trust_code = point_args.trust_code or len(options) < len(point_args.options)
-    fixed["source"] = str(resolve_hub_directory(fixed["source"], what="SOURCE"))  # a Hub id: its local snapshot
+    if looks_like_hub_id(fixed["source"]):  # its local snapshot; anything else (a path, ws://...) is kept as given
+        fixed["source"] = str(resolve_hub_directory(fixed["source"], what="SOURCE"))
     handler = get_host().commands().handler_for(point, fixed["source"], trust_code=trust_code)
     parser = argparse.ArgumentParser(prog=f"loongforge {point} {' '.join(k.upper() for k in fixed)}",
                                      description=f"{handler.name} ({handler.provider}): {handler.accepts}")
