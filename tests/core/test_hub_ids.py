@@ -51,10 +51,9 @@ def test_generate_and_eval_read_a_cached_hub_id_as_its_directory(hub, tmp_path):
     prompt = ["--prompt", "w5 w9 w12", "--max-new-tokens", "6", "--jsonl"]
     by_path = run(hub, "generate", str(local), *prompt)
     assert by_path.returncode == 0, by_path.stderr[-2000:]
-    for source in (REPO, f"{REPO}@{COMMIT}"):
-        by_id = run(hub, "generate", source, *prompt)
-        assert by_id.returncode == 0, by_id.stderr[-2000:]
-        assert json.loads(by_id.stdout) == json.loads(by_path.stdout)
+    by_id = run(hub, "generate", f"{REPO}@{COMMIT}", *prompt)  # a pinned revision; eval below reads refs/main
+    assert by_id.returncode == 0, by_id.stderr[-2000:]
+    assert json.loads(by_id.stdout) == json.loads(by_path.stdout)
     text = tmp_path / "held-out.txt"
     text.write_text("w5 w9 w12 w3 w40 w41\n\nw6 w60 w66 w7\n")
     scores = {}
