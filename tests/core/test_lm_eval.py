@@ -219,7 +219,7 @@ def test_eval_refuses_what_it_cannot_score(tmp_path, capsys, quickstart_export):
     for args, message in (([], "nothing to evaluate: give --tasks and/or --perplexity"),
                           (["--tasks", str(bad)], "bad.yaml: no 'task: NAME' at its top level"),
                           (["--tasks", str(tmp_path / "missing.yaml")], "missing.yaml not found"),
-                          (["--perplexity", str(empty)], "empty.jsonl:1: needs a string 'text'"),
+                          (["--perplexity", str(empty)], "empty.jsonl:1: no string field 'text'"),
                           (["--tasks", str(bad), "--batch-size", "0"], "--batch-size must be >= 1")):
         assert main(["eval", str(checkpoint), *args]) == 2
         assert message in capsys.readouterr().err

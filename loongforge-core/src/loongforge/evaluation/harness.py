@@ -56,25 +56,12 @@ def _absolute(files: Any, base: Path) -> Any:
 
 
 def read_documents(path: Path) -> list[str]:
-    """The documents of a perplexity file: a ``.jsonl``'s ``text`` fields, else a text file's paragraphs."""
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise LoongForgeError(f"perplexity file {path}: {exc}") from None
-    if path.suffix == ".jsonl":
-        documents = []
-        for number, line in enumerate(raw.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as exc:
-                raise LoongForgeError(f"{path}:{number}: not JSON ({exc})") from None
-            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                raise LoongForgeError(f"{path}:{number}: needs a string 'text'")
-            documents.append(row["text"])
-    else:
-        documents = [part.strip() for part in raw.split("\n\n") if part.strip()]
+    """The non-empty documents of a perplexity file, read as ``loongforge preprocess`` reads its inputs
+    (:func:`loongforge.data.sources.iter_documents`: a ``.txt``'s paragraphs, a ``.jsonl``'s ``text`` fields)."""
+    from loongforge.data.sources import check_inputs, iter_documents
+
+    (checked,) = check_inputs([path])
+    documents = [text for text, _ in iter_documents(checked) if text.strip()]
     if not documents:
         raise LoongForgeError(f"perplexity file {path}: no documents")
     return documents
@@ -117,21 +104,21 @@ def task_directory(tasks: list[str], perplexity: Path | None) -> Iterator[tuple[
 
 
 class _RequestProgress:
-    """One progress display per kind of request lm-eval sends (log-likelihood, generation)."""
+    """One progress display per kind of request lm-eval sends (log-likelihood, generation), opened when the first
+    batch of that kind reports."""
 
     def __init__(self, stack: contextlib.ExitStack) -> None:
-        from loongforge.progress import job_progress
-
-        self._open, self._stack, self._shown, self._job_progress = None, stack, {}, job_progress
+        self._stack, self._kind, self._progress, self._shown = stack, None, None, 0
 
     def __call__(self, what: str, done: int, total: int) -> None:
-        if self._open is None or self._open[0] != (what, total):
-            self._open = ((what, total), self._stack.enter_context(
-                self._job_progress(f"eval {what}", total, unit="request", stderr=True)))
-            self._shown[what] = 0
-        _, progress = self._open
-        progress.advance(done - self._shown[what])
-        self._shown[what] = done
+        from loongforge.progress import job_progress
+
+        if self._kind != (what, total):
+            self._kind, self._shown = (what, total), 0
+            self._progress = self._stack.enter_context(job_progress(f"eval {what}", total, unit="request",
+                                                                    stderr=True))
+        self._progress.advance(done - self._shown)
+        self._shown = done
 
 
 def evaluate_language_model(source: str, tasks: list[str], *, perplexity: Path | None = None,
