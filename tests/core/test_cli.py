@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,14 +20,24 @@ def run_cli(*args, env=None):
     )
 
 
-@pytest.mark.parametrize("command", [["plugins"], ["list", "models"], ["list", "devices"], ["list", "datasets"]])
-def test_listing_commands_never_import_torch(command):
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@pytest.mark.parametrize("command", [
+    ["plugins"], ["list", "models"], ["list", "devices"], ["list", "datasets"],
+    # no training: an LLM run's checks (the data opened as training opens it), a layout plan, a generated dataset
+    ["check", str(CONFIGS / "quickstart.yaml")], ["check", str(CONFIGS / "sft-tiny.yaml")],
+    ["plan", str(CONFIGS / "quickstart.yaml"), "--devices", "8"], ["make-data", "verifiable-tasks", "tasks.jsonl"],
+], ids=lambda command: " ".join(Path(part).name for part in command))
+def test_commands_that_train_nothing_never_import_torch(command, tmp_path):
+    """Each costs a fraction of a second rather than the seconds of importing torch and megatron-core
+    (benchmarks/startup.py measures it)."""
     code = (
         f"import sys; from loongforge.cli import main; rc = main({command!r}); "
         "heavy = [m for m in ('torch', 'megatron') if m in sys.modules]; "
         "assert not heavy, heavy; sys.exit(rc)"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
 

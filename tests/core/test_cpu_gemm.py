@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from loongforge.devices.megatron_cpu import apply_megatron_cpu_patches, gemm
+from loongforge.devices.megatron_cpu import apply_megatron_cpu_patches, gemm, gemm_choice
 from loongforge.devices.megatron_cpu.gemm import OneDNNLinear, onednn_linear, onednn_linear_op
 from megatron.core.tensor_parallel import layers
 
@@ -142,12 +142,14 @@ def test_a_column_parallel_layer_trains_the_same_on_both_libraries(kernel, tmp_p
 def test_vendor_rule_and_variable(kernel, tmp_path) -> None:
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC\n")
-    assert gemm.cpu_vendor(str(cpuinfo)) == "AuthenticAMD"
-    assert gemm.cpu_vendor(str(tmp_path / "absent")) is None
-    assert gemm._automatic("AuthenticAMD") == "onednn" and gemm._automatic("HygonGenuine") == "onednn"
-    assert gemm._automatic("GenuineIntel") == "aten" and gemm._automatic(None) == "aten"
+    assert gemm_choice.cpu_vendor(str(cpuinfo)) == "AuthenticAMD"
+    assert gemm_choice.cpu_vendor(str(tmp_path / "absent")) is None
+    rule = gemm_choice.automatic_kernel
+    assert rule("AuthenticAMD") == "onednn" and rule("HygonGenuine") == "onednn"
+    assert rule("GenuineIntel") == "aten" and rule(None) == "aten"
     kernel("aten")
     assert gemm.linear_kernel() == "aten"
+    assert gemm_choice.planned_kernel() == "aten (LOONGFORGE_CPU_GEMM=aten)"  # what doctor shows
     kernel("fastest")
     with pytest.raises(ValueError, match="LOONGFORGE_CPU_GEMM='fastest'"):
         gemm.linear_kernel()

@@ -107,7 +107,7 @@ def test_missing_files_and_a_damaged_index_are_detected(tmp_path):
         MMapTokenDataset(ds.prefix)
     # the document index (last int64s, no modes) claims 3 sequences where there are 2
     idx_path.write_bytes(good[:-8] + struct.pack("<q", 3))
-    with pytest.raises(DataError, match=r"ds\.idx: not a readable Megatron-LM index"):
+    with pytest.raises(DataError, match=r"ds\.idx: the document index does not run in order from sequence 0 to 2"):
         MMapTokenDataset(ds.prefix)
     idx_path.write_bytes(good)
     sidecar_path.write_text("{not json")

@@ -14,6 +14,7 @@ import torch
 from data_training import assert_learns, paragraphs, train_losses
 from loongforge.data.errors import DataError
 from loongforge.data.gpt_dataset import train_valid_split
+from loongforge.data.indexed import DTYPE_CODES, INDEX_MAGIC, MMapTokenDataset, _read_index, dataset_files
 from loongforge.data.kinds import mmap_dataset
 from loongforge.data.tokenizers import ByteTokenizer
 from megatron.core.datasets.indexed_dataset import DType, IndexedDataset, IndexedDatasetBuilder
@@ -81,3 +82,37 @@ def test_a_megatron_lm_dataset_trains(tmp_path):
     prefix = megatron_preprocess(tmp_path / "austen_text_document", paragraphs())
     losses = train_losses(tmp_path, {"dataset": "megatron", "paths": [str(prefix)], "tokenizer": "byte"})
     assert_learns(losses)
+
+
+def test_the_format_constants_are_megatrons():
+    from megatron.core.datasets.indexed_dataset import _INDEX_HEADER
+
+    assert INDEX_MAGIC == _INDEX_HEADER
+    assert {code: np.dtype(dtype) for code, dtype in DTYPE_CODES.items()} == {
+        member.value: np.dtype(member.name) for member in DType}
+
+
+@pytest.mark.parametrize("multimodal", [False, True])
+@pytest.mark.parametrize("code", sorted(DTYPE_CODES))
+def test_the_index_reads_as_megatron_reads_it(tmp_path, code, multimodal):
+    """Every dtype megatron writes, sentences grouped into documents, and a multimodal index's trailing modes: our
+    numpy reader (what ``check`` and training open) gives megatron's ``IndexedDataset`` arrays, and the tokens."""
+    dtype = np.dtype(DTYPE_CODES[code])
+    prefix = str(tmp_path / "mixed")
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=dtype.type, multimodal=multimodal)
+    rng = np.random.default_rng(code)
+    for document in range(4):
+        for sentence in range(1 + document % 3):
+            builder.add_item(torch.from_numpy(rng.integers(0, 100, size=2 + sentence * 3).astype(dtype)),
+                             mode=sentence % 2)
+        builder.end_document()
+    builder.finalize(f"{prefix}.idx")
+    theirs = IndexedDataset(prefix, multimodal=multimodal)
+    ours = _read_index(*dataset_files(prefix)[:2])
+    assert ours.dtype == np.dtype(theirs.index.dtype)
+    for name in ("sequence_lengths", "sequence_pointers", "document_indices"):
+        assert getattr(ours, name).tolist() == getattr(theirs.index, name).tolist(), name
+    if dtype.kind in "iu":
+        stream = MMapTokenDataset(prefix).tokens
+        sequences = [theirs[i][0] if multimodal else theirs[i] for i in range(len(theirs))]  # (tokens, mode)
+        assert stream.tolist() == np.concatenate(sequences).tolist()

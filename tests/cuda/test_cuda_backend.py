@@ -14,21 +14,13 @@ import textwrap
 
 import torch
 from fake_cuda import FakeCudaModule
+from fake_cuda_backend import FakeWiredCUDABackend
 from loongforge.testing.device_suite import DeviceBackendSuite
 from loongforge_cuda.backend import CUDABackend
 
 #: The probe's answer on this machine decides whether the suite touches a real GPU or the FAKE one.
 REAL_CUDA = CUDABackend().probe()[0]
 
-
-class FakeWiredCUDABackend(CUDABackend):
-    """CUDABackend whose ``torch.cuda`` is a FAKE module (tests only)."""
-
-    def __init__(self, fake: FakeCudaModule) -> None:
-        self.fake = fake
-
-    def device_module(self) -> FakeCudaModule:
-        return self.fake
 
 
 class TestCUDABackendConformance(DeviceBackendSuite):
@@ -65,7 +57,7 @@ def test_probe_reports_this_machine_honestly():
 def test_device_ops_route_through_torch_cuda_api():
     fake = FakeCudaModule(capability=(8, 0), device_count=2)
     backend = FakeWiredCUDABackend(fake)
-    assert backend.probe() == (True, f"2 CUDA device(s), CUDA {torch.version.cuda}")
+    assert backend.probe() == (True, "2 CUDA device(s), CUDA 12.8")
     assert not fake.initialized, "probing must not initialise CUDA"
     backend.set_device(1)
     backend.synchronize()

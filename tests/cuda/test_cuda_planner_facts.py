@@ -5,22 +5,11 @@ from __future__ import annotations
 
 import pytest
 from fake_cuda import FakeCudaModule
+from fake_cuda_backend import FakeWiredCUDABackend
 from loongforge.config.schema import PlannerConfig
 from loongforge.planner.auto import cluster_from_options
 from loongforge.planner.hardware import GIB, UNKNOWN_ACCELERATOR, device_facts
-from loongforge_cuda.backend import CUDABackend
 from loongforge_cuda.planner_facts import ACHIEVED_FRACTION, dense_peak, gpu_speeds, lookup
-
-
-class FakeWiredCUDABackend(CUDABackend):
-    """CUDABackend whose ``torch.cuda`` is a FAKE module (tests only)."""
-
-    def __init__(self, fake: FakeCudaModule) -> None:
-        self.fake = fake
-
-    def device_module(self) -> FakeCudaModule:
-        return self.fake
-
 
 #: torch.cuda device names as the driver reports them -> (row, dense bf16 peak, intra-node, inter-node B/s).
 KNOWN = [

@@ -10,19 +10,24 @@ Gathering a batch is one numpy fancy-index on the memory map, with no Python loo
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
-from torch.utils.data import Dataset
 
 from loongforge.data.errors import DataError
 from loongforge.data.indexed import MMapTokenDataset
 
+if TYPE_CHECKING:
+    import torch
 
-class GPTSampleDataset(Dataset):
+
+class GPTSampleDataset:
     """Windows ``first_sample .. first_sample+num_samples-1`` of ``tokens``; ``ds[i]`` is one sample dict.
 
     Items have the keys of a training batch without the batch dimension, so a torch ``DataLoader`` with
-    the default collate produces the same batches as :meth:`batch`.
+    the default collate produces the same batches as :meth:`batch` (a map-style dataset: ``__len__`` and
+    ``__getitem__``). torch is imported when a batch is made, not with the module: ``loongforge check`` sizes the
+    splits without it.
     """
 
     def __init__(
@@ -55,6 +60,8 @@ class GPTSampleDataset(Dataset):
 
     def batch(self, indices: np.ndarray) -> dict[str, torch.Tensor]:
         """A training batch: ``tokens``, ``labels``, ``position_ids`` (int64) and ``loss_mask`` (float32)."""
+        import torch
+
         window = torch.from_numpy(self.windows(indices))
         b, s = window.shape[0], self.seq_length
         return {

@@ -2,9 +2,10 @@
 
 Why Megatron-LM's format rather than one of our own: data already tokenized for Megatron-LM (its
 ``tools/preprocess_data.py``, NeMo, other megatron-core trainers) trains here unchanged, and what ``loongforge
-preprocess`` writes trains there. Both directions go through megatron-core's own code
-(``megatron.core.datasets.indexed_dataset``: ``IndexedDatasetBuilder`` writes, ``IndexedDataset`` reads), so the
-bytes are exactly megatron's. A dataset at ``PREFIX`` is:
+preprocess`` writes trains there. Writing goes through megatron-core's own ``IndexedDatasetBuilder``, so the bytes
+are exactly megatron's; reading is a numpy memory map of the same layout (what megatron's ``IndexedDataset`` does
+inside), so that opening a dataset -- ``loongforge check`` does, before anything is built -- does not import
+megatron-core; a test asserts both readers agree. A dataset at ``PREFIX`` is:
 
 - ``PREFIX.bin``: the token ids of every document back to back (``uint16`` for vocabularies under 65,500, else
   ``int32``, as megatron picks); ours end each document with ``eos``.
@@ -27,9 +28,11 @@ files and renames them into place with the index last, so an interrupted build n
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import struct
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -48,6 +51,11 @@ _SAMPLE_BLOCKS = 64
 #: megatron's ``.idx`` header: magic bytes, version, dtype code, sequence count, document-mark count; then int32
 #: lengths, int64 offsets and int64 document marks (and int8 modes for multimodal data).
 _INDEX_SIZE = struct.Struct("<9sQBQQ")
+#: The magic bytes an ``.idx`` starts with, and its dtype codes (megatron-core's ``_INDEX_HEADER`` and ``DType``;
+#: tests/core/test_indexed_dataset.py asserts both equal megatron's, so a format change there fails a test here).
+INDEX_MAGIC = b"MMIDIDX\x00\x00"
+DTYPE_CODES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32,
+               8: np.uint16}
 
 
 def dataset_files(prefix: str | Path) -> tuple[Path, Path, Path]:
@@ -126,7 +134,7 @@ class TokenDatasetWriter:
 class MMapTokenDataset:
     """A verified, read-only, memory-mapped indexed dataset; ``ds[i]`` is document ``i``.
 
-    ``tokens`` is the whole stream as an array over megatron's memory map: the OS pages in only what is read, so
+    ``tokens`` is the whole stream as an array over a memory map of the ``.bin``: the OS pages in only what is read, so
     opening a dataset of any size is instant. ``tokenizer_name`` / ``vocab_size`` / ``eos_id`` come from our sidecar
     and are ``None`` for a dataset another tool wrote. Pickling stores only the prefix (DataLoader workers reopen
     the files instead of copying the tokens).
@@ -137,9 +145,8 @@ class MMapTokenDataset:
         bin_path, idx_path, sidecar_path = dataset_files(self.prefix)
         if not idx_path.is_file():
             raise DataError(f"token dataset not found: {idx_path} (build it with `loongforge preprocess`)")
-        indexed = _open_indexed(self.prefix, bin_path, idx_path)
-        index = indexed.index
-        self.dtype = np.dtype(index.dtype)
+        index = _read_index(bin_path, idx_path)
+        self.dtype = index.dtype
         if self.dtype.kind not in "iu":
             raise DataError(f"{idx_path}: tokens are stored as {self.dtype.name}, not an integer type")
         lengths = index.sequence_lengths.astype(np.int64)
@@ -154,8 +161,7 @@ class MMapTokenDataset:
                             "rebuild it")
         self.doc_offsets = ends[np.asarray(index.document_indices, dtype=np.int64)]
         self.num_documents = len(self.doc_offsets) - 1
-        self.tokens = indexed.bin_reader.read(dtype=index.dtype, count=self.num_tokens, offset=0)
-        self._indexed = indexed  # keeps megatron's memory map open for ``tokens``
+        self.tokens = np.memmap(bin_path, dtype=self.dtype, mode="r", shape=(self.num_tokens,))
         sidecar = _read_sidecar(sidecar_path) if sidecar_path.is_file() else {}
         self.tokenizer_name: str | None = sidecar.get("tokenizer")
         self.vocab_size: int | None = sidecar.get("vocab_size")
@@ -206,41 +212,50 @@ class MMapTokenDataset:
                 f"tokens={self.num_tokens}, tokenizer={self.tokenizer_name!r})")
 
 
-def _open_indexed(prefix: Path, bin_path: Path, idx_path: Path) -> Any:
-    """megatron-core's ``IndexedDataset`` at ``prefix``; what it raises on a bad file (an ``assert`` on the magic
-    bytes, numpy on a short buffer) becomes one line naming the file."""
-    from megatron.core.datasets.indexed_dataset import IndexedDataset
+@dataclasses.dataclass(frozen=True)
+class _Index:
+    """The arrays of a megatron ``.idx`` file (read-only views of its memory map)."""
 
+    dtype: np.dtype
+    sequence_lengths: np.ndarray  # int32, one per sequence
+    sequence_pointers: np.ndarray  # int64 byte offsets into the .bin
+    document_indices: np.ndarray  # int64 sequence numbers where documents start, then the sequence count
+
+
+def _read_index(bin_path: Path, idx_path: Path) -> _Index:
+    """The index at ``idx_path`` after its header and size are checked, each failure one line naming the file.
+
+    Read with numpy, as megatron-core's own ``_IndexReader`` reads it (header, then int32 lengths, int64 pointers,
+    int64 document marks; a multimodal index's trailing int8 modes are not needed for text), rather than through
+    ``megatron.core.datasets``: importing that package initialises megatron-core and torch.distributed, seconds that
+    ``loongforge check`` would spend before opening a file. tests/core/test_indexed_dataset.py reads the same files
+    through megatron's ``IndexedDataset`` and asserts every array equal."""
     if not bin_path.is_file() or bin_path.stat().st_size == 0:
         found = "missing" if not bin_path.is_file() else "empty"
         raise DataError(f"{bin_path}: {found}, but {idx_path.name} is there; the dataset is incomplete, rebuild it")
-    _check_index_layout(idx_path)
-    try:
-        return IndexedDataset(str(prefix))
-    except (AssertionError, ValueError, OSError) as exc:
-        reason = str(exc) or "its sequence and document counts disagree"
-        raise DataError(f"{idx_path}: not a readable Megatron-LM index: {reason}") from None
 
-
-def _check_index_layout(idx_path: Path) -> None:
-    """The ``.idx`` header and size, checked before megatron reads it: its reader fails on a bad file half-way
-    through ``__init__``, and the object it leaves behind prints a traceback when it is garbage-collected."""
-    from megatron.core.datasets.indexed_dataset import _INDEX_HEADER, DType
-
-    def fail(what: str) -> None:
+    def fail(what: str) -> typing.NoReturn:
         raise DataError(f"{idx_path}: not a readable Megatron-LM index: {what}")
 
     with open(idx_path, "rb") as f:
         head = f.read(_INDEX_SIZE.size)
-    if len(head) < _INDEX_SIZE.size or not head.startswith(_INDEX_HEADER):
+    if len(head) < _INDEX_SIZE.size or not head.startswith(INDEX_MAGIC):
         fail("bad header (not a Megatron-LM .idx file)")
     version, code, sequences, documents = _INDEX_SIZE.unpack(head)[1:]
-    if version != 1 or code not in {d.value for d in DType}:
+    if version != 1 or code not in DTYPE_CODES:
         fail(f"unsupported version {version} / dtype code {code}")
     body = idx_path.stat().st_size - _INDEX_SIZE.size
     if body not in (12 * sequences + 8 * documents, 13 * sequences + 8 * documents):
         fail(f"{body} bytes after the header do not hold {sequences} sequences and {documents} document marks "
              "(the file is truncated or damaged)")
+    buffer = np.memmap(idx_path, dtype=np.uint8, mode="r")
+    offset = _INDEX_SIZE.size
+    lengths = np.frombuffer(buffer, dtype=np.int32, count=sequences, offset=offset)
+    offset += lengths.nbytes
+    pointers = np.frombuffer(buffer, dtype=np.int64, count=sequences, offset=offset)
+    offset += pointers.nbytes
+    marks = np.frombuffer(buffer, dtype=np.int64, count=documents, offset=offset)
+    return _Index(np.dtype(DTYPE_CODES[code]), lengths, pointers, marks)
 
 
 def _check_index(idx_path: Path, lengths: np.ndarray, ends: np.ndarray, pointers: np.ndarray,

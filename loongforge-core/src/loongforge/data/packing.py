@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from loongforge.data.errors import DataError
 from loongforge.data.sft import ChatSample
+
+if TYPE_CHECKING:  # torch is imported when a batch is made: ``check`` sizes the rows without it
+    import torch
 
 
 def pack_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
@@ -70,6 +73,8 @@ class ChatRowDataset:
     def batch(self, indices: np.ndarray) -> dict[str, torch.Tensor]:
         """``tokens``, ``labels``, ``position_ids`` (int64), ``loss_mask`` (float32) [b, s]; packed rows add
         ``attention_mask`` (bool [b, 1, s, s], True = masked out)."""
+        import torch
+
         b, s = len(indices), self.seq_length
         tokens = np.full((b, s), self.pad_id, dtype=np.int64)
         labels = np.full((b, s), self.pad_id, dtype=np.int64)
@@ -104,6 +109,8 @@ class ChatRowDataset:
 
 def block_causal_mask(segments: torch.Tensor) -> torch.Tensor:
     """``[b, 1, s, s]`` bool, True where query ``i`` may not attend key ``j``: ``j > i`` or another segment."""
+    import torch
+
     s = segments.shape[1]
     same = segments[:, :, None] == segments[:, None, :]
     causal = torch.ones(s, s, dtype=torch.bool).tril()

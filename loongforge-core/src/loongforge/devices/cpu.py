@@ -42,7 +42,7 @@ class CPUBackend(DeviceBackend):
         """What :meth:`configure_env` does to glibc malloc and which GEMM library the linear layers use, in a run
         started from this environment."""
         from loongforge.devices.cpu_malloc import planned_malloc
-        from loongforge.devices.megatron_cpu.gemm import planned_kernel
+        from loongforge.devices.megatron_cpu.gemm_choice import planned_kernel
 
         return [("malloc", planned_malloc()), ("linear GEMM", planned_kernel())]
 

@@ -16,8 +16,6 @@ from functools import partial
 from itertools import islice
 from typing import Any
 
-import torch.distributed as dist
-
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.data.contracts import BalancedRows, PreferencePairs, PromptSet, SampleDataset
 from loongforge.errors import ConfigError
@@ -68,6 +66,8 @@ def build_batches(host: Any, config: LoongForgeConfig, tokenizer: Any, *, rank: 
 def _rank_zero_first(rank: int, build: Callable[[bool], Any]) -> Any:
     """``build(progress)`` on rank 0 (showing progress), then on the other ranks: a cache rank 0 writes is read by
     the others instead of being built by all at once."""
+    import torch.distributed as dist  # here, not at the top: ``check`` opens datasets without a process group
+
     if rank == 0:
         built = build(True)
     if dist.is_initialized() and dist.get_world_size() > 1:

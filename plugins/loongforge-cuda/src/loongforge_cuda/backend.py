@@ -16,6 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from loongforge.devices.base import DeviceModuleBackend, check_feature
+from loongforge.devices.torch_build import TorchBuild, installed_torch_build
 
 from loongforge_cuda.capability import feature_supported, installed, te_recipe_classes
 from loongforge_cuda.settings import CUDAMegatronSettings, CUDAOptions, resolve_settings
@@ -31,17 +32,21 @@ class CUDABackend(DeviceModuleBackend):
     options_type = CUDAOptions
 
     def probe(self) -> tuple[bool, str]:
-        """Available when torch sees a CUDA device; ``is_available``/``device_count`` create no context."""
-        import torch
-
+        """Available when torch sees a CUDA device; ``is_available``/``device_count`` create no context. A torch
+        built without CUDA is ruled out from its version file, without importing torch (``check`` stays fast)."""
+        build = self.torch_build()
+        if build.cuda is None:
+            return False, (f"torch {build.version} is a build without CUDA; on a GPU host, install a CUDA "
+                           "build of torch (pytorch.org/get-started/locally)")
         cuda = self.device_module()
         if not cuda.is_available():
-            if torch.version.cuda is None:
-                return False, (f"torch {torch.__version__} is a build without CUDA; on a GPU host, install a CUDA "
-                               "build of torch (pytorch.org/get-started/locally)")
             return False, ("no CUDA device visible: check the driver with nvidia-smi, and that CUDA_VISIBLE_DEVICES "
                            "(now " + os.environ.get("CUDA_VISIBLE_DEVICES", "unset") + ") names a device")
-        return True, f"{cuda.device_count()} CUDA device(s), CUDA {torch.version.cuda}"
+        return True, f"{cuda.device_count()} CUDA device(s), CUDA {build.cuda}"
+
+    def torch_build(self) -> TorchBuild:
+        """What the installed torch was compiled against (tests substitute a CUDA build, with :meth:`device_module`)."""
+        return installed_torch_build()
 
     def configure_env(self) -> None:
         """Defaults megatron-core expects on GPUs; a value the user set is never replaced.

@@ -23,19 +23,16 @@ rounding (a different summation order), like any other GEMM library.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from loongforge.devices.megatron_cpu.gemm_choice import GEMM_VARIABLE, automatic_kernel, cpu_vendor, requested_kernel
 from loongforge.devices.megatron_cpu.wrapping import replace_once
 
 #: megatron's module whose ``linear_with_grad_accumulation_and_async_allreduce`` is replaced.
 LAYERS = "megatron.core.tensor_parallel.layers"
-#: Environment variable choosing the GEMM library: ``auto`` (measure), ``onednn`` or ``aten`` (torch's ``mm``).
-GEMM_VARIABLE = "LOONGFORGE_CPU_GEMM"
-CHOICES = ("auto", "onednn", "aten")
 
 _ONEDNN_LINEAR = getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
 
@@ -120,56 +117,21 @@ class OneDNNLinear(torch.autograd.Function):
         return grad_x, grad_weight, grad_bias, None
 
 
-def cpu_vendor(cpuinfo: str = "/proc/cpuinfo") -> str | None:
-    """The x86 vendor string of this machine (``AuthenticAMD``, ``GenuineIntel``, ...), or None off x86/Linux."""
-    try:
-        with open(cpuinfo, encoding="utf-8", errors="replace") as lines:
-            for line in lines:
-                if line.startswith("vendor_id"):
-                    return line.partition(":")[2].strip()
-    except OSError:
-        return None
-    return None
-
-
-def _automatic(vendor: str | None) -> str:
-    """oneDNN on x86 processors MKL does not tune for (every x86 vendor but Intel), torch's ``mm`` elsewhere."""
-    return "onednn" if vendor is not None and vendor != "GenuineIntel" else "aten"
-
-
 @functools.cache
 def linear_kernel() -> str:
     """``"onednn"`` or ``"aten"``: the GEMM library this process's linear layers use (see the module docstring)."""
-    choice = _requested()
+    choice = requested_kernel()
     if _ONEDNN_LINEAR is None:
         if choice == "onednn":
             raise ValueError(f"{GEMM_VARIABLE}=onednn: this torch build has no oneDNN linear kernel")
         return "aten"
-    return _automatic(cpu_vendor()) if choice == "auto" else choice
-
-
-def _requested() -> str:
-    choice = os.environ.get(GEMM_VARIABLE, "auto").strip().lower() or "auto"
-    if choice not in CHOICES:
-        raise ValueError(f"{GEMM_VARIABLE}={choice!r}: use one of {', '.join(CHOICES)}")
-    return choice
+    return automatic_kernel(cpu_vendor()) if choice == "auto" else choice
 
 
 @torch.compiler.assume_constant_result
 def _uses_onednn() -> bool:
     """:func:`linear_kernel` is oneDNN (a constant of the process, also to ``torch.compile``'s tracer)."""
     return linear_kernel() == "onednn"
-
-
-def planned_kernel() -> str:
-    """What :func:`linear_kernel` chooses here, in words (for ``loongforge doctor``)."""
-    choice = _requested()
-    if _ONEDNN_LINEAR is None:
-        return "aten mm (this torch build has no oneDNN linear kernel)"
-    if choice != "auto":
-        return f"{choice} ({GEMM_VARIABLE}={choice})"
-    vendor = cpu_vendor()
-    return f"{_automatic(vendor)} (auto for {vendor or 'an unknown vendor'}; {GEMM_VARIABLE}=onednn|aten to choose)"
 
 
 def onednn_linear(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
