@@ -48,6 +48,11 @@ EXCLUDED: dict[str, dict[str, str]] = {
     "README.md": {
         "pip install": NETWORK,
     },
+    "docs/certify.md": {
+        "pip install -e examples/loongforge-example-device": NETWORK,
+        "loongforge certify": "a minute of training per call; tests/certify/test_certify.py and "
+                              "tests/core/test_example_device.py run it",
+    },
     "docs/diff.md": {
         "loongforge diff": "compares runs and checkpoints a user has (placeholders); tests/core/test_diff.py runs it",
     },

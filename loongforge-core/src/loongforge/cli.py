@@ -260,6 +260,8 @@ def register_core_commands(commands: CommandRegistry) -> None:
                  configure="loongforge.plot:configure", run="loongforge.plot:run")
     commands.add("diff", help="find where two runs, checkpoints or Hugging Face directories part",
                  configure="loongforge.diffing.command:configure", run="loongforge.diffing.command:run")
+    commands.add("certify", help="prove a device backend trains as the CPU reference does (a certificate)",
+                 configure="loongforge.certify.command:configure", run="loongforge.certify.command:run")
 
 
 #: ``_parser(chosen=EVERY_COMMAND)`` configures every command (completion scripts, the CLI reference).

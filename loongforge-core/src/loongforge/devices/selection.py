@@ -46,7 +46,9 @@ def select_backend(requested: str, registry: Any, *, source: str = "config") -> 
     unknown or unavailable, or when ``auto`` finds nothing available; messages list the known backends and
     why each is or is not available.
     """
-    name = (requested or "auto").strip().lower()
+    name = (requested or "auto").strip()
+    if ":" not in name:  # a registered name (case-insensitive); an import path keeps Python's case
+        name = name.lower()
     if name == "auto":
         probed = _probe_all(registry)
         available = [(b, why) for b, ok, why in probed if ok]

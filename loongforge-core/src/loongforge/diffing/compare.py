@@ -56,8 +56,14 @@ def compare_tensors(kind: str, a: dict[str, torch.Tensor], b: dict[str, torch.Te
 
 
 def first_beyond(differences: list[Difference], rtol: float) -> Difference | None:
-    """The first difference above ``rtol`` (``None``: all within it)."""
-    return next((d for d in differences if not d.rel <= rtol), None)
+    """The first difference above ``rtol`` in the order a step computes the tensors (``None``: all within it).
+
+    Parameters and forward outputs are listed in forward order already; gradients are searched from the last
+    parameter back, because the backward pass computes the output layer's first and the embedding's last -- a
+    kernel whose backward is wrong in layer 3 of 4 makes every earlier gradient wrong too, and layer 3 is where to
+    look."""
+    ordered = reversed(differences) if differences and differences[0].kind == GRADIENT else differences
+    return next((d for d in ordered if not d.rel <= rtol), None)
 
 
 @dataclass(frozen=True)

@@ -241,8 +241,12 @@ def _names(config: LoongForgeConfig, family: ModelFamily, backend: DeviceBackend
     """``kind: name (from provider)`` for each component the run uses (a task model reads no data.* names)."""
     from loongforge.resolve import resolve_names
 
-    entry = host.registry("device").entry(backend.name, where=f"device in {config.source}")
-    lines = [f"device: {entry.name} (from {entry.provider})"]
+    registry = host.registry("device")
+    if backend.name in registry:
+        entry = registry.entry(backend.name, where=f"device in {config.source}")
+        lines = [f"device: {entry.name} (from {entry.provider})"]
+    else:  # selected by import path (a backend under development, not registered by any plugin)
+        lines = [f"device: {backend.name} (from {type(backend).__module__}, by import path)"]
     return lines + [line for line in resolve_names(config, engine=family.engine) if not line.startswith("device:")]
 
 

@@ -1,0 +1,88 @@
+"""What a certification proved: one :class:`Check` per comparison, and the :class:`Certificate` that holds them,
+written as JSON and shown as a table."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import platform
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+#: Distributions a certificate records the versions of (what the numbers depend on).
+VERSIONED = ("loongforge-core", "torch", "megatron-core")
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One comparison with the CPU reference: its largest relative difference against its tolerance, and where it
+    parts (or what it compared, when it holds)."""
+
+    name: str
+    passed: bool
+    measured: float
+    tolerance: float
+    detail: str
+
+
+@dataclasses.dataclass
+class Certificate:
+    """The checks run on ``device`` in ``precision`` (in order), the versions they ran with and the device's speed on
+    the recipe relative to the CPU reference (steps per second, ``None`` until measured)."""
+
+    device: str
+    precision: str
+    recipe: str
+    steps: int
+    #: The kinds of check this certification ran (``--checks``); a certificate proves those only.
+    scope: tuple[str, ...] = ()
+    #: Whether ``scope`` is every kind of check there is.
+    complete: bool = True
+    checks: list[Check] = dataclasses.field(default_factory=list)
+    speed_vs_reference: float | None = None
+    versions: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(check.passed for check in self.checks)
+
+    def to_json(self) -> dict[str, Any]:
+        """Strict JSON: a difference that could not be measured (a run that failed, ``inf``/``nan``) as a string."""
+        record = {**dataclasses.asdict(self), "passed": self.passed}
+        for check in record["checks"]:
+            if not math.isfinite(check["measured"]):
+                check["measured"] = str(check["measured"])
+        return record
+
+    def write(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+
+    def render(self) -> str:
+        """The table a person reads: one row per check, the verdict last."""
+        rows = [f"certificate: device {self.device}, {self.precision}, {self.recipe}, {self.steps} steps against the "
+                "CPU reference",
+                f"{'check':26s} {'result':6s} {'max rel diff':>12s} {'tolerance':>10s}  detail"]
+        for check in self.checks:
+            rows.append(f"{check.name:26s} {'pass' if check.passed else 'FAIL':6s} {check.measured:12.3g} "
+                        f"{check.tolerance:10.3g}  {check.detail}")
+        if self.speed_vs_reference is not None:
+            rows.append(f"speed: {self.speed_vs_reference:.2f}x the CPU reference's steps per second")
+        rows.append(f"versions: {', '.join(f'{k} {v}' for k, v in self.versions.items())}")
+        failed = [check.name for check in self.checks if not check.passed]
+        partial = "" if self.complete else f" for {', '.join(self.scope)} only (a partial certification)"
+        rows.append("verdict: " + (f"FAILED ({', '.join(failed)})" if failed else f"certified{partial}"))
+        return "\n".join(rows)
+
+
+def installed_versions() -> dict[str, str]:
+    found = {"python": platform.python_version()}
+    for dist in VERSIONED:
+        try:
+            found[dist] = version(dist)
+        except PackageNotFoundError:
+            found[dist] = "(not installed)"
+    return found
+

@@ -1,0 +1,92 @@
+"""``loongforge certify``: the CPU backend is certified by every check, and every MUTANT backend of
+tests/certify/mutant_backends.py fails -- at the check meant to see its fault, naming the module where a module can
+be named.
+
+One CPU certification (all checks, layouts tp2/pp2/dp2) trains the reference into a shared work directory; each
+mutant's certification reuses that reference and runs the checks that find it (``--checks``), so the zoo costs one
+short training run or one pair of traces per mutant.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+def certify(*args: str, workdir: Path) -> tuple[int, dict, str]:
+    """Run ``loongforge certify`` (this directory importable, for the mutants); its exit status, certificate and
+    output."""
+    out = workdir / "certificate.json"
+    out.unlink(missing_ok=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "loongforge.cli", "certify", *args, "--workdir", str(workdir),
+                           "--output", str(out)], capture_output=True, text=True, env=env)
+    assert out.is_file(), done.stderr[-3000:]
+    return done.returncode, json.loads(out.read_text()), done.stdout
+
+
+@pytest.fixture(scope="module")
+def cpu_certificate(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("certify")
+    status, certificate, report = certify("--device", "cpu", workdir=workdir)
+    return workdir, status, certificate, report
+
+
+def test_the_cpu_backend_is_certified_by_every_check(cpu_certificate):
+    _, status, certificate, report = cpu_certificate
+    assert status == 0, report
+    assert certificate["passed"] and certificate["complete"]
+    checks = {check["name"]: check for check in certificate["checks"]}
+    assert list(checks) == ["train (1 process)", "modules (one batch)", "final weights", "resume on device",
+                            "checkpoint to cpu", "layout tp2", "layout pp2", "layout dp2"]
+    # the CPU against itself is exact; layouts sum in another order, within the fp32 tolerance
+    for name in ("train (1 process)", "modules (one batch)", "final weights", "resume on device", "checkpoint to cpu"):
+        assert checks[name]["measured"] == 0.0, checks[name]
+    for name in ("layout tp2", "layout pp2", "layout dp2"):
+        assert checks[name]["passed"] and checks[name]["measured"] < checks[name]["tolerance"] == 1e-4
+    assert certificate["versions"]["torch"] and certificate["speed_vs_reference"] > 0
+    assert "verdict: certified" in report
+
+
+#: mutant factory -> (certify arguments that reach its fault, the check that must fail, words its detail names)
+MUTANTS = {
+    "bf16_linear": (["--checks", "train"], "train (1 process)", "parts at step"),
+    "bf16_attention": (["--checks", "train"], "train (1 process)", "parts at step"),
+    "attention_scale": (["--checks", "train"], "train (1 process)", "parts at step 1: loss"),
+    "norm_epsilon": (["--checks", "modules"], "modules (one batch)",
+                     "forward output of decoder.layers.0.input_layernorm"),
+    "non_causal": (["--checks", "modules"], "modules (one batch)",
+                   "forward output of decoder.layers.0.self_attention.core_attention"),
+    # wrong backwards: the first gradient the backward pass gets wrong, nearest the output
+    "swiglu_backward": (["--checks", "modules"], "modules (one batch)", "gradient of decoder.layers.3.mlp.linear_fc1"),
+    "norm_backward": (["--checks", "modules"], "modules (one batch)", "gradient of decoder.layers.3.mlp.linear_fc2"),
+    "frozen_embedding": (["--checks", "modules"], "modules (one batch)",
+                         "gradient of embedding.word_embeddings.weight: only in run A"),
+    "dropped_patch": (["--checks", "train"], "train (1 process)", "the run failed"),
+    "skipped_reduction": (["--checks", "layouts", "--layouts", "tp2"], "layout tp2", "parts at step 1"),
+    "summed_not_averaged": (["--checks", "layouts", "--layouts", "dp2"], "layout dp2", "parts at step 1"),
+}
+
+
+@pytest.mark.parametrize("mutant", sorted(MUTANTS))
+def test_every_mutant_backend_fails_at_its_check(mutant, cpu_certificate, tmp_path):
+    reference_dir, status, _, _ = cpu_certificate
+    assert status == 0
+    workdir = tmp_path / "certify"
+    shutil.copytree(reference_dir / "reference", workdir / "reference")  # the CPU reference, trained once,
+    shutil.copy(reference_dir / "trace-reference-on-cpu.safetensors", workdir)  # and traced once
+    args, check, words = MUTANTS[mutant]
+    status, certificate, report = certify("--device", f"mutant_backends:{mutant}", *args, workdir=workdir)
+    assert status == 1, report
+    failed = [c for c in certificate["checks"] if not c["passed"]]
+    assert [c["name"] for c in failed] == [check], report
+    assert words in failed[0]["detail"], failed[0]["detail"]
+    assert "reference: reusing" in report  # the mutant never trained its own reference
