@@ -3,8 +3,8 @@ has shipped -- a reduction that skips a rank, a matmul or softmax that accumulat
 backward is off, a dropped patch -- and that the loss alone does not reveal. ``loongforge certify`` must fail every
 one of them, at the check that should see it (tests/certify/test_certify.py).
 
-Each is selected by import path (``--device mutant_backends:NAME``; this directory on ``PYTHONPATH``), the way an
-out-of-tree backend under development is; the factories are lower-case because device names are.
+Each is selected by import path (``--device mutant_backends:SkippedReduction``; this directory on ``PYTHONPATH``),
+the way an out-of-tree backend under development is.
 """
 
 from __future__ import annotations
@@ -265,46 +265,3 @@ class DroppedClipPatch(_Mutant):
         for module, function in megatrons.items():
             module.clip_grad_by_total_norm_fp32 = function
 
-
-def skipped_reduction() -> SkippedReduction:
-    return SkippedReduction()
-
-
-def summed_not_averaged() -> SummedNotAveraged:
-    return SummedNotAveraged()
-
-
-def bf16_linear() -> Bf16Linear:
-    return Bf16Linear()
-
-
-def norm_backward() -> NormBackward:
-    return NormBackward()
-
-
-def norm_epsilon() -> NormEpsilon:
-    return NormEpsilon()
-
-
-def non_causal() -> NonCausalAttention:
-    return NonCausalAttention()
-
-
-def attention_scale() -> MisscaledAttention:
-    return MisscaledAttention()
-
-
-def bf16_attention() -> Bf16Attention:
-    return Bf16Attention()
-
-
-def swiglu_backward() -> SwiGLUBackward:
-    return SwiGLUBackward()
-
-
-def frozen_embedding() -> FrozenEmbedding:
-    return FrozenEmbedding()
-
-
-def dropped_patch() -> DroppedClipPatch:
-    return DroppedClipPatch()

@@ -56,23 +56,23 @@ def test_the_cpu_backend_is_certified_by_every_check(cpu_certificate):
     assert "verdict: certified" in report
 
 
-#: mutant factory -> (certify arguments that reach its fault, the check that must fail, words its detail names)
+#: mutant backend class -> (certify arguments that reach its fault, the check that must fail, words its detail names)
 MUTANTS = {
-    "bf16_linear": (["--checks", "train"], "train (1 process)", "parts at step"),
-    "bf16_attention": (["--checks", "train"], "train (1 process)", "parts at step"),
-    "attention_scale": (["--checks", "train"], "train (1 process)", "parts at step 1: loss"),
-    "norm_epsilon": (["--checks", "modules"], "modules (one batch)",
+    "Bf16Linear": (["--checks", "train"], "train (1 process)", "parts at step"),
+    "Bf16Attention": (["--checks", "train"], "train (1 process)", "parts at step"),
+    "MisscaledAttention": (["--checks", "train"], "train (1 process)", "parts at step 1: loss"),
+    "NormEpsilon": (["--checks", "modules"], "modules (one batch)",
                      "forward output of decoder.layers.0.input_layernorm"),
-    "non_causal": (["--checks", "modules"], "modules (one batch)",
+    "NonCausalAttention": (["--checks", "modules"], "modules (one batch)",
                    "forward output of decoder.layers.0.self_attention.core_attention"),
     # wrong backwards: the first gradient the backward pass gets wrong, nearest the output
-    "swiglu_backward": (["--checks", "modules"], "modules (one batch)", "gradient of decoder.layers.3.mlp.linear_fc1"),
-    "norm_backward": (["--checks", "modules"], "modules (one batch)", "gradient of decoder.layers.3.mlp.linear_fc2"),
-    "frozen_embedding": (["--checks", "modules"], "modules (one batch)",
+    "SwiGLUBackward": (["--checks", "modules"], "modules (one batch)", "gradient of decoder.layers.3.mlp.linear_fc1"),
+    "NormBackward": (["--checks", "modules"], "modules (one batch)", "gradient of decoder.layers.3.mlp.linear_fc2"),
+    "FrozenEmbedding": (["--checks", "modules"], "modules (one batch)",
                          "gradient of embedding.word_embeddings.weight: only in run A"),
-    "dropped_patch": (["--checks", "train"], "train (1 process)", "the run failed"),
-    "skipped_reduction": (["--checks", "layouts", "--layouts", "tp2"], "layout tp2", "parts at step 1"),
-    "summed_not_averaged": (["--checks", "layouts", "--layouts", "dp2"], "layout dp2", "parts at step 1"),
+    "DroppedClipPatch": (["--checks", "train"], "train (1 process)", "the run failed"),
+    "SkippedReduction": (["--checks", "layouts", "--layouts", "tp2"], "layout tp2", "parts at step 1"),
+    "SummedNotAveraged": (["--checks", "layouts", "--layouts", "dp2"], "layout dp2", "parts at step 1"),
 }
 
 
