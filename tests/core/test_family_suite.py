@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+from typing import ClassVar
 
 import pytest
 import torch
@@ -201,6 +202,17 @@ class UsesMegatronsLocalLayers(DecoderFlavor):
         return dataclasses.replace(build, backend=Local()).decoder_chunk(self)
 
 
+@dataclasses.dataclass(frozen=True)
+class DropsTheTiedHead(DecoderFlavor):
+    """Says its output layer is the embedding (``tie_word_embeddings``) but builds an output layer of its own, which
+    then trains apart from the embedding."""
+
+    mutant_fields: ClassVar[dict] = {"tie_word_embeddings": True}
+
+    def build_chunk(self, build):
+        return build.decoder_chunk(dataclasses.replace(self, tie_word_embeddings=False))
+
+
 LLAMA = all_flavors()["llama-debug"]
 
 
@@ -214,9 +226,11 @@ LLAMA = all_flavors()["llama-debug"]
     (RenamesNothing, "test_hf_export_computes_what_the_model_computes", "does not load into transformers' Llama"),
     (SwapsGateAndUp, "test_hf_export_computes_what_the_model_computes", "computes other logits"),
     (WritesAnotherRopeLayout, "test_hf_export_computes_what_the_model_computes", "computes other logits"),
+    (DropsTheTiedHead, "test_hf_export_computes_what_the_model_computes", "computes other logits"),
 ])
 def test_the_suite_fails_a_family_that_cannot_work(mutant, test, message, tmp_path):
-    flavor = mutant(**{f.name: getattr(LLAMA, f.name) for f in dataclasses.fields(DecoderFlavor)})
+    fields = {f.name: getattr(LLAMA, f.name) for f in dataclasses.fields(DecoderFlavor)}
+    flavor = mutant(**{**fields, **getattr(mutant, "mutant_fields", {})})
     suite = type("TestMutant", (ModelFamilySuite,), {"family": flavor, "has_hf_adapter": True})()
     check = getattr(suite, test)
     extra = (tmp_path,) if "tmp_path" in inspect.signature(check).parameters else ()
