@@ -36,14 +36,15 @@ def certify(*args: str, workdir: Path) -> tuple[int, dict, str]:
 @pytest.fixture(scope="module")
 def cpu_certificate(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("certify")
-    status, certificate, report = certify("--device", "cpu", workdir=workdir)
+    status, certificate, report = certify("--device", "cpu", "--recipes", "llm", workdir=workdir)
     return workdir, status, certificate, report
 
 
 def test_the_cpu_backend_is_certified_by_every_check(cpu_certificate):
     _, status, certificate, report = cpu_certificate
     assert status == 0, report
-    assert certificate["passed"] and certificate["complete"]
+    assert certificate["passed"] and certificate["complete"] and certificate["traced"] == ["llm"]
+    assert {check["recipe"] for check in certificate["checks"]} == {"llm"}
     checks = {check["name"]: check for check in certificate["checks"]}
     assert list(checks) == ["train (1 process)", "modules (one batch)", "final weights", "resume on device",
                             "checkpoint to cpu", "layout tp2", "layout pp2", "layout dp2"]
@@ -52,7 +53,7 @@ def test_the_cpu_backend_is_certified_by_every_check(cpu_certificate):
         assert checks[name]["measured"] == 0.0, checks[name]
     for name in ("layout tp2", "layout pp2", "layout dp2"):
         assert checks[name]["passed"] and checks[name]["measured"] < checks[name]["tolerance"] == 1e-4
-    assert certificate["versions"]["torch"] and certificate["speed_vs_reference"] > 0
+    assert certificate["versions"]["torch"] and certificate["speed_vs_reference"]["llm"] > 0
     assert "verdict: certified" in report
 
 
@@ -81,12 +82,29 @@ def test_every_mutant_backend_fails_at_its_check(mutant, cpu_certificate, tmp_pa
     reference_dir, status, _, _ = cpu_certificate
     assert status == 0
     workdir = tmp_path / "certify"
-    shutil.copytree(reference_dir / "reference", workdir / "reference")  # the CPU reference, trained once,
-    shutil.copy(reference_dir / "trace-reference-on-cpu.safetensors", workdir)  # and traced once
+    shutil.copytree(reference_dir / "llm" / "reference", workdir / "llm" / "reference")  # the reference, trained once,
+    shutil.copy(reference_dir / "llm" / "trace-reference-on-cpu.safetensors", workdir / "llm")  # and traced once
     args, check, words = MUTANTS[mutant]
-    status, certificate, report = certify("--device", f"mutant_backends:{mutant}", *args, workdir=workdir)
+    status, certificate, report = certify("--device", f"mutant_backends:{mutant}", "--recipes", "llm", *args,
+                                          workdir=workdir)
     assert status == 1, report
     failed = [c for c in certificate["checks"] if not c["passed"]]
     assert [c["name"] for c in failed] == [check], report
     assert words in failed[0]["detail"], failed[0]["detail"]
-    assert "reference: reusing" in report  # the mutant never trained its own reference
+    assert "llm: reference: reusing" in report  # the mutant never trained its own reference
+
+
+def test_every_installed_recipe_certifies_the_cpu(tmp_path):
+    """Each recipe the plugins register (VLM, diffusion, policy) and core's MoE runs through certify end to end:
+    its reference, the CPU continuing the device's checkpoint and the data-parallel layout (short: 2 steps; the
+    device's own resume is the llm recipe's, above)."""
+    status, certificate, report = certify("--device", "cpu", "--recipes", "llm-moe", "vlm", "diffusion", "embodied",
+                                          "--steps", "2", "--layouts", "dp2", "--checks", "train", "modules",
+                                          "portability", "layouts", workdir=tmp_path)
+    assert status == 0, report
+    assert certificate["traced"] == ["llm-moe"] and not certificate["complete"]  # --layouts narrowed it
+    ran = {(check["recipe"], check["name"]) for check in certificate["checks"]}
+    for recipe in ("llm-moe", "vlm", "diffusion", "embodied"):
+        assert {(recipe, "train (1 process)"), (recipe, "checkpoint to cpu"), (recipe, "layout dp2")} <= ran, recipe
+    assert ("llm-moe", "modules (one batch)") in ran and ("vlm", "modules (one batch)") not in ran
+    assert "no module or weight trace" in report

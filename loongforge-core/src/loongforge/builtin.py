@@ -73,6 +73,13 @@ def loongforge_register_rewards(registry):
 
 
 @hookimpl
+def loongforge_register_certification_recipes(registry):
+    from loongforge.certify.recipes import register_core_recipes
+
+    register_core_recipes(registry)
+
+
+@hookimpl
 def loongforge_register_tokenizers(registry):
     from loongforge.data.registration import register_builtin_tokenizers
 

@@ -129,6 +129,19 @@ def loongforge_register_rewards(registry: Registry) -> None:
 
 
 @hookspec
+def loongforge_register_certification_recipes(registry: Registry) -> None:
+    """Register the tiny training runs ``loongforge certify`` trains on a device backend and on the CPU reference.
+
+    :param registry: the ``certification_recipe`` registry; the target is a
+        :class:`loongforge.certify.recipes.CertificationRecipe` (or its import path): a run config needing no
+        download, the parallel layouts the model can take (:class:`~loongforge.certify.recipes.Layout`, each with
+        the overrides that keep the one-process global batch) and whether the model is a megatron decoder the
+        module-by-module checks trace. Register one per kind of model the plugin trains, so that certifying a
+        backend exercises it; core registers ``llm`` and ``llm-moe``.
+    """
+
+
+@hookspec
 def loongforge_register_commands(commands: CommandRegistry) -> None:
     """Add sub-commands to the ``loongforge`` command line (core's own commands register here too).
 

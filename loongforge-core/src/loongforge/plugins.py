@@ -61,6 +61,7 @@ _COLLECTORS = {
     "optimization": "loongforge_register_optimizations",
     "hf_architecture": "loongforge_register_hf_architectures",
     "reward": "loongforge_register_rewards",
+    "certification_recipe": "loongforge_register_certification_recipes",
 }
 _COMMANDS_COLLECTOR = "loongforge_register_commands"
 

@@ -242,4 +242,4 @@ def plural(kind: str) -> str:
 #: Registry kinds, in the order ``loongforge list`` shows them. Each has a collector hook
 #: ``loongforge_register_<kind>s``.
 REGISTRY_KINDS: tuple[str, ...] = ("device", "model", "strategy", "dataset", "tokenizer", "optimization",
-                                   "hf_architecture", "reward")
+                                   "hf_architecture", "reward", "certification_recipe")

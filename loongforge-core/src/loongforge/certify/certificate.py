@@ -17,9 +17,10 @@ VERSIONED = ("loongforge-core", "torch", "megatron-core")
 
 @dataclasses.dataclass(frozen=True)
 class Check:
-    """One comparison with the CPU reference: its largest relative difference against its tolerance, and where it
-    parts (or what it compared, when it holds)."""
+    """One comparison with the CPU reference on one recipe: its largest relative difference against its tolerance,
+    and where it parts (or what it compared, when it holds)."""
 
+    recipe: str
     name: str
     passed: bool
     measured: float
@@ -29,19 +30,21 @@ class Check:
 
 @dataclasses.dataclass
 class Certificate:
-    """The checks run on ``device`` in ``precision`` (in order), the versions they ran with and the device's speed on
-    the recipe relative to the CPU reference (steps per second, ``None`` until measured)."""
+    """The checks run on ``device`` in ``precision`` (in order) for each recipe (name -> what it trains), the
+    versions they ran with and the device's speed on each recipe relative to the CPU reference (steps per second)."""
 
     device: str
     precision: str
-    recipe: str
+    recipes: dict[str, str]
     steps: int
     #: The kinds of check this certification ran (``--checks``); a certificate proves those only.
     scope: tuple[str, ...] = ()
     #: Whether ``scope`` is every kind of check there is.
     complete: bool = True
     checks: list[Check] = dataclasses.field(default_factory=list)
-    speed_vs_reference: float | None = None
+    speed_vs_reference: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: The recipes whose models the module and weight checks can trace (megatron decoders).
+    traced: set[str] = dataclasses.field(default_factory=set)
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
@@ -50,7 +53,7 @@ class Certificate:
 
     def to_json(self) -> dict[str, Any]:
         """Strict JSON: a difference that could not be measured (a run that failed, ``inf``/``nan``) as a string."""
-        record = {**dataclasses.asdict(self), "passed": self.passed}
+        record = {**dataclasses.asdict(self), "passed": self.passed, "traced": sorted(self.traced)}
         for check in record["checks"]:
             if not math.isfinite(check["measured"]):
                 check["measured"] = str(check["measured"])
@@ -62,16 +65,21 @@ class Certificate:
 
     def render(self) -> str:
         """The table a person reads: one row per check, the verdict last."""
-        rows = [f"certificate: device {self.device}, {self.precision}, {self.recipe}, {self.steps} steps against the "
-                "CPU reference",
-                f"{'check':26s} {'result':6s} {'max rel diff':>12s} {'tolerance':>10s}  detail"]
+        rows = [f"certificate: device {self.device}, {self.precision}, {self.steps} steps of each recipe against the "
+                "CPU reference"]
+        rows += [f"  {name}: {description}" for name, description in self.recipes.items()]
+        untraced = sorted({check.recipe for check in self.checks} - self.traced)
+        if untraced and {"modules", "weights"} & set(self.scope):
+            rows.append(f"  ({', '.join(untraced)}: no module or weight trace, which reads megatron decoders only)")
+        rows.append(f"{'recipe':12s} {'check':26s} {'result':6s} {'max rel diff':>12s} {'tolerance':>10s}  detail")
         for check in self.checks:
-            rows.append(f"{check.name:26s} {'pass' if check.passed else 'FAIL':6s} {check.measured:12.3g} "
-                        f"{check.tolerance:10.3g}  {check.detail}")
-        if self.speed_vs_reference is not None:
-            rows.append(f"speed: {self.speed_vs_reference:.2f}x the CPU reference's steps per second")
+            rows.append(f"{check.recipe:12s} {check.name:26s} {'pass' if check.passed else 'FAIL':6s} "
+                        f"{check.measured:12.3g} {check.tolerance:10.3g}  {check.detail}")
+        if self.speed_vs_reference:
+            rows.append("speed (steps per second against the CPU reference's): "
+                        + ", ".join(f"{name} {ratio:.2f}x" for name, ratio in self.speed_vs_reference.items()))
         rows.append(f"versions: {', '.join(f'{k} {v}' for k, v in self.versions.items())}")
-        failed = [check.name for check in self.checks if not check.passed]
+        failed = [f"{check.recipe}: {check.name}" for check in self.checks if not check.passed]
         partial = "" if self.complete else f" for {', '.join(self.scope)} only (a partial certification)"
         rows.append("verdict: " + (f"FAILED ({', '.join(failed)})" if failed else f"certified{partial}"))
         return "\n".join(rows)

@@ -1,5 +1,6 @@
-"""The ``loongforge certify`` command: certify a device backend against the CPU reference (see
-:mod:`loongforge.certify.device`), print the certificate, write it as JSON; exit status 0 when every check holds."""
+"""The ``loongforge certify`` command: certify a device backend against the CPU reference on every installed
+certification recipe (see :mod:`loongforge.certify.device`), print the certificate, write it as JSON; exit status 0
+when every check holds."""
 
 from __future__ import annotations
 
@@ -7,22 +8,24 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from loongforge.certify.device import CHECKS, DEFAULT_LAYOUTS, LAYOUTS, TOLERANCES, DeviceCertification, Recipe
+from loongforge.certify.device import CHECKS, TOLERANCES, certify_device
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.description = ("Train a short recipe on a device backend and on the CPU reference and compare them step by "
-                          "step, module by module, across resumes and parallel layouts; print a certificate (exit "
-                          "status 0: certified, 1: a check failed).")
+    parser.description = ("Train each installed certification recipe (loongforge list certification_recipes) on a "
+                          "device backend and on the CPU reference and compare them step by step, module by module, "
+                          "across resumes and parallel layouts; print a certificate (exit status 0: certified, 1: a "
+                          "check failed).")
     parser.add_argument("--device", required=True,
-                        help="the device backend to certify (a registered name, or package.module:factory)")
-    parser.add_argument("--model", default=Recipe.model, help=f"model flavor to train (default {Recipe.model})")
-    parser.add_argument("--steps", type=int, default=Recipe.steps, help=f"training steps (default {Recipe.steps})")
-    parser.add_argument("--precision", default=Recipe.precision, choices=sorted(TOLERANCES),
-                        help=f"training precision, with its tolerances (default {Recipe.precision})")
-    parser.add_argument("--layouts", nargs="*", default=list(DEFAULT_LAYOUTS), choices=sorted(LAYOUTS),
-                        metavar="LAYOUT", help=f"parallel layouts to certify, of {', '.join(LAYOUTS)} (default: "
-                        f"{' '.join(DEFAULT_LAYOUTS)}; none: one process only)")
+                        help="the device backend to certify (a registered name, or package.module:Class)")
+    parser.add_argument("--recipes", nargs="+", metavar="RECIPE",
+                        help="certification recipes to train (default: every installed one)")
+    parser.add_argument("--steps", type=int, default=6, help="training steps of each run (default 6)")
+    parser.add_argument("--precision", default="fp32", choices=sorted(TOLERANCES),
+                        help="training precision, with its tolerances (default fp32)")
+    parser.add_argument("--layouts", nargs="*", metavar="LAYOUT",
+                        help="parallel layouts to run where a recipe has them (tp2, pp2, dp2, ep2, ...; default: "
+                             "each recipe's own; none: one process only)")
     parser.add_argument("--checks", nargs="+", default=list(CHECKS), choices=CHECKS, metavar="CHECK",
                         help=f"which kinds of check to run, of {', '.join(CHECKS)} (default: all; a partial run "
                              "certifies only what it ran)")
@@ -34,12 +37,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    recipe = Recipe(model=args.model, steps=args.steps, precision=args.precision)
+    from loongforge.devices.selection import select_backend
+    from loongforge.plugins import get_host
+
+    host = get_host()
+    select_backend(args.device, host.registry("device"), source="--device")  # unknown or unavailable: before training
+    registry = host.registry("certification_recipe")
+    names = args.recipes or registry.names()
+    recipes = {name: registry.load(name, where="--recipes") for name in names}
     with tempfile.TemporaryDirectory(prefix="loongforge-certify-") as scratch:
-        certification = DeviceCertification(args.device, recipe, args.workdir or Path(scratch),
-                                             layouts=tuple(args.layouts), checks=tuple(args.checks),
-                                             fail_fast=args.fail_fast)
-        certificate = certification.run()
+        certificate = certify_device(args.device, recipes, args.workdir or Path(scratch), steps=args.steps,
+                                     precision=args.precision,
+                                     layouts=None if args.layouts is None else tuple(args.layouts),
+                                     checks=tuple(args.checks), fail_fast=args.fail_fast)
     print(certificate.render())
     if args.output:
         certificate.write(args.output)

@@ -30,27 +30,18 @@ import os
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from loongforge.certify.certificate import Certificate, Check, installed_versions
+from loongforge.certify.recipes import CertificationRecipe
 from loongforge.errors import LoongForgeError
 
 #: precision -> (metrics tolerance, module tolerance): relative, see the module docstring.
 TOLERANCES = {"fp32": (1e-4, 1e-4), "bf16": (2e-2, 5e-2)}
-#: Layouts certify can run: name -> (processes, overrides). Two processes each, so a 2-core machine runs them.
-LAYOUTS = {
-    "tp2": (2, ["parallel.tp=2"]),
-    "pp2": (2, ["parallel.pp=2"]),
-    "dp2": (2, []),
-    "tp2-sp": (2, ["parallel.tp=2", "parallel.sequence_parallel=true"]),
-    "dp2-distopt": (2, ["parallel.distributed_optimizer=true"]),
-}
-DEFAULT_LAYOUTS = ("tp2", "pp2", "dp2")
 #: The kinds of check, in the order they run (see the module docstring): ``--checks`` picks some.
 CHECKS = ("train", "modules", "weights", "resume", "portability", "layouts")
 REFERENCE_DEVICE = "cpu"
@@ -58,36 +49,6 @@ REFERENCE_DEVICE = "cpu"
 
 class CertifyError(LoongForgeError):
     """The certification could not be set up (not: a check failed, which the certificate reports)."""
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """What every run trains: ``model`` for ``steps`` steps in ``precision`` (a checkpoint half-way and at the end)."""
-
-    model: str = "llama-tiny"
-    steps: int = 6
-    precision: str = "fp32"
-    seq_length: int = 64
-
-    def config(self) -> dict[str, Any]:
-        return {
-            "run": {"name": "certify", "seed": 1234},
-            "model": self.model,
-            "data": {"dataset": "shipped-corpus", "tokenizer": "byte", "seq_length": self.seq_length},
-            "optimizer": {"lr": 2.0e-3, "min_lr": 2.0e-4, "weight_decay": 0.1, "grad_clip": 1.0},
-            "scheduler": {"warmup_steps": 2, "decay": "cosine"},
-            "training": {"steps": self.steps, "micro_batch_size": 4, "global_batch_size": 8,
-                         "precision": self.precision, "sample_tokens": 0, "threads": 1},
-            "checkpoint": {"interval": self.half, "keep_last": 4, "resume": "never"},
-            "logging": {"interval": 1, "progress": False, "tensorboard": False},
-        }
-
-    @property
-    def half(self) -> int:
-        return max(1, self.steps // 2)
-
-    def describe(self) -> str:
-        return f"{self.model} on shipped-corpus, sequences of {self.seq_length}, global batch 8"
 
 
 @dataclass(frozen=True)
@@ -102,42 +63,68 @@ class Run:
         return self.path / "checkpoints" / f"step-{step:07d}"
 
 
-class DeviceCertification:
-    """The runs and checks of one certification, in ``workdir`` (a reference already there for the same recipe is
-    reused, so certifying several backends trains it once)."""
+def certify_device(device: str, recipes: Mapping[str, CertificationRecipe], workdir: Path, *, steps: int = 6,
+                   precision: str = "fp32", layouts: tuple[str, ...] | None = None, checks: tuple[str, ...] = CHECKS,
+                   fail_fast: bool = False, progress: Callable[[str], None] = print) -> Certificate:
+    """Certify ``device`` on each recipe (each in ``workdir/NAME``); ``layouts``: the layout names to run where a
+    recipe has them (``None``: each recipe's defaults)."""
+    unknown = [name for name in checks if name not in CHECKS]
+    if unknown or not checks:
+        raise CertifyError(f"unknown check(s) {', '.join(unknown)}; known: {', '.join(CHECKS)}" if unknown
+                           else "no check selected (--checks)")
+    if precision not in TOLERANCES:
+        raise CertifyError(f"precision '{precision}' is not certified; use one of {', '.join(TOLERANCES)}")
+    if steps < 2:
+        raise CertifyError("--steps must be at least 2 (the resume checks continue from the half-way checkpoint)")
+    if not recipes:
+        raise CertifyError("no certification recipe to train (none registered, or --recipes chose none)")
+    if layouts is not None:
+        known = {name for recipe in recipes.values() for name in recipe.layouts}
+        missing = [name for name in layouts if name not in known]
+        if missing:
+            raise CertifyError(f"no recipe has layout(s) {', '.join(missing)}; known: {', '.join(sorted(known))}")
+    chosen = tuple(kind for kind in CHECKS if kind in checks)  # cheapest first, whatever the order given
+    certificate = Certificate(device, precision, {name: recipe.description for name, recipe in recipes.items()},
+                              steps, scope=chosen, complete=chosen == CHECKS and layouts is None,
+                              versions=installed_versions(),
+                              traced={name for name, recipe in recipes.items() if recipe.traced})
+    for name, recipe in recipes.items():
+        single = RecipeCertification(device, name, recipe, workdir / name, steps=steps, precision=precision,
+                                     layouts=recipe.chosen_layouts(layouts), checks=chosen, progress=progress)
+        passed = single.run(certificate, fail_fast=fail_fast)
+        if fail_fast and not passed:
+            break
+    return certificate
 
-    def __init__(self, device: str, recipe: Recipe, workdir: Path, *, layouts: tuple[str, ...] = DEFAULT_LAYOUTS,
-                 checks: tuple[str, ...] = CHECKS, fail_fast: bool = False,
-                 progress: Callable[[str], None] = print) -> None:
-        for kind, names, known in (("layout", layouts, LAYOUTS), ("check", checks, CHECKS)):
-            unknown = [name for name in names if name not in known]
-            if unknown:
-                raise CertifyError(f"unknown {kind}(s) {', '.join(unknown)}; known: {', '.join(known)}")
-        if not checks:
-            raise CertifyError("no check selected (--checks)")
-        if recipe.precision not in TOLERANCES:
-            raise CertifyError(f"precision '{recipe.precision}' is not certified; use one of {', '.join(TOLERANCES)}")
-        if recipe.steps < 2:
-            raise CertifyError("--steps must be at least 2 (the resume checks continue from the half-way checkpoint)")
-        self.device, self.recipe, self.workdir = device, recipe, workdir
-        self.layouts, self.fail_fast, self.progress = layouts, fail_fast, progress
-        self.checks = tuple(kind for kind in CHECKS if kind in checks)  # cheapest first, whatever the order given
-        self.metrics_tolerance, self.module_tolerance = TOLERANCES[recipe.precision]
+
+class RecipeCertification:
+    """The runs and checks of one recipe, in ``workdir`` (a reference already there for the same recipe is reused,
+    so certifying several backends trains it once)."""
+
+    def __init__(self, device: str, name: str, recipe: CertificationRecipe, workdir: Path, *, steps: int,
+                 precision: str, layouts: tuple[str, ...], checks: tuple[str, ...],
+                 progress: Callable[[str], None]) -> None:
+        self.device, self.name, self.recipe, self.workdir = device, name, recipe, workdir
+        self.steps, self.half, self.precision = steps, max(1, steps // 2), precision
+        self.layouts, self.progress = layouts, progress
+        traced_only = () if recipe.traced else ("modules", "weights")  # the trace worker reads megatron decoders
+        self.checks = tuple(kind for kind in checks if kind not in traced_only)
+        self.metrics_tolerance, self.module_tolerance = TOLERANCES[precision]
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.recipe_path = self.workdir / "recipe.yaml"
         self.reused_reference = False
-        self.recipe_path.write_text(yaml.safe_dump(recipe.config(), sort_keys=False), encoding="utf-8")
+        self.recipe_path.write_text(yaml.safe_dump(recipe.run_config(steps, precision), sort_keys=False),
+                                    encoding="utf-8")
 
-    def run(self) -> Certificate:
-        certificate = Certificate(self.device, self.recipe.precision, self.recipe.describe(), self.recipe.steps,
-                                  scope=self.checks, complete=self.checks == CHECKS and bool(self.layouts),
-                                  versions=installed_versions())
+    def run(self, certificate: Certificate, *, fail_fast: bool) -> bool:
+        """Add this recipe's checks to ``certificate``; whether they all held."""
         reference = self._reference()
         for stale in self.workdir.glob("trace-*.safetensors"):  # traces of another device (or reference) than this
             if stale.name != "trace-reference-on-cpu.safetensors" or not self.reused_reference:
                 stale.unlink()
         if reference.metrics is None:
-            raise CertifyError(f"the CPU reference run failed, nothing can be certified: {reference.error}")
+            raise CertifyError(f"the CPU reference run of recipe '{self.name}' failed, nothing can be certified: "
+                               f"{reference.error}")
         candidate = functools.cache(lambda: self._train("device", self.device))  # only the checks that need it
         checks: dict[str, list[Callable[[], Check]]] = {
             "train": [lambda: self._compare_runs("train (1 process)", candidate(), reference)],
@@ -147,15 +134,19 @@ class DeviceCertification:
             "portability": [lambda: self._checkpoint_to_cpu(candidate(), reference)],
             "layouts": [lambda name=name: self._layout(name, reference) for name in self.layouts],
         }
+        passed = True
         for check in (check for kind in self.checks for check in checks[kind]):
             result = check()
             certificate.checks.append(result)
-            self.progress(f"[certify] {result.name}: {'pass' if result.passed else 'FAIL'} ({result.detail})")
-            if self.fail_fast and not result.passed:
+            self.progress(f"[certify] {self.name}: {result.name}: {'pass' if result.passed else 'FAIL'} "
+                          f"({result.detail})")
+            passed &= result.passed
+            if fail_fast and not result.passed:
                 break
         if "train" in self.checks and candidate().metrics is not None:
-            certificate.speed_vs_reference = _steps_per_second(candidate()) / _steps_per_second(reference)
-        return certificate
+            certificate.speed_vs_reference[self.name] = (_steps_per_second(candidate())
+                                                         / _steps_per_second(reference))
+        return passed
 
     # -- runs ------------------------------------------------------------------------------------------------------
 
@@ -165,8 +156,8 @@ class DeviceCertification:
         recorded = path / "recipe.yaml"
         if recorded.is_file() and recorded.read_text(encoding="utf-8") == self.recipe_path.read_text(encoding="utf-8"):
             metrics = _read_metrics(path)
-            if metrics is not None and len(metrics) == self.recipe.steps:
-                self.progress(f"[certify] reference: reusing {path}")
+            if metrics is not None and len(metrics) == self.steps:
+                self.progress(f"[certify] {self.name}: reference: reusing {path}")
                 self.reused_reference = True
                 return Run(path, metrics)
         run = self._train("reference", REFERENCE_DEVICE)
@@ -182,7 +173,8 @@ class DeviceCertification:
                    *overrides, "--device", device]
         if nproc > 1:
             command += ["--nproc", str(nproc)]
-        self.progress(f"[certify] training {name} on {device}" + (f" ({nproc} processes)" if nproc > 1 else ""))
+        processes = f" ({nproc} processes)" if nproc > 1 else ""
+        self.progress(f"[certify] {self.name}: training {name} on {device}{processes}")
         done = subprocess.run(command, capture_output=True, text=True, env=_quiet_env())
         if done.returncode != 0:
             return Run(path, None, _last_line(done.stderr) or f"exit status {done.returncode}")
@@ -195,53 +187,53 @@ class DeviceCertification:
         """Per-step loss and gradient norm of ``run`` against ``reference`` over ``steps`` (default: all)."""
         tolerance = self.metrics_tolerance if tolerance is None else tolerance
         if run.metrics is None:
-            return Check(name, False, float("inf"), tolerance, f"the run failed: {run.error}")
-        steps = steps or range(1, self.recipe.steps + 1)
+            return Check(self.name, name, False, float("inf"), tolerance, f"the run failed: {run.error}")
+        steps = steps or range(1, self.steps + 1)
         worst, parting = 0.0, ""
         for step in steps:
             mine, theirs = run.metrics.get(step), reference.metrics.get(step)
             if mine is None:
-                return Check(name, False, float("inf"), tolerance, f"step {step} is missing from {run.path}")
+                return Check(self.name, name, False, float("inf"), tolerance, f"step {step} is missing from {run.path}")
             for key in ("loss", "grad_norm"):
                 gap = _relative(mine[key], theirs[key])
                 if gap > tolerance and not parting:
                     parting = f"parts at step {step}: {key} {mine[key]!r} vs reference {theirs[key]!r}"
                 worst = max(worst, gap)
         held = f"loss and grad norm within tolerance over steps {steps.start}-{steps.stop - 1}"
-        return Check(name, not parting, worst, tolerance, parting or held)
+        return Check(self.name, name, not parting, worst, tolerance, parting or held)
 
     def _modules(self, reference: Run) -> Check:
         """One batch through the reference's final weights on the backend and on the CPU, module by module."""
         name = "modules (one batch)"
-        checkpoint = reference.checkpoint(self.recipe.steps)
+        checkpoint = reference.checkpoint(self.steps)
         traces = [self._trace("reference-on-cpu", checkpoint, REFERENCE_DEVICE),
                   self._trace("reference-on-device", checkpoint, self.device)]
         failed = next((trace for trace in traces if isinstance(trace, str)), None)
         if failed is not None:
-            return Check(name, False, float("inf"), self.module_tolerance, failed)
+            return Check(self.name, name, False, float("inf"), self.module_tolerance, failed)
         from loongforge.certify.trace_worker import compare_traces
         from loongforge.diffing.compare import GRADIENT, OUTPUT, PARAMETER
 
         worst, first = compare_traces(*traces, self.module_tolerance, kinds=(PARAMETER, OUTPUT, GRADIENT))
         detail = f"first parts at the {first.describe()}" if first else "every module output and gradient agrees"
-        return Check(name, first is None, worst, self.module_tolerance, detail)
+        return Check(self.name, name, first is None, worst, self.module_tolerance, detail)
 
     def _final_weights(self, run: Run, reference: Run) -> Check:
         """Every parameter of the backend's final checkpoint against the reference's (both read on the CPU)."""
         name = "final weights"
         if run.metrics is None:
-            return Check(name, False, float("inf"), self.module_tolerance, f"the run failed: {run.error}")
-        traces = [self._trace("reference-on-cpu", reference.checkpoint(self.recipe.steps), REFERENCE_DEVICE),
-                  self._trace("device-run-on-cpu", run.checkpoint(self.recipe.steps), REFERENCE_DEVICE)]
+            return Check(self.name, name, False, float("inf"), self.module_tolerance, f"the run failed: {run.error}")
+        traces = [self._trace("reference-on-cpu", reference.checkpoint(self.steps), REFERENCE_DEVICE),
+                  self._trace("device-run-on-cpu", run.checkpoint(self.steps), REFERENCE_DEVICE)]
         failed = next((trace for trace in traces if isinstance(trace, str)), None)
         if failed is not None:
-            return Check(name, False, float("inf"), self.module_tolerance, failed)
+            return Check(self.name, name, False, float("inf"), self.module_tolerance, failed)
         from loongforge.certify.trace_worker import compare_traces
         from loongforge.diffing.compare import PARAMETER
 
         worst, first = compare_traces(*traces, self.module_tolerance, kinds=(PARAMETER,))
         detail = f"first parts at the {first.describe()}" if first else "every parameter agrees"
-        return Check(name, first is None, worst, self.module_tolerance, detail)
+        return Check(self.name, name, first is None, worst, self.module_tolerance, detail)
 
     def _trace(self, label: str, checkpoint: Path, device: str) -> Path | str:
         """``checkpoint`` traced on ``device`` (:mod:`loongforge.certify.trace_worker`), once per label: the file,
@@ -250,7 +242,7 @@ class DeviceCertification:
         if out.is_file():
             return out
         command = [sys.executable, "-m", "loongforge.certify.trace_worker", str(checkpoint), str(out),
-                   "--device", device, "--precision", self.recipe.precision]
+                   "--device", device, "--precision", self.precision]
         done = subprocess.run(command, capture_output=True, text=True, env=_quiet_env())
         if done.returncode != 0:
             return f"tracing {checkpoint.name} on {device} failed: {_last_line(done.stderr)}"
@@ -259,22 +251,22 @@ class DeviceCertification:
     def _resume_on_device(self, run: Run) -> Check:
         name = "resume on device"
         if run.metrics is None:
-            return Check(name, False, float("inf"), 0.0, f"the run failed: {run.error}")
-        resumed = self._train("device-resumed", self.device, f"checkpoint.resume={run.checkpoint(self.recipe.half)}")
-        return self._compare_runs(name, resumed, run, range(self.recipe.half + 1, self.recipe.steps + 1), 0.0)
+            return Check(self.name, name, False, float("inf"), 0.0, f"the run failed: {run.error}")
+        resumed = self._train("device-resumed", self.device, f"checkpoint.resume={run.checkpoint(self.half)}")
+        return self._compare_runs(name, resumed, run, range(self.half + 1, self.steps + 1), 0.0)
 
     def _checkpoint_to_cpu(self, run: Run, reference: Run) -> Check:
         name = "checkpoint to cpu"
         if run.metrics is None:
-            return Check(name, False, float("inf"), self.metrics_tolerance, f"the run failed: {run.error}")
+            return Check(self.name, name, False, float("inf"), self.metrics_tolerance, f"the run failed: {run.error}")
         resumed = self._train("cpu-from-device", REFERENCE_DEVICE,
-                              f"checkpoint.resume={run.checkpoint(self.recipe.half)}")
-        return self._compare_runs(name, resumed, reference, range(self.recipe.half + 1, self.recipe.steps + 1))
+                              f"checkpoint.resume={run.checkpoint(self.half)}")
+        return self._compare_runs(name, resumed, reference, range(self.half + 1, self.steps + 1))
 
     def _layout(self, layout: str, reference: Run) -> Check:
-        nproc, overrides = LAYOUTS[layout]
-        run = self._train(f"layout-{layout}", self.device, *overrides, "checkpoint.interval=0",
-                          "checkpoint.save_at_end=false", nproc=nproc)
+        chosen = self.recipe.layouts[layout]
+        run = self._train(f"layout-{layout}", self.device, *chosen.overrides, "checkpoint.interval=0",
+                          "checkpoint.save_at_end=false", nproc=chosen.processes)
         return self._compare_runs(f"layout {layout}", run, reference)
 
 

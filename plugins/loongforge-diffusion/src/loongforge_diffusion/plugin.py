@@ -32,3 +32,9 @@ def loongforge_register_commands(commands):
     commands.add_generator("moving-squares", help="write a moving-squares video dataset to a .pt file",
                            configure="loongforge_diffusion.commands:configure_moving_squares",
                            run="loongforge_diffusion.commands:run_moving_squares")
+
+
+@hookimpl
+def loongforge_register_certification_recipes(registry):
+    registry.register("diffusion", "loongforge_diffusion.certification:IMAGE_DIT",
+                      description="image DiT (qwen-image-tiny) with flow matching")

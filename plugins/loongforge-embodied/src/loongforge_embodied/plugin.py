@@ -32,3 +32,9 @@ def loongforge_register_commands(commands):
     from loongforge_embodied.commands import register_commands
 
     register_commands(commands)
+
+
+@hookimpl
+def loongforge_register_certification_recipes(registry):
+    registry.register("embodied", "loongforge_embodied.certification:POLICY",
+                      description="vision-language-action policy (pi05-tiny) with flow matching")

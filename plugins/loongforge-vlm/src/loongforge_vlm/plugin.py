@@ -54,3 +54,9 @@ def loongforge_register_commands(commands):
     from loongforge_vlm.commands import register_commands
 
     register_commands(commands)
+
+
+@hookimpl
+def loongforge_register_certification_recipes(registry):
+    registry.register("vlm", "loongforge_vlm.certification:VLM",
+                      description="vision-language model (siglip-tiny + mlp + qwen3-tiny)")
