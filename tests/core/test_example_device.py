@@ -92,7 +92,7 @@ def test_cli_flag_beats_environment_beats_config(installed_example, tmp_path):
 
 def test_it_certifies_itself_against_the_cpu_reference(installed_example, tmp_path):
     """docs/certify.md's vendor walk-through: the out-of-tree backend passes every check at the dp2 layout."""
-    result = loongforge("certify", "--device", "cpu-deterministic", "--layouts", "dp2", "--workdir",
+    result = loongforge("certify", "--device", "cpu-deterministic", "--recipes", "llm", "--layouts", "dp2", "--workdir",
                         str(tmp_path / "certify"), "--output", str(tmp_path / "certificate.json"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     certificate = json.loads((tmp_path / "certificate.json").read_text())
