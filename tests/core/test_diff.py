@@ -57,7 +57,14 @@ def _variant(hf_dir, tmp_path, *, tensor=None, config=None):
     ({"config": {"rms_norm_eps": 0.1}}, None, "decoder.layers.0.input_layernorm", "norm_eps"),
     ({"config": {"rope_parameters": {"rope_type": "default", "rope_theta": 50.0}}}, None, "rotary_pos_emb",
      "rope_theta"),  # the rotary table is the first module that computes differently
-], ids=["weight-layer-1", "weight-layer-2", "norm-epsilon", "rope-base"])
+    ({"tensor": ("model.embed_tokens.weight", 1.01)}, "embedding.word_embeddings.weight",
+     "embedding.word_embeddings", None),
+    ({"tensor": ("model.layers.0.post_attention_layernorm.weight", 1.05)},
+     "decoder.layers.0.pre_mlp_layernorm.weight", "decoder.layers.0.pre_mlp_layernorm", None),
+    ({"tensor": ("model.norm.weight", 0.95)}, "decoder.final_layernorm.weight", "decoder.final_layernorm", None),
+    ({"tensor": ("lm_head.weight", 1.01)}, "output_layer.weight", "output_layer", None),
+], ids=["weight-layer-1", "weight-layer-2", "norm-epsilon", "rope-base", "embedding", "mlp-norm-layer-0",
+        "final-norm", "output-layer"])
 def test_an_injected_fault_is_named_where_it_begins(hf_dir, tmp_path, capsys, fault, parameter, output, setting):
     code, report = _diff(capsys, hf_dir, _variant(hf_dir, tmp_path, **fault))
     models = report["models"]

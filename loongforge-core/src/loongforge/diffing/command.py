@@ -94,6 +94,33 @@ def run(args: argparse.Namespace) -> int:
 
 def _compare_models(a: Side, b: Side, args: argparse.Namespace) -> dict[str, Any]:
     """Trace both models on the same batch and compare parameters, forward outputs and gradients."""
+    from loongforge.diffing.task_trace import is_task_checkpoint
+
+    tasks = [is_task_checkpoint(side.model) for side in (a, b)]
+    if any(tasks) and not all(tasks):
+        task_side = (a, b)[tasks.index(True)]
+        raise InteropError(f"{task_side.path} holds a task model (trained by the task engine) and the other side does "
+                           "not: `loongforge diff` compares two models of one kind")
+    traces, labels, settings = _task_traces(a, b, args) if all(tasks) else _decoder_traces(a, b, args)
+    kinds = {PARAMETER: compare_tensors(PARAMETER, traces[0].params, traces[1].params),
+             OUTPUT: compare_tensors(OUTPUT, traces[0].outputs, traces[1].outputs),
+             GRADIENT: compare_tensors(GRADIENT, traces[0].grads, traces[1].grads)}
+    firsts = {kind: first_beyond(found, args.rtol) for kind, found in kinds.items()}
+    # a step computes with the weights first, then the forward pass, then the backward pass
+    first = next((firsts[kind] for kind in (PARAMETER, OUTPUT, GRADIENT) if firsts[kind] is not None), None)
+    return {
+        "models": labels,
+        "settings": settings,
+        "loss": [trace.loss for trace in traces],
+        "first": first, "first_by_kind": firsts,
+        "largest": {kind: sorted(found, key=lambda d: -_order(d.rel))[: args.top] for kind, found in kinds.items()},
+        "compared": {kind: len(found) for kind, found in kinds.items()},
+    }
+
+
+def _decoder_traces(a: Side, b: Side, args: argparse.Namespace) -> tuple[list[Any], list[str], list[str]]:
+    """Megatron models (LLMs, VLMs; checkpoints or Hugging Face directories): ``--batch`` sequences of
+    ``--seq-length`` random tokens (``--seed``) through both, built at tp=1 in fp32."""
     import torch
 
     from loongforge.models.hf_format import model_differences
@@ -105,20 +132,19 @@ def _compare_models(a: Side, b: Side, args: argparse.Namespace) -> dict[str, Any
     inputs, labels = tokens[:, :-1], tokens[:, 1:]
     positions = torch.arange(args.seq_length).unsqueeze(0).expand(args.batch, -1)
     traces = [_trace(source, inputs, positions, labels) for source in sources]
-    kinds = {PARAMETER: compare_tensors(PARAMETER, traces[0].params, traces[1].params),
-             OUTPUT: compare_tensors(OUTPUT, traces[0].outputs, traces[1].outputs),
-             GRADIENT: compare_tensors(GRADIENT, traces[0].grads, traces[1].grads)}
-    firsts = {kind: first_beyond(found, args.rtol) for kind, found in kinds.items()}
-    # a step computes with the weights first, then the forward pass, then the backward pass
-    first = next((firsts[kind] for kind in (PARAMETER, OUTPUT, GRADIENT) if firsts[kind] is not None), None)
-    return {
-        "models": [f"{source.family.family_name} ({source.path})" for source in sources],
-        "settings": model_differences(sources[1].family, sources[0].family),
-        "loss": [trace.loss for trace in traces],
-        "first": first, "first_by_kind": firsts,
-        "largest": {kind: sorted(found, key=lambda d: -_order(d.rel))[: args.top] for kind, found in kinds.items()},
-        "compared": {kind: len(found) for kind, found in kinds.items()},
-    }
+    return (traces, [f"{source.family.family_name} ({source.path})" for source in sources],
+            model_differences(sources[1].family, sources[0].family))
+
+
+def _task_traces(a: Side, b: Side, args: argparse.Namespace) -> tuple[list[Any], list[str], list[str]]:
+    """Task models (diffusion, policies): the first ``--batch`` samples of each side's task data through its task's
+    deterministic loss, every random draw seeded from ``--seed`` (:mod:`loongforge.diffing.task_trace`)."""
+    from loongforge.diffing.task_trace import task_settings, trace_task_checkpoint
+
+    traced = [trace_task_checkpoint(side.model, samples=args.batch, seed=args.seed, trust_code=args.trust_code)
+              for side in (a, b)]
+    return ([trace for trace, _, _ in traced], [label for _, label, _ in traced],
+            task_settings(traced[0][2], traced[1][2]))
 
 
 def _open(side: Side, trust_code: bool) -> Any:

@@ -8,6 +8,7 @@ once in one forward pass (a shared norm, a rotary table) is recorded per call (`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,14 @@ def trace_model(model: torch.nn.Module, tokens: torch.Tensor, positions: torch.T
     """Run ``model`` (a megatron language model) forward on ``tokens`` with ``labels`` -- the training forward,
     which returns the per-token loss -- and backward from its mean; record every module's output and every
     parameter's value and gradient (fp32 copies on the CPU)."""
+    model.train()
+    return trace_loss(model, lambda: model(tokens, positions, None, labels=labels).float().mean())
+
+
+def trace_loss(model: torch.nn.Module, compute_loss: Callable[[], torch.Tensor]) -> Trace:
+    """``compute_loss()`` (a scalar computed by ``model``) and its backward pass, with every module's first output
+    and every parameter's value and gradient recorded in the order the model reached them (fp32 copies on the
+    CPU): how any model is traced, whatever its forward signature."""
     trace = Trace(params={name: p.detach().float().cpu().clone() for name, p in model.named_parameters()})
     calls: dict[str, int] = {}
 
@@ -54,10 +63,10 @@ def trace_model(model: torch.nn.Module, tokens: torch.Tensor, positions: torch.T
 
     handles = [module.register_forward_hook(record(name)) for name, module in model.named_modules() if name]
     try:
-        model.train()
         model.zero_grad(set_to_none=True)
-        loss = model(tokens, positions, None, labels=labels).float().mean()
-        loss.backward()
+        with torch.enable_grad():
+            loss = compute_loss().float()
+            loss.backward()
     finally:
         for handle in handles:
             handle.remove()

@@ -75,7 +75,10 @@ class BatchOrder:
         return order[index * self.batch_size : (index + 1) * self.batch_size].tolist()
 
 
-def _collate(samples: list[dict[str, torch.Tensor]], indices: list[int], device: torch.device) -> dict[str, Any]:
+def collate_samples(samples: list[dict[str, torch.Tensor]], indices: list[int], device: torch.device
+                    ) -> dict[str, Any]:
+    """A task batch: the samples' tensors stacked, and ``index`` (their global dataset indices, from which tasks
+    seed per-sample draws), on ``device`` (also how ``loongforge diff`` replays a task model's batch)."""
     batch = {key: torch.stack([s[key] for s in samples]).to(device) for key in samples[0]}
     batch["index"] = torch.tensor(indices, device=device)  # global dataset indices: per-sample seeds for tasks
     return batch
@@ -257,7 +260,7 @@ class TaskEngine(StepEngine):
         random state as they were, so the run is the same as without it."""
         task_state = self.task.state_dict()
         with torch.random.fork_rng(devices=[]):
-            self.task.training_step(model, _collate([self.data[0]], [0], self.device))
+            self.task.training_step(model, collate_samples([self.data[0]], [0], self.device))
         self.task.load_state_dict(task_state)
 
     def train_step(self, screen: StepHealth | None = None) -> StepResult:
@@ -265,7 +268,7 @@ class TaskEngine(StepEngine):
         update) when it finds the step bad."""
         mbs = self.config.training.micro_batch_size
         indices = self.order.next()[self.dp_rank * mbs : (self.dp_rank + 1) * mbs]
-        batch = _collate([self.data[i] for i in indices], indices, self.device)
+        batch = collate_samples([self.data[i] for i in indices], indices, self.device)
         self.model.train()
         with self._activations.step():
             loss = self.task.training_step(self.model, batch)
@@ -311,7 +314,7 @@ class TaskEngine(StepEngine):
                 for number in range(self.validation_batches):
                     first = number * self.samples_per_step + self.dp_rank * mbs
                     indices = list(range(first, first + mbs))
-                    batch = _collate([self.validation[i] for i in indices], indices, self.device)
+                    batch = collate_samples([self.validation[i] for i in indices], indices, self.device)
                     generators = sample_generators(self.config.run.seed, VALIDATION_STEP, batch["index"])
                     total += self.task.validation_loss(self.model, batch, generators).double()
         finally:

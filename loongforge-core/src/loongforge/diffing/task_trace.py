@@ -1,0 +1,77 @@
+"""One batch through a task model (diffusion DiT, policy, any :class:`loongforge.tasks.Task`) from its checkpoint,
+for ``loongforge diff``.
+
+A task model has no common forward signature, so the replay goes through the task's own deterministic loss,
+:meth:`~loongforge.tasks.Task.validation_loss`: the first ``samples`` items of the task's training data, stacked as
+the task engine stacks them, with every random draw (noise, timesteps) from one seeded CPU generator per sample --
+so two checkpoints of one task see the same inputs and the same draws, and every difference is the models'.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from loongforge.diffing.trace import Trace, trace_loss
+from loongforge.errors import InteropError
+
+
+def is_task_checkpoint(path: Path) -> bool:
+    """A checkpoint (or checkpoint root) the task engine wrote: its weights are ``model.safetensors`` (looked at
+    only; the trace verifies it)."""
+    from loongforge.checkpoint.layout import CheckpointNotFoundError, locate_checkpoint
+
+    try:
+        return (locate_checkpoint(path) / "model.safetensors").is_file()
+    except CheckpointNotFoundError:  # not a checkpoint: the caller tries the other kinds
+        return False
+
+
+def trace_task_checkpoint(path: Path, *, samples: int, seed: int, trust_code: bool) -> tuple[Trace, str, Any]:
+    """The trace of one batch through the task model at ``path``, the model's description and its model family
+    (the checkpoint config's, overrides applied)."""
+    from loongforge.tasks import sample_seed
+    from loongforge.train.engines.task import collate_samples
+    from loongforge.train.task_checkpoint import load_task_model
+
+    task, model, found = load_task_model(path, trust_code=trust_code)
+    family = resolve_checkpoint_family(found, trust_code=trust_code)
+    data = task.build_dataset()
+    count = min(samples, len(data))
+    if count < 1:
+        raise InteropError(f"{found}: the task's data is empty, there is no batch to replay")
+    batch = collate_samples([data[i] for i in range(count)], list(range(count)), torch.device("cpu"))
+    generators = [torch.Generator().manual_seed(sample_seed(seed, 0, i)) for i in range(count)]
+    model.eval()  # validation_loss's contract: no training-only regularisation, so both sides compute alike
+
+    def loss() -> Any:
+        try:
+            return task.validation_loss(model, batch, generators)
+        except NotImplementedError:
+            raise InteropError(f"{found}: task {type(task).__name__} has no deterministic loss (validation_loss), "
+                               "so `loongforge diff` cannot replay a batch through it") from None
+
+    return trace_loss(model, loss), f"{family.family_name} ({found})", family
+
+
+def task_settings(a: Any, b: Any) -> list[str]:
+    """What differs between two task models' families (their dataclass fields), ``field: A vs B`` each."""
+    if type(a) is not type(b):
+        return [f"model family: {type(a).__name__} vs {type(b).__name__}"]
+    if not dataclasses.is_dataclass(a):
+        return []
+    return [f"{f.name}: {getattr(a, f.name)!r} vs {getattr(b, f.name)!r}" for f in dataclasses.fields(a)
+            if getattr(a, f.name) != getattr(b, f.name)]
+
+
+def resolve_checkpoint_family(path: Path, *, trust_code: bool) -> Any:
+    """The model family a checkpoint's ``config.yaml`` resolves to (its overrides applied)."""
+    from loongforge.checkpoint.layout import CONFIG_YAML
+    from loongforge.config.loader import load_checkpoint_config
+    from loongforge.plugins import get_host
+    from loongforge.resolve import resolve_model_flavor
+
+    return resolve_model_flavor(load_checkpoint_config(path / CONFIG_YAML, trust_code=trust_code), get_host())
