@@ -29,6 +29,11 @@ def loongforge_register_commands(commands):
     commands.add("cache-latents", help="encode captioned videos into a cache of Wan VAE latents and text states",
                  configure="loongforge_diffusion.commands:configure_cache_latents",
                  run="loongforge_diffusion.commands:run_cache_latents")
+    commands.add_handler("convert mcore-to-hf", "dit-to-diffusers", claims="loongforge_diffusion.export:"
+                         "claims_dit_checkpoint",
+                         accepts="a LoongForge checkpoint of a Wan or Qwen-Image DiT (written as a diffusers "
+                                 "transformer folder)",
+                         configure="loongforge_diffusion.export:configure", run="loongforge_diffusion.export:run")
     commands.add_generator("moving-squares", help="write a moving-squares video dataset to a .pt file",
                            configure="loongforge_diffusion.commands:configure_moving_squares",
                            run="loongforge_diffusion.commands:run_moving_squares")

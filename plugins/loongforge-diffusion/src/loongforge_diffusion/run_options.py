@@ -62,6 +62,17 @@ class EMAOption:
         if self.ema is not None and self._saved is not None:
             self.ema.load_state_dict(self._saved)
 
+    def copy_average_to(self, model: torch.nn.Module) -> bool:
+        """Write the average into ``model``'s weights (``convert --ema``, after the task's state was restored from a
+        checkpoint); ``False`` when the run kept none."""
+        if self.ema is None and self._saved is not None and self.options is not None:
+            self.ema = EMA(model, decay=self.options.decay, warmup=self.options.warmup)
+            self.ema.load_state_dict(self._saved)
+        if self.ema is None:
+            return False
+        self.ema.copy_to(model)
+        return True
+
     def sampling_weights(self, model: torch.nn.Module) -> Any:
         """A context in which ``model`` holds the averaged weights (or its own, when there is no average)."""
         return self.ema.swap(model) if self.ema is not None else contextlib.nullcontext()

@@ -1,0 +1,89 @@
+"""``loongforge convert mcore-to-hf CHECKPOINT OUT`` for the DiTs: a trained Wan or Qwen-Image checkpoint as the
+diffusers transformer folder a pipeline loads (``WanTransformer3DModel.from_pretrained(OUT)``,
+``QwenImageTransformer2DModel.from_pretrained(OUT)``): ``config.json`` with diffusers' class name and arguments, and
+``diffusion_pytorch_model.safetensors`` in diffusers' tensor names.
+
+The weights are the model the checkpoint's task rebuilds (:func:`loongforge.train.task_checkpoint.load_task_model`),
+so a LoRA run exports its adapters merged into the base weights, and ``--ema`` exports the exponential moving
+average the run kept instead of the trained weights (what samples are usually drawn from).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from loongforge.errors import LoongForgeError
+
+#: The diffusers weights file of a transformer folder (what ``ModelMixin.from_pretrained`` reads).
+WEIGHTS = "diffusion_pytorch_model.safetensors"
+
+
+def claims_dit_checkpoint(source: str, *, trust_code: bool) -> bool:
+    """A LoongForge checkpoint of a Wan or Qwen-Image DiT."""
+    from loongforge.claims import checkpoint_model
+
+    from loongforge_diffusion.qwen_image.flavors import QwenImageFlavor
+    from loongforge_diffusion.wan.flavors import WanFlavor
+
+    return isinstance(checkpoint_model(source, trust_code=trust_code), (WanFlavor, QwenImageFlavor))
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ema", action="store_true",
+                        help="export the exponential moving average of the weights (task.ema) instead of the trained "
+                             "weights")
+
+
+def run(args: argparse.Namespace) -> int:
+    from loongforge.train.task_checkpoint import load_task_model
+    from safetensors.torch import save_file
+
+    task, model, found = load_task_model(args.source, trust_code=args.trust_code)
+    if args.ema:
+        model = _ema_model(task, model, found)
+    model = _merged(model)
+    class_name, config, tensors = diffusers_transformer(model)
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        raise LoongForgeError(f"{out}: exists and is not empty; choose a new directory")
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, str(out / WEIGHTS))
+    (out / "config.json").write_text(json.dumps({"_class_name": class_name, **config}, indent=2) + "\n",
+                                     encoding="utf-8")
+    print(f"wrote {out}: {class_name} ({len(tensors)} tensors, diffusers names) from {found}"
+          + (" (EMA weights)" if args.ema else ""))
+    return 0
+
+
+def diffusers_transformer(model: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """``(diffusers class name, its constructor arguments, state dict in its names)`` of one of our DiTs."""
+    from loongforge_diffusion.qwen_image import diffusers_adapter as qwen
+    from loongforge_diffusion.qwen_image.model import QwenImageModel
+    from loongforge_diffusion.wan import diffusers_adapter as wan
+
+    state = {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
+    if isinstance(model, QwenImageModel):
+        return "QwenImageTransformer2DModel", _jsonable(qwen.diffusers_config(model.flavor)), qwen.to_diffusers(
+            state, model.flavor)
+    return "WanTransformer3DModel", _jsonable(wan.diffusers_config(model.flavor)), wan.to_diffusers(state)
+
+
+def _merged(model: Any) -> Any:
+    """LoRA adapters folded into their base weights (a model without them is returned as it is)."""
+    from loongforge_diffusion.wan.lora import merge_lora
+
+    return merge_lora(model) if any("lora_" in name for name, _ in model.named_parameters()) else model
+
+
+def _ema_model(task: Any, model: Any, found: Path) -> Any:
+    if not task.ema.copy_average_to(model):
+        raise LoongForgeError(f"{found}: the run kept no EMA of its weights (task.ema was not set); export without "
+                              "--ema")
+    return model
+
+
+def _jsonable(config: dict[str, Any]) -> dict[str, Any]:
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in config.items()}
