@@ -46,9 +46,9 @@ def wan_run(tmp_path_factory):
     """configs/diffusion-moving-squares.yaml's Wan DiT, 4 steps (no warmup), keeping an EMA of its weights."""
     out = tmp_path_factory.mktemp("wan")
     command = [sys.executable, "-m", "loongforge.cli", "train", "configs/diffusion-moving-squares.yaml",
-               f"run.output_dir={out}", "training.steps=4", "scheduler.warmup_steps=0", "training.micro_batch_size=4", "task.samples=64",
-               "task.sample.videos=0", "checkpoint.interval=0", "logging.progress=false", "logging.tensorboard=false",
-               "task.ema={decay: 0.5}", "--device", "cpu"]
+               f"run.output_dir={out}", "training.steps=4", "scheduler.warmup_steps=0",
+               "training.micro_batch_size=4", "task.samples=64", "task.sample.videos=0", "checkpoint.interval=0",
+               "logging.progress=false", "logging.tensorboard=false", "task.ema={decay: 0.5}", "--device", "cpu"]
     done = subprocess.run(command, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     return out / "checkpoints"
