@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from loongforge_diffusion.certification import IMAGE_DIT
 from safetensors.torch import load_file
 
 TOLERANCE = 1e-5
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "diffusion-moving-squares.yaml"
 
 
 def test_a_trained_qwen_image_loads_in_diffusers_and_predicts_the_same(tmp_path, capsys):
@@ -45,7 +47,7 @@ def test_a_trained_qwen_image_loads_in_diffusers_and_predicts_the_same(tmp_path,
 def wan_run(tmp_path_factory):
     """configs/diffusion-moving-squares.yaml's Wan DiT, 4 steps (no warmup), keeping an EMA of its weights."""
     out = tmp_path_factory.mktemp("wan")
-    command = [sys.executable, "-m", "loongforge.cli", "train", "configs/diffusion-moving-squares.yaml",
+    command = [sys.executable, "-m", "loongforge.cli", "train", str(CONFIG),
                f"run.output_dir={out}", "training.steps=4", "scheduler.warmup_steps=0",
                "training.micro_batch_size=4", "task.samples=64", "task.sample.videos=0", "checkpoint.interval=0",
                "logging.progress=false", "logging.tensorboard=false", "task.ema={decay: 0.5}", "--device", "cpu"]
