@@ -50,6 +50,7 @@ EXCLUDED: dict[str, dict[str, str]] = {
     },
     "docs/certify.md": {
         "pip install -e examples/loongforge-example-device": NETWORK,
+        "loongforge certify --family": "tests/certify/test_certify_family.py runs it",
         "loongforge certify": "a minute of training per call; tests/certify/test_certify.py and "
                               "tests/core/test_example_device.py run it",
     },

@@ -45,6 +45,8 @@ class Certificate:
     speed_vs_reference: dict[str, float] = dataclasses.field(default_factory=dict)
     #: The recipes whose models the module and weight checks can trace (megatron decoders).
     traced: set[str] = dataclasses.field(default_factory=set)
+    #: ``device``: a backend against the CPU reference; ``family``: model families held to the conformance suite.
+    kind: str = "device"
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
@@ -65,16 +67,24 @@ class Certificate:
 
     def render(self) -> str:
         """The table a person reads: one row per check, the verdict last."""
-        rows = [f"certificate: device {self.device}, {self.precision}, {self.steps} steps of each recipe against the "
-                "CPU reference"]
+        if self.kind == "family":
+            rows = [f"certificate: model famil{'y' if len(self.recipes) == 1 else 'ies'} "
+                    f"{', '.join(self.recipes)}, held to the conformance suite (ModelFamilySuite) on {self.device}"]
+        else:
+            rows = [f"certificate: device {self.device}, {self.precision}, {self.steps} steps of each recipe against "
+                    "the CPU reference"]
         rows += [f"  {name}: {description}" for name, description in self.recipes.items()]
         untraced = sorted({check.recipe for check in self.checks} - self.traced)
         if untraced and {"modules", "weights"} & set(self.scope):
             rows.append(f"  ({', '.join(untraced)}: no module or weight trace, which reads megatron decoders only)")
-        rows.append(f"{'recipe':12s} {'check':26s} {'result':6s} {'max rel diff':>12s} {'tolerance':>10s}  detail")
+        first = max([len("family" if self.kind == "family" else "recipe"), *(len(c.recipe) for c in self.checks)])
+        second = max([len("check"), *(len(c.name) for c in self.checks)])
+        numbers = self.kind != "family"  # the suite's checks pass or fail; they measure no difference
+        rows.append(f"{'family' if not numbers else 'recipe':{first}s} {'check':{second}s} {'result':6s} "
+                    + (f"{'max rel diff':>12s} {'tolerance':>10s}  " if numbers else "") + "detail")
         for check in self.checks:
-            rows.append(f"{check.recipe:12s} {check.name:26s} {'pass' if check.passed else 'FAIL':6s} "
-                        f"{check.measured:12.3g} {check.tolerance:10.3g}  {check.detail}")
+            rows.append(f"{check.recipe:{first}s} {check.name:{second}s} {'pass' if check.passed else 'FAIL':6s} "
+                        + (f"{check.measured:12.3g} {check.tolerance:10.3g}  " if numbers else "") + check.detail)
         if self.speed_vs_reference:
             rows.append("speed (steps per second against the CPU reference's): "
                         + ", ".join(f"{name} {ratio:.2f}x" for name, ratio in self.speed_vs_reference.items()))

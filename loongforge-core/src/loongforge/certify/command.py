@@ -8,6 +8,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
+from loongforge.certify.certificate import Certificate, installed_versions
 from loongforge.certify.device import CHECKS, TOLERANCES, certify_device
 
 
@@ -16,8 +17,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                           "device backend and on the CPU reference and compare them step by step, module by module, "
                           "across resumes and parallel layouts; print a certificate (exit status 0: certified, 1: a "
                           "check failed).")
-    parser.add_argument("--device", required=True,
-                        help="the device backend to certify (a registered name, or package.module:Class)")
+    subject = parser.add_mutually_exclusive_group(required=True)
+    subject.add_argument("--device", help="the device backend to certify (a registered name, or package.module:Class)")
+    subject.add_argument("--family", nargs="+", metavar="MODEL",
+                         help="instead: hold registered model flavors to the model-family conformance suite (build "
+                              "through the device's layers, every parameter trains, save/load, Hugging Face export "
+                              "against transformers)")
     parser.add_argument("--recipes", nargs="+", metavar="RECIPE",
                         help="certification recipes to train (default: every installed one)")
     parser.add_argument("--steps", type=int, default=6, help="training steps of each run (default 6)")
@@ -41,17 +46,34 @@ def run(args: argparse.Namespace) -> int:
     from loongforge.plugins import get_host
 
     host = get_host()
-    select_backend(args.device, host.registry("device"), source="--device")  # unknown or unavailable: before training
     registry = host.registry("certification_recipe")
-    names = args.recipes or registry.names()
-    recipes = {name: registry.load(name, where="--recipes") for name in names}
+    recipes = {name: registry.load(name, where="--recipes") for name in args.recipes or registry.names()}
     with tempfile.TemporaryDirectory(prefix="loongforge-certify-") as scratch:
-        certificate = certify_device(args.device, recipes, args.workdir or Path(scratch), steps=args.steps,
-                                     precision=args.precision,
-                                     layouts=None if args.layouts is None else tuple(args.layouts),
-                                     checks=tuple(args.checks), fail_fast=args.fail_fast)
+        workdir = args.workdir or Path(scratch)
+        if args.family:
+            certificate = _certify_families(args.family, recipes, workdir)
+        else:
+            select_backend(args.device, host.registry("device"), source="--device")  # before any training
+            certificate = certify_device(args.device, recipes, workdir, steps=args.steps, precision=args.precision,
+                                         layouts=None if args.layouts is None else tuple(args.layouts),
+                                         checks=tuple(args.checks), fail_fast=args.fail_fast)
     print(certificate.render())
     if args.output:
         certificate.write(args.output)
         print(f"certificate: {args.output}")
     return 0 if certificate.passed else 1
+
+
+def _certify_families(names: list[str], recipes: dict, workdir: Path) -> Certificate:
+    from loongforge.certify.family import certify_family
+    from loongforge.plugins import get_host
+
+    models = get_host().registry("model")
+    described = {name: f"registered by {models.entry(name, where='--family').provider}" if name in models
+                 else "by import path" for name in names}
+    certificate = Certificate("cpu", "fp32", described, 0, scope=("family",), versions=installed_versions(),
+                              kind="family")
+    for name in names:
+        print(f"[certify] {name}: running the model-family conformance suite")
+        certificate.checks += certify_family(name, recipes, workdir / name)
+    return certificate

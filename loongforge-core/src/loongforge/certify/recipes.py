@@ -35,7 +35,9 @@ class CertificationRecipe:
     and sampling after training off). ``layouts`` are the parallel layouts this model can run, by name;
     ``default_layouts`` those certify runs unless ``--layouts`` says otherwise (default: all). ``traced``: the model
     is a megatron decoder read by ``loongforge diff`` (:mod:`loongforge.certify.trace_worker`), so the
-    ``modules`` and ``weights`` checks apply.
+    ``modules`` and ``weights`` checks apply. ``suite``: the :class:`~loongforge.testing.family_suite.
+    ModelFamilySuite` attributes ``loongforge certify --family`` needs for the model this recipe trains beyond its
+    defaults (``never_trained``, ``config_overrides`` on this recipe's config for a task family, ...).
     """
 
     description: str
@@ -43,6 +45,7 @@ class CertificationRecipe:
     layouts: Mapping[str, Layout] = field(default_factory=dict)
     default_layouts: tuple[str, ...] | None = None
     traced: bool = False
+    suite: Mapping[str, Any] = field(default_factory=dict)
 
     def run_config(self, steps: int, precision: str) -> dict[str, Any]:
         """The config every run of this recipe trains (certify's settings over the recipe's)."""

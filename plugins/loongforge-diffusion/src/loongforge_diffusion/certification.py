@@ -24,4 +24,8 @@ IMAGE_DIT = CertificationRecipe(
     },
     layouts={"dp2": Layout(2, (f"training.micro_batch_size={BATCH // 2}",)),
              "fsdp2": Layout(2, (f"training.micro_batch_size={BATCH // 2}", "parallel.strategy=fsdp2"))},
+    # the conformance suite's three steps: zero-initialised gates open one block per step, so one block; its text
+    # stream's output is discarded (only the image stream reaches the head), so its FFN and text query norm never train
+    suite={"config_overrides": ("task.samples=4", "model.overrides.num_layers=1"),
+           "never_trained": ("blocks.0.txt.ffn.*", "blocks.0.txt.norm_q.weight")},
 )

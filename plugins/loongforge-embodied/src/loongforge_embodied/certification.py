@@ -21,4 +21,5 @@ POLICY = CertificationRecipe(
                  "action_horizon": 10, "normalization": "mean_std", "eval": {"frames": 0}},
     },
     layouts={"dp2": Layout(2, (f"training.micro_batch_size={BATCH // 2}",))},
+    suite={"config_overrides": ("task.synthetic.episodes=4", "task.held_out_episodes=1")},
 )
