@@ -10,8 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 HERE = Path(__file__).resolve().parent
 
 
@@ -36,17 +34,12 @@ def test_families_of_every_engine_are_certified(tmp_path):
     assert checks[("pi05-tiny", "training steps reach every parameter")] == "holds"
 
 
-@pytest.mark.parametrize(("mutant", "failing"), [
-    # the unused parameter neither trains nor has a Hugging Face name
-    ("DEAD_PARAMETER", {"training steps reach every parameter": "no gradient reached ['unused']",
-                        "hf round trip is bitwise": "exactly the model's tensor names"}),
-    # its own output layer is a tensor the tied format has no place for, and transformers ties the embedding back
-    ("UNTIED_HEAD", {"hf round trip is bitwise": "exactly the model's tensor names",
-                     "hf export computes what the model computes": "computes other logits"}),
-])
-def test_a_broken_family_fails_at_the_checks_that_see_its_fault(mutant, failing, tmp_path):
-    status, certificate, report = certify_family(f"mutant_families:{mutant}", workdir=tmp_path)
+def test_a_broken_family_fails_at_the_checks_that_see_its_fault(tmp_path):
+    """A family whose last layer never computes: its parameters get no gradient, and transformers (which runs
+    every layer) computes other logits from the export; the tensors still round-trip."""
+    status, certificate, report = certify_family("mutant_families:SKIPPED_LAYER", workdir=tmp_path)
     assert status == 1, report
     failed = {c["name"]: c["detail"] for c in certificate["checks"] if not c["passed"]}
-    assert failed.keys() == failing.keys(), report
-    assert all(words in failed[name] for name, words in failing.items()), failed
+    assert failed.keys() == {"training steps reach every parameter", "hf export computes what the model computes"}
+    assert "no gradient reached" in failed["training steps reach every parameter"]
+    assert "computes other logits" in failed["hf export computes what the model computes"]
