@@ -101,3 +101,28 @@ def test_ema_without_an_average_and_a_non_dit_checkpoint_are_one_line(tmp_path, 
     policy = recipe_checkpoint(POLICY, tmp_path / "policy", steps=1)
     assert main(["convert", "mcore-to-hf", str(policy), str(tmp_path / "policy-out")]) == 2
     assert "dit-to-diffusers" in capsys.readouterr().err
+
+
+def test_lora_adapters_load_into_diffusers_apart_from_the_base(wan_run, tmp_path, capsys):
+    """A Wan LoRA run (from the run above, as a fine-tune starts from trained weights) exported with --lora-adapter:
+    the base transformer alone predicts something else, and with the adapter file loaded through diffusers' own LoRA
+    loader (PEFT) it predicts what our adapted model does."""
+    from diffusers.loaders import WanLoraLoaderMixin
+
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "loongforge.cli", "train", str(CONFIG), f"run.output_dir={out}",
+               "training.steps=4", "scheduler.warmup_steps=0", "training.micro_batch_size=4", "task.samples=64",
+               "task.sample.videos=0", "checkpoint.interval=0", "logging.progress=false", "logging.tensorboard=false",
+               "task.lora={rank: 4, alpha: 8}", f"task.init={wan_run / 'step-0000004'}", "optimizer.lr=1e-2",
+               "--device", "cpu"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert main(["convert", "mcore-to-hf", str(out / "checkpoints"), str(tmp_path / "hf"), "--lora-adapter"]) == 0
+    assert "LoRA adapters" in capsys.readouterr().out
+    _, ours, _ = load_task_model(out / "checkpoints")
+    adapted = _wan_prediction(ours.eval(), ours=True)
+    theirs = WanTransformer3DModel.from_pretrained(tmp_path / "hf").eval()
+    assert (_wan_prediction(theirs, ours=False) - adapted).abs().max() > 100 * TOLERANCE  # the adapters matter
+    state = WanLoraLoaderMixin.lora_state_dict(str(tmp_path / "hf"))
+    WanLoraLoaderMixin.load_lora_into_transformer(state, transformer=theirs)
+    assert (_wan_prediction(theirs, ours=False) - adapted).abs().max() < TOLERANCE

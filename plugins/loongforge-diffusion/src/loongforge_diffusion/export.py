@@ -4,8 +4,9 @@ diffusers transformer folder a pipeline loads (``WanTransformer3DModel.from_pret
 ``diffusion_pytorch_model.safetensors`` in diffusers' tensor names.
 
 The weights are the model the checkpoint's task rebuilds (:func:`loongforge.train.task_checkpoint.load_task_model`),
-so a LoRA run exports its adapters merged into the base weights, and ``--ema`` exports the exponential moving
-average the run kept instead of the trained weights (what samples are usually drawn from).
+so a LoRA run exports its adapters merged into the base weights -- or, with ``--lora-adapter``, the base transformer
+and the adapters apart, as the ``pytorch_lora_weights.safetensors`` diffusers' ``load_lora_weights`` reads -- and
+``--ema`` exports the exponential moving average the run kept instead of the trained weights.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from loongforge.errors import LoongForgeError
 
 #: The diffusers weights file of a transformer folder (what ``ModelMixin.from_pretrained`` reads).
 WEIGHTS = "diffusion_pytorch_model.safetensors"
+#: The LoRA file diffusers' ``load_lora_weights`` looks for in a directory.
+LORA_WEIGHTS = "pytorch_lora_weights.safetensors"
 
 
 def claims_dit_checkpoint(source: str, *, trust_code: bool) -> bool:
@@ -35,6 +38,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ema", action="store_true",
                         help="export the exponential moving average of the weights (task.ema) instead of the trained "
                              "weights")
+    parser.add_argument("--lora-adapter", action="store_true",
+                        help="a LoRA run (Wan): write the base transformer and the adapters as "
+                             f"{LORA_WEIGHTS} (diffusers' load_lora_weights) instead of merging them")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,13 +50,17 @@ def run(args: argparse.Namespace) -> int:
     task, model, found = load_task_model(args.source, trust_code=args.trust_code)
     if args.ema:
         model = _ema_model(task, model, found)
-    model = _merged(model)
+    adapters = _adapters(model, found) if args.lora_adapter else None
+    model = _base(model) if adapters is not None else _merged(model)
     class_name, config, tensors = diffusers_transformer(model)
     out = Path(args.out)
     if out.exists() and any(out.iterdir()):
         raise LoongForgeError(f"{out}: exists and is not empty; choose a new directory")
     out.mkdir(parents=True, exist_ok=True)
     save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, str(out / WEIGHTS))
+    if adapters is not None:
+        save_file({name: tensor.contiguous() for name, tensor in adapters.items()}, str(out / LORA_WEIGHTS))
+        print(f"wrote {out / LORA_WEIGHTS}: {len(adapters) // 2} LoRA adapters (diffusers' load_lora_weights)")
     (out / "config.json").write_text(json.dumps({"_class_name": class_name, **config}, indent=2) + "\n",
                                      encoding="utf-8")
     print(f"wrote {out}: {class_name} ({len(tensors)} tensors, diffusers names) from {found}"
@@ -76,6 +86,33 @@ def _merged(model: Any) -> Any:
     from loongforge_diffusion.wan.lora import merge_lora
 
     return merge_lora(model) if any("lora_" in name for name, _ in model.named_parameters()) else model
+
+
+def _adapters(model: Any, found: Path) -> dict[str, Any]:
+    from loongforge_diffusion.wan.lora import diffusers_lora_state
+    from loongforge_diffusion.wan.model import WanModel
+
+    if not isinstance(model, WanModel):
+        raise LoongForgeError(f"{found}: --lora-adapter exports Wan LoRA runs (this is {type(model).__name__})")
+    try:
+        return diffusers_lora_state(model)
+    except LoongForgeError as exc:
+        raise LoongForgeError(f"{found}: {exc}; export without --lora-adapter") from None
+
+
+def _base(model: Any) -> Any:
+    """The frozen base weights of a LoRA model: each adapted linear as the plain linear it wraps."""
+    from torch import nn
+
+    from loongforge_diffusion.wan.lora import LoRALinear
+
+    for name, module in list(model.named_modules()):
+        if isinstance(module, LoRALinear):
+            base = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None, device="meta")
+            base.weight, base.bias = module.weight, module.bias
+            parent, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent), attr, base)
+    return model
 
 
 def _ema_model(task: Any, model: Any, found: Path) -> Any:

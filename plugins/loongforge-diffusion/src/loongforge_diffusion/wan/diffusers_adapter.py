@@ -81,6 +81,12 @@ def _ours_to_theirs(name: str) -> tuple[str, ...]:
     raise LoongForgeError(f"no diffusers name for Wan parameter '{name}'")
 
 
+def diffusers_module_names(module: str) -> tuple[str, ...]:
+    """diffusers' module name(s) of one of our linear layers (``blocks.0.self_attn.qkv`` -> ``blocks.0.attn1.to_q``,
+    ``...to_k``, ``...to_v``): what a LoRA adapter on it is called there."""
+    return tuple(name.removesuffix(".weight") for name in _ours_to_theirs(f"{module}.weight"))
+
+
 def to_diffusers(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Our names -> diffusers' names, splitting fused projections into equal parts."""
     out: dict[str, torch.Tensor] = {}

@@ -125,3 +125,23 @@ def merge_lora(model: nn.Module) -> nn.Module:
         parent_name, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent_name), attr, merged)
     return model
+
+
+def diffusers_lora_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The adapters of ``model`` as the PEFT LoRA state dict diffusers' ``load_lora_weights`` reads for a Wan
+    transformer: ``transformer.<diffusers module>.lora_A.weight`` (rank x in) and ``.lora_B.weight`` (out x rank)
+    per projection, each fused adapter split along its projection axis (module docstring). The scaling
+    ``alpha / rank`` is folded into ``lora_B``, since the file carries no alpha and diffusers then scales by 1."""
+    from loongforge_diffusion.wan.diffusers_adapter import diffusers_module_names
+
+    state: dict[str, torch.Tensor] = {}
+    for name, module in model.named_modules():
+        if not isinstance(module, LoRALinear):
+            continue
+        for index, theirs in enumerate(diffusers_module_names(name)):
+            prefix = f"transformer.{theirs}"
+            state[f"{prefix}.lora_A.weight"] = module.lora_A[index].detach().clone()
+            state[f"{prefix}.lora_B.weight"] = (module.lora_B[index] * module.scaling).detach().clone()
+    if not state:
+        raise ConfigError("the model has no LoRA adapters (the run set no task.lora)")
+    return state
