@@ -138,8 +138,11 @@ def test_a_client_that_hangs_up_after_the_handshake_is_no_error(caplog):
         with connect(url):  # a well-behaved client that leaves without a request
             pass
         assert _connects_within(url, attempts=100)  # the one slot is free again
-    # websockets itself notes a reset peer at debug level (with the exception attached): that is no failure
-    failures = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    # websockets itself notes a reset peer at debug level (with the exception attached): that is no failure. The
+    # next connection of the loop may arrive before the server has freed the slot of the one just closed; refusing
+    # it is the limit working (its warning is tested above), not the traceback this test is about.
+    failures = [r for r in caplog.records if r.levelno >= logging.WARNING
+                and not r.getMessage().startswith("refused a connection")]
     assert not failures, [r.getMessage() for r in failures]
 
 
