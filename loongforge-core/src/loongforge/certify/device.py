@@ -1,9 +1,10 @@
-"""Certifying a device backend: the same recipe trained on the backend and on the CPU reference, compared.
+"""Certifying a device backend: each certification recipe (:mod:`loongforge.certify.recipes`, one per kind of model
+the installation trains) trained on the backend and on the CPU reference, compared.
 
-The recipe is the quickstart's (``llama-tiny`` on the shipped corpus, or ``--model``) cut to a few steps of short
-sequences, so each run takes seconds on a CPU. Every run goes through ``loongforge train`` in a process of its own:
-a backend's megatron patches are global to a process, and a broken backend must not leak into the reference. The
-checks, cheapest first (``--fail-fast`` stops at the first that fails):
+A recipe is a few steps of a tiny model, so each run takes seconds on a CPU. Every run goes through ``loongforge
+train`` in a process of its own: a backend's megatron patches are global to a process, and a broken backend must not
+leak into the reference. The checks of each recipe, cheapest first (``--fail-fast`` stops at the first that fails;
+``modules`` and ``weights`` trace megatron decoders only):
 
 1. ``train (1 process)``: the per-step loss and gradient norm of the backend's run against the reference's;
 2. ``modules (one batch)``: the reference's final weights loaded on the backend and on the CPU, one batch through
@@ -14,8 +15,8 @@ checks, cheapest first (``--fail-fast`` stops at the first that fails):
    bit (RNG, optimizer and data state restored);
 5. ``checkpoint to cpu``: the CPU resumed from the backend's half-way checkpoint must continue as the reference
    does (the checkpoint is portable);
-6. ``layout tp2`` / ``pp2`` / ``dp2`` (and any ``--layouts``): the backend at that layout against the one-process
-   reference (collectives, pipeline sends, gradient reduction).
+6. ``layout NAME``, for each of the recipe's layouts (its defaults, or those of ``--layouts`` it has): the backend at
+   that layout against the one-process reference (collectives, pipeline sends, gradient reduction).
 
 Tolerances are relative (``max |a - b| / max |a|``) and per precision: fp32 runs on two devices agree to rounding
 (different layouts of one run to ~1e-6 after a few steps), so :data:`TOLERANCES` sits well above that and far
