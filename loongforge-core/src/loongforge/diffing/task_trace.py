@@ -33,12 +33,13 @@ def is_task_checkpoint(path: Path) -> bool:
 def trace_task_checkpoint(path: Path, *, samples: int, seed: int, trust_code: bool) -> tuple[Trace, str, Any]:
     """The trace of one batch through the task model at ``path``, the model's description and its model family
     (the checkpoint config's, overrides applied)."""
+    from loongforge.claims import checkpoint_model
     from loongforge.tasks import sample_seed
     from loongforge.train.engines.task import collate_samples
     from loongforge.train.task_checkpoint import load_task_model
 
     task, model, found = load_task_model(path, trust_code=trust_code)
-    family = resolve_checkpoint_family(found, trust_code=trust_code)
+    family = checkpoint_model(str(found), trust_code=trust_code)
     data = task.build_dataset()
     count = min(samples, len(data))
     if count < 1:
@@ -66,12 +67,3 @@ def task_settings(a: Any, b: Any) -> list[str]:
     return [f"{f.name}: {getattr(a, f.name)!r} vs {getattr(b, f.name)!r}" for f in dataclasses.fields(a)
             if getattr(a, f.name) != getattr(b, f.name)]
 
-
-def resolve_checkpoint_family(path: Path, *, trust_code: bool) -> Any:
-    """The model family a checkpoint's ``config.yaml`` resolves to (its overrides applied)."""
-    from loongforge.checkpoint.layout import CONFIG_YAML
-    from loongforge.config.loader import load_checkpoint_config
-    from loongforge.plugins import get_host
-    from loongforge.resolve import resolve_model_flavor
-
-    return resolve_model_flavor(load_checkpoint_config(path / CONFIG_YAML, trust_code=trust_code), get_host())
