@@ -8,7 +8,6 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from loongforge.certify.certificate import Certificate, installed_versions
 from loongforge.certify.device import CHECKS, TOLERANCES, certify_device
 
 
@@ -51,7 +50,9 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="loongforge-certify-") as scratch:
         workdir = args.workdir or Path(scratch)
         if args.family:
-            certificate = _certify_families(args.family, recipes, workdir)
+            from loongforge.certify.family import certify_families
+
+            certificate = certify_families(args.family, recipes, workdir)
         else:
             select_backend(args.device, host.registry("device"), source="--device")  # before any training
             certificate = certify_device(args.device, recipes, workdir, steps=args.steps, precision=args.precision,
@@ -63,17 +64,3 @@ def run(args: argparse.Namespace) -> int:
         print(f"certificate: {args.output}")
     return 0 if certificate.passed else 1
 
-
-def _certify_families(names: list[str], recipes: dict, workdir: Path) -> Certificate:
-    from loongforge.certify.family import certify_family
-    from loongforge.plugins import get_host
-
-    models = get_host().registry("model")
-    described = {name: f"registered by {models.entry(name, where='--family').provider}" if name in models
-                 else "by import path" for name in names}
-    certificate = Certificate("cpu", "fp32", described, 0, scope=("family",), versions=installed_versions(),
-                              kind="family")
-    for name in names:
-        print(f"[certify] {name}: running the model-family conformance suite")
-        certificate.checks += certify_family(name, recipes, workdir / name)
-    return certificate

@@ -176,7 +176,7 @@ class RecipeCertification:
             command += ["--nproc", str(nproc)]
         processes = f" ({nproc} processes)" if nproc > 1 else ""
         self.progress(f"[certify] {self.name}: training {name} on {device}{processes}")
-        done = subprocess.run(command, capture_output=True, text=True, env=_quiet_env())
+        done = subprocess.run(command, capture_output=True, text=True, env=quiet_env())
         if done.returncode != 0:
             return Run(path, None, _last_line(done.stderr) or f"exit status {done.returncode}")
         return Run(path, _read_metrics(path))
@@ -244,7 +244,7 @@ class RecipeCertification:
             return out
         command = [sys.executable, "-m", "loongforge.certify.trace_worker", str(checkpoint), str(out),
                    "--device", device, "--precision", self.precision]
-        done = subprocess.run(command, capture_output=True, text=True, env=_quiet_env())
+        done = subprocess.run(command, capture_output=True, text=True, env=quiet_env())
         if done.returncode != 0:
             return f"tracing {checkpoint.name} on {device} failed: {_last_line(done.stderr)}"
         return out
@@ -292,7 +292,9 @@ def _steps_per_second(run: Run) -> float:
     return 1.0 / statistics.median(times) if times else float("nan")
 
 
-def _quiet_env() -> dict[str, str]:
+def quiet_env() -> dict[str, str]:
+    """The environment of the runs certify starts: one thread each (runs side by side, e.g. two ranks on two
+    cores, do not oversubscribe) and no progress bars in their captured output."""
     return {**os.environ, "OMP_NUM_THREADS": "1", "LOONGFORGE_PROGRESS": "off"}
 
 

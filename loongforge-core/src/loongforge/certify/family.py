@@ -12,7 +12,6 @@ that trains it (:attr:`~loongforge.certify.recipes.CertificationRecipe.suite`).
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ElementTree
@@ -22,7 +21,8 @@ from typing import Any
 
 import yaml
 
-from loongforge.certify.certificate import Check
+from loongforge.certify.certificate import Certificate, Check, installed_versions
+from loongforge.certify.device import quiet_env
 from loongforge.certify.recipes import CertificationRecipe
 from loongforge.errors import LoongForgeError
 
@@ -86,7 +86,7 @@ def certify_family(name: str, recipes: Mapping[str, CertificationRecipe], workdi
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(workdir),
                f"--junitxml={report}", str(module)]
     done = subprocess.run(command, capture_output=True, text=True, cwd=workdir,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "LOONGFORGE_PROGRESS": "off"})
+                          env=quiet_env())
     if not report.is_file():
         raise LoongForgeError(f"--family {name}: the suite did not run: {done.stdout.strip()[-500:]}")
     return _checks(name, report, suite_class(name, settings)().vacuous())
@@ -111,3 +111,19 @@ def _checks(family: str, report: Path, vacuous: Mapping[str, str]) -> list[Check
     if not checks:
         raise LoongForgeError(f"--family {family}: the suite collected no test ({report})")
     return checks
+
+
+def certify_families(names: list[str], recipes: Mapping[str, CertificationRecipe], workdir: Path) -> Certificate:
+    """The certificate of ``names`` (registered models or import paths), each held to the suite in
+    ``workdir/NAME``."""
+    from loongforge.plugins import get_host
+
+    models = get_host().registry("model")
+    described = {name: f"registered by {models.entry(name, where='--family').provider}" if name in models
+                 else "by import path" for name in names}
+    certificate = Certificate("cpu", "fp32", described, 0, scope=("family",), versions=installed_versions(),
+                              kind="family")
+    for name in names:
+        print(f"[certify] {name}: running the model-family conformance suite")
+        certificate.checks += certify_family(name, recipes, workdir / name)
+    return certificate

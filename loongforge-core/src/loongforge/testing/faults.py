@@ -7,7 +7,6 @@ manifest is rewritten, so it verifies as a checkpoint of its own.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -21,6 +20,8 @@ def recipe_checkpoint(recipe: Any, out: str | Path, *, steps: int = 1) -> Path:
     """Train a :class:`~loongforge.certify.recipes.CertificationRecipe` on the CPU for ``steps`` steps into ``out``
     (``loongforge train`` in a process of its own) and return its last checkpoint: a small real checkpoint of that
     kind of model to inject faults into."""
+    from loongforge.certify.device import quiet_env
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     config = out / "recipe.yaml"
@@ -28,7 +29,7 @@ def recipe_checkpoint(recipe: Any, out: str | Path, *, steps: int = 1) -> Path:
     command = [sys.executable, "-m", "loongforge.cli", "train", str(config), f"run.output_dir={out / 'run'}",
                "--device", "cpu"]
     done = subprocess.run(command, capture_output=True, text=True,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "LOONGFORGE_PROGRESS": "off"})
+                          env=quiet_env())
     if done.returncode != 0:
         raise RuntimeError(f"training the recipe failed: {done.stderr[-2000:]}")
     return out / "run" / "checkpoints" / f"step-{steps:07d}"

@@ -47,11 +47,13 @@ def run(args: argparse.Namespace) -> int:
     from loongforge.train.task_checkpoint import load_task_model
     from safetensors.torch import save_file
 
+    from loongforge_diffusion.wan.lora import strip_lora
+
     task, model, found = load_task_model(args.source, trust_code=args.trust_code)
     if args.ema:
         model = _ema_model(task, model, found)
     adapters = _adapters(model, found) if args.lora_adapter else None
-    model = _base(model) if adapters is not None else _merged(model)
+    model = strip_lora(model) if adapters is not None else _merged(model)
     class_name, config, tensors = diffusers_transformer(model)
     out = Path(args.out)
     if out.exists() and any(out.iterdir()):
@@ -98,21 +100,6 @@ def _adapters(model: Any, found: Path) -> dict[str, Any]:
         return diffusers_lora_state(model)
     except LoongForgeError as exc:
         raise LoongForgeError(f"{found}: {exc}; export without --lora-adapter") from None
-
-
-def _base(model: Any) -> Any:
-    """The frozen base weights of a LoRA model: each adapted linear as the plain linear it wraps."""
-    from torch import nn
-
-    from loongforge_diffusion.wan.lora import LoRALinear
-
-    for name, module in list(model.named_modules()):
-        if isinstance(module, LoRALinear):
-            base = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None, device="meta")
-            base.weight, base.bias = module.weight, module.bias
-            parent, _, attr = name.rpartition(".")
-            setattr(model.get_submodule(parent), attr, base)
-    return model
 
 
 def _ema_model(task: Any, model: Any, found: Path) -> Any:

@@ -17,7 +17,7 @@ across q, k and v -- rank r for all three together rather than r each -- which n
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -114,16 +114,27 @@ def apply_lora(model: nn.Module, *, rank: int, alpha: float | None = None, dropo
 def merge_lora(model: nn.Module) -> nn.Module:
     """Replace every :class:`LoRALinear` of ``model`` by a plain ``nn.Linear`` holding ``weight + delta``
     (summed in float32, stored in the weight's dtype); the merged weights stay frozen like the rest."""
+    return _unwrap(model, lambda module: nn.Parameter(
+        (module.weight.float() + module.delta_weight().float()).to(module.weight.dtype), requires_grad=False))
+
+
+def strip_lora(model: nn.Module) -> nn.Module:
+    """Replace every :class:`LoRALinear` of ``model`` by the plain ``nn.Linear`` it wraps (its adapters dropped):
+    the base model a LoRA run started from and never changed."""
+    return _unwrap(model, lambda module: module.weight)
+
+
+def _unwrap(model: nn.Module, weight_of: Callable[[LoRALinear], nn.Parameter]) -> nn.Module:
+    """Every :class:`LoRALinear` of ``model`` replaced by an ``nn.Linear`` with ``weight_of(it)`` and its bias."""
     for name, module in list(model.named_modules()):
         if not isinstance(module, LoRALinear):
             continue
-        merged = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None, device="meta")
-        weight = module.weight.float() + module.delta_weight().float()
-        merged.weight = nn.Parameter(weight.to(module.weight.dtype), requires_grad=False)
+        plain = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None, device="meta")
+        plain.weight = weight_of(module)
         if module.bias is not None:
-            merged.bias = module.bias
+            plain.bias = module.bias
         parent_name, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), attr, merged)
+        setattr(model.get_submodule(parent_name), attr, plain)
     return model
 
 
