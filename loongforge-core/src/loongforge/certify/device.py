@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -40,6 +39,7 @@ import yaml
 from loongforge.certify.certificate import Certificate, Check, installed_versions
 from loongforge.certify.recipes import CertificationRecipe
 from loongforge.errors import LoongForgeError
+from loongforge.testing.runs import quiet_env
 
 #: precision -> (metrics tolerance, module tolerance): relative, see the module docstring.
 TOLERANCES = {"fp32": (1e-4, 1e-4), "bf16": (2e-2, 5e-2)}
@@ -290,12 +290,6 @@ def _steps_per_second(run: Run) -> float:
     """Steady-state speed: the median step time without the first step (start-up, first allocations)."""
     times = [row["step_time"] for step, row in sorted(run.metrics.items()) if step > 1 and "step_time" in row]
     return 1.0 / statistics.median(times) if times else float("nan")
-
-
-def quiet_env() -> dict[str, str]:
-    """The environment of the runs certify starts: one thread each (runs side by side, e.g. two ranks on two
-    cores, do not oversubscribe) and no progress bars in their captured output."""
-    return {**os.environ, "OMP_NUM_THREADS": "1", "LOONGFORGE_PROGRESS": "off"}
 
 
 def _last_line(text: str) -> str:

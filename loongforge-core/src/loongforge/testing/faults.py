@@ -20,7 +20,7 @@ def recipe_checkpoint(recipe: Any, out: str | Path, *, steps: int = 1) -> Path:
     """Train a :class:`~loongforge.certify.recipes.CertificationRecipe` on the CPU for ``steps`` steps into ``out``
     (``loongforge train`` in a process of its own) and return its last checkpoint: a small real checkpoint of that
     kind of model to inject faults into."""
-    from loongforge.certify.device import quiet_env
+    from loongforge.testing.runs import quiet_env
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ family or an optimization is checked, and each comparison needs the same two ste
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -24,3 +25,9 @@ def step_losses(run_dir: str | Path) -> list[float]:
     """The loss of every step ``run_dir/metrics.jsonl`` records, in file order (evaluation rows left out)."""
     rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
     return [row["loss"] for row in rows if "loss" in row]
+
+
+def quiet_env() -> dict[str, str]:
+    """The environment of runs started in processes of their own (certify's, a test's): one thread each (runs side
+    by side, e.g. two ranks on two cores, do not oversubscribe) and no progress bars in their captured output."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "LOONGFORGE_PROGRESS": "off"}
