@@ -10,6 +10,7 @@ directly.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -67,6 +68,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=2, help="sequences in the replayed batch")
     parser.add_argument("--seed", type=int, default=0, help="seed of the replayed batch's random tokens")
     parser.add_argument("--top", type=int, default=8, help="largest differences listed per kind (default 8)")
+    parser.add_argument("--reference", choices=("A", "B"), type=str.upper,
+                        help="run that side (a Hugging Face directory) in the library its family comes from "
+                             "(transformers for LLMs) and compare module by module under that library's names")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     add_trust_code_option(parser, checkpoint="either side")
 
@@ -101,6 +105,9 @@ def _compare_models(a: Side, b: Side, args: argparse.Namespace) -> dict[str, Any
         task_side = (a, b)[tasks.index(True)]
         raise InteropError(f"{task_side.path} holds a task model (trained by the task engine) and the other side does "
                            "not: `loongforge diff` compares two models of one kind")
+    if all(tasks) and args.reference:
+        raise InteropError("--reference compares megatron models (LLMs, VLMs) with their reference library; "
+                           f"{a.path} and {b.path} hold task models")
     traces, labels, settings = _task_traces(a, b, args) if all(tasks) else _decoder_traces(a, b, args)
     kinds = {PARAMETER: compare_tensors(PARAMETER, traces[0].params, traces[1].params),
              OUTPUT: compare_tensors(OUTPUT, traces[0].outputs, traces[1].outputs),
@@ -127,13 +134,56 @@ def _decoder_traces(a: Side, b: Side, args: argparse.Namespace) -> tuple[list[An
 
     sources = [_open(side, args.trust_code) for side in (a, b)]
     vocab = min(source.family.decoder.vocab_size for source in sources)
+    index = None if args.reference is None else "AB".index(args.reference)
+    implementations = None if index is None else _implementations(sources, index)
+    avoided = set() if index is None else set(implementations[0].avoided_tokens(sources[index].path))
+    allowed = torch.tensor([token for token in range(vocab) if token not in avoided])
     generator = torch.Generator().manual_seed(args.seed)
-    tokens = torch.randint(0, vocab, (args.batch, args.seq_length + 1), generator=generator)
-    inputs, labels = tokens[:, :-1], tokens[:, 1:]
-    positions = torch.arange(args.seq_length).unsqueeze(0).expand(args.batch, -1)
-    traces = [_trace(source, inputs, positions, labels) for source in sources]
-    return (traces, [f"{source.family.family_name} ({source.path})" for source in sources],
-            model_differences(sources[1].family, sources[0].family))
+    tokens = allowed[torch.randint(0, len(allowed), (args.batch, args.seq_length + 1), generator=generator)]
+    batch = {"tokens": tokens[:, :-1], "labels": tokens[:, 1:],
+             "position_ids": torch.arange(args.seq_length).unsqueeze(0).expand(args.batch, -1)}
+    labels = [f"{source.family.family_name} ({source.path})" for source in sources]
+    if index is None:
+        traces = [_trace(source, batch) for source in sources]
+    else:
+        traces, labels = _reference_traces(sources, index, implementations, batch, labels)
+    return traces, labels, model_differences(sources[1].family, sources[0].family)
+
+
+def _implementations(sources: list[Any], index: int) -> tuple[Any, Any]:
+    """The reference implementation side ``index`` runs in and the one the other side's family declares (its
+    module pairs and names), each checked to exist."""
+    theirs, ours = sources[index], sources[1 - index]
+    if not theirs.is_hf:
+        raise InteropError(f"--reference {'AB'[index]}: {theirs.path} is not a Hugging Face directory (the "
+                           "reference library reads those)")
+    found = (theirs.family.reference_implementation(), ours.family.reference_implementation())
+    for source, implementation in zip((theirs, ours), found, strict=True):
+        if implementation is None:
+            raise InteropError(f"{source.path}: {source.family.family_name} declares no reference implementation "
+                               "(ModelFamily.reference_implementation), so --reference cannot run it")
+    return found
+
+
+def _reference_traces(sources: list[Any], index: int, implementations: tuple[Any, Any], batch: dict[str, Any],
+                      labels: list[str]) -> tuple[list[Any], list[str]]:
+    """Side ``index`` run by its family's reference library, the other by LoongForge renamed into that library's
+    names (:mod:`loongforge.diffing.reference`)."""
+    from loongforge.diffing.reference import in_reference_names, objective_only, paired_outputs, trace_reference
+
+    theirs, ours = sources[index], sources[1 - index]
+    reference, pairs = implementations
+    trace = _trace(ours, batch, objective_only=objective_only)
+    try:
+        renamed = in_reference_names(trace, pairs)
+    except KeyError as missing:
+        raise InteropError(f"{ours.path}: its {ours.family.family_name} model has no tensor {missing} that "
+                           f"{reference.library}'s names are made from") from None
+    reference_trace = paired_outputs(trace_reference(reference, theirs.path, batch), pairs)
+    traces = [reference_trace, renamed] if index == 0 else [renamed, reference_trace]
+    labels = list(labels)
+    labels[index] = f"{theirs.family.family_name} in {reference.library} ({theirs.path})"
+    return traces, labels
 
 
 def _task_traces(a: Side, b: Side, args: argparse.Namespace) -> tuple[list[Any], list[str], list[str]]:
@@ -153,14 +203,17 @@ def _open(side: Side, trust_code: bool) -> Any:
     return open_model_source(side.model, trust_code=trust_code, command="`loongforge diff`")
 
 
-def _trace(source: Any, tokens: Any, positions: Any, labels: Any) -> Any:
+def _trace(source: Any, batch: dict[str, Any], objective_only: Any = contextlib.nullcontext) -> Any:
+    """``source``'s model built at tp=1 in fp32 and traced on ``batch``, inside ``objective_only()`` (entered
+    once the model is built: building resets megatron's loss scales)."""
     from loongforge.diffing.trace import trace_model
     from loongforge.interop.world import standalone_world
     from loongforge.models.chunks import build_standalone
 
     with standalone_world() as backend:
         model = source.load(build_standalone(source.family, backend, "fp32"))
-        return trace_model(model, tokens, positions, labels)
+        with objective_only():
+            return trace_model(model, batch["tokens"], batch["position_ids"], batch["labels"])
 
 
 def _order(value: float) -> float:

@@ -27,11 +27,17 @@ class Trace:
 
 
 def _first_tensor(output: Any) -> torch.Tensor | None:
-    """A module's output tensor: itself, or the first tensor of a tuple/list (megatron returns ``(output, bias)``)."""
+    """A module's output tensor: itself, or the first tensor of a tuple/list. Megatron's linears and blocks return
+    ``(output, bias)`` with the bias left for a later fused add; what such a module computes is their sum, which
+    is what another implementation's module returns."""
     if isinstance(output, torch.Tensor):
         return output
     if isinstance(output, (tuple, list)):
-        return next((item for item in output if isinstance(item, torch.Tensor)), None)
+        first = next((item for item in output if isinstance(item, torch.Tensor)), None)
+        if (first is not None and len(output) == 2 and output[0] is first and isinstance(output[1], torch.Tensor)
+                and output[1].dim() == 1 and output[1].shape[0] == first.shape[-1]):
+            return first + output[1]
+        return first
     return None
 
 

@@ -18,12 +18,13 @@ under the torch-native strategies; the flavor supplies :meth:`ModelFamily.make_t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from loongforge.errors import ConfigError
 
 if TYPE_CHECKING:
-    from collections.abc import Collection
+    from collections.abc import Collection, Mapping, Sequence
     from pathlib import Path
 
     from loongforge.config.schema import LoongForgeConfig
@@ -64,6 +65,56 @@ class HFAdapter(Protocol):
         tensor may be present and is ignored (a tied model's ``lm_head.weight``). Core checks a directory against
         this before reading any weight: a missing, unexpected or misshapen tensor fails naming the tensor and file.
         """
+
+
+@dataclass(frozen=True)
+class ModulePair:
+    """One module of a LoongForge model and the module of its reference implementation that computes the same
+    tensor (``decoder.layers.3.mlp`` and transformers' ``model.layers.3.mlp``): how ``loongforge diff --reference``
+    compares two implementations module by module. Only modules whose outputs mean the same thing are paired (a
+    fused QKV projection has no counterpart in a model with three).
+
+    ``seq_first``: our output is ``[sequence, batch, ...]`` (megatron's layout) where the reference's is
+    ``[batch, sequence, ...]``. ``width``: only the first ``width`` entries of our output's last dimension count
+    (megatron's padded vocabulary), ``None`` for all.
+    """
+
+    ours: str
+    theirs: str
+    seq_first: bool = True
+    width: int | None = None
+
+
+class ReferenceImplementation(Protocol):
+    """What :meth:`ModelFamily.reference_implementation` returns: the family's own implementation in the library
+    its Hugging Face format comes from (transformers' ``*ForCausalLM`` for core's decoders), so ``loongforge diff
+    --reference`` can run a Hugging Face directory there and name the first module where LoongForge's model of it
+    computes differently -- where a conversion or a kernel went wrong, not just that the logits differ.
+    """
+
+    #: The library's import name, for messages and reports (``transformers``, ``diffusers``, ``lerobot``).
+    library: str
+
+    def load(self, path: Path) -> Any:
+        """The reference model of the Hugging Face directory ``path``, in fp32 on the CPU, in training mode with
+        nothing random (dropout off), its parameters requiring gradients."""
+
+    def avoided_tokens(self, path: Path) -> tuple[int, ...]:
+        """Token ids the replayed batch must not hold because the reference treats them specially (the padding id,
+        whose embedding row transformers' ``nn.Embedding(padding_idx=...)`` gives no gradient)."""
+
+    def loss(self, model: Any, batch: Mapping[str, Any]) -> Any:
+        """The scalar training loss of ``model`` on ``batch`` -- ``tokens``, ``position_ids`` and ``labels``
+        ``[batch, sequence]`` for a decoder -- the quantity LoongForge's side is traced with (mean next-token
+        cross-entropy for a decoder), so gradients compare too."""
+
+    def module_pairs(self) -> Sequence[ModulePair]:
+        """Our modules and the reference's that compute the same output, in our forward order."""
+
+    def parameters(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """Tensors of our full (TP=PP=1) state dict under the reference model's own parameter names (as
+        ``named_parameters`` gives them in memory). Used for values and for gradients alike, which the
+        conversion's reshapes and slices map the same way."""
 
 
 class HFReader(Protocol):
@@ -143,6 +194,11 @@ class ModelFamily:
     def hf_adapter(self) -> HFAdapter | None:
         """The Hugging Face adapter (state-dict names and ``config.json`` both ways), or ``None`` when there is
         no Hugging Face counterpart (``loongforge convert`` then refuses in one line)."""
+        return None
+
+    def reference_implementation(self) -> ReferenceImplementation | None:
+        """This model in the library its Hugging Face format comes from (:class:`ReferenceImplementation`), for
+        ``loongforge diff --reference``; ``None``: none is declared (the command then refuses in one line)."""
         return None
 
     def planner_parts(self, config: LoongForgeConfig) -> tuple[Any, ...]:

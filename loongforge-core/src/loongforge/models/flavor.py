@@ -262,6 +262,14 @@ class DecoderFlavor(ModelFamily):
 
         return DecoderHFAdapter(self) if self.family in FAMILIES else None
 
+    def reference_implementation(self) -> Any:
+        """Transformers' ``*ForCausalLM`` (:class:`~loongforge.models.decoder_reference.TransformersCausalLM`) for
+        the families core knows a Hugging Face format of; ``None`` for any other."""
+        from loongforge.models.decoder_reference import TransformersCausalLM
+        from loongforge.models.hf_config import FAMILIES
+
+        return TransformersCausalLM(self) if self.family in FAMILIES else None
+
     def num_params(self, *, include_embeddings: bool = True) -> int:
         """:func:`flavor_num_params` of this grouped-query decoder (a subclass with other layers counts its own)."""
         return flavor_num_params(self, include_embeddings=include_embeddings)
