@@ -1,8 +1,8 @@
 """``loongforge diff`` on a vision-language model: a transformers Qwen2-VL (tiny, from a config) converted to a
 LoongForge checkpoint, against the conversion of a copy with one tensor scaled -- in the language model's MLP of
-layer 1, its input norm of layer 0, the vision tower's attention -- names the parameter that moved and, for the
-language model, the first module whose output parts. The replayed batch is text only, so a vision-tower fault is
-named by its parameter alone (no vision output is computed)."""
+layer 1, its input norm of layer 0, the vision tower's attention and patch embedding -- names the parameter that
+moved and the first module whose output parts. The replayed batch places an image in every sequence
+(``VLMFlavor.replay_batch``), so a vision-tower fault is named at the vision module where it begins."""
 
 from __future__ import annotations
 
@@ -35,8 +35,9 @@ def converted(hf_dir, tmp_path_factory):
      "language_model.decoder.layers.1.mlp.linear_fc2"),
     ("model.layers.0.input_layernorm.weight", "language_model.decoder.layers.0.input_layernorm.weight",
      "language_model.decoder.layers.0.input_layernorm"),
-    ("visual.blocks.0.attn.qkv.weight", "encoder.blocks.0.attn.qkv.weight", None),
-], ids=["llm-mlp-layer-1", "llm-norm-layer-0", "vision-attention"])
+    ("visual.blocks.0.attn.qkv.weight", "encoder.blocks.0.attn.qkv.weight", "encoder.blocks.0.attn.qkv"),
+    ("visual.patch_embed.proj.weight", "encoder.patch_embed.weight", "encoder.patch_embed"),
+], ids=["llm-mlp-layer-1", "llm-norm-layer-0", "vision-attention", "vision-patch-embedding"])
 def test_an_injected_fault_is_named_where_it_begins(hf_dir, converted, tmp_path, capsys, tensor, parameter, output):
     variant = tmp_path / "hf"
     shutil.copytree(hf_dir, variant)

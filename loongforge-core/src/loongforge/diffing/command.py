@@ -140,8 +140,9 @@ def _decoder_traces(a: Side, b: Side, args: argparse.Namespace) -> tuple[list[An
     allowed = torch.tensor([token for token in range(vocab) if token not in avoided])
     generator = torch.Generator().manual_seed(args.seed)
     tokens = allowed[torch.randint(0, len(allowed), (args.batch, args.seq_length + 1), generator=generator)]
-    batch = {"tokens": tokens[:, :-1], "labels": tokens[:, 1:],
-             "position_ids": torch.arange(args.seq_length).unsqueeze(0).expand(args.batch, -1)}
+    batch = sources[0].family.replay_batch(
+        {"tokens": tokens[:, :-1], "labels": tokens[:, 1:],
+         "position_ids": torch.arange(args.seq_length).unsqueeze(0).expand(args.batch, -1)}, generator)
     labels = [f"{source.family.family_name} ({source.path})" for source in sources]
     if index is None:
         traces = [_trace(source, batch) for source in sources]
@@ -213,7 +214,8 @@ def _trace(source: Any, batch: dict[str, Any], objective_only: Any = contextlib.
     with standalone_world() as backend:
         model = source.load(build_standalone(source.family, backend, "fp32"))
         with objective_only():
-            return trace_model(model, batch["tokens"], batch["position_ids"], batch["labels"])
+            inputs = {key: value for key, value in batch.items() if key in source.family.extra_inputs}
+            return trace_model(model, batch["tokens"], batch["position_ids"], batch["labels"], **inputs)
 
 
 def _order(value: float) -> float:

@@ -41,13 +41,13 @@ def _first_tensor(output: Any) -> torch.Tensor | None:
     return None
 
 
-def trace_model(model: torch.nn.Module, tokens: torch.Tensor, positions: torch.Tensor,
-                labels: torch.Tensor) -> Trace:
-    """Run ``model`` (a megatron language model) forward on ``tokens`` with ``labels`` -- the training forward,
-    which returns the per-token loss -- and backward from its mean; record every module's output and every
-    parameter's value and gradient (fp32 copies on the CPU)."""
+def trace_model(model: torch.nn.Module, tokens: torch.Tensor, positions: torch.Tensor, labels: torch.Tensor,
+                **inputs: Any) -> Trace:
+    """Run ``model`` (a megatron language model) forward on ``tokens`` with ``labels`` and any other ``inputs`` the
+    model takes (a VLM's images) -- the training forward, which returns the per-token loss -- and backward from its
+    mean; record every module's output and every parameter's value and gradient (fp32 copies on the CPU)."""
     model.train()
-    return trace_loss(model, lambda: model(tokens, positions, None, labels=labels).float().mean())
+    return trace_loss(model, lambda: model(tokens, positions, None, labels=labels, **inputs).float().mean())
 
 
 def trace_loss(model: torch.nn.Module, compute_loss: Callable[[], torch.Tensor]) -> Trace:

@@ -196,6 +196,14 @@ class ModelFamily:
         no Hugging Face counterpart (``loongforge convert`` then refuses in one line)."""
         return None
 
+    def replay_batch(self, batch: dict[str, Any], generator: Any) -> dict[str, Any]:
+        """The batch ``loongforge diff`` replays through this model, made from ``batch`` -- ``tokens``, ``labels``
+        and ``position_ids`` ``[batch, sequence]`` of random text -- with draws from the torch ``generator``. A model
+        that takes more than text returns it with its other inputs (keys of :attr:`extra_inputs`), so every part of
+        the model computes and a fault in any part is named where it begins: a VLM places an image in each
+        sequence. Default: ``batch`` unchanged."""
+        return batch
+
     def reference_implementation(self) -> ReferenceImplementation | None:
         """This model in the library its Hugging Face format comes from (:class:`ReferenceImplementation`), for
         ``loongforge diff --reference``; ``None``: none is declared (the command then refuses in one line)."""

@@ -140,6 +140,13 @@ class VLMFlavor(ModelFamily):
         language_model = build.decoder_chunk(self.foundation, scatter_embedding_sequence_parallel=False)
         return compose_vlm(self, language_model, seed=build.seed, params_dtype=build.params_dtype)
 
+    def replay_batch(self, batch: dict[str, Any], generator: Any) -> dict[str, Any]:
+        """The text with one small image in every sequence (:mod:`loongforge_vlm.model.replay`), so ``loongforge
+        diff`` runs the vision tower too."""
+        from loongforge_vlm.model.replay import replay_batch
+
+        return replay_batch(self, batch, generator)
+
     def num_params(self, *, include_embeddings: bool = True) -> int:
         """Encoder, projector and language backbone (:func:`num_params`)."""
         return num_params(self, include_embeddings=include_embeddings)
