@@ -13,7 +13,7 @@ import json
 import shutil
 
 import pytest
-from conftest import make_hf_model, tiny_settings
+from conftest import HF_TINY_CASES, make_hf_model, tiny_settings
 from loongforge.cli import main
 from safetensors.torch import load_file, save_file
 
@@ -113,3 +113,16 @@ def test_what_cannot_be_compared_is_one_line(tmp_path, capsys):
     assert main(["diff", str(tmp_path / "nowhere"), str(tmp_path / "empty")]) == 2
     assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'nowhere'}: no such run, checkpoint or Hugging " \
                                               "Face directory"
+
+
+def test_a_changed_activation_is_named_at_the_first_module_it_changes(tmp_path, capsys):
+    """GPT-2's ``gelu_new`` (tanh approximation) against exact ``gelu``: the setting, and the first output that
+    parts is layer 0's MLP output projection (the activation is a function inside megatron's MLP, not a module)."""
+    hf = make_hf_model("GPT2Config", "GPT2LMHeadModel", HF_TINY_CASES["gpt2-tied"][2])
+    hf.save_pretrained(tmp_path / "hf")
+    variant = _variant(tmp_path / "hf", tmp_path, config={"activation_function": "gelu"})
+    code, report = _diff(capsys, tmp_path / "hf", variant)
+    assert code == 1
+    assert report["models"]["first_by_kind"]["parameter"] is None
+    assert report["models"]["first"]["name"] == "decoder.layers.0.mlp.linear_fc2"
+    assert report["models"]["settings"] == ["activation 'gelu' != 'gelu_tanh'"]

@@ -212,8 +212,8 @@ class RecipeCertification:
         failed = next((trace for trace in traces if isinstance(trace, str)), None)
         if failed is not None:
             return Check(self.name, name, False, float("inf"), self.module_tolerance, failed)
-        from loongforge.certify.trace_worker import compare_traces
         from loongforge.diffing.compare import GRADIENT, OUTPUT, PARAMETER
+        from loongforge.diffing.worker import compare_traces
 
         worst, first = compare_traces(*traces, self.module_tolerance, kinds=(PARAMETER, OUTPUT, GRADIENT))
         detail = f"first parts at the {first.describe()}" if first else "every module output and gradient agrees"
@@ -229,20 +229,20 @@ class RecipeCertification:
         failed = next((trace for trace in traces if isinstance(trace, str)), None)
         if failed is not None:
             return Check(self.name, name, False, float("inf"), self.module_tolerance, failed)
-        from loongforge.certify.trace_worker import compare_traces
         from loongforge.diffing.compare import PARAMETER
+        from loongforge.diffing.worker import compare_traces
 
         worst, first = compare_traces(*traces, self.module_tolerance, kinds=(PARAMETER,))
         detail = f"first parts at the {first.describe()}" if first else "every parameter agrees"
         return Check(self.name, name, first is None, worst, self.module_tolerance, detail)
 
     def _trace(self, label: str, checkpoint: Path, device: str) -> Path | str:
-        """``checkpoint`` traced on ``device`` (:mod:`loongforge.certify.trace_worker`), once per label: the file,
+        """``checkpoint`` traced on ``device`` (:mod:`loongforge.diffing.worker`), once per label: the file,
         or why it could not be made."""
         out = self.workdir / f"trace-{label}.safetensors"
         if out.is_file():
             return out
-        command = [sys.executable, "-m", "loongforge.certify.trace_worker", str(checkpoint), str(out),
+        command = [sys.executable, "-m", "loongforge.diffing.worker", str(checkpoint), str(out),
                    "--device", device, "--precision", self.precision]
         done = subprocess.run(command, capture_output=True, text=True, env=quiet_env())
         if done.returncode != 0:

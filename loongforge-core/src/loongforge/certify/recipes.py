@@ -34,7 +34,7 @@ class CertificationRecipe:
     end, and logs every step; everything else is the recipe's, so keep it to seconds a step on a CPU (evaluation
     and sampling after training off). ``layouts`` are the parallel layouts this model can run, by name;
     ``default_layouts`` those certify runs unless ``--layouts`` says otherwise (default: all). ``traced``: the model
-    is a megatron decoder read by ``loongforge diff`` (:mod:`loongforge.certify.trace_worker`), so the
+    is a megatron decoder read by ``loongforge diff`` (:mod:`loongforge.diffing.worker`), so the
     ``modules`` and ``weights`` checks apply. ``suite``: the :class:`~loongforge.testing.family_suite.
     ModelFamilySuite` attributes ``loongforge certify --family`` needs for the model this recipe trains beyond its
     defaults (``never_trained``, ``config_overrides`` on this recipe's config for a task family, ...).

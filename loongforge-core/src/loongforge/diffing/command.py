@@ -71,13 +71,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reference", choices=("A", "B"), type=str.upper,
                         help="run that side (a Hugging Face directory) in the library its family comes from "
                              "(transformers for LLMs) and compare module by module under that library's names")
+    for side in ("a", "b"):
+        parser.add_argument(f"--device-{side}", metavar="NAME",
+                            help=f"replay RUN_{side.upper()} on this device backend (a registered name or an import "
+                                 "path), in a process of its own (default: the CPU, in this process)")
+        parser.add_argument(f"--tp-{side}", type=int, default=1, metavar="N",
+                            help=f"replay RUN_{side.upper()} at tensor-parallel size N (N local processes, shards "
+                                 "gathered), so a fault that shows only when the model is split is named at its "
+                                 "module; at most one side above 1 (default 1)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     add_trust_code_option(parser, checkpoint="either side")
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.rtol >= 0 or args.seq_length < 2 or args.batch < 1 or args.top < 0:
-        raise InteropError("--rtol must be >= 0, --seq-length >= 2, --batch >= 1 and --top >= 0")
+    if not args.rtol >= 0 or args.seq_length < 2 or args.batch < 1 or args.top < 0 or min(args.tp_a, args.tp_b) < 1:
+        raise InteropError("--rtol must be >= 0, --seq-length >= 2, --batch >= 1, --top >= 0 and --tp-a/--tp-b >= 1")
+    if args.tp_a > 1 and args.tp_b > 1:
+        raise InteropError("--tp-a and --tp-b: at most one side replays split (the other's one-process outputs say "
+                           "how to reassemble its shards)")
     a, b = resolve_side("A", args.a), resolve_side("B", args.b)
     report: dict[str, Any] = {"a": str(a.path), "b": str(b.path), "rtol": args.rtol}
     parted = False
@@ -105,9 +116,9 @@ def _compare_models(a: Side, b: Side, args: argparse.Namespace) -> dict[str, Any
         task_side = (a, b)[tasks.index(True)]
         raise InteropError(f"{task_side.path} holds a task model (trained by the task engine) and the other side does "
                            "not: `loongforge diff` compares two models of one kind")
-    if all(tasks) and args.reference:
-        raise InteropError("--reference compares megatron models (LLMs, VLMs) with their reference library; "
-                           f"{a.path} and {b.path} hold task models")
+    if all(tasks) and (args.reference or _placed(args, 0) or _placed(args, 1)):
+        raise InteropError("--reference, --device-a/-b and --tp-a/-b replay megatron models (LLMs, VLMs); "
+                           f"{a.path} and {b.path} hold task models, replayed on the CPU in this process")
     traces, labels, settings = _task_traces(a, b, args) if all(tasks) else _decoder_traces(a, b, args)
     kinds = {PARAMETER: compare_tensors(PARAMETER, traces[0].params, traces[1].params),
              OUTPUT: compare_tensors(OUTPUT, traces[0].outputs, traces[1].outputs),
@@ -143,12 +154,80 @@ def _decoder_traces(a: Side, b: Side, args: argparse.Namespace) -> tuple[list[An
     batch = sources[0].family.replay_batch(
         {"tokens": tokens[:, :-1], "labels": tokens[:, 1:],
          "position_ids": torch.arange(args.seq_length).unsqueeze(0).expand(args.batch, -1)}, generator)
-    labels = [f"{source.family.family_name} ({source.path})" for source in sources]
+    labels = [f"{source.family.family_name} ({source.path}{_where(args, i)})" for i, source in enumerate(sources)]
     if index is None:
-        traces = [_trace(source, batch) for source in sources]
+        traces = _placed_traces(sources, batch, args, objective_only=False)
     else:
-        traces, labels = _reference_traces(sources, index, implementations, batch, labels)
+        if _placed(args, index) or max(args.tp_a, args.tp_b) > 1:
+            raise InteropError(f"--reference {args.reference}: the reference library runs side {args.reference} on "
+                               "the CPU in one process, and the LoongForge side is compared in one process too "
+                               "(--device-a/-b places it; compare a split replay with an unsplit one first)")
+        traces, labels = _reference_traces(sources, index, implementations, batch, labels, args)
     return traces, labels, model_differences(sources[1].family, sources[0].family)
+
+
+def _one_side(args: argparse.Namespace, index: int) -> argparse.Namespace:
+    """``args`` with side ``index``'s placement as side A's (for tracing that side alone)."""
+    side = "ab"[index]
+    return argparse.Namespace(**{**vars(args), "device_a": getattr(args, f"device_{side}"),
+                                 "tp_a": getattr(args, f"tp_{side}"), "device_b": None, "tp_b": 1})
+
+
+def _placed(args: argparse.Namespace, index: int) -> bool:
+    """Whether side ``index`` replays somewhere else than the CPU in this process."""
+    return getattr(args, f"device_{'ab'[index]}") is not None or getattr(args, f"tp_{'ab'[index]}") > 1
+
+
+def _where(args: argparse.Namespace, index: int) -> str:
+    device, tp = getattr(args, f"device_{'ab'[index]}"), getattr(args, f"tp_{'ab'[index]}")
+    return "".join([f", on {device}" if device else "", f", tp={tp}" if tp > 1 else ""])
+
+
+def _placed_traces(sources: list[Any], batch: dict[str, Any], args: argparse.Namespace, *,
+                   objective_only: bool) -> list[Any]:
+    """Every side's trace: in this process, or by :mod:`loongforge.diffing.worker` on its device and
+    tensor-parallel size -- one-process sides first, whose output shapes say how to reassemble split ones."""
+    from loongforge.diffing.reference import objective_only as silenced
+
+    order = sorted(range(len(sources)), key=lambda i: getattr(args, f"tp_{'ab'[i]}"))
+    traces: dict[int, Any] = {}
+    for i in order:
+        if not _placed(args, i):
+            traces[i] = _trace(sources[i], batch, silenced if objective_only else contextlib.nullcontext)
+            continue
+        shapes = {name: list(t.shape) for trace in traces.values() for name, t in trace.outputs.items()}
+        traces[i] = _worker_trace(sources[i], batch, args, i, shapes, objective_only)
+    return [traces[i] for i in range(len(sources))]
+
+
+def _worker_trace(source: Any, batch: dict[str, Any], args: argparse.Namespace, index: int,
+                  shapes: dict[str, list[int]], objective_only: bool) -> Any:
+    """Side ``index`` traced by :mod:`loongforge.diffing.worker` in processes of its own (torchrun at tp > 1)."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from safetensors.torch import save_file
+
+    from loongforge.diffing.worker import read_trace
+    from loongforge.testing.runs import quiet_env
+
+    device = getattr(args, f"device_{'ab'[index]}") or "cpu"
+    tp = getattr(args, f"tp_{'ab'[index]}")
+    with tempfile.TemporaryDirectory(prefix="loongforge-diff-") as scratch:
+        work = Path(scratch)
+        save_file({key: value.contiguous() for key, value in batch.items()}, str(work / "batch.safetensors"))
+        (work / "shapes.json").write_text(json.dumps(shapes), encoding="utf-8")
+        launcher = [sys.executable] if tp == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                                     f"--nproc-per-node={tp}"]
+        command = [*launcher, "-m", "loongforge.diffing.worker", str(source.path), str(work / "trace.safetensors"),
+                   "--device", device, "--tp", str(tp), "--batch", str(work / "batch.safetensors"),
+                   "--full-shapes", str(work / "shapes.json"),
+                   *(["--objective-only"] if objective_only else []), *(["--trust-code"] if args.trust_code else [])]
+        done = subprocess.run(command, capture_output=True, text=True, env=quiet_env())
+        if done.returncode != 0:
+            raise InteropError(f"replaying {source.path} on {device} at tp={tp} failed: {_cause(done.stderr)}")
+        return read_trace(work / "trace.safetensors")
 
 
 def _implementations(sources: list[Any], index: int) -> tuple[Any, Any]:
@@ -166,15 +245,25 @@ def _implementations(sources: list[Any], index: int) -> tuple[Any, Any]:
     return found
 
 
+def _cause(stderr: str) -> str:
+    """The line of a failed worker's output that says why: its last exception (torchrun wraps it in pages of its
+    own), else its last line."""
+    import re
+
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    causes = [line for line in lines if re.match(r"^(\[rank\d+\]: )?[\w.]*(Error|Exception): ", line)]
+    return (causes or lines or ["no output"])[-1]
+
+
 def _reference_traces(sources: list[Any], index: int, implementations: tuple[Any, Any], batch: dict[str, Any],
-                      labels: list[str]) -> tuple[list[Any], list[str]]:
+                      labels: list[str], args: argparse.Namespace) -> tuple[list[Any], list[str]]:
     """Side ``index`` run by its family's reference library, the other by LoongForge renamed into that library's
     names (:mod:`loongforge.diffing.reference`)."""
-    from loongforge.diffing.reference import in_reference_names, objective_only, paired_outputs, trace_reference
+    from loongforge.diffing.reference import in_reference_names, paired_outputs, trace_reference
 
     theirs, ours = sources[index], sources[1 - index]
     reference, pairs = implementations
-    trace = _trace(ours, batch, objective_only=objective_only)
+    trace = _placed_traces([ours], batch, _one_side(args, 1 - index), objective_only=True)[0]
     try:
         renamed = in_reference_names(trace, pairs)
     except KeyError as missing:

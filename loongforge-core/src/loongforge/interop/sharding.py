@@ -132,3 +132,19 @@ def gather_full_state(model_chunks: list[Any]) -> dict[str, torch.Tensor] | None
         if filled[name] != tensor.numel():
             raise InteropError(f"gathered shards of {name} cover {filled[name]} of {tensor.numel()} elements")
     return full
+
+
+def row_blocks(chunk: Any) -> dict[str, tuple[int, list[tuple[int, int]]]]:
+    """``module -> (full rows, [(start, stop) of each local block, in local order])`` for every weight this rank
+    holds a row slice of (a column-parallel linear; a SwiGLU ``linear_fc1`` has two blocks, gate and up): the
+    columns of that module's output are split the same way, which is how ``loongforge diff`` reassembles them."""
+    found = {}
+    for local_name, _, _, pieces in _pieces(chunk):
+        if not local_name.endswith(".weight"):
+            continue
+        regions = [_region(piece) for piece in pieces]
+        blocks = [(region[0].start, region[0].stop) for _, region in regions]
+        rows = regions[0][0][0]
+        if sum(stop - start for start, stop in blocks) < rows:
+            found[local_name.removesuffix(".weight")] = (rows, blocks)
+    return found
