@@ -251,6 +251,21 @@ class FrozenEmbedding(_Mutant):
         _wrap(F, "embedding", make)  # megatron's VocabParallelEmbedding calls F.embedding
 
 
+class TorchRMSNormEpsilon(_Mutant):
+    """``torch.nn.functional.rms_norm`` with epsilon 1e-2 whatever it is asked for: a kernel the task-engine models
+    (the DiTs, the policies) call directly, outside megatron's layer specs."""
+
+    name = "mutant-torch-rms-norm-epsilon"
+
+    def break_it(self) -> None:
+        def make(original: Any) -> Any:
+            def rms_norm(input: torch.Tensor, normalized_shape: Any, weight: Any = None, eps: Any = None) -> Any:
+                return original(input, normalized_shape, weight, 1e-2)
+            return rms_norm
+
+        _wrap(F, "rms_norm", make)
+
+
 class DroppedClipPatch(_Mutant):
     """The CPU patches without the gradient-clipping one (megatron's clip then asserts CUDA tensors): what a vendor
     backend that forgets one of its patches does."""

@@ -43,7 +43,7 @@ def cpu_certificate(tmp_path_factory):
 def test_the_cpu_backend_is_certified_by_every_check(cpu_certificate):
     _, status, certificate, report = cpu_certificate
     assert status == 0, report
-    assert certificate["passed"] and certificate["complete"] and certificate["traced"] == ["llm"]
+    assert certificate["passed"] and certificate["complete"]
     assert {check["recipe"] for check in certificate["checks"]} == {"llm"}
     checks = {check["name"]: check for check in certificate["checks"]}
     assert list(checks) == ["train (1 process)", "modules (one batch)", "final weights", "resume on device",
@@ -74,7 +74,7 @@ MUTANTS = {
     "DroppedClipPatch": (["--checks", "train"], "train (1 process)", "the run failed"),
     "SkippedReduction": (["--checks", "layouts", "--layouts", "tp2"], "layout tp2", "parts at step 1"),
     "SummedNotAveraged": (["--checks", "layouts", "--layouts", "dp2"], "layout dp2", "parts at step 1"),
-}
+}  # TorchRMSNormEpsilon breaks a kernel only the task recipes call: test_a_kernel_fault_in_task_models_...
 
 
 @pytest.mark.parametrize("mutant", sorted(MUTANTS))
@@ -102,7 +102,22 @@ def test_every_installed_recipe_certifies_the_cpu(tmp_path):
                                           "--steps", "2", "--layouts", "dp2", "--checks", "train", "layouts",
                                           workdir=tmp_path)
     assert status == 0, report
-    assert certificate["traced"] == ["llm-moe"] and not certificate["complete"]  # --layouts narrowed it
+    assert not certificate["complete"]  # --layouts narrowed it
     ran = [(check["recipe"], check["name"]) for check in certificate["checks"]]
     assert ran == [(recipe, name) for recipe in ("llm-moe", "vlm", "diffusion", "embodied")
                    for name in ("train (1 process)", "layout dp2")]
+
+
+def test_a_kernel_fault_in_task_models_is_named_at_its_module(tmp_path):
+    """The task-engine recipes (a DiT, a policy) are traced too, through their tasks' deterministic losses: an RMSNorm
+    kernel with the wrong epsilon, which megatron's layers never call, is named at the first module that calls it in
+    each -- in the DiT where two training steps do not even show it."""
+    status, certificate, report = certify("--device", "mutant_backends:TorchRMSNormEpsilon", "--recipes", "diffusion",
+                                          "embodied", "--steps", "2", "--checks", "train", "modules",
+                                          workdir=tmp_path)
+    assert status == 1, report
+    checks = {(check["recipe"], check["name"]): check for check in certificate["checks"]}
+    assert checks[("diffusion", "train (1 process)")]["passed"]
+    for recipe, module in (("diffusion", "text_in.norm"), ("embodied", "vision.0.stream.norm1")):
+        modules = checks[(recipe, "modules (one batch)")]
+        assert not modules["passed"] and f"forward output of {module}:" in modules["detail"], modules

@@ -126,3 +126,15 @@ def test_lora_adapters_load_into_diffusers_apart_from_the_base(wan_run, tmp_path
     state = WanLoraLoaderMixin.lora_state_dict(str(tmp_path / "hf"))
     WanLoraLoaderMixin.load_lora_into_transformer(state, transformer=theirs)
     assert (_wan_prediction(theirs, ours=False) - adapted).abs().max() < TOLERANCE
+
+
+def test_a_wan_checkpoint_computes_what_its_export_computes_in_diffusers_module_by_module(wan_run, tmp_path, capsys):
+    """``loongforge diff --reference``: the Wan run's task loss through our DiT and through diffusers' transformer of
+    the export, with the same draws: every parameter, gradient and paired module output (each block among them)."""
+    assert main(["convert", "mcore-to-hf", str(wan_run), str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    assert main(["diff", str(wan_run), str(tmp_path / "out"), "--reference", "B", "--json"]) == 0
+    models = json.loads(capsys.readouterr().out)["models"]
+    assert models["first"] is None
+    assert models["compared"]["parameter"] == len(load_file(tmp_path / "out" / "diffusion_pytorch_model.safetensors"))
+    assert models["compared"]["forward output"] >= 4 * 6  # 4 blocks: the block, projections, norms, MLP

@@ -43,8 +43,6 @@ class Certificate:
     complete: bool = True
     checks: list[Check] = dataclasses.field(default_factory=list)
     speed_vs_reference: dict[str, float] = dataclasses.field(default_factory=dict)
-    #: The recipes whose models the module and weight checks can trace (megatron decoders).
-    traced: set[str] = dataclasses.field(default_factory=set)
     #: ``device``: a backend against the CPU reference; ``family``: model families held to the conformance suite.
     kind: str = "device"
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -55,7 +53,7 @@ class Certificate:
 
     def to_json(self) -> dict[str, Any]:
         """Strict JSON: a difference that could not be measured (a run that failed, ``inf``/``nan``) as a string."""
-        record = {**dataclasses.asdict(self), "passed": self.passed, "traced": sorted(self.traced)}
+        record = {**dataclasses.asdict(self), "passed": self.passed}
         for check in record["checks"]:
             if not math.isfinite(check["measured"]):
                 check["measured"] = str(check["measured"])
@@ -74,9 +72,6 @@ class Certificate:
             rows = [f"certificate: device {self.device}, {self.precision}, {self.steps} steps of each recipe against "
                     "the CPU reference"]
         rows += [f"  {name}: {description}" for name, description in self.recipes.items()]
-        untraced = sorted({check.recipe for check in self.checks} - self.traced)
-        if untraced and {"modules", "weights"} & set(self.scope):
-            rows.append(f"  ({', '.join(untraced)}: no module or weight trace, which reads megatron decoders only)")
         first = max([len("family" if self.kind == "family" else "recipe"), *(len(c.recipe) for c in self.checks)])
         second = max([len("check"), *(len(c.name) for c in self.checks)])
         numbers = self.kind != "family"  # the suite's checks pass or fail; they measure no difference

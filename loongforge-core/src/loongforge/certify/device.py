@@ -87,8 +87,7 @@ def certify_device(device: str, recipes: Mapping[str, CertificationRecipe], work
     chosen = tuple(kind for kind in CHECKS if kind in checks)  # cheapest first, whatever the order given
     certificate = Certificate(device, precision, {name: recipe.description for name, recipe in recipes.items()},
                               steps, scope=chosen, complete=chosen == CHECKS and layouts is None,
-                              versions=installed_versions(),
-                              traced={name for name, recipe in recipes.items() if recipe.traced})
+                              versions=installed_versions())
     for name, recipe in recipes.items():
         single = RecipeCertification(device, name, recipe, workdir / name, steps=steps, precision=precision,
                                      layouts=recipe.chosen_layouts(layouts), checks=chosen, progress=progress)
@@ -108,8 +107,7 @@ class RecipeCertification:
         self.device, self.name, self.recipe, self.workdir = device, name, recipe, workdir
         self.steps, self.half, self.precision = steps, max(1, steps // 2), precision
         self.layouts, self.progress = layouts, progress
-        traced_only = () if recipe.traced else ("modules", "weights")  # the trace worker reads megatron decoders
-        self.checks = tuple(kind for kind in checks if kind not in traced_only)
+        self.checks = checks
         self.metrics_tolerance, self.module_tolerance = TOLERANCES[precision]
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.recipe_path = self.workdir / "recipe.yaml"

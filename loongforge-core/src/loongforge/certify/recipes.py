@@ -30,21 +30,20 @@ class CertificationRecipe:
     """What certify trains for one modality.
 
     ``config`` is a run config (the YAML mapping a user writes) that needs no download: generated or shipped data.
-    Certify sets ``run.output_dir``, ``training.steps`` and ``training.precision``, checkpoints half-way and at the
-    end, and logs every step; everything else is the recipe's, so keep it to seconds a step on a CPU (evaluation
-    and sampling after training off). ``layouts`` are the parallel layouts this model can run, by name;
-    ``default_layouts`` those certify runs unless ``--layouts`` says otherwise (default: all). ``traced``: the model
-    is a megatron decoder read by ``loongforge diff`` (:mod:`loongforge.diffing.worker`), so the
-    ``modules`` and ``weights`` checks apply. ``suite``: the :class:`~loongforge.testing.family_suite.
-    ModelFamilySuite` attributes ``loongforge certify --family`` needs for the model this recipe trains beyond its
-    defaults (``never_trained``, ``config_overrides`` on this recipe's config for a task family, ...).
+    Certify sets ``run.output_dir``, ``training.steps`` and ``training.precision``, checkpoints half-way and at the end,
+    and logs every step; everything else is the recipe's, so keep it to seconds a step on a CPU (evaluation and sampling
+    after training off). ``layouts`` are the parallel layouts this model can run, by name; ``default_layouts`` those
+    certify runs unless ``--layouts`` says otherwise (default: all). The ``modules`` and ``weights`` checks trace the
+    recipe's checkpoints with :mod:`loongforge.diffing.worker` (a megatron model on a replayed batch, a task model
+    through its task's ``validation_loss``). ``suite``: the :class:`~loongforge.testing.family_suite.ModelFamilySuite`
+    attributes ``loongforge certify --family`` needs for the model this recipe trains beyond its defaults
+    (``never_trained``, ``config_overrides`` on this recipe's config for a task family, ...).
     """
 
     description: str
     config: Mapping[str, Any]
     layouts: Mapping[str, Layout] = field(default_factory=dict)
     default_layouts: tuple[str, ...] | None = None
-    traced: bool = False
     suite: Mapping[str, Any] = field(default_factory=dict)
 
     def run_config(self, steps: int, precision: str) -> dict[str, Any]:
@@ -83,7 +82,6 @@ DENSE_DECODER = CertificationRecipe(
              "tp2-sp": Layout(2, ("parallel.tp=2", "parallel.sequence_parallel=true")),
              "dp2-distopt": Layout(2, ("parallel.distributed_optimizer=true",))},
     default_layouts=("tp2", "pp2", "dp2"),
-    traced=True,
 )
 #: core's mixture of experts: the router, expert dispatch and the expert-parallel all-to-all.
 MOE_DECODER = CertificationRecipe(
@@ -92,7 +90,6 @@ MOE_DECODER = CertificationRecipe(
     layouts={"ep2": Layout(2, ("parallel.ep=2",)), "dp2": Layout(2),
              # megatron's MoE layers need sequence parallelism at tp > 1
              "tp2-sp": Layout(2, ("parallel.tp=2", "parallel.sequence_parallel=true"))},
-    traced=True,
 )
 
 

@@ -112,12 +112,17 @@ def _compare_models(a: Side, b: Side, args: argparse.Namespace) -> dict[str, Any
     from loongforge.diffing.task_trace import is_task_checkpoint
 
     tasks = [is_task_checkpoint(side.model) for side in (a, b)]
-    if any(tasks) and not all(tasks):
+    if args.reference is not None and tasks["AB".index(args.reference)]:
+        raise InteropError(f"--reference {args.reference}: {(a, b)['AB'.index(args.reference)].path} is a "
+                           "LoongForge checkpoint; the reference library reads its own directories")
+    if args.reference is not None and tasks[1 - "AB".index(args.reference)]:
+        tasks = [True, True]  # a task model against its reference library's directory
+    elif any(tasks) and not all(tasks):
         task_side = (a, b)[tasks.index(True)]
         raise InteropError(f"{task_side.path} holds a task model (trained by the task engine) and the other side does "
                            "not: `loongforge diff` compares two models of one kind")
-    if all(tasks) and (args.reference or _placed(args, 0) or _placed(args, 1)):
-        raise InteropError("--reference, --device-a/-b and --tp-a/-b replay megatron models (LLMs, VLMs); "
+    if all(tasks) and (_placed(args, 0) or _placed(args, 1)):
+        raise InteropError("--device-a/-b and --tp-a/-b replay megatron models (LLMs, VLMs); "
                            f"{a.path} and {b.path} hold task models, replayed on the CPU in this process")
     traces, labels, settings = _task_traces(a, b, args) if all(tasks) else _decoder_traces(a, b, args)
     kinds = {PARAMETER: compare_tensors(PARAMETER, traces[0].params, traces[1].params),
@@ -281,10 +286,38 @@ def _task_traces(a: Side, b: Side, args: argparse.Namespace) -> tuple[list[Any],
     deterministic loss, every random draw seeded from ``--seed`` (:mod:`loongforge.diffing.task_trace`)."""
     from loongforge.diffing.task_trace import task_settings, trace_task_checkpoint
 
+    if args.reference is not None:
+        return _task_reference_traces((a, b), "AB".index(args.reference), args)
     traced = [trace_task_checkpoint(side.model, samples=args.batch, seed=args.seed, trust_code=args.trust_code)
               for side in (a, b)]
     return ([trace for trace, _, _ in traced], [label for _, label, _ in traced],
             task_settings(traced[0][2], traced[1][2]))
+
+
+def _task_reference_traces(sides: tuple[Side, Side], index: int,
+                           args: argparse.Namespace) -> tuple[list[Any], list[str], list[str]]:
+    """A task checkpoint's model and its family's reference library's model of the directory on side ``index``,
+    both through the checkpoint task's deterministic loss with the same draws, compared under the library's
+    names."""
+    from loongforge.diffing.reference import in_reference_names, paired_outputs
+    from loongforge.diffing.task_trace import task_replay
+    from loongforge.diffing.trace import trace_loss
+
+    theirs, ours = sides[index], sides[1 - index]
+    replay = task_replay(ours.model, samples=args.batch, seed=args.seed, trust_code=args.trust_code)
+    reference = replay.family.reference_implementation()
+    if reference is None:
+        raise InteropError(f"{ours.path}: {replay.family.family_name} declares no reference implementation "
+                           "(ModelFamily.reference_implementation), so --reference cannot run it")
+    renamed = in_reference_names(trace_loss(replay.model, lambda: replay.loss(replay.model, replay.generators())),
+                                 reference)
+    model = reference.load(theirs.path)
+    inputs = {"task": replay.task, "batch": replay.batch, "generators": replay.generators()}
+    reference_trace = paired_outputs(trace_loss(model, lambda: reference.loss(model, inputs)), reference)
+    traces = [reference_trace, renamed] if index == 0 else [renamed, reference_trace]
+    labels = [replay.label, replay.label]
+    labels[index] = f"{replay.family.family_name} in {reference.library} ({theirs.path})"
+    return traces, labels, []
 
 
 def _open(side: Side, trust_code: bool) -> Any:

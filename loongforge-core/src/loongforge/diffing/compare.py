@@ -38,6 +38,8 @@ class Difference:
 def tensor_difference(kind: str, name: str, a: torch.Tensor | None, b: torch.Tensor | None) -> Difference:
     if a is None or b is None:
         return Difference(kind, name, math.inf, math.inf, f"only in run {'A' if b is None else 'B'}")
+    if a.shape != b.shape and a.squeeze().shape == b.squeeze().shape:  # a unit axis one side keeps: same values
+        a, b = a.squeeze(), b.squeeze()
     if a.shape != b.shape:
         return Difference(kind, name, math.inf, math.inf, f"shape {list(a.shape)} vs {list(b.shape)}")
     if a.numel() == 0:

@@ -45,10 +45,13 @@ def in_reference_names(trace: Trace, reference: Any) -> Trace:
 
 
 def paired_outputs(trace: Trace, reference: Any) -> Trace:
-    """The reference's ``trace`` with only the outputs of modules that have a LoongForge counterpart."""
+    """The reference's ``trace`` with only the outputs of modules that have a LoongForge counterpart, and a zero
+    gradient for each parameter that got none (as :func:`in_reference_names` counts LoongForge's: a parameter
+    outside the loss, such as a last block's unused text stream, is then equal on both sides)."""
     paired = {pair.theirs for pair in reference.module_pairs()}
+    grads = {name: trace.grads.get(name, torch.zeros_like(value)) for name, value in trace.params.items()}
     return Trace(params=trace.params, outputs={name: t for name, t in trace.outputs.items() if name in paired},
-                 grads=trace.grads, loss=trace.loss)
+                 grads=grads, loss=trace.loss)
 
 
 @contextlib.contextmanager

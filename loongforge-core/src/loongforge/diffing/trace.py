@@ -64,6 +64,8 @@ def trace_loss(model: torch.nn.Module, compute_loss: Callable[[], torch.Tensor])
                 return
             calls[name] = calls.get(name, 0) + 1
             key = name if calls[name] == 1 else f"{name}#{calls[name]}"
+            if tensor.is_complex():  # a rotary table kept as complex numbers: both parts count
+                tensor = torch.view_as_real(tensor)
             trace.outputs[key] = tensor.detach().float().cpu().clone()
         return hook
 

@@ -6,7 +6,8 @@ or under ``torch.distributed.run`` with ``--tp N`` (``loongforge diff --tp-b N``
 device's spec provider at that tensor-parallel size, filled from a checkpoint or Hugging Face directory (resharded
 on loading), and traced by :func:`loongforge.diffing.trace.trace_model` on a batch from ``--batch`` (a safetensors
 file) or, without one, a fixed batch of random tokens (seed 0), so two files made on two devices or layouts
-compare tensor by tensor.
+compare tensor by tensor. A task model's checkpoint (a DiT, a policy) replays its own first samples through its
+task's deterministic loss instead (:mod:`loongforge.diffing.task_trace`), in one process.
 
 At tensor-parallel size N every rank traces its shards; rank 0 assembles them as one process would hold them
 (:func:`gather_outputs`): parameters and gradients through the checkpoint's own shard map
@@ -43,7 +44,8 @@ TEXT_KEYS = ("tokens", "labels", "position_ids")
 
 
 def default_batch(vocab_size: int) -> dict[str, torch.Tensor]:
-    """The fixed batch certify replays: :data:`BATCH` sequences of :data:`SEQUENCE` random tokens."""
+    """The fixed text certify replays: :data:`BATCH` sequences of :data:`SEQUENCE` random tokens (the family's
+    :meth:`~loongforge.models.family.ModelFamily.replay_batch` adds what else it takes)."""
     generator = torch.Generator().manual_seed(SEED)
     tokens = torch.randint(0, vocab_size, (BATCH, SEQUENCE + 1), generator=generator)
     return {"tokens": tokens[:, :-1], "labels": tokens[:, 1:],
@@ -56,6 +58,7 @@ def trace_source(model_path: Path, *, device: str, precision: str, tp: int, batc
     """The trace of the model at ``model_path`` on ``device`` at tensor-parallel size ``tp`` (the world's size),
     assembled on rank 0 (other ranks get ``None``)."""
     from loongforge.devices.selection import select_backend
+    from loongforge.diffing.task_trace import is_task_checkpoint, trace_task_checkpoint
     from loongforge.diffing.trace import trace_model
     from loongforge.interop.model_source import open_model_source
     from loongforge.interop.world import standalone_world
@@ -63,9 +66,15 @@ def trace_source(model_path: Path, *, device: str, precision: str, tp: int, batc
     from loongforge.models.decoder_model import ParallelSettings
     from loongforge.plugins import get_host
 
-    source = open_model_source(model_path, trust_code=trust_code, command="`loongforge diff`")
     backend, _ = select_backend(device, get_host().registry("device"), source="--device")
-    batch = batch if batch is not None else default_batch(source.family.decoder.vocab_size)
+    if is_task_checkpoint(model_path):  # its own data, its own deterministic loss, one process
+        backend.apply_patches()
+        return trace_task_checkpoint(model_path, samples=BATCH, seed=SEED, trust_code=trust_code,
+                                     device=backend.device(0))[0]
+    source = open_model_source(model_path, trust_code=trust_code, command="`loongforge diff`")
+    if batch is None:
+        batch = source.family.replay_batch(default_batch(source.family.decoder.vocab_size),
+                                           torch.Generator().manual_seed(SEED))
     with standalone_world(backend, tp_size=tp) as world_backend:
         build = ChunkBuild(backend=world_backend, params_dtype=precision, parallel=ParallelSettings(tp=tp), seed=None)
         model = source.load(source.family.build_chunk(build))

@@ -33,9 +33,9 @@ def decoder_module_pairs(flavor: DecoderFlavor) -> tuple[ModulePair, ...]:
     names = hf_names(flavor.family)
     # transformers scales Gemma's embedding inside its embedding module, megatron after it
     scaled = hf_family(flavor.family).embedding_scaled
-    pairs = [] if scaled else [ModulePair("embedding.word_embeddings", names.embed, seq_first=False)]
+    pairs = [] if scaled else [ModulePair("embedding.word_embeddings", names.embed)]  # batch-first, as the input
     if names.position is not None:
-        pairs.append(ModulePair("embedding.position_embeddings", names.position, seq_first=False))
+        pairs.append(ModulePair("embedding.position_embeddings", names.position))
     mlp_parent = names.fc2.rpartition(".")[0]
     for i in range(flavor.num_layers):
         ours, theirs = f"decoder.layers.{i}.", f"{names.layers}.{i}."
@@ -57,11 +57,11 @@ def decoder_module_pairs(flavor: DecoderFlavor) -> tuple[ModulePair, ...]:
         if names.post_mlp_norm is not None:
             layer.append(("post_mlp_layernorm", names.post_mlp_norm))
         layer.append(("", ""))
-        pairs += [ModulePair((ours + a).rstrip("."), (theirs + b).rstrip(".")) for a, b in layer]
-    pairs.append(ModulePair("decoder.final_layernorm", names.final_norm))
+        pairs += [ModulePair((ours + a).rstrip("."), (theirs + b).rstrip("."), seq_first=True) for a, b in layer]
+    pairs.append(ModulePair("decoder.final_layernorm", names.final_norm, seq_first=True))
     if flavor.final_logit_softcapping is None:  # else megatron's output layer returns the capped logits
         pairs.append(ModulePair("output_layer", dict(names.in_memory).get(names.lm_head + ".weight", names.lm_head)
-                                .removesuffix(".weight"), width=flavor.vocab_size))
+                                .removesuffix(".weight"), seq_first=True, width=flavor.vocab_size))
     return tuple(pairs)
 
 

@@ -18,13 +18,14 @@ under the torch-native strategies; the flavor supplies :meth:`ModelFamily.make_t
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from loongforge.errors import ConfigError
 
 if TYPE_CHECKING:
-    from collections.abc import Collection, Mapping, Sequence
+    from collections.abc import Collection
     from pathlib import Path
 
     from loongforge.config.schema import LoongForgeConfig
@@ -81,8 +82,23 @@ class ModulePair:
 
     ours: str
     theirs: str
-    seq_first: bool = True
+    seq_first: bool = False
     width: int | None = None
+
+
+def module_pairs_from_parameters(names: Mapping[str, Sequence[str]], *, seq_first: bool = False
+                                 ) -> tuple[ModulePair, ...]:
+    """Module pairs read off a conversion's parameter-name map (ours -> the reference's, several names where our
+    tensor is their concatenation): a parameter that is one reference parameter of the same kind
+    (``X.weight`` -> ``Y.weight``) pairs module ``X`` with ``Y``; fused ones pair nothing. How a family whose
+    modules are the reference's, renamed, declares its pairs without listing them twice."""
+    pairs: dict[str, ModulePair] = {}
+    for ours, theirs in names.items():
+        kind = ours.rpartition(".")[2]
+        if len(theirs) == 1 and "." in ours and theirs[0].rpartition(".")[2] == kind:
+            module = ours.rpartition(".")[0]
+            pairs.setdefault(module, ModulePair(module, theirs[0].rpartition(".")[0], seq_first=seq_first))
+    return tuple(pairs.values())
 
 
 class ReferenceImplementation(Protocol):
@@ -104,9 +120,11 @@ class ReferenceImplementation(Protocol):
         whose embedding row transformers' ``nn.Embedding(padding_idx=...)`` gives no gradient)."""
 
     def loss(self, model: Any, batch: Mapping[str, Any]) -> Any:
-        """The scalar training loss of ``model`` on ``batch`` -- ``tokens``, ``position_ids`` and ``labels``
-        ``[batch, sequence]`` for a decoder -- the quantity LoongForge's side is traced with (mean next-token
-        cross-entropy for a decoder), so gradients compare too."""
+        """The scalar loss of ``model`` on ``batch``, the quantity LoongForge's side is traced with, so gradients
+        compare too. A decoder's batch: ``tokens``, ``position_ids`` and ``labels`` ``[batch, sequence]`` (mean
+        next-token cross-entropy). A task model's: ``task``, ``batch`` and ``generators``, what
+        :meth:`loongforge.tasks.Task.validation_loss` takes (the reference model run through the task's own loss,
+        every random draw from the same seeded generators as LoongForge's side)."""
 
     def module_pairs(self) -> Sequence[ModulePair]:
         """Our modules and the reference's that compute the same output, in our forward order."""

@@ -80,6 +80,13 @@ class QwenImageFlavor(ModelFamily):
         """Output values per token: one ``patch_size x patch_size`` patch of ``out_channels`` latents."""
         return self.patch_size**2 * self.out_channels
 
+    def reference_implementation(self) -> Any:
+        """diffusers' own transformer (:class:`loongforge_diffusion.reference.DiffusersTransformer`), for
+        ``loongforge diff --reference``."""
+        from loongforge_diffusion.reference import DiffusersTransformer
+
+        return DiffusersTransformer(self)
+
     def make_task(self, config: Any) -> Any:
         """What ``loongforge train`` runs for this flavor: text-to-image flow matching (see ``qwen_image.run_task``)."""
         from loongforge_diffusion.qwen_image.run_task import QwenImageRunTask

@@ -81,6 +81,16 @@ def _ours_to_theirs(name: str) -> tuple[str, ...]:
     raise LoongForgeError(f"no diffusers name for Wan parameter '{name}'")
 
 
+def name_map(flavor: WanFlavor) -> dict[str, tuple[str, ...]]:
+    """Every parameter name of ours -> its diffusers name(s), for ``flavor``'s number of layers (the image branch's
+    names included whether or not the flavor has one)."""
+    names = dict(_TOP_NAMES)
+    for index in range(flavor.num_layers):
+        names.update({f"blocks.{index}.{ours}": tuple(f"blocks.{index}.{t}" for t in theirs)
+                      for ours, theirs in _BLOCK_NAMES.items()})
+    return names
+
+
 def diffusers_module_names(module: str) -> tuple[str, ...]:
     """diffusers' module name(s) of one of our linear layers (``blocks.0.self_attn.qkv`` -> ``blocks.0.attn1.to_q``,
     ``...to_k``, ``...to_v``): what a LoRA adapter on it is called there."""

@@ -80,6 +80,13 @@ class WanFlavor(ModelFamily):
     def patch_volume(self) -> int:
         return math.prod(self.patch_size)
 
+    def reference_implementation(self) -> Any:
+        """diffusers' own transformer (:class:`loongforge_diffusion.reference.DiffusersTransformer`), for
+        ``loongforge diff --reference``."""
+        from loongforge_diffusion.reference import DiffusersTransformer
+
+        return DiffusersTransformer(self)
+
     def make_task(self, config: Any) -> Any:
         """What ``loongforge train`` runs for this flavor (the core trainer's task; see ``run_task``)."""
         from loongforge_diffusion.run_task import WanRunTask
