@@ -132,6 +132,28 @@ def test_nothing_fires_before_the_first_beat_or_after_stop():
     assert not ranks.exited.acquire(timeout=1.5) and ranks.lines == []
 
 
+def test_stop_waits_for_a_store_write_in_flight():
+    """A heartbeat thread left inside the store's C++ call when the interpreter finalises aborts the process after a
+    finished run (seen in CI: "terminate called without an active exception", exit 134). ``stop`` returns only
+    once both threads are gone, waiting for the write in flight."""
+    entered, release = threading.Event(), threading.Event()
+    writes: list[str] = []
+
+    class SlowStore:
+        def set(self, key: str, value: str) -> None:
+            entered.set()
+            release.wait(10)
+            writes.append(key)
+
+    heartbeat = Heartbeat(lambda timeout: SlowStore(), 0, 1, 60.0, interval_s=1.0, report=print, exit=lambda s: None)
+    heartbeat.start()
+    assert entered.wait(10)
+    threading.Timer(0.5, release.set).start()
+    heartbeat.stop()
+    assert writes == ["rank-0"]  # the write returned before stop did
+    assert not [t for t in threading.enumerate() if t.name in ("loongforge-heartbeat", "loongforge-watchdog")]
+
+
 def test_the_timeout_is_checked_and_the_flag_sets_it(tmp_path, capsys):
     assert main(["check", QUICKSTART, "distributed.timeout_s=0"]) == 2
     assert capsys.readouterr().err.strip().endswith("distributed.timeout_s must be an integer >= 1, got 0")

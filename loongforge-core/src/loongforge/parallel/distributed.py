@@ -218,6 +218,7 @@ class Heartbeat:
         self.deadline: float | None = None
         self._main = threading.main_thread().ident
         self._stopped = threading.Event()
+        self._threads: list[threading.Thread] = []
 
     # -- the loop's side -----------------------------------------------------------------------------------------
     def beat(self, step: int) -> None:
@@ -226,14 +227,27 @@ class Heartbeat:
         self.deadline = time.monotonic() + self.timeout_s
 
     def stop(self) -> None:
-        """Disarm and end both threads (they are daemons: a process that exits without this is not held up)."""
+        """Disarm and end both threads, waiting for a store write in flight to return (bounded by the store's own
+        timeout). Why wait: a daemon thread still inside the store's C++ call when the interpreter finalises is
+        torn down by the runtime mid-call, and the process aborts ("terminate called without an active exception",
+        exit 134) after a run that finished. The threads stay daemons so a process that exits without ``stop`` (a
+        crash) is not held up."""
         self.deadline = None
         self._stopped.set()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=self._store_timeout_s() + 1.0)
 
     def start(self) -> None:
         """Start the publishing and the watching thread."""
         for target, name in ((self._publish, "loongforge-heartbeat"), (self._watch, "loongforge-watchdog")):
-            threading.Thread(target=target, name=name, daemon=True).start()
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _store_timeout_s(self) -> float:
+        """How long one store connection or write may take before it gives up."""
+        return max(2.0, 2 * self.interval_s)
 
     # -- the threads ---------------------------------------------------------------------------------------------
     def _publish(self) -> None:
@@ -241,7 +255,7 @@ class Heartbeat:
         counter, store = 0, None
         while True:
             try:
-                store = store or self.connect(max(2.0, 2 * self.interval_s))
+                store = store or self.connect(self._store_timeout_s())
                 counter += 1
                 store.set(f"rank-{self.rank}", f"{counter} {self.step}")
             except Exception:  # noqa: BLE001 -- the store's host may be the stopped process; try again later
