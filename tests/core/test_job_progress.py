@@ -146,6 +146,29 @@ def test_rich_mode_draws_the_bar_on_its_stream(monkeypatch, capsys):
     assert "drawing" in captured.err and "4/4" in captured.err and "img-000004.png" in captured.err
 
 
+
+@pytest.mark.parametrize("columns", [60, 80, 120])
+def test_a_narrow_terminal_cuts_the_note_and_description_never_the_count_or_eta(columns, monkeypatch):
+    """A long note (a tensor's name) used to squeeze the count and the time left out of the bar at 80 columns
+    ("converting ten… 50,701.05 tens…"); now the line fits and keeps both, the note giving way first."""
+    import io
+
+    from loongforge import progress_bar
+    from rich.console import Console
+
+    monkeypatch.setenv("LOONGFORGE_PROGRESS", "rich")
+    monkeypatch.delenv("RANK", raising=False)
+    out = io.StringIO()
+    monkeypatch.setattr(progress_bar, "Console", lambda file: Console(file=out, width=columns, force_terminal=True,
+                                                                      color_system=None))
+    with job_progress("converting tensors", total=300, unit="tensor") as job:
+        job.advance(120, note="decoder.layers.11.self_attention.linear_qkv.weight")
+    last = out.getvalue().split("\r")[-1].replace("\x1b[2K", "").split("\n")[0]
+    assert len(last) <= columns and "120/300" in last and re.search(r"eta \S:\S\S:\S\S", last), last
+    assert "decoder" in last  # the note is cut, not dropped
+    if columns == 120:
+        assert "converting tensors" in last
+
 # -- hashing and verifying checkpoints ------------------------------------------------------------------------------
 
 def test_large_checkpoints_show_hashing_and_full_verification_per_block(tmp_path, monkeypatch, capsys, every_step):

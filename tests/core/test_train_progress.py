@@ -24,9 +24,9 @@ def test_fields_are_dropped_from_the_least_needed_and_never_the_loss():
     assert _fmt(METRICS, 0) == "loss 2.5432"
 
 
-@pytest.mark.parametrize("columns", [80, 60])
+@pytest.mark.parametrize("columns", [120, 80, 60])
 def test_the_bar_keeps_step_count_and_eta_at_narrow_widths(columns, monkeypatch):
-    """Rendered at 80 (and 60) columns: the line fits, and holds the step count and the time left."""
+    """Rendered at 120, 80 and 60 columns: the line fits, and holds the step count and the time left."""
     monkeypatch.setenv("LOONGFORGE_PROGRESS", "rich")
     out = io.StringIO()
     monkeypatch.setattr(train_progress, "Console", lambda: Console(file=out, width=columns, force_terminal=True,

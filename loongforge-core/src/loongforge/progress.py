@@ -78,27 +78,9 @@ class JobProgress:
         self._bar = None
         self._task = None
         if mode == "rich":
-            from rich.console import Console
-            from rich.markup import escape
-            from rich.progress import (
-                BarColumn,
-                DownloadColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
+            from loongforge.progress_bar import job_bar  # rich is imported only for the bar
 
-            count = DownloadColumn() if unit == BYTES else MofNCompleteColumn()
-            self._bar = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(bar_width=20), count,
-                TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-                TextColumn("{task.fields[note]}"), transient=False, console=Console(file=self._stream),
-            )
-            self._task = self._bar.add_task(escape(description), total=total, rate="", note="")
-            self._escape = escape  # rich is imported only for the bar (plain lines need none of it)
-            self._bar.start()
+            self._bar, self._task = job_bar(description, total, byte_counts=unit == BYTES, stream=self._stream)
 
     def advance(self, n: int = 1, *, note: str = "") -> None:
         """``n`` more units done; ``note`` (optional) says what the latest one was (a tensor's name, a prompt)."""
@@ -106,7 +88,7 @@ class JobProgress:
         if note:
             self.note = note
         if self._bar is not None:
-            self._bar.update(self._task, advance=n, rate=self._rate_text(), note=self._escape(self.note))
+            self._bar.update(self._task, advance=n, rate=self._rate_text(), note=self.note)
         elif self._mode == "plain":
             now = time.perf_counter()
             if now - self._last_line >= self._plain_every:
