@@ -70,7 +70,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top", type=int, default=8, help="largest differences listed per kind (default 8)")
     parser.add_argument("--reference", choices=("A", "B"), type=str.upper,
                         help="run that side (a Hugging Face directory) in the library its family comes from "
-                             "(transformers for LLMs) and compare module by module under that library's names")
+                             "(transformers for LLMs and Qwen VLMs, diffusers for DiTs) and compare module by "
+                             "module under that library's names")
     for side in ("a", "b"):
         parser.add_argument(f"--device-{side}", metavar="NAME",
                             help=f"replay RUN_{side.upper()} on this device backend (a registered name or an import "
@@ -144,31 +145,28 @@ def _compare_models(a: Side, b: Side, args: argparse.Namespace) -> dict[str, Any
 def _decoder_traces(a: Side, b: Side, args: argparse.Namespace) -> tuple[list[Any], list[str], list[str]]:
     """Megatron models (LLMs, VLMs; checkpoints or Hugging Face directories): ``--batch`` sequences of
     ``--seq-length`` random tokens (``--seed``) through both, built at tp=1 in fp32."""
-    import torch
-
     from loongforge.models.hf_format import model_differences
 
+    if args.reference is not None:
+        return _reference_traces((a, b), "AB".index(args.reference), args)
     sources = [_open(side, args.trust_code) for side in (a, b)]
-    vocab = min(source.family.decoder.vocab_size for source in sources)
-    index = None if args.reference is None else "AB".index(args.reference)
-    implementations = None if index is None else _implementations(sources, index)
-    avoided = set() if index is None else set(implementations[0].avoided_tokens(sources[index].path))
-    allowed = torch.tensor([token for token in range(vocab) if token not in avoided])
+    batch = _replay_batch(sources[0].family, min(source.family.decoder.vocab_size for source in sources), (), args)
+    labels = [f"{source.family.family_name} ({source.path}{_where(args, i)})" for i, source in enumerate(sources)]
+    traces = _placed_traces(sources, batch, args, objective_only=False)
+    return traces, labels, model_differences(sources[1].family, sources[0].family)
+
+
+def _replay_batch(family: Any, vocab: int, avoided: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """``--batch`` sequences of ``--seq-length`` random tokens below ``vocab`` and outside ``avoided`` (``--seed``),
+    with what else ``family`` replays (:meth:`ModelFamily.replay_batch`)."""
+    import torch
+
+    allowed = torch.tensor([token for token in range(vocab) if token not in set(avoided)])
     generator = torch.Generator().manual_seed(args.seed)
     tokens = allowed[torch.randint(0, len(allowed), (args.batch, args.seq_length + 1), generator=generator)]
-    batch = sources[0].family.replay_batch(
+    return family.replay_batch(
         {"tokens": tokens[:, :-1], "labels": tokens[:, 1:],
          "position_ids": torch.arange(args.seq_length).unsqueeze(0).expand(args.batch, -1)}, generator)
-    labels = [f"{source.family.family_name} ({source.path}{_where(args, i)})" for i, source in enumerate(sources)]
-    if index is None:
-        traces = _placed_traces(sources, batch, args, objective_only=False)
-    else:
-        if _placed(args, index) or max(args.tp_a, args.tp_b) > 1:
-            raise InteropError(f"--reference {args.reference}: the reference library runs side {args.reference} on "
-                               "the CPU in one process, and the LoongForge side is compared in one process too "
-                               "(--device-a/-b places it; compare a split replay with an unsplit one first)")
-        traces, labels = _reference_traces(sources, index, implementations, batch, labels, args)
-    return traces, labels, model_differences(sources[1].family, sources[0].family)
 
 
 def _one_side(args: argparse.Namespace, index: int) -> argparse.Namespace:
@@ -235,21 +233,6 @@ def _worker_trace(source: Any, batch: dict[str, Any], args: argparse.Namespace, 
         return read_trace(work / "trace.safetensors")
 
 
-def _implementations(sources: list[Any], index: int) -> tuple[Any, Any]:
-    """The reference implementation side ``index`` runs in and the one the other side's family declares (its
-    module pairs and names), each checked to exist."""
-    theirs, ours = sources[index], sources[1 - index]
-    if not theirs.is_hf:
-        raise InteropError(f"--reference {'AB'[index]}: {theirs.path} is not a Hugging Face directory (the "
-                           "reference library reads those)")
-    found = (theirs.family.reference_implementation(), ours.family.reference_implementation())
-    for source, implementation in zip((theirs, ours), found, strict=True):
-        if implementation is None:
-            raise InteropError(f"{source.path}: {source.family.family_name} declares no reference implementation "
-                               "(ModelFamily.reference_implementation), so --reference cannot run it")
-    return found
-
-
 def _cause(stderr: str) -> str:
     """The line of a failed worker's output that says why: its last exception (torchrun wraps it in pages of its
     own), else its last line."""
@@ -260,25 +243,55 @@ def _cause(stderr: str) -> str:
     return (causes or lines or ["no output"])[-1]
 
 
-def _reference_traces(sources: list[Any], index: int, implementations: tuple[Any, Any], batch: dict[str, Any],
-                      labels: list[str], args: argparse.Namespace) -> tuple[list[Any], list[str]]:
-    """Side ``index`` run by its family's reference library, the other by LoongForge renamed into that library's
-    names (:mod:`loongforge.diffing.reference`)."""
+def _reference_traces(sides: tuple[Side, Side], index: int,
+                      args: argparse.Namespace) -> tuple[list[Any], list[str], list[str]]:
+    """Side ``index`` (a Hugging Face directory) run by the library the other side's family declares, that side
+    by LoongForge renamed into the library's names (:mod:`loongforge.diffing.reference`). The directory is read by
+    the library alone; its settings are compared when an installed family reads it too."""
     from loongforge.diffing.reference import in_reference_names, paired_outputs, trace_reference
+    from loongforge.interop.model_source import is_hf_directory
+    from loongforge.models.hf_format import model_differences
 
-    theirs, ours = sources[index], sources[1 - index]
-    reference, pairs = implementations
+    theirs, ours_side = sides[index], sides[1 - index]
+    if not is_hf_directory(theirs.model):
+        raise InteropError(f"--reference {'AB'[index]}: {theirs.path} is not a Hugging Face directory (the "
+                           "reference library reads those)")
+    if _placed(args, index) or max(args.tp_a, args.tp_b) > 1:
+        raise InteropError(f"--reference {'AB'[index]}: the reference library runs side {'AB'[index]} on the CPU "
+                           "in one process, and the LoongForge side is compared in one process too "
+                           "(--device-a/-b places it; compare a split replay with an unsplit one first)")
+    ours = _open(ours_side, args.trust_code)
+    reference = ours.family.reference_implementation()
+    if reference is None:
+        raise InteropError(f"{ours.path}: {ours.family.family_name} declares no reference implementation "
+                           "(ModelFamily.reference_implementation), so --reference cannot run it")
+    read = _read_family(theirs.model)  # None: no installed family reads the directory (only its library does)
+    vocab = min(family.decoder.vocab_size for family in (ours.family, read) if family is not None)
+    batch = _replay_batch(ours.family, vocab, reference.avoided_tokens(theirs.model), args)
     trace = _placed_traces([ours], batch, _one_side(args, 1 - index), objective_only=True)[0]
     try:
-        renamed = in_reference_names(trace, pairs)
+        renamed = in_reference_names(trace, reference)
     except KeyError as missing:
         raise InteropError(f"{ours.path}: its {ours.family.family_name} model has no tensor {missing} that "
                            f"{reference.library}'s names are made from") from None
-    reference_trace = paired_outputs(trace_reference(reference, theirs.path, batch), pairs)
+    reference_trace = paired_outputs(trace_reference(reference, theirs.model, batch), reference)
     traces = [reference_trace, renamed] if index == 0 else [renamed, reference_trace]
-    labels = list(labels)
-    labels[index] = f"{theirs.family.family_name} in {reference.library} ({theirs.path})"
-    return traces, labels
+    labels = [f"{ours.family.family_name} ({ours.path}{_where(args, 1 - index)})"] * 2
+    labels[index] = f"{ours.family.family_name} in {reference.library} ({theirs.path})"
+    settings = [] if read is None else model_differences(*((read, ours.family) if index == 1 else (ours.family, read)))
+    return traces, labels, settings
+
+
+def _read_family(path: Path) -> Any:
+    """The model an installed family reads the Hugging Face directory ``path`` as, or ``None`` when none reads
+    its architecture."""
+    from loongforge.claims import hf_config_names
+    from loongforge.models.hf_format import read_hf_model
+    from loongforge.plugins import get_host
+
+    arch, model_type = hf_config_names(str(path))
+    key = arch if arch is not None else model_type
+    return read_hf_model(path).family if key in get_host().registry("hf_architecture") else None
 
 
 def _task_traces(a: Side, b: Side, args: argparse.Namespace) -> tuple[list[Any], list[str], list[str]]:

@@ -27,13 +27,15 @@ def trace_reference(reference: Any, path: Path, batch: Mapping[str, torch.Tensor
 
 
 def in_reference_names(trace: Trace, reference: Any) -> Trace:
-    """LoongForge's ``trace`` under ``reference``'s names: every paired module's output, every parameter and
-    gradient (a parameter that got no gradient counts as a zero one)."""
+    """LoongForge's ``trace`` under ``reference``'s names: every paired module's output in the order our forward pass
+    computed them (so the first that parts is where a fault begins), every parameter and gradient (a parameter that
+    got no gradient counts as a zero one)."""
     outputs = {}
-    for pair in reference.module_pairs():
-        output = trace.outputs.get(pair.ours)
-        if output is None:
-            continue  # the reference's output then shows as one only it has
+    pairs = {pair.ours: pair for pair in reference.module_pairs()}
+    for name, output in trace.outputs.items():  # forward order, whatever order the pairs are declared in
+        pair = pairs.get(name)
+        if pair is None:
+            continue  # a module without a counterpart; a paired reference module we never ran shows as its own
         if pair.seq_first:
             output = output.transpose(0, 1)
         if pair.width is not None:

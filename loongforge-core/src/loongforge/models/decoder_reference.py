@@ -65,6 +65,35 @@ def decoder_module_pairs(flavor: DecoderFlavor) -> tuple[ModulePair, ...]:
     return tuple(pairs)
 
 
+def load_transformers_model(auto_class: str, path: Path) -> Any:
+    """The directory's model through transformers' ``auto_class`` in fp32 with eager attention -- the plainest
+    arithmetic transformers has, the one the parity tests hold our models to -- in training mode (the tiny and
+    published configs keep dropout at 0; a nonzero one is refused, since two draws of it never agree)."""
+    import torch
+    import transformers
+
+    model = getattr(transformers, auto_class).from_pretrained(str(path), dtype=torch.float32,
+                                                              attn_implementation="eager")
+    model.train()
+    dropouts = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Dropout) and module.p > 0]
+    if dropouts:
+        from loongforge.errors import InteropError
+
+        raise InteropError(f"{path}: dropout {dropouts[0]} is on; the reference replay needs a model without it")
+    return model
+
+
+def padding_token(path: Path, *, section: str | None = None) -> tuple[int, ...]:
+    """The directory's ``pad_token_id`` (in ``config.json``'s ``section``, e.g. ``text_config``, when it has one
+    there): transformers builds the embedding with it as ``padding_idx``, whose row then gets no gradient."""
+    import json
+
+    raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    nested = raw.get(section) if section is not None else None
+    pad = (nested if isinstance(nested, dict) and "pad_token_id" in nested else raw).get("pad_token_id")
+    return (pad,) if isinstance(pad, int) else ()
+
+
 @dataclass(frozen=True)
 class TransformersCausalLM:
     """Transformers' own model of one decoder flavor (:class:`~loongforge.models.family.ReferenceImplementation`)."""
@@ -73,28 +102,10 @@ class TransformersCausalLM:
     library: str = "transformers"
 
     def load(self, path: Path) -> Any:
-        """``AutoModelForCausalLM`` in fp32 with eager attention -- the plainest arithmetic transformers has, the
-        one core's parity tests hold our models to -- in training mode (the tiny and published configs keep
-        dropout at 0; a nonzero one is refused, since two draws of it never agree)."""
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="eager")
-        model.train()
-        dropouts = [name for name, module in model.named_modules()
-                    if isinstance(module, torch.nn.Dropout) and module.p > 0]
-        if dropouts:
-            from loongforge.errors import InteropError
-
-            raise InteropError(f"{path}: dropout {dropouts[0]} is on; the reference replay needs a model without it")
-        return model
+        return load_transformers_model("AutoModelForCausalLM", path)
 
     def avoided_tokens(self, path: Path) -> tuple[int, ...]:
-        """The directory's ``pad_token_id``: transformers builds the embedding with it as ``padding_idx``."""
-        import json
-
-        pad = json.loads((path / "config.json").read_text(encoding="utf-8")).get("pad_token_id")
-        return (pad,) if isinstance(pad, int) else ()
+        return padding_token(path)
 
     def loss(self, model: Any, batch: Mapping[str, Any]) -> Any:
         """Mean next-token cross-entropy over the batch's labels (the MoE balancing loss left out, as LoongForge's

@@ -127,7 +127,8 @@ class ReferenceImplementation(Protocol):
         every random draw from the same seeded generators as LoongForge's side)."""
 
     def module_pairs(self) -> Sequence[ModulePair]:
-        """Our modules and the reference's that compute the same output, in our forward order."""
+        """Our modules and the reference's that compute the same output, in any order (outputs are compared in the
+        order our forward pass computed them)."""
 
     def parameters(self, state: Mapping[str, Any]) -> dict[str, Any]:
         """Tensors of our full (TP=PP=1) state dict under the reference model's own parameter names (as

@@ -147,6 +147,17 @@ class VLMFlavor(ModelFamily):
 
         return replay_batch(self, batch, generator)
 
+    def reference_implementation(self) -> Any:
+        """transformers' own model of a flavor with a Hugging Face layout (Qwen2-VL, Qwen2.5-VL), for ``loongforge
+        diff --reference`` (:mod:`loongforge_vlm.model.reference`); ``None`` for a composed one."""
+        from loongforge_vlm.model.hf_interop import ARCHITECTURES
+
+        if self.hf_architecture not in ARCHITECTURES:
+            return None
+        from loongforge_vlm.model.reference import TransformersVLM
+
+        return TransformersVLM(self)
+
     def num_params(self, *, include_embeddings: bool = True) -> int:
         """Encoder, projector and language backbone (:func:`num_params`)."""
         return num_params(self, include_embeddings=include_embeddings)
