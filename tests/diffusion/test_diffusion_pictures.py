@@ -112,8 +112,8 @@ def test_a_wan_run_writes_a_captioned_grid_and_index_of_its_held_out_samples(wan
     samples = out / "samples"
     captions = _held_out_captions(3, still=False)
     rows = json.loads((samples / "index.json").read_text())
-    assert rows == [{"file": f"sample-{i:03d}.gif", "caption": captions[i], "seed": 0, "steps": 2, "guidance": 3.0}
-                    for i in range(3)]
+    assert rows == [{"file": f"sample-{i:03d}.gif", "caption": captions[i], "seed": 0, "steps": 2, "guidance": 3.0,
+                     "sampler": "euler"} for i in range(3)]
     grid = _frames(samples / "grid.gif")
     assert grid.shape[0] == 4  # the clips' frames, playing together
     assert grid.shape[2] == _width(2, WAN_TILE)  # 3 tiles: 2 columns, 2 rows
@@ -166,8 +166,8 @@ def test_a_qwen_image_run_tiles_its_pngs_exactly_and_logs_images(qwen_run, tmp_p
     samples = out / "samples"
     captions = _held_out_captions(3, still=True)
     assert json.loads((samples / "index.json").read_text()) == [
-        {"file": f"sample-{i:03d}.png", "caption": captions[i], "seed": 0, "steps": 2, "guidance": 3.0}
-        for i in range(3)]
+        {"file": f"sample-{i:03d}.png", "caption": captions[i], "seed": 0, "steps": 2, "guidance": 3.0,
+         "sampler": "euler"} for i in range(3)]
     grid = _frames(samples / "grid.png")
     assert grid.shape[0] == 1 and grid.shape[2] == _width(2, QWEN_TILE)
     strip = _strip(grid.shape[1], 2, QWEN_TILE)
@@ -194,14 +194,14 @@ def test_sample_command_writes_a_grid_tiling_its_samples_and_an_index_of_the_pro
     monkeypatch.setenv("LOONGFORGE_PROGRESS", "plain")
     prompts = ["a red square of size 4", "blue 3", "a yellow square of size 5"]
     args = ["sample", str(qwen_run[0] / "checkpoints"), "--steps", "2", "--seed", "5", "--guidance", "2",
-            "--out", str(tmp_path / "png"), "--format", "png"]
+            "--out", str(tmp_path / "png"), "--format", "png", "--sampler", "dpm++"]
     assert main(args + [arg for prompt in prompts for arg in ("--prompt", prompt)]) == 0
     printed = capsys.readouterr().out
     assert "sampling 3 images: 2/2 step" in printed
     assert f"captioned grid and index.json in {tmp_path / 'png'}" in printed
     rows = json.loads((tmp_path / "png" / "index.json").read_text())
-    assert rows == [{"file": f"sample-{i:03d}.png", "caption": prompts[i], "seed": 5, "steps": 2, "guidance": 2.0}
-                    for i in range(3)]
+    assert rows == [{"file": f"sample-{i:03d}.png", "caption": prompts[i], "seed": 5, "steps": 2, "guidance": 2.0,
+                     "sampler": "dpm++"} for i in range(3)]
     grid = _frames(tmp_path / "png" / "grid.png")
     side = Image.open(tmp_path / "png" / "sample-000.png").width
     assert grid.shape[2] == _width(2, side)
@@ -211,13 +211,15 @@ def test_sample_command_writes_a_grid_tiling_its_samples_and_an_index_of_the_pro
         assert np.array_equal(_tile(grid, number, 2, side, strip), written)
 
     videos = ["a red square of size 4 moving right", "blue 3 up"]
-    args = ["sample", str(wan_run[0] / "checkpoints"), "--steps", "2", "--out", str(tmp_path / "gif")]
+    args = ["sample", str(wan_run[0] / "checkpoints"), "--steps", "2", "--out", str(tmp_path / "gif"),
+            "--sampler", "unipc"]
     assert main(args + [arg for prompt in videos for arg in ("--prompt", prompt)]) == 0
     assert "sampling 2 videos: 2/2 step" in capsys.readouterr().out
     grid = _frames(tmp_path / "gif" / "grid.gif")
     assert grid.shape[0] == 4 and grid.shape[2] == _width(2, WAN_TILE)  # 2 tiles: one row of two
     _strip(grid.shape[1], 1, WAN_TILE)
-    assert [row["caption"] for row in json.loads((tmp_path / "gif" / "index.json").read_text())] == videos
+    rows = json.loads((tmp_path / "gif" / "index.json").read_text())
+    assert [(row["caption"], row["sampler"]) for row in rows] == [(video, "unipc") for video in videos]
 
 
 def test_captions_wrap_at_spaces_and_long_ones_end_in_an_ellipsis():

@@ -67,6 +67,11 @@ class TaskBase:
 
     #: Whether :meth:`use_context_parallel` is implemented; ``parallel.cp > 1`` is refused for a task without it.
     context_parallel: ClassVar[bool] = False
+    #: Whether some steps leave parameters out of the loss (a mixture whose steps each train one part: Wan 2.2's
+    #: two experts). DDP then looks for the unused ones each step (``find_unused_parameters``), so their gradients
+    #: stay ``None`` and AdamW leaves them, their moments and their step counts alone; every rank must leave out the
+    #: same ones. ``parallel.ddp_static_graph`` (one fixed set of used parameters) is refused for such a task.
+    sparse_parameters: bool = False
 
     def after_step(self, model: Any) -> None:
         """Called after each optimizer step (EMA updates and the like); the default does nothing."""

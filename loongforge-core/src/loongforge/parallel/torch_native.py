@@ -107,11 +107,18 @@ class TorchNativeStrategy(ParallelStrategy):
         return mine
 
     def wrap(self, model: nn.Module, layout: TorchLayout, parallel: Any, *, sample_batch: Any = None,
-             run_forward: Any = None, bf16: bool = False) -> nn.Module:
-        """The model ready for data-parallel training (parameters must already be on the device)."""
+             run_forward: Any = None, bf16: bool = False, sparse_parameters: bool = False) -> nn.Module:
+        """The model ready for data-parallel training (parameters must already be on the device).
+
+        ``sparse_parameters``: some steps leave parameters unused (:attr:`loongforge.tasks.TaskBase.sparse_parameters`);
+        DDP finds them each step and leaves their gradients ``None``."""
         if self.kind in ("ddp", "zero1"):
+            if sparse_parameters and parallel.ddp_static_graph:
+                raise ConfigError("parallel.ddp_static_graph assumes every step uses the same parameters; this "
+                                  "model's steps each train a part of it (set ddp_static_graph: false)")
             ddp = nn.parallel.DistributedDataParallel(
-                model, bucket_cap_mb=parallel.ddp_bucket_mb, static_graph=parallel.ddp_static_graph)
+                model, bucket_cap_mb=parallel.ddp_bucket_mb, static_graph=parallel.ddp_static_graph,
+                find_unused_parameters=sparse_parameters)
             if parallel.ddp_comm_hook:
                 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 

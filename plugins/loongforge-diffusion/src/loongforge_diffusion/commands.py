@@ -20,6 +20,8 @@ from pathlib import Path
 from loongforge.commands import add_trust_code_option
 from loongforge.errors import ConfigError
 
+from loongforge_diffusion.options import SAMPLERS
+
 #: Compute dtypes the latent cache's encoders run in (``--dtype``).
 ENCODE_DTYPES = ("float32", "bfloat16")
 
@@ -32,6 +34,9 @@ def configure_sample(sample: argparse.ArgumentParser) -> None:
     sample.add_argument("--steps", type=int, default=20, help="sampler steps (default 20)")
     sample.add_argument("--guidance", type=float, default=3.0, help="classifier-free guidance scale (1 = off)")
     sample.add_argument("--seed", type=int, default=0, help="seed of the sampling noise (default 0)")
+    sample.add_argument("--sampler", choices=SAMPLERS, default="euler",
+                        help="euler (default), unipc or dpm++ (UniPC and DPM-Solver++(2M) as diffusers' schedulers "
+                             "step, on their noise schedules)")
     sample.add_argument("--format", choices=("gif", "mp4", "png"), default="gif",
                         help="gif (default), mp4 (needs PyAV) or png frames")
     add_trust_code_option(sample)
@@ -40,10 +45,12 @@ def configure_sample(sample: argparse.ArgumentParser) -> None:
 def run_sample(args: argparse.Namespace) -> int:
     from loongforge.train.task_checkpoint import load_task_model
 
+    from loongforge_diffusion.media import SampleSettings
+
     _check_sampling(args)
     task, model, _ = load_task_model(args.checkpoint, trust_code=args.trust_code)
-    written = task.sample_files(model, args.prompt, Path(args.out), steps=args.steps, guidance=args.guidance,
-                                seed=args.seed, fmt=args.format)
+    settings = SampleSettings(args.seed, args.steps, args.guidance, args.sampler)
+    written = task.sample_files(model, args.prompt, Path(args.out), settings, fmt=args.format)
     for prompt, file in zip(args.prompt, written, strict=True):
         print(f"{file}  <- {prompt!r}")
     print(f"captioned grid and index.json in {args.out}")
@@ -60,7 +67,7 @@ def _check_sampling(args: argparse.Namespace) -> None:
 
     from loongforge_diffusion.options import WanSampleOptions
 
-    spans = {f.name: f.metadata[RANGE] for f in dataclasses.fields(WanSampleOptions)}
+    spans = {f.name: f.metadata[RANGE] for f in dataclasses.fields(WanSampleOptions) if RANGE in f.metadata}
     for name in ("steps", "guidance", "seed"):
         value = getattr(args, name)
         if not spans[name].contains(value):

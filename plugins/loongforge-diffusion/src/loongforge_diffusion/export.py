@@ -1,7 +1,8 @@
 """``loongforge convert mcore-to-hf CHECKPOINT OUT`` for the DiTs: a trained Wan or Qwen-Image checkpoint as the
 diffusers transformer folder a pipeline loads (``WanTransformer3DModel.from_pretrained(OUT)``,
 ``QwenImageTransformer2DModel.from_pretrained(OUT)``): ``config.json`` with diffusers' class name and arguments, and
-``diffusion_pytorch_model.safetensors`` in diffusers' tensor names.
+``diffusion_pytorch_model.safetensors`` in diffusers' tensor names. Wan 2.2 A14B's two experts become the two folders
+of diffusers' pipeline, ``OUT/transformer`` (high noise) and ``OUT/transformer_2`` (low noise).
 
 The weights are the model the checkpoint's task rebuilds (:func:`loongforge.train.task_checkpoint.load_task_model`),
 so a LoRA run exports its adapters merged into the base weights -- or, with ``--lora-adapter``, the base transformer
@@ -45,19 +46,41 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from loongforge.train.task_checkpoint import load_task_model
-    from safetensors.torch import save_file
 
     from loongforge_diffusion.wan.lora import strip_lora
 
     task, model, found = load_task_model(args.source, trust_code=args.trust_code)
     if args.ema:
         model = _ema_model(task, model, found)
-    adapters = _adapters(model, found) if args.lora_adapter else None
-    model = strip_lora(model) if adapters is not None else _merged(model)
-    class_name, config, tensors = diffusers_transformer(model)
     out = Path(args.out)
     if out.exists() and any(out.iterdir()):
         raise LoongForgeError(f"{out}: exists and is not empty; choose a new directory")
+    parts = _transformers(model, out)
+    if len(parts) > 1:
+        print(f"two experts (Wan 2.2 A14B): the high-noise one in {parts[0][1].name}/, the low-noise one in "
+              f"{parts[1][1].name}/; a pipeline switches at boundary_ratio {model.flavor.expert_boundary}")
+    for dit, directory in parts:
+        adapters = _adapters(dit, found) if args.lora_adapter else None
+        _write_transformer(strip_lora(dit) if adapters is not None else _merged(dit), directory, adapters, found,
+                           ema=args.ema)
+    return 0
+
+
+def _transformers(model: Any, out: Path) -> list[tuple[Any, Path]]:
+    """``(DiT, folder)`` pairs to write: the model into ``out``, or each of two experts into diffusers' pipeline
+    folders under it (``transformer/`` high noise, ``transformer_2/`` low noise)."""
+    from loongforge_diffusion.wan.experts import EXPERTS, RELEASED_DIRECTORIES, WanExperts
+
+    if not isinstance(model, WanExperts):
+        return [(model, out)]
+    folders = RELEASED_DIRECTORIES["diffusers"]
+    return [(model.expert(name), out / folders[name]) for name in EXPERTS]
+
+
+def _write_transformer(model: Any, out: Path, adapters: dict[str, Any] | None, found: Path, *, ema: bool) -> None:
+    from safetensors.torch import save_file
+
+    class_name, config, tensors = diffusers_transformer(model)
     out.mkdir(parents=True, exist_ok=True)
     save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, str(out / WEIGHTS))
     if adapters is not None:
@@ -66,8 +89,7 @@ def run(args: argparse.Namespace) -> int:
     (out / "config.json").write_text(json.dumps({"_class_name": class_name, **config}, indent=2) + "\n",
                                      encoding="utf-8")
     print(f"wrote {out}: {class_name} ({len(tensors)} tensors, diffusers names) from {found}"
-          + (" (EMA weights)" if args.ema else ""))
-    return 0
+          + (" (EMA weights)" if ema else ""))
 
 
 def diffusers_transformer(model: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:

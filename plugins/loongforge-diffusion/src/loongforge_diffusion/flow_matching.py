@@ -47,6 +47,16 @@ def unshift_sigma(sigma: torch.Tensor | float, shift: float) -> torch.Tensor | f
     return sigma / (shift - (shift - 1) * sigma)
 
 
+def sigma_mass(config: FlowMatchingConfig, low: float, high: float) -> float:
+    """The probability the objective's base distribution (before conditioning on ``sigma_range``) gives the shifted
+    noise levels ``[low, high)``: how often a run without the range would train them."""
+    bounds = torch.tensor([unshift_sigma(low, config.shift), unshift_sigma(high, config.shift)], dtype=torch.float64)
+    if config.sampling == "uniform":
+        return float(bounds[1] - bounds[0])
+    cdf = torch.special.ndtr((torch.logit(bounds) - config.logit_mean) / config.logit_std)
+    return float(cdf[1] - cdf[0])
+
+
 def sample_sigmas(batch: int, config: FlowMatchingConfig, generator: torch.Generator) -> torch.Tensor:
     """``batch`` noise levels: drawn from the base distribution *conditioned* on landing, after the shift, in
     ``config.sigma_range``. Conditioning by inverse CDF (not by rejection) keeps the cost fixed and the

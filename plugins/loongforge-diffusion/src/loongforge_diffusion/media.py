@@ -98,6 +98,7 @@ class SampleSettings:
     seed: int
     steps: int
     guidance: float
+    sampler: str = "euler"
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,8 @@ def write_samples(videos: torch.Tensor, captions: Sequence[str], directory: Path
     grid = _write_grid(captioned_grid(clips, captions), directory / ("grid.png" if still else "grid.gif"))
     index = directory / INDEX
     rows = [{"file": file.name, "caption": text, "seed": settings.seed, "steps": settings.steps,
-             "guidance": settings.guidance} for file, text in zip(files, captions, strict=True)]
+             "guidance": settings.guidance, "sampler": settings.sampler}
+            for file, text in zip(files, captions, strict=True)]
     index.write_text(json.dumps(rows, indent=1) + "\n")
     return Gallery(files, captions, clips, still, grid, index)
 

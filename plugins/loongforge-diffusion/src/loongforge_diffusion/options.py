@@ -24,6 +24,15 @@ MAX_SAMPLES, MAX_FRAMES, MAX_SIDE = 2**24, 128, 256
 #: are trained on 1000 noise levels).
 MAX_SAMPLED, MAX_STEPS = 1024, 1000
 WEIGHTING = ("none", "cosmap")
+#: Samplers by name (:func:`loongforge_diffusion.sampling.integrate`): Euler on our own schedule (from s = 1), and
+#: UniPC and DPM-Solver++(2M) on diffusers' schedules (:mod:`loongforge_diffusion.multistep`).
+SAMPLERS = ("euler", "unipc", "dpm++")
+
+
+def check_sampler(name: str) -> None:
+    """``task.sample.sampler`` names a sampler of :mod:`loongforge_diffusion.sampling`."""
+    if name not in SAMPLERS:
+        raise ConfigError(f"task.sample.sampler must be one of {', '.join(SAMPLERS)}, got {name!r}")
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,11 @@ class WanSampleOptions:
     steps: int = ranged(20, low=1, high=MAX_STEPS)
     guidance: float = ranged(3.0, low=0)
     seed: int = ranged(0, low=0, high=SEED_LIMIT, high_open=True)
+    #: ``euler``, ``unipc`` or ``dpm++`` (:data:`SAMPLERS`).
+    sampler: str = "euler"
+
+    def __post_init__(self) -> None:
+        check_sampler(self.sampler)
 
 
 @dataclass(frozen=True)
@@ -107,6 +121,11 @@ class QwenImageSampleOptions:
     guidance: float = ranged(3.0, low=0)
     shift: float = ranged(1.0, low=0, low_open=True)
     seed: int = ranged(0, low=0, high=SEED_LIMIT, high_open=True)
+    #: ``euler``, ``unipc`` or ``dpm++`` (:data:`SAMPLERS`).
+    sampler: str = "euler"
+
+    def __post_init__(self) -> None:
+        check_sampler(self.sampler)
 
 
 @dataclass(frozen=True)

@@ -42,10 +42,11 @@ def check_video_task(flavor: Any, config: Any, options: Any) -> list[str]:
     check_data_sizes(config, (len(train), where if options.data else _samples_where(config)), validation)
     frames, height, width = video.shape[1:]
     from loongforge_diffusion.wan.checkpoint import checkpoint_shapes
-    from loongforge_diffusion.wan.model import WanModel
+    from loongforge_diffusion.wan.experts import expert_state_dict
 
+    released = (lambda path: expert_state_dict(path, checkpoint_shapes)) if task.experts else checkpoint_shapes
     return [f"task.data: {len(train)} sample(s) of {frames} x {height} x {width}",
-            *_init_lines(config, options, lambda: WanModel(task.flavor), checkpoint_shapes)]
+            *_init_lines(config, options, task.bare_model, released)]
 
 
 def check_image_task(flavor: Any, config: Any, options: Any) -> list[str]:

@@ -78,6 +78,40 @@ class EMAOption:
         return self.ema.swap(model) if self.ema is not None else contextlib.nullcontext()
 
 
+class ExpertEMA:
+    """``task.ema`` of a two-expert model (:class:`~loongforge_diffusion.wan.experts.WanExperts`): one average per
+    expert, folded in only after the steps that trained it -- an expert's weights do not move on the other's steps,
+    and averaging them then would pull its average towards stale weights at the other's pace."""
+
+    def __init__(self, options: EMAOptions | None, experts: tuple[str, ...]) -> None:
+        self.parts = {name: EMAOption(options) for name in experts}
+
+    def after_step(self, model: torch.nn.Module, expert: str) -> None:
+        self.parts[expert].after_step(getattr(model, "module", model).expert(expert))
+
+    def state_dict(self) -> dict[str, Any]:
+        averages = {name: state["ema"] for name, part in self.parts.items() if (state := part.state_dict())}
+        return {"ema_experts": averages} if averages else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = state.get("ema_experts", {})
+        for name, part in self.parts.items():
+            part.load_state_dict({"ema": saved[name]} if name in saved else {})
+
+    def copy_average_to(self, model: torch.nn.Module) -> bool:
+        """Each expert's average into it (an expert the run never trained keeps its weights); ``False`` when the
+        run kept no average at all."""
+        copied = [part.copy_average_to(model.expert(name)) for name, part in self.parts.items()]
+        return any(copied)
+
+    @contextlib.contextmanager
+    def sampling_weights(self, model: torch.nn.Module) -> Any:
+        with contextlib.ExitStack() as stack:
+            for name, part in self.parts.items():
+                stack.enter_context(part.sampling_weights(model.expert(name)))
+            yield model
+
+
 def checkpoint_weights(path: str | Path) -> dict[str, torch.Tensor] | None:
     """The model weights of a LoongForge task checkpoint directory (manifest verified first), or ``None`` when
     ``path`` is not one (the caller may then try a released model's layout)."""
@@ -93,6 +127,11 @@ def checkpoint_weights(path: str | Path) -> dict[str, torch.Tensor] | None:
 
 def load_init(model: torch.nn.Module, weights: dict[str, torch.Tensor], path: str, flavor_name: str) -> None:
     """Load ``task.init``'s ``weights`` into ``model``; names that do not fit the flavor are a config error."""
+    own = model.state_dict()
+    wrong = next((name for name, tensor in weights.items() if name in own and tensor.shape != own[name].shape), None)
+    if wrong is not None:
+        raise ConfigError(f"task.init {path}: '{wrong}' has shape {list(weights[wrong].shape)}; the flavor "
+                          f"'{flavor_name}' needs {list(own[wrong].shape)} (model.overrides)")
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if missing or unexpected:
         raise ConfigError(f"task.init {path}: weights do not fit the flavor '{flavor_name}': missing {missing[:3]}, "

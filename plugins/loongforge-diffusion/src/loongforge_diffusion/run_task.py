@@ -19,6 +19,14 @@ A run config names a Wan flavor (``model: wan-tiny``) and puts the diffusion opt
       ema: null               # {decay: 0.999, warmup: true}: samples use the averaged weights
       recompute: false        # activation checkpointing per block
 
+A flavor with ``expert_boundary`` (Wan 2.2 A14B) trains its two experts in one run
+(:mod:`loongforge_diffusion.wan.experts`): each step draws the expert that trains it, with the probability the
+objective gives that expert's noise levels, and draws the step's noise levels within them, so a step touches one
+expert and each expert sees the noise levels it serves as often as one model would. ``task.ema`` keeps one average
+per expert; ``task.init`` is a two-expert checkpoint or a released A14B folder (diffusers' ``transformer/`` +
+``transformer_2/``, or ``high_noise_model/`` + ``low_noise_model/``); a ``flow_matching.sigma_range`` on one side of
+the boundary trains that expert alone, as Wan-AI's recipe trains each in its own run.
+
 With ``evaluation.interval > 0`` core's loop logs the validation loss: the conditional flow-matching loss (no caption
 dropout) of the trained weights on moving squares of the held-out data seed (or on ``evaluation.data``: one written
 dataset or latent cache, like ``task.data``), with the same noise and noise levels at every evaluation.
@@ -38,7 +46,7 @@ from typing import Any
 
 import torch
 from loongforge.config.plugin_sections import task_options
-from loongforge.errors import ConfigError
+from loongforge.errors import ConfigError, LoongForgeError
 from loongforge.progress import job_progress
 from loongforge.tasks import TaskBase, sample_generators
 from loongforge.train.media import MediaLog
@@ -59,6 +67,7 @@ from loongforge_diffusion.parallel import ContextParallel, context_parallel_step
 from loongforge_diffusion.run_options import (
     HELD_OUT_SEED_OFFSET,
     EMAOption,
+    ExpertEMA,
     checkpoint_weights,
     load_init,
     no_held_out_data,
@@ -67,6 +76,7 @@ from loongforge_diffusion.scoring import score_videos
 from loongforge_diffusion.task import DiffusionTask
 from loongforge_diffusion.training import flavor_of, flow_matching_step
 from loongforge_diffusion.wan.checkpoint import load_wan_checkpoint
+from loongforge_diffusion.wan.experts import EXPERTS, WanExperts, choose_expert, expert_state_dict
 from loongforge_diffusion.wan.flavors import WanFlavor
 from loongforge_diffusion.wan.lora import apply_lora
 from loongforge_diffusion.wan.model import WanModel
@@ -88,7 +98,10 @@ class WanRunTask(TaskBase):
         except ValueError as exc:
             raise ConfigError(f"{config.source}: task.frames/side/speed: {exc}") from None
         self.lora = self.options.lora
-        self.ema = EMAOption(self.options.ema)
+        #: Wan 2.2 A14B: two experts, one trained per step (the last one in ``trained_expert``).
+        self.experts = self.flavor.expert_boundary is not None
+        self.trained_expert: str | None = None
+        self.ema = ExpertEMA(self.options.ema, EXPERTS) if self.experts else EMAOption(self.options.ema)
         self.task = DiffusionTask(objective=self.options.flow_matching, context_dropout=self.options.context_dropout,
                                   seed=config.run.seed)
         #: Training steps taken (with the sample index, it seeds each sample's noise).
@@ -101,22 +114,46 @@ class WanRunTask(TaskBase):
         it the same samples); the token count and head count must divide by its size."""
         self.cp = ContextParallel(group)
 
+    @property
+    def sparse_parameters(self) -> bool:
+        """Two experts: each step leaves the other expert's parameters out (see :class:`loongforge.tasks.TaskBase`)."""
+        return self.experts
+
+    def bare_model(self) -> torch.nn.Module:
+        """The flavor's module before weights and adapters: one :class:`WanModel`, or both experts."""
+        build = WanExperts if self.experts else WanModel
+        return build(self.flavor, recompute=self.options.recompute)
+
+    def released_weights(self, path: str) -> dict[str, torch.Tensor]:
+        """A released Wan DiT directory's weights in our names (both experts' under ``high.``/``low.``)."""
+        if self.experts:
+            return expert_state_dict(path, lambda directory: load_wan_checkpoint(directory).state_dict)
+        return load_wan_checkpoint(path).state_dict
+
     def build_model(self) -> torch.nn.Module:
         """The DiT: fresh, or from ``task.init``'s weights; with LoRA adapters (base frozen) when ``task.lora``."""
-        model = WanModel(self.flavor, recompute=self.options.recompute)
+        model = self.bare_model()
         path = self.options.init
         if path:
             weights = checkpoint_weights(path)
-            load_init(model, load_wan_checkpoint(path).state_dict if weights is None else weights, path,
-                      self.flavor_name)
+            if weights is None:
+                try:
+                    weights = self.released_weights(path)
+                except LoongForgeError as exc:
+                    raise ConfigError(f"{self.source}: task.init {exc}") from None
+            load_init(model, weights, path, self.flavor_name)
         if self.lora is not None:
             lora = self.lora
-            apply_lora(model, rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout, targets=lora.targets)
+            for dit in (model.expert(name) for name in EXPERTS) if self.experts else (model,):
+                apply_lora(dit, rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout, targets=lora.targets)
         return model
 
     def after_step(self, model: torch.nn.Module) -> None:
         """After each optimizer step: update the EMA of the trained weights (``task.ema``)."""
-        self.ema.after_step(model)
+        if self.experts:
+            self.ema.after_step(model, self.trained_expert)
+        else:
+            self.ema.after_step(model)
 
     def build_dataset(self) -> Any:
         return self._dataset(self.options.data, self.options.samples, self.options.data_seed)
@@ -145,19 +182,23 @@ class WanRunTask(TaskBase):
         one process or spread over data-parallel ranks, so every layout trains the same run."""
         self.steps += 1
         generators = sample_generators(self.task.seed, self.steps, batch["index"])
-        return self._loss(model, batch, generators, self.task.context_dropout)
+        objective = self.task.objective
+        if self.experts:
+            self.trained_expert, objective = choose_expert(objective, self.flavor.expert_boundary, self.task.seed,
+                                                           self.steps)
+        return self._loss(model, batch, generators, self.task.context_dropout, objective)
 
     def validation_loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor],
                         generators: list[torch.Generator]) -> torch.Tensor:
         """The conditional flow-matching loss (no caption dropout) with the evaluation's per-sample draws."""
-        return self._loss(model, batch, generators, 0.0)
+        return self._loss(model, batch, generators, 0.0, self.task.objective)
 
     def _loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], generators: list[torch.Generator],
-              context_dropout: float) -> torch.Tensor:
+              context_dropout: float, objective: Any) -> torch.Tensor:
         if self.cp is None:
-            return flow_matching_step(model, batch, generators, self.task.objective, context_dropout=context_dropout,
+            return flow_matching_step(model, batch, generators, objective, context_dropout=context_dropout,
                                       clean_first_frame=flavor_of(model).per_token_timesteps)
-        return context_parallel_step(model, batch, generators, self.cp, self.task.objective,
+        return context_parallel_step(model, batch, generators, self.cp, objective,
                                      context_dropout=context_dropout,
                                      clean_first_frame=self.flavor.per_token_timesteps)
 
@@ -178,17 +219,17 @@ class WanRunTask(TaskBase):
         items = [held_out[i] for i in range(len(held_out))]
         context = torch.stack([item["context"] for item in items])
         labels = torch.stack([item["labels"] for item in items])
+        settings = SampleSettings(opts.seed, opts.steps, opts.guidance, opts.sampler)
         with self.ema.sampling_weights(model):
-            videos = self._sample(model, context, steps=opts.steps, guidance=opts.guidance, seed=opts.seed)
+            videos = self._sample(model, context, settings)
         directory = Path(output_dir) / "samples"
-        gallery = write_samples(videos, [caption(label) for label in labels], directory,
-                                SampleSettings(opts.seed, opts.steps, opts.guidance))
+        gallery = write_samples(videos, [caption(label) for label in labels], directory, settings)
         gallery.log(media, step=self.steps)
         return {"samples_dir": str(directory), "samples_grid": str(gallery.grid),
                 "sample_scores": score_videos(videos, labels)}
 
-    def sample_files(self, model: torch.nn.Module, prompts: list[str], out_dir: Path, *, steps: int, guidance: float,
-                     seed: int, fmt: str) -> list[Path]:
+    def sample_files(self, model: torch.nn.Module, prompts: list[str], out_dir: Path, settings: SampleSettings, *,
+                     fmt: str) -> list[Path]:
         """``loongforge sample``: one video per moving-squares caption (``"a red square of size 4 moving right"``)."""
         if self.options.data is not None:
             raise ConfigError("sampling from prompts needs the captions' text encoder; this run trained on a "
@@ -198,15 +239,15 @@ class WanRunTask(TaskBase):
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         context = embedding_table(self.flavor.text_dim)[caption_tokens(labels)]
-        videos = self._sample(model, context, steps=steps, guidance=guidance, seed=seed)
-        return write_samples(videos, prompts, Path(out_dir), SampleSettings(seed, steps, guidance), fmt=fmt).files
+        videos = self._sample(model, context, settings)
+        return write_samples(videos, prompts, Path(out_dir), settings, fmt=fmt).files
 
-    def _sample(self, model: torch.nn.Module, context: torch.Tensor, *, steps: int, guidance: float,
-                seed: int) -> torch.Tensor:
-        """Videos ``(B, 3, frames, side, side)`` for caption states ``context (B, L, text_dim)``, by ``steps``
-        Euler steps shown as progress (sampling a batch of videos on a CPU takes a minute)."""
+    def _sample(self, model: torch.nn.Module, context: torch.Tensor, settings: SampleSettings) -> torch.Tensor:
+        """Videos ``(B, 3, frames, side, side)`` for caption states ``context (B, L, text_dim)``, sampled as
+        ``settings`` say, the steps shown as progress (sampling a batch of videos on a CPU takes a minute)."""
         geometry = self.geometry
         shape = (context.shape[0], 3, geometry.frames, geometry.side, geometry.side)
-        with job_progress(f"sampling {shape[0]} videos", total=steps, unit="step") as progress:
-            return self.task.sample(model, {"context": context}, steps, shape=shape, guidance=guidance, seed=seed,
+        with job_progress(f"sampling {shape[0]} videos", total=settings.steps, unit="step") as progress:
+            return self.task.sample(model, {"context": context}, settings.steps, shape=shape,
+                                    guidance=settings.guidance, seed=settings.seed, sampler=settings.sampler,
                                     on_step=lambda _: progress.advance())

@@ -1,7 +1,9 @@
-"""Euler sampling of a flow-matching model: integrate the predicted velocity from noise (s = 1) to data (s = 0).
+"""Sampling a flow-matching model: integrate the predicted velocity from noise (s = 1) to data (s = 0) with Euler
+or, by name (``task.sample.sampler``, ``loongforge sample --sampler``; :data:`loongforge_diffusion.options.SAMPLERS`),
+with the multistep solvers of :mod:`loongforge_diffusion.multistep`.
 
 The velocity is whatever callable the caller passes -- one model, classifier-free guidance around it, or Wan 2.2's
-two experts switched by noise level -- so the integrator stays one short loop.
+two experts switched by noise level -- so each integrator stays one short loop.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from loongforge_diffusion.flow_matching import shift_sigma
+from loongforge_diffusion.options import SAMPLERS
 
 Velocity = Callable[[torch.Tensor, float], torch.Tensor]
 
@@ -51,3 +54,19 @@ def guided(conditional: Velocity, unconditional: Velocity, scale: float) -> Velo
 def switch_experts(high_noise: Velocity, low_noise: Velocity, boundary: float) -> Velocity:
     """Wan 2.2 A14B: the high-noise expert for ``sigma >= boundary``, the low-noise expert below."""
     return lambda x, sigma: high_noise(x, sigma) if sigma >= boundary else low_noise(x, sigma)
+
+
+def integrate(velocity: Velocity, noise: torch.Tensor, steps: int, *, shift: float, sampler: str = "euler",
+              on_step: Callable[[int], None] | None = None) -> torch.Tensor:
+    """``noise`` carried to data by ``steps`` steps of ``sampler`` (one of :data:`SAMPLERS`) on its own schedule of
+    noise levels, shifted by ``shift``."""
+    from loongforge_diffusion import multistep
+
+    if sampler == "euler":
+        return euler_sample(velocity, noise, sigma_schedule(steps, shift), on_step=on_step)
+    if sampler == "unipc":
+        return multistep.unipc_sample(velocity, noise, multistep.unipc_sigmas(steps, shift), on_step=on_step)
+    if sampler == "dpm++":
+        return multistep.dpm_solver_pp_sample(velocity, noise, multistep.dpm_solver_sigmas(steps, shift),
+                                              on_step=on_step)
+    raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")

@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 
 from loongforge_diffusion.data.moving_squares import Geometry, MovingSquares, TensorVideoDataset
 from loongforge_diffusion.flow_matching import NUM_TRAIN_TIMESTEPS, FlowMatchingConfig
-from loongforge_diffusion.sampling import euler_sample, guided, sigma_schedule
+from loongforge_diffusion.sampling import guided, integrate
 from loongforge_diffusion.training import flavor_of, flow_matching_step
 from loongforge_diffusion.wan.flavors import WanFlavor
 from loongforge_diffusion.wan.model import WanModel
@@ -73,9 +73,10 @@ class DiffusionTask:
 
     @torch.no_grad()
     def sample(self, model: WanModel, cond: dict[str, torch.Tensor], steps: int, *, shape: tuple[int, ...],
-               guidance: float = 1.0, shift: float | None = None, seed: int = 0,
+               guidance: float = 1.0, shift: float | None = None, seed: int = 0, sampler: str = "euler",
                on_step: Callable[[int], None] | None = None) -> torch.Tensor:
-        """Videos of ``shape`` (B, C, T, H, W) for the captions ``cond["context"]``, by ``steps`` Euler steps;
+        """Videos of ``shape`` (B, C, T, H, W) for the captions ``cond["context"]``, by ``steps`` steps of
+        ``sampler`` (:func:`loongforge_diffusion.sampling.integrate`);
         ``cond`` may also hold the I2V ``condition`` channels and ``image_context`` tokens. ``on_step(n)`` is
         called after each step (a progress display).
 
@@ -99,7 +100,7 @@ class DiffusionTask:
         if guidance != 1.0:
             velocity = guided(velocity, velocity_for(torch.zeros_like(context)), guidance)
         noise = torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(device)
-        sigmas = sigma_schedule(steps, model.flavor.sample_shift if shift is None else shift)
-        video = euler_sample(velocity, noise, sigmas, on_step=on_step)
+        video = integrate(velocity, noise, steps, shift=model.flavor.sample_shift if shift is None else shift,
+                          sampler=sampler, on_step=on_step)
         model.train(was_training)
         return video

@@ -200,7 +200,7 @@ class TaskEngine(StepEngine):
         unwrapped = model
         if strategy is not None:
             model = strategy.wrap(model, layout, config.parallel, bf16=config.training.precision == "bf16",
-                                  run_forward=self._probe_forward)
+                                  run_forward=self._probe_forward, sparse_parameters=task.sparse_parameters)
         self.model = model
         #: What ``training.compile`` compiled (after the strategy's probe forward, which runs one sample and
         #: would otherwise compile a graph for a batch of one); its time is printed after the first step.

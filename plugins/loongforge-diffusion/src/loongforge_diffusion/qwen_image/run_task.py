@@ -47,7 +47,7 @@ from loongforge_diffusion.options import QwenImageTaskOptions
 from loongforge_diffusion.qwen_image.flavors import QwenImageFlavor
 from loongforge_diffusion.qwen_image.model import QwenImageModel, pack_latents, unpack_latents
 from loongforge_diffusion.run_options import HELD_OUT_SEED_OFFSET, EMAOption, checkpoint_weights, load_init
-from loongforge_diffusion.sampling import euler_sample, guided, sigma_schedule
+from loongforge_diffusion.sampling import guided, integrate
 from loongforge_diffusion.scoring import score_videos
 from loongforge_diffusion.training import flow_matching_loss, step_inputs
 
@@ -155,18 +155,18 @@ class QwenImageRunTask(TaskBase):
                                 seed=self.options.data_seed + HELD_OUT_SEED_OFFSET, side=self.side)
         items = [held_out[i] for i in range(len(held_out))]
         labels = torch.stack([item["labels"] for item in items])
+        settings = SampleSettings(opts.seed, opts.steps, opts.guidance, opts.sampler)
         with self.ema.sampling_weights(model):
-            images = self.sample(model, torch.stack([item["context"] for item in items]), steps=opts.steps,
-                                 guidance=opts.guidance, shift=opts.shift, seed=opts.seed)
+            images = self.sample(model, torch.stack([item["context"] for item in items]), settings)
         directory = Path(output_dir) / "samples"
         gallery = write_samples(images[:, :, None], [caption(label, moving=False) for label in labels], directory,
-                                SampleSettings(opts.seed, opts.steps, opts.guidance), fmt="png", still=True)
+                                settings, fmt="png", still=True)
         gallery.log(media, step=self.steps)
         return {"samples_dir": str(directory), "samples_grid": str(gallery.grid),
                 "sample_scores": score_videos(images[:, :, None], labels)}
 
-    def sample_files(self, model: torch.nn.Module, prompts: list[str], out_dir: Path, *, steps: int, guidance: float,
-                     seed: int, fmt: str) -> list[Path]:
+    def sample_files(self, model: torch.nn.Module, prompts: list[str], out_dir: Path, settings: SampleSettings, *,
+                     fmt: str) -> list[Path]:
         """``loongforge sample``: one image per still-squares caption (``"a red square of size 4"``)."""
         if fmt not in IMAGE_FORMATS:
             raise ConfigError(f"sample format '{fmt}' is not an image format; use one of {', '.join(IMAGE_FORMATS)}")
@@ -174,17 +174,16 @@ class QwenImageRunTask(TaskBase):
             labels = torch.stack([parse_caption(prompt, moving=False) for prompt in prompts])
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        images = self.sample(model, still_context(labels, self.flavor.text_dim), steps=steps, guidance=guidance,
-                             shift=self.sample_options.shift, seed=seed)
-        settings = SampleSettings(seed, steps, guidance)
+        images = self.sample(model, still_context(labels, self.flavor.text_dim), settings)
         return write_samples(images[:, :, None], prompts, Path(out_dir), settings, fmt=fmt, still=True).files
 
     @torch.no_grad()
-    def sample(self, model: torch.nn.Module, context: torch.Tensor, *, steps: int, guidance: float = 1.0,
-               shift: float = 1.0, seed: int = 0) -> torch.Tensor:
-        """Images ``(B, 3, side, side)`` in [-1, 1] for caption states ``context (B, L, text_dim)``, by ``steps``
-        Euler steps from seeded noise; ``guidance != 1`` guides against the all-zero caption that caption dropout
-        trained the unconditional velocity on. The steps are shown as progress."""
+    def sample(self, model: torch.nn.Module, context: torch.Tensor, settings: SampleSettings) -> torch.Tensor:
+        """Images ``(B, 3, side, side)`` in [-1, 1] for caption states ``context (B, L, text_dim)``, by
+        ``settings.steps`` steps of ``settings.sampler`` (shifted by ``task.sample.shift``) from seeded noise;
+        guidance other than 1 guides against the all-zero caption that caption dropout trained the unconditional
+        velocity on. The steps are shown as progress."""
+        steps, guidance, shift = settings.steps, settings.guidance, self.sample_options.shift
         was_training = model.training
         model.eval()
         device = next(model.parameters()).device
@@ -199,10 +198,10 @@ class QwenImageRunTask(TaskBase):
             velocity = guided(velocity, velocity_for(torch.zeros_like(context)), guidance)
         p = self.flavor.patch_size
         noise = torch.randn((context.shape[0], CHANNELS, self.side, self.side),
-                            generator=torch.Generator().manual_seed(seed))
+                            generator=torch.Generator().manual_seed(settings.seed))
         with job_progress(f"sampling {context.shape[0]} images", total=steps, unit="step") as progress:
-            tokens = euler_sample(velocity, pack_latents(noise, p).to(device), sigma_schedule(steps, shift),
-                                  on_step=lambda _: progress.advance())
+            tokens = integrate(velocity, pack_latents(noise, p).to(device), steps, shift=shift,
+                               sampler=settings.sampler, on_step=lambda _: progress.advance())
         model.train(was_training)
         return unpack_latents(tokens, self.side // p, self.side // p, p)
 

@@ -71,6 +71,9 @@ class WanFlavor(ModelFamily):
             raise ConfigError(f"wan flavor: head dim {self.head_dim} must be even and >= 6 for the 3D RoPE")
         if self.expert_boundary is not None and not 0.0 < self.expert_boundary < 1.0:
             raise ConfigError(f"wan flavor: expert_boundary must lie in (0, 1), got {self.expert_boundary}")
+        if self.expert_boundary is not None and self.per_token_timesteps:
+            raise ConfigError("wan flavor: expert_boundary (two experts by noise level) needs one timestep per "
+                              "sample; per_token_timesteps (TI2V) gives the clean first frame its own")
 
     @property
     def head_dim(self) -> int:
@@ -101,8 +104,9 @@ class WanFlavor(ModelFamily):
         return check_video_task(self, config, options)
 
     def num_params(self, *, include_embeddings: bool = True) -> int:
-        """The model family's parameter count (:func:`num_params`; a DiT has no token embeddings to leave out)."""
-        return num_params(self)
+        """The model family's parameter count (:func:`num_params`, twice for two experts; a DiT has no token
+        embeddings to leave out)."""
+        return num_params(self) * (1 if self.expert_boundary is None else 2)
 
     def with_overrides(self, **overrides: Any) -> WanFlavor:
         """A copy with some fields changed (``num_layers=2`` for a smoke run); unknown names are errors."""
@@ -136,6 +140,10 @@ _WAN21_14B = dict(dim=5120, ffn_dim=13824, num_heads=40, num_layers=40)
 FLAVORS: dict[str, WanFlavor] = {
     "wan-tiny": WanFlavor(task="t2v", dim=64, ffn_dim=128, num_heads=4, num_layers=2, in_channels=3, out_channels=3,
                           text_dim=32, text_len=8, freq_dim=32, rope_max_seq_len=64, sample_shift=3.0),
+    # wan-tiny as two experts split like Wan 2.2 T2V-A14B: the CPU flavor of the mixture (tests, tutorials)
+    "wan-tiny-experts": WanFlavor(task="t2v", dim=64, ffn_dim=128, num_heads=4, num_layers=2, in_channels=3,
+                                  out_channels=3, text_dim=32, text_len=8, freq_dim=32, rope_max_seq_len=64,
+                                  sample_shift=3.0, expert_boundary=0.875, version="2.2"),
     "wan2.1-t2v-1.3b": WanFlavor(task="t2v", dim=1536, ffn_dim=8960, num_heads=12, num_layers=30, in_channels=16,
                                  out_channels=16),
     "wan2.1-t2v-14b": WanFlavor(task="t2v", in_channels=16, out_channels=16, **_WAN21_14B),
@@ -164,10 +172,9 @@ def describe(flavor: WanFlavor) -> str:
     """One line for ``loongforge list``."""
     count = num_params(flavor)
     size = f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.2f}M"
-    parts = [f"Wan {flavor.version} {flavor.task.upper()} DiT", f"{size} params", f"{flavor.num_layers} layers",
+    each = "" if flavor.expert_boundary is None else f"2 experts (split at sigma {flavor.expert_boundary}) of "
+    parts = [f"Wan {flavor.version} {flavor.task.upper()} DiT", f"{each}{size} params", f"{flavor.num_layers} layers",
              f"d{flavor.dim}", f"{flavor.num_heads} heads"]
-    if flavor.expert_boundary is not None:
-        parts.append(f"2 experts split at sigma {flavor.expert_boundary}")
     if flavor.per_token_timesteps:
         parts.append("per-token timesteps")
     return ", ".join(parts)
