@@ -35,6 +35,14 @@ so with ``--threads 2`` it counts both cores) instead of wall-clock seconds. Usa
     python benchmarks/diffusion_wan_step.py --threads 1 --clock cpu               # on cores other jobs share
     LOONGFORGE_CPU_MALLOC=system python benchmarks/diffusion_wan_step.py          # glibc's defaults on every side
 
+``--experts`` times Wan 2.2 A14B's step instead: every side holds two models of the config, a high-noise and a
+low-noise expert split at sigma 0.875, and the steps alternate between a batch of high and a batch of low noise
+levels. LoongForge trains :class:`~loongforge_diffusion.wan.experts.WanExperts` (its forward picks the expert; the
+idle one's gradients stay empty), diffusers two ``WanTransformer3DModel`` s picked as ``WanPipeline`` picks them
+(``t >= boundary_ratio * 1000``: ``transformer``, else ``transformer_2``), each compiled as above::
+
+    python benchmarks/diffusion_wan_step.py --experts --out wan_experts_step.json
+
 Needs diffusers (``pip install loongforge-diffusion[test]``) and, for the compiled sides, a C++ compiler.
 Targets (issue 21): loongforge-compiled >= 1.5x diffusers and >= 1.1x diffusers-compiled.
 """
@@ -58,6 +66,8 @@ from loongforge_diffusion.wan.flavors import FLAVORS, WanFlavor
 
 SIDES = ("loongforge", "loongforge-compiled", "diffusers", "diffusers-compiled")
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+#: ``--experts``: Wan 2.2 T2V-A14B's boundary between the high- and the low-noise expert.
+EXPERT_BOUNDARY = 0.875
 
 
 def training_step(model: torch.nn.Module, forward: Callable[[], torch.Tensor], target: torch.Tensor,
@@ -79,6 +89,22 @@ def training_step(model: torch.nn.Module, forward: Callable[[], torch.Tensor], t
 def tiny_flavor(args: argparse.Namespace) -> WanFlavor:
     return FLAVORS["wan-tiny"].with_overrides(dim=args.dim, num_heads=args.heads, num_layers=args.layers,
                                               ffn_dim=2 * args.dim)
+
+
+def step_timesteps(args: argparse.Namespace, timestep: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """Each step's timesteps: ``timestep`` every step, or with ``--experts`` a batch above the boundary and one
+    below it in turn (the same levels, squeezed into each expert's range)."""
+    if not args.experts:
+        return lambda: timestep
+    edge = EXPERT_BOUNDARY * 1000
+    batches = [edge + timestep / 1000 * (1000 - edge), timestep / 1000 * edge]
+    taken = [0]
+
+    def next_batch() -> torch.Tensor:
+        taken[0] += 1
+        return batches[taken[0] % 2]
+
+    return next_batch
 
 
 def inputs(args: argparse.Namespace, flavor: WanFlavor) -> tuple[torch.Tensor, ...]:
@@ -109,18 +135,26 @@ def loongforge_side(args: argparse.Namespace, weights: dict[str, torch.Tensor], 
     from loongforge.train.compile import compile_blocks
     from loongforge.train.engines.task import fused_adamw_applies
     from loongforge_diffusion.wan.diffusers_adapter import from_diffusers
+    from loongforge_diffusion.wan.experts import WanExperts
     from loongforge_diffusion.wan.model import WanModel
 
     backend, _ = select_backend("auto", get_host().registry("device"))
     backend.configure_env()
-    model = WanModel(flavor)
-    model.load_state_dict(from_diffusers(weights))
+    if args.experts:
+        model = WanExperts(flavor.with_overrides(expert_boundary=EXPERT_BOUNDARY))
+        dits = [model.high, model.low]
+    else:
+        model = WanModel(flavor)
+        dits = [model]
+    for dit in dits:
+        dit.load_state_dict(from_diffusers(weights))
     if args.worker.endswith("compiled"):
         mode = True if args.compile == "true" else "regional"
-        compile_blocks([] if mode is True else model.blocks, mode, rest=[model])
+        compile_blocks([] if mode is True else [b for dit in dits for b in dit.blocks], mode, rest=dits)
     params = list(model.parameters())
     optimizer = torch.optim.AdamW(params, lr=1e-4, fused=fused_adamw_applies(params))
-    return model, lambda: model(video, timestep, context), optimizer
+    timesteps = step_timesteps(args, timestep)
+    return model, lambda: model(video, timesteps(), context), optimizer
 
 
 def diffusers_side(args: argparse.Namespace, weights: dict[str, torch.Tensor], flavor: WanFlavor,
@@ -130,15 +164,24 @@ def diffusers_side(args: argparse.Namespace, weights: dict[str, torch.Tensor], f
     from diffusers import WanTransformer3DModel
     from loongforge_diffusion.wan.diffusers_adapter import diffusers_config
 
-    model = WanTransformer3DModel(**diffusers_config(flavor))
-    model.load_state_dict(weights)
-    if args.worker.endswith("compiled"):
-        if args.diffusers_compile == "full":
-            model.compile()
-        else:
-            model.compile_repeated_blocks()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    return model, lambda: model(video, timestep, context, return_dict=False)[0], optimizer
+    models = [WanTransformer3DModel(**diffusers_config(flavor)) for _ in range(2 if args.experts else 1)]
+    for model in models:
+        model.load_state_dict(weights)
+        if args.worker.endswith("compiled"):
+            if args.diffusers_compile == "full":
+                model.compile()
+            else:
+                model.compile_repeated_blocks()
+    optimizer = torch.optim.AdamW([p for model in models for p in model.parameters()], lr=1e-4)
+    timesteps = step_timesteps(args, timestep)
+
+    def forward() -> torch.Tensor:
+        t = timesteps()
+        # WanPipeline's choice: transformer (high noise) from the boundary timestep on, transformer_2 below
+        model = models[0] if len(models) == 1 or bool((t >= EXPERT_BOUNDARY * 1000).all()) else models[1]
+        return model(video, t, context, return_dict=False)[0]
+
+    return models[0], forward, optimizer
 
 
 def worker(args: argparse.Namespace, baton: Baton) -> dict:
@@ -194,6 +237,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="training.compile of the loongforge-compiled side")
     parser.add_argument("--diffusers-compile", choices=("regional", "full"), default="regional")
     parser.add_argument("--sides", nargs="*", choices=SIDES, default=list(SIDES))
+    parser.add_argument("--experts", action="store_true",
+                        help="Wan 2.2 A14B's step: two experts, steps alternating between their noise levels")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     parser.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--weights", type=Path, help=argparse.SUPPRESS)
@@ -252,7 +297,9 @@ def report(args: argparse.Namespace, names: list[str], times: dict[str, list[flo
                   for name in names},
         "speedup": speedups, "paired_speedup": paired,
     }
-    print(f"\nconfig: d{args.dim} {args.heads} heads {args.layers} layers, batch {args.batch}, {tokens} tokens/step, "
+    shape = "two experts of " if args.experts else ""
+    print(f"\nconfig: {shape}d{args.dim} {args.heads} heads {args.layers} layers, batch {args.batch}, "
+          f"{tokens} tokens/step, "
           f"{args.threads} threads, {args.rounds} processes x {args.steps} timed steps per side "
           f"in turns of {args.turn_steps}, {args.clock} clock")
     print(f"{'side':>20} {'median ms':>10} {'round medians ms (min-max)':>28} {'first step s':>13} "
