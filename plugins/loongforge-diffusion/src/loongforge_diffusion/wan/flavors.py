@@ -85,7 +85,10 @@ class WanFlavor(ModelFamily):
 
     def reference_implementation(self) -> Any:
         """diffusers' own transformer (:class:`loongforge_diffusion.reference.DiffusersTransformer`), for
-        ``loongforge diff --reference``."""
+        ``loongforge diff --reference``; none for two experts (diffusers has no one module holding both: diff each
+        expert's exported folder)."""
+        if self.expert_boundary is not None:
+            return None
         from loongforge_diffusion.reference import DiffusersTransformer
 
         return DiffusersTransformer(self)
