@@ -117,7 +117,15 @@ def test_the_expert_is_drawn_as_often_as_one_model_visits_its_noise_levels(objec
     assert 0.1 < visited < 0.5  # the boundary is where the check has power
     assert abs(high / steps - visited) < 0.025, (high / steps, visited)
     name, restricted = choose_expert(objective, BOUNDARY, seed=0, step=1)
-    assert restricted.sigma_range == ((BOUNDARY, 1.0) if name == "high" else (0.0, BOUNDARY))
+    assert restricted.sigma_range == pytest.approx((BOUNDARY, 1.0) if name == "high" else (0.0, BOUNDARY), abs=1e-7)
+
+
+def test_no_level_drawn_for_the_low_expert_rounds_up_to_the_boundary():
+    """Levels and timesteps are float32: the low expert's range must end below the boundary after rounding too."""
+    objective = FlowMatchingConfig(shift=3.0)
+    step = next(s for s in range(1, 100) if choose_expert(objective, BOUNDARY, seed=0, step=s)[0] == "low")
+    top = choose_expert(objective, BOUNDARY, seed=0, step=step)[1].sigma_range[1]
+    assert top < BOUNDARY and float(torch.tensor(top, dtype=torch.float32) * 1000) < BOUNDARY * 1000
 
 
 def test_a_sigma_range_on_one_side_trains_that_expert_alone():

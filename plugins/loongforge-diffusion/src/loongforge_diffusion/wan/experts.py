@@ -86,13 +86,20 @@ def choose_expert(objective: FlowMatchingConfig, boundary: float, seed: int,
     separate runs; this is how one run does it).
     """
     low, high = objective.sigma_range
-    ranges = {"high": (max(low, boundary), high), "low": (low, min(high, boundary))}
+    ranges = {"high": (max(low, boundary), high), "low": (low, min(high, below(boundary)))}
     masses = {name: sigma_mass(objective, *bounds) if bounds[0] < bounds[1] else 0.0
               for name, bounds in ranges.items()}
     generator = torch.Generator().manual_seed(sample_seed(seed, step, _EXPERT_DRAW_INDEX))
     draw = float(torch.rand((), generator=generator, dtype=torch.float64))
     name = "high" if draw * (masses["high"] + masses["low"]) < masses["high"] else "low"
     return name, replace(objective, sigma_range=ranges[name])
+
+
+def below(boundary: float) -> float:
+    """The largest float32 noise level under ``boundary``: the low expert's levels end there, so that no level drawn
+    for it rounds (levels and timesteps are float32) up to the boundary, where the high expert takes over."""
+    edge = torch.tensor(boundary, dtype=torch.float32)
+    return float(torch.nextafter(edge, torch.zeros_like(edge)))
 
 
 def expert_directories(path: str | Path) -> dict[str, Path]:
