@@ -45,7 +45,8 @@ PROBES = [
     (WAN, ["task.lora.targets=[bogus]"], "task.lora.targets: lora: unknown target 'bogus'"),
     (WAN, ["model.lora.rank=8"], "model.lora applies to megatron models; model 'wan-tiny' is trained by the task "
                                  "engine; set task.lora instead"),
-    (WAN, ["model.overrides.in_channels=4"], "videos of 3 channels; the model takes in_channels 4"),
+    (WAN, ["model.overrides.in_channels=4"],
+     "videos of 3 channels and no I2V condition; the model takes in_channels 4"),
     (QWEN, ["task.side=4"], "task.side: Geometry(frames=1, side=4, speed=2): the largest square cannot travel"),
     (QWEN, ["task.side=7"], "task.side 7 in"),
     (QWEN, ["task.sample.shift=0"], "'task.sample.shift' must be a finite number > 0, got 0.0"),

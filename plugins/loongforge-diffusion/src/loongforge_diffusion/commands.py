@@ -90,6 +90,12 @@ def configure_cache_latents(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shard-size", type=int, default=256, help="samples per shard file")
     parser.add_argument("--device", default="auto", help="where the encoders run (default: cuda if available)")
     parser.add_argument("--dtype", choices=ENCODE_DTYPES, default="float32", help="the encoders' compute dtype")
+    parser.add_argument("--i2v", action="store_true",
+                        help="also store each clip's image-to-video conditioning: its first frame through the VAE "
+                             "behind the first-frame mask, as WanImageToVideoPipeline builds it (I2V flavors)")
+    parser.add_argument("--image-encoder",
+                        help="with --i2v: a transformers CLIPVisionModel directory with its CLIPImageProcessor, for "
+                             "the first frames' CLIP tokens (Wan 2.1 I2V's image branch)")
 
 
 def run_cache_latents(args: argparse.Namespace) -> int:
@@ -98,11 +104,12 @@ def run_cache_latents(args: argparse.Namespace) -> int:
     from loongforge_diffusion.data.latents import build_cache, load_encoders
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    encoders = load_encoders(args.vae, args.text_encoder, args.tokenizer, device=device, dtype=args.dtype)
+    encoders = load_encoders(args.vae, args.text_encoder, args.tokenizer, device=device, dtype=args.dtype,
+                             image_encoder=args.image_encoder)
     index = build_cache(args.videos, encoders, args.out, frames=args.frames, height=args.height, width=args.width,
-                        text_len=args.text_len, batch=args.batch, shard_size=args.shard_size)
-    print(f"wrote {index['count']} samples in {len(index['shards'])} shard(s) to {args.out}: "
-          f"video {tuple(index['shapes']['video'])}, context {tuple(index['shapes']['context'])}")
+                        text_len=args.text_len, batch=args.batch, shard_size=args.shard_size, i2v=args.i2v)
+    shapes = ", ".join(f"{key} {tuple(shape)}" for key, shape in index["shapes"].items())
+    print(f"wrote {index['count']} samples in {len(index['shards'])} shard(s) to {args.out}: {shapes}")
     return 0
 
 

@@ -130,10 +130,12 @@ def _fits(flavor: Any, sample: dict[str, Any], where: str) -> Any:
         raise ConfigError(f"{where}: a sample must hold a video (channels, frames, height, width), got "
                           f"{None if video is None else list(video.shape)}")
     channels, frames, height, width = video.shape
-    if channels != flavor.out_channels or channels != flavor.in_channels:
-        raise ConfigError(f"{where}: videos of {channels} channels; the model takes in_channels {flavor.in_channels} "
-                          f"and out_channels {flavor.out_channels} (model.overrides; conditioning channels are not "
-                          "trained from this data)")
+    condition = sample["condition"].shape[0] if "condition" in sample else 0
+    if channels != flavor.out_channels or channels + condition != flavor.in_channels:
+        given = f" and an I2V condition of {condition}" if condition else " and no I2V condition"
+        raise ConfigError(f"{where}: videos of {channels} channels{given}; the model takes in_channels "
+                          f"{flavor.in_channels} and out_channels {flavor.out_channels} (model.overrides; an I2V "
+                          "flavor's conditioning channels come from a latent cache written with --i2v)")
     patch = flavor.patch_size
     if frames % patch[0] or height % patch[1] or width % patch[2]:
         raise ConfigError(f"{where}: videos of {frames} x {height} x {width} (frames x height x width) do not divide "

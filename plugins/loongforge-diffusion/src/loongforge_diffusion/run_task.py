@@ -173,7 +173,9 @@ class WanRunTask(TaskBase):
     def _dataset(self, path: str | None, samples: int, seed: int) -> Any:
         """A latent cache directory, a written dataset, or (``path`` null) ``samples`` moving squares of ``seed``."""
         if path is not None and (Path(path).expanduser() / LATENT_INDEX).is_file():
-            return CachedLatentDataset(path, latent_channels=self.flavor.out_channels, text_dim=self.flavor.text_dim)
+            flavor = self.flavor
+            return CachedLatentDataset(path, latent_channels=flavor.out_channels, text_dim=flavor.text_dim,
+                                       in_channels=flavor.in_channels, image_dim=flavor.image_dim)
         return self.task.build_dataset(path, length=samples, text_dim=self.flavor.text_dim, seed=seed,
                                        frames=self.geometry.frames, side=self.geometry.side, speed=self.geometry.speed)
 

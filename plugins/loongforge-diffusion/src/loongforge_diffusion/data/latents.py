@@ -4,7 +4,8 @@ Training a Wan DiT sees each clip many times, while its VAE and text encoder are
 reading the results back saves most of the step time and all of their memory. The command::
 
     loongforge cache-latents --vae DIR --text-encoder DIR --videos JSONL_OR_DIR --out OUT_DIR \
-        [--tokenizer DIR] [--frames 81 --height 480 --width 832] [--text-len 512] [--batch 4] [--shard-size 256]
+        [--tokenizer DIR] [--frames 81 --height 480 --width 832] [--text-len 512] [--batch 4] [--shard-size 256] \
+        [--i2v [--image-encoder DIR]]
 
 reads captioned videos (:mod:`loongforge_diffusion.data.video_files`), encodes them as the diffusers Wan
 pipelines do (progress per video), and writes ``OUT_DIR/latents-00000.safetensors ...`` plus ``index.json``.
@@ -15,11 +16,18 @@ pipelines do (progress per video), and writes ``OUT_DIR/latents-00000.safetensor
 - video: the posterior mean of the VAE, normalised per channel as ``(z - latents_mean) / latents_std`` with the
   VAE config's statistics (what ``WanPipeline`` undoes before decoding);
 - caption: whitespace-normalised, tokenised to ``text_len`` (padded, truncated), encoded with the attention mask,
-  and zeroed past its length (what ``WanPipeline.encode_prompt`` feeds the DiT); the mask is stored too.
+  and zeroed past its length (what ``WanPipeline.encode_prompt`` feeds the DiT); the mask is stored too;
+- ``--i2v``: the image-to-video conditioning of the clip's first frame, as ``WanImageToVideoPipeline`` builds it
+  (``prepare_latents``): the first frame followed by black frames through the VAE (posterior mode, normalised),
+  behind the 4-channel mask that marks the first latent frame's frames as given -- ``condition (4 + C, T, H, W)``,
+  which the I2V DiT takes concatenated to its noisy input; with ``--image-encoder`` (a transformers
+  ``CLIPVisionModel`` with its ``CLIPImageProcessor``; Wan 2.1 I2V) also the first frame's CLIP tokens, the
+  encoder's penultimate hidden states (``encode_image``) -- ``image_context (M, image_dim)``.
 
-Each shard holds ``video (N, C, T, H, W)``, ``context (N, L, D)``, ``mask (N, L)`` and, as metadata, the
-captions and sources. The output is written to a temporary directory and renamed into place when complete,
-so a reader never sees a half-written cache, and an existing output is never overwritten.
+Each shard holds ``video (N, C, T, H, W)``, ``context (N, L, D)``, ``mask (N, L)`` (and ``condition``,
+``image_context`` with ``--i2v``) and, as metadata, the captions and sources. The output is written to a temporary
+directory and renamed into place when complete, so a reader never sees a half-written cache, and an existing output
+is never overwritten.
 :class:`CachedLatentDataset` reads it back; ``task.data: OUT_DIR`` trains on it with ``loongforge train``.
 """
 
@@ -52,6 +60,10 @@ VERSION = 1
 NORMALISATION = "(z - latents_mean) / latents_std, z = the VAE posterior mean"
 DTYPES = {name: getattr(torch, name) for name in ENCODE_DTYPES}
 TEXT_ENCODERS = {"umt5": "UMT5EncoderModel", "t5": "T5EncoderModel"}
+#: What a sample of a cache holds for training, beside the caption mask; the last two only in an ``--i2v`` cache.
+SAMPLE_KEYS = ("video", "context", "condition", "image_context")
+#: Channels of the I2V mask in front of the condition latents (the VAE's temporal factor: one per folded frame).
+I2V_MASK_CHANNELS = 4
 
 
 def shard_name(number: int) -> str:
@@ -86,6 +98,9 @@ class Encoders:
     device: torch.device
     dtype: torch.dtype
     identity: dict[str, Any]
+    #: ``--image-encoder``: a CLIP vision model and its image processor (Wan 2.1 I2V's image tokens).
+    image_encoder: torch.nn.Module | None = None
+    image_processor: Any = None
 
     @property
     def latents_mean(self) -> torch.Tensor:
@@ -100,6 +115,30 @@ class Encoders:
         """``(B, 3, T, H, W)`` pixels in [-1, 1] -> normalised latents ``(B, C, t, h, w)`` (float32)."""
         z = self.vae.encode(videos.to(self.device, self.dtype)).latent_dist.mean.float().cpu()
         return (z - self.latents_mean) / self.latents_std
+
+    @torch.no_grad()
+    def encode_condition(self, videos: torch.Tensor) -> torch.Tensor:
+        """``(B, 3, T, H, W)`` pixels -> the I2V ``condition (B, 4 + C, t, h, w)`` of each first frame (module
+        docstring): the mask, then the normalised posterior mode of the first frame followed by black frames."""
+        first = videos[:, :, :1]
+        kept = torch.cat([first, first.new_zeros(first.shape[0], 3, videos.shape[2] - 1, *first.shape[3:])], dim=2)
+        z = self.vae.encode(kept.to(self.device, self.dtype)).latent_dist.mode().float().cpu()
+        latents = (z - self.latents_mean) / self.latents_std
+        folded = self.vae.config.scale_factor_temporal
+        if folded != I2V_MASK_CHANNELS:
+            raise DataError(f"--vae: temporal factor {folded}; Wan's I2V mask has {I2V_MASK_CHANNELS} channels")
+        mask = torch.zeros(latents.shape[0], folded, *latents.shape[2:])
+        mask[:, :, 0] = 1  # the first latent frame holds the given first frame (its first `folded` frames)
+        return torch.cat([mask, latents], dim=1)
+
+    @torch.no_grad()
+    def encode_images(self, videos: torch.Tensor) -> torch.Tensor:
+        """The first frames' CLIP tokens ``(B, M, image_dim)``: the image encoder's penultimate hidden states."""
+        frames = ((videos[:, :, 0] + 1) * 127.5).round().clamp(0, 255).to(torch.uint8)
+        pixels = self.image_processor(images=list(frames.permute(0, 2, 3, 1).numpy()), return_tensors="pt")
+        states = self.image_encoder(pixel_values=pixels["pixel_values"].to(self.device, self.dtype),
+                                    output_hidden_states=True).hidden_states[-2]
+        return states.float().cpu()
 
     @torch.no_grad()
     def encode_captions(self, captions: list[str], text_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,8 +157,9 @@ def clean_caption(text: str) -> str:
 
 
 def load_encoders(vae: str | Path, text_encoder: str | Path, tokenizer: str | Path | None = None, *,
-                  device: str = "cpu", dtype: str = "float32") -> Encoders:
-    """The Wan VAE (diffusers) and a T5/UMT5 encoder + tokenizer (transformers), from local directories only."""
+                  device: str = "cpu", dtype: str = "float32", image_encoder: str | Path | None = None) -> Encoders:
+    """The Wan VAE (diffusers), a T5/UMT5 encoder + tokenizer and, for I2V, a CLIP vision encoder + its image
+    processor (transformers), from local directories only."""
     diffusers = _import("diffusers", "diffusers")
     transformers = _import("transformers", "transformers")
     vae_dir, vae_id = _component(vae, "--vae")
@@ -142,8 +182,20 @@ def load_encoders(vae: str | Path, text_encoder: str | Path, tokenizer: str | Pa
         raise DataError(f"--vae {vae_dir}: config.json has no latents_mean/latents_std to normalise with")
     identity = {"vae": {**vae_id, "class": type(vae_model).__name__},
                 "text_encoder": {**text_id, "class": type(encoder).__name__, "tokenizer": str(tokenizer_dir)}}
-    return Encoders(vae_model.to(target).eval(), encoder.to(target, torch_dtype).eval(), tok, target,
-                    torch_dtype, identity)
+    encoders = Encoders(vae_model.to(target).eval(), encoder.to(target, torch_dtype).eval(), tok, target,
+                        torch_dtype, identity)
+    if image_encoder is not None:
+        image_dir, image_id = _component(image_encoder, "--image-encoder")
+        try:
+            encoders.image_encoder = transformers.CLIPVisionModel.from_pretrained(
+                str(image_dir), local_files_only=True).to(target, torch_dtype).eval()
+            encoders.image_processor = transformers.CLIPImageProcessor.from_pretrained(str(image_dir),
+                                                                                       local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise DataError(f"--image-encoder {image_dir}: cannot load a CLIPVisionModel and its "
+                            f"CLIPImageProcessor: {' '.join(str(exc).split())}") from None
+        identity["image_encoder"] = {**image_id, "class": "CLIPVisionModel"}
+    return encoders
 
 
 class _ShardWriter:
@@ -155,26 +207,28 @@ class _ShardWriter:
         self.tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
         shutil.rmtree(self.tmp, ignore_errors=True)
         self.tmp.mkdir(parents=True)
-        self.pending: dict[str, list[Any]] = {"video": [], "context": [], "mask": [], "caption": [], "source": []}
+        self.pending: dict[str, list[Any]] = {"caption": [], "source": []}
         self.shards: list[dict[str, Any]] = []
 
-    def add(self, video: torch.Tensor, context: torch.Tensor, mask: torch.Tensor, clips: list[Clip]) -> None:
+    def add(self, tensors: dict[str, torch.Tensor], clips: list[Clip]) -> None:
+        """``tensors`` (``video``, ``context``, ``mask`` and any conditioning), one row per clip of ``clips``."""
         for i, clip in enumerate(clips):
-            for key, value in (("video", video[i]), ("context", context[i]), ("mask", mask[i]),
+            for key, value in (*((key, rows[i]) for key, rows in tensors.items()),
                                ("caption", clip.caption), ("source", clip.source)):
-                self.pending[key].append(value)
-            if len(self.pending["video"]) == self.shard_size:
+                self.pending.setdefault(key, []).append(value)
+            if len(self.pending["caption"]) == self.shard_size:
                 self.flush()
 
     def flush(self) -> None:
-        if not self.pending["video"]:
+        if not self.pending["caption"]:
             return
         name = shard_name(len(self.shards))
-        tensors = {key: torch.stack(self.pending[key]).contiguous() for key in ("video", "context", "mask")}
+        tensors = {key: torch.stack(rows).contiguous() for key, rows in self.pending.items()
+                   if key not in ("caption", "source")}
         metadata = {key: json.dumps(self.pending[key]) for key in ("caption", "source")}
         save_file(tensors, str(self.tmp / name), metadata=metadata)
         _finish_file(self.tmp / name)
-        self.shards.append({"file": name, "count": len(self.pending["video"])})
+        self.shards.append({"file": name, "count": len(self.pending["caption"])})
         self.pending = {key: [] for key in self.pending}
 
     def commit(self, index: dict[str, Any]) -> dict[str, Any]:
@@ -213,11 +267,14 @@ def _check_geometry(encoders: Encoders, frames: int, height: int, width: int) ->
 
 def build_cache(videos: str | Path, encoders: Encoders, out: str | Path, *, frames: int | None = None,
                 height: int | None = None, width: int | None = None, text_len: int = 512, batch: int = 4,
-                shard_size: int = 256) -> dict[str, Any]:
+                shard_size: int = 256, i2v: bool = False) -> dict[str, Any]:
     """Encode every clip of ``videos`` into a new cache directory ``out`` (progress per video); returns its index.
 
-    ``frames``/``height``/``width`` default to the first clip's own size.
+    ``frames``/``height``/``width`` default to the first clip's own size; ``i2v`` adds each first frame's
+    conditioning (and, when ``encoders`` has an image encoder, its CLIP tokens).
     """
+    if encoders.image_encoder is not None and not i2v:
+        raise DataError("--image-encoder encodes the first frames of an image-to-video cache; add --i2v")
     out = Path(out).expanduser()
     if out.exists():
         raise DataError(f"{out} already exists; choose another --out (a cache is never overwritten)")
@@ -234,12 +291,16 @@ def build_cache(videos: str | Path, encoders: Encoders, out: str | Path, *, fram
             for start in range(0, len(clips), batch):
                 group = clips[start:start + batch]
                 pixels = torch.stack([fit(clip.load(), frames, height, width, source=clip.source) for clip in group])
-                latents = encoders.encode_videos(pixels)
                 context, mask = encoders.encode_captions([clip.caption for clip in group], text_len)
-                writer.add(latents, context, mask, group)
+                tensors = {"video": encoders.encode_videos(pixels), "context": context, "mask": mask}
+                if i2v:
+                    tensors["condition"] = encoders.encode_condition(pixels)
+                if encoders.image_encoder is not None:
+                    tensors["image_context"] = encoders.encode_images(pixels)
+                writer.add(tensors, group)
                 progress.advance(len(group), note=group[-1].source)
         index = {"format": FORMAT, "version": VERSION, "count": len(clips),
-                 "shapes": {"video": list(latents.shape[1:]), "context": list(context.shape[1:])},
+                 "shapes": {key: list(value.shape[1:]) for key, value in tensors.items() if key in SAMPLE_KEYS},
                  "input": {"frames": frames, "height": height, "width": width, "text_len": text_len},
                  "dtype": "float32", "encode_dtype": str(encoders.dtype).removeprefix("torch."),
                  **encoders.identity,
@@ -254,18 +315,21 @@ def build_cache(videos: str | Path, encoders: Encoders, out: str | Path, *, fram
 
 class CachedLatentDataset(Dataset):
     """A cache written by :func:`build_cache`, map-style: items ``{"video": (C, T, H, W), "context": (L, D)}``
-    (float32), the batch keys :func:`~loongforge_diffusion.training.flow_matching_step` takes.
+    and, from an ``--i2v`` cache, ``condition`` and ``image_context`` (float32): the batch keys
+    :func:`~loongforge_diffusion.training.flow_matching_step` takes.
 
     Every shard's header is checked on construction (present, readable, the counts and shapes of
     ``index.json``); a sample's values are checked when read (finite). ``latent_channels``/``text_dim``, when
-    given, must match the cache -- the model's ``out_channels``/``text_dim``.
+    given, must match the cache -- the model's ``out_channels``/``text_dim``; ``in_channels`` (the model's input:
+    latents plus any conditioning) and ``image_dim`` (its CLIP branch, ``None`` for none) likewise.
     """
 
-    def __init__(self, path: str | Path, *, latent_channels: int | None = None, text_dim: int | None = None):
+    def __init__(self, path: str | Path, *, latent_channels: int | None = None, text_dim: int | None = None,
+                 in_channels: int | None = None, image_dim: int | None = None):
         self.path = Path(path).expanduser()
         index = _read_index(self.path)
         self.index = index
-        self.shapes = {key: tuple(index["shapes"][key]) for key in ("video", "context")}
+        self.shapes = {key: tuple(index["shapes"][key]) for key in SAMPLE_KEYS if key in index["shapes"]}
         self.shards = [self.path / shard["file"] for shard in index["shards"]]
         counts = [int(shard["count"]) for shard in index["shards"]]
         self.starts = [sum(counts[:i]) for i in range(len(counts))]
@@ -277,6 +341,27 @@ class CachedLatentDataset(Dataset):
             if want is not None and want != have:
                 raise DataError(f"{self.path}: the cache has {name} {have} but the model expects {want}; "
                                 f"set model.overrides to match the VAE/text encoder the cache was made with")
+        if in_channels is not None:
+            self._check_conditioning(in_channels, image_dim)
+
+    def _check_conditioning(self, in_channels: int, image_dim: int | None) -> None:
+        """The model's input channels are the latents' plus the cache's I2V condition; its CLIP branch needs the
+        cache's image tokens (and a model without one cannot use them)."""
+        latent = self.shapes["video"][0]
+        condition = self.shapes["condition"][0] if "condition" in self.shapes else 0
+        if latent + condition != in_channels:
+            has = f"an I2V condition of {condition} channels" if condition else "no I2V condition (no --i2v)"
+            raise DataError(f"{self.path}: the model takes {in_channels} input channels but the cache gives "
+                            f"{latent} latent channels and {has}; an I2V flavor needs a cache written with --i2v, "
+                            "a T2V flavor one without")
+        tokens = self.shapes.get("image_context")
+        if image_dim is not None and tokens is None:
+            raise DataError(f"{self.path}: the model has a CLIP image branch (image_dim {image_dim}) but the cache "
+                            "holds no image tokens; write it with --i2v --image-encoder DIR")
+        if tokens is not None and tokens[-1] != image_dim:
+            want = "no image tokens" if image_dim is None else f"image_dim {image_dim}"
+            raise DataError(f"{self.path}: the cache holds CLIP tokens of width {tokens[-1]} but the model takes "
+                            f"{want}")
 
     def _check_shard(self, shard: Path, count: int) -> None:
         if not shard.is_file():
@@ -286,7 +371,7 @@ class CachedLatentDataset(Dataset):
                 found = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
         except SafetensorError as exc:
             raise DataError(f"{shard}: corrupt shard ({exc}); re-run the latents command") from None
-        for key in ("video", "context"):
+        for key in self.shapes:
             want = (count, *self.shapes[key])
             if found.get(key) != want:
                 raise DataError(f"{shard}: {key} has shape {found.get(key)}, index.json says {want}")
@@ -301,7 +386,7 @@ class CachedLatentDataset(Dataset):
         shard, local = self.shards[number], index - self.starts[number]
         try:
             with safe_open(str(shard), framework="pt") as handle:
-                item = {key: handle.get_slice(key)[local].float() for key in ("video", "context")}
+                item = {key: handle.get_slice(key)[local].float() for key in self.shapes}
         except SafetensorError as exc:
             raise DataError(f"{shard}: corrupt shard ({exc}); re-run the latents command") from None
         for key, value in item.items():
