@@ -202,3 +202,18 @@ def test_hf_weights_through_a_layout_come_back_bitwise(tmp_path, layout):
     files = adapter.to_hf(adapter.from_hf(reference.state_dict()))  # the per-expert layout checkpoints store
     back = round_trip(tmp_path, json.loads(reference.config.to_json_string()), files, *LAYOUTS[layout])
     assert sorted(back) == sorted(files) and all(torch.equal(back[k], files[k]) for k in files)
+
+
+def test_packed_rows_are_refused_in_one_line_by_check_and_train(tmp_path, capsys):
+    """DSA attends over each query's causal prefix only, so data.pack's block-diagonal masks are refused before
+    anything is built; unpacked rows of the same recipe pass the check."""
+    from loongforge.cli import main
+
+    recipe = [str(Path(__file__).resolve().parents[2] / "configs" / "sft-tiny.yaml"), "model.name=deepseek-v32-tiny",
+              f"run.output_dir={tmp_path / 'run'}"]
+    for command in ("check", "train"):
+        assert main([command, *recipe, "data.pack=true"]) != 0
+        said = capsys.readouterr().err.strip().splitlines()
+        assert len(said) == 1 and "data.pack needs block-diagonal attention masks, which DeepSeek sparse attention" \
+            in said[0], said
+    assert main(["check", *recipe, "data.pack=false"]) == 0

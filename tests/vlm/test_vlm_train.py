@@ -78,6 +78,40 @@ def test_swapping_the_llm_is_one_line(tmp_path, register_plugin, foundation):
         assert "MultiTokenPredictionBlock" in kinds.kinds and all(row["mtp_loss"] > 0 for row in rows)
 
 
+def _core_llm_flavors() -> list[str]:
+    """Every tiny decoder flavor core registers (read from the registry, so a new core family joins the sweep)."""
+    from loongforge.models.flavor import DecoderFlavor
+    from loongforge.plugins import get_host
+
+    registry = get_host().registry("model")
+    return sorted(entry.name for entry in registry.entries() if entry.name.endswith("-tiny")
+                  and entry.provider == "loongforge-core" and isinstance(entry.load(), DecoderFlavor))
+
+
+@pytest.mark.parametrize("foundation", _core_llm_flavors())
+def test_every_core_llm_family_is_a_foundation_by_one_line(tmp_path, register_plugin, capsys, foundation):
+    """5 steps of the shipped VLM recipe with each core family as its LLM: positions, norms and layers of every kind
+    (learned absolute positions included) reach the decoder through the composition."""
+    from loongforge.cli import main
+    from loongforge.plugins import get_host
+    from loongforge.train.run import run_training
+
+    flavor = get_host().registry("model").load(foundation, where="test")
+    swap = [f"model.foundation={foundation}"]
+    if flavor.masked_attention_blocker is not None:  # causal-only attention: check refuses packed rows up front
+        assert main(["check", str(CONFIG), *QUIET, *swap]) != 0
+        said = capsys.readouterr().err.strip().splitlines()
+        assert len(said) == 1 and "data.pack needs block-diagonal attention masks" in said[0], said
+        swap.append("data.pack=false")
+    recorder = register_plugin(Trainable(), "trainable")
+    summary = run_training(_config(tmp_path / "run", *swap, "training.steps=5"))
+    losses = _losses(tmp_path / "run")
+    assert summary["steps"] == 5 and losses[5] < losses[1], losses
+    learned = [n for n in recorder.trainable if "position_embeddings" in n]
+    assert bool(learned) == (flavor.position_embedding == "learned_absolute")
+    assert set(learned) <= recorder.changed()  # the learned positions are used, hence trained
+
+
 def test_alignment_phase_trains_only_the_projector(tmp_path, register_plugin):
     from loongforge.train.run import run_training
 

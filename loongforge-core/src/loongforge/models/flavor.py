@@ -206,6 +206,12 @@ class DecoderFlavor(ModelFamily):
         return self.gated_linear_unit and self.activation == "silu" and not self.is_moe
 
     @property
+    def masked_attention_blocker(self) -> str | None:
+        """Why this decoder's attention takes the plain causal mask only -- not the block-diagonal one of packed rows
+        (``data.pack``) -- or ``None`` when it takes any. Core's and megatron's attention take any mask."""
+        return None
+
+    @property
     def context_parallel_blocker(self) -> str | None:
         """Why this decoder cannot split its sequences over context-parallel ranks, or ``None`` when it can: core's
         attention soft-caps logits and applies sliding windows over whole sequences only."""

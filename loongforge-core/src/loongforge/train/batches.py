@@ -133,6 +133,19 @@ def split_dataset(dataset: Any, config: LoongForgeConfig) -> tuple[Any, Any]:
     return train_valid_split(dataset, config.data.seq_length, config.data.valid_fraction)
 
 
+def check_pack(config: LoongForgeConfig, decoder: Any, cp: int) -> None:
+    """``data.pack`` (rows packed from several samples, attended with a block-diagonal causal mask) against the
+    layout and the decoder's attention; one line naming the key. Shared by the pre-flight and the run."""
+    if not config.data.pack:
+        return
+    if cp > 1:
+        raise ConfigError(f"{config.source}: data.pack (block-diagonal attention masks) does not support "
+                          "parallel.cp > 1 yet")
+    if decoder.masked_attention_blocker is not None:
+        raise ConfigError(f"{config.source}: data.pack needs block-diagonal attention masks, which "
+                          f"{decoder.masked_attention_blocker} does not take (causal only); set data.pack: false")
+
+
 def validation_rows(host: Any, config: LoongForgeConfig, tokenizer: Any, held_out: Any, *, model: Any = None,
                     progress: bool = False) -> Any:
     """The rows an evaluation reads: every row of ``evaluation.data`` (opened and checked as ``data.paths`` are,

@@ -311,9 +311,9 @@ def _check_megatron(config: LoongForgeConfig, world_size: int, family: ModelFami
         # what the layout needs from the model is the family's own pre-flight (ModelFamily.check_layout)
         plan = strategy.check_model(layout, family, config.training, config.source,
                                     seq_length=config.data.seq_length)
-        if layout.cp > 1 and config.data.pack:
-            raise ConfigError(f"{config.source}: data.pack (block-diagonal attention masks) does not support "
-                              "parallel.cp > 1 yet")
+        from loongforge.train.batches import check_pack
+
+        check_pack(config, decoder, layout.cp)
         global_batch = plan.global_batch_size
         from loongforge.train.memory_preflight import check_batch_fits
 

@@ -149,9 +149,9 @@ def _run(config: LoongForgeConfig, host: Any, backend: Any, reason: str, info: A
     # the layout against what the model family says it needs (ModelFamily.check_layout), as the pre-flight did
     plan = strategy.check_model(layout, model_flavor, config.training, config.source,
                                 seq_length=config.data.seq_length)
-    if layout.cp > 1 and config.data.pack:
-        raise ConfigError(f"{config.source}: data.pack (block-diagonal attention masks) does not support "
-                          "parallel.cp > 1 yet")
+    from loongforge.train.batches import check_pack
+
+    check_pack(config, model_flavor.decoder, layout.cp)
     tokenizer = load_tokenizer(host, config)
     settings = _device_settings(config, backend)
     _init_parallel(strategy, layout, config, backend, info)

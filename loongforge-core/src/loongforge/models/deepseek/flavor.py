@@ -198,6 +198,11 @@ class DeepSeekFlavor(DecoderFlavor):
         return self.index_n_heads is not None
 
     @property
+    def masked_attention_blocker(self) -> str | None:
+        """The indexer's top-k runs over each query's causal prefix (:mod:`loongforge.models.sparse_attention`)."""
+        return "DeepSeek sparse attention (index_n_heads)" if self.is_dsa else None
+
+    @property
     def context_parallel_blocker(self) -> str | None:
         """Multi-token prediction rolls labels across the sequence, which core's context-parallel split does not
         reproduce; MLA itself splits over cp ranks."""

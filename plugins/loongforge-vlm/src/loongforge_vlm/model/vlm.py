@@ -143,9 +143,18 @@ class VisionLanguageModel(MegatronModule):
 
     def embed(self, input_ids: torch.Tensor, *, pixel_values: torch.Tensor | None = None,
               image_grid_thw: torch.Tensor | None = None, pixel_values_videos: torch.Tensor | None = None,
-              video_grid_thw: torch.Tensor | None = None) -> torch.Tensor:
-        """The decoder input ``[S, B, H]`` (this rank's sequence slice under sequence parallelism)."""
-        text = self.language_model.embedding(input_ids=input_ids, position_ids=None)  # [S, B, H], whole sequence
+              video_grid_thw: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The decoder input ``[S, B, H]`` (this rank's sequence slice under sequence parallelism).
+
+        ``position_ids (B, S)`` reach a foundation that learns absolute positions (GPT-2): its embedding adds them
+        to the tokens' (a rotary foundation rotates in attention instead); default :meth:`position_ids`."""
+        embedding = self.language_model.embedding
+        if embedding.add_position_embedding:
+            if position_ids is None or position_ids.ndim != 2:
+                position_ids = text_position_ids(input_ids, None)
+        else:
+            position_ids = None
+        text = embedding(input_ids=input_ids, position_ids=position_ids)  # [S, B, H], whole sequence
         embeddings = text.transpose(0, 1)
         if pixel_values is not None:
             features = self._vision_features(pixel_values, image_grid_thw)
@@ -213,7 +222,8 @@ class VisionLanguageModel(MegatronModule):
         decoder_input = None
         if self.language_model.pre_process:
             decoder_input = self.embed(input_ids, pixel_values=pixel_values, image_grid_thw=image_grid_thw,
-                                       pixel_values_videos=pixel_values_videos, video_grid_thw=video_grid_thw)
+                                       pixel_values_videos=pixel_values_videos, video_grid_thw=video_grid_thw,
+                                       position_ids=position_ids)
         extra = {} if loss_mask is None else {"loss_mask": loss_mask}
         return self.language_model(input_ids, position_ids, mask, decoder_input=decoder_input, labels=labels,
                                    **extra)
