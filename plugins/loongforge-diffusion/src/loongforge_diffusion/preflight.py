@@ -133,9 +133,10 @@ def _fits(flavor: Any, sample: dict[str, Any], where: str) -> Any:
     condition = sample["condition"].shape[0] if "condition" in sample else 0
     if channels != flavor.out_channels or channels + condition != flavor.in_channels:
         given = f" and an I2V condition of {condition}" if condition else " and no I2V condition"
+        hint = ("; an I2V flavor's conditioning channels come from a latent cache written with --i2v"
+                if flavor.in_channels != flavor.out_channels else "")
         raise ConfigError(f"{where}: videos of {channels} channels{given}; the model takes in_channels "
-                          f"{flavor.in_channels} and out_channels {flavor.out_channels} (model.overrides; an I2V "
-                          "flavor's conditioning channels come from a latent cache written with --i2v)")
+                          f"{flavor.in_channels} and out_channels {flavor.out_channels} (model.overrides{hint})")
     patch = flavor.patch_size
     if frames % patch[0] or height % patch[1] or width % patch[2]:
         raise ConfigError(f"{where}: videos of {frames} x {height} x {width} (frames x height x width) do not divide "
