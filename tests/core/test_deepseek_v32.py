@@ -211,8 +211,8 @@ def test_packed_rows_are_refused_in_one_line_by_check_and_train(tmp_path, capsys
 
     recipe = [str(Path(__file__).resolve().parents[2] / "configs" / "sft-tiny.yaml"), "model.name=deepseek-v32-tiny",
               f"run.output_dir={tmp_path / 'run'}"]
-    for command in ("check", "train"):
-        assert main([command, *recipe, "data.pack=true"]) != 0
+    for command, layout in (("check", []), ("check", ["parallel=auto"]), ("train", [])):
+        assert main([command, *recipe, "data.pack=true", *layout]) != 0
         said = capsys.readouterr().err.strip().splitlines()
         assert len(said) == 1 and "data.pack needs block-diagonal attention masks, which DeepSeek sparse attention" \
             in said[0], said

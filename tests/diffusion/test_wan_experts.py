@@ -211,6 +211,13 @@ def test_a_pipeline_missing_an_expert_is_one_line_naming_the_folders(tmp_path, c
         _task(_config(tmp_path / "run", f"task.init={tmp_path / 'pipe'}")).build_model()
 
 
+def test_a_static_ddp_graph_is_refused_by_check_in_one_line(capsys):
+    """Each step leaves one expert unused, which a static DDP graph cannot express."""
+    assert main(["check", str(CONFIG), *SMALL, "parallel.ddp_static_graph=true"]) != 0
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and "parallel.ddp_static_graph assumes every step uses the same parameters" in said[0]
+
+
 def _losses(out: Path) -> dict[int, float]:
     return {row["step"]: row["loss"] for row in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
 

@@ -113,9 +113,7 @@ class TorchNativeStrategy(ParallelStrategy):
         ``sparse_parameters``: some steps leave parameters unused (:attr:`loongforge.tasks.TaskBase.sparse_parameters`);
         DDP finds them each step and leaves their gradients ``None``."""
         if self.kind in ("ddp", "zero1"):
-            if sparse_parameters and parallel.ddp_static_graph:
-                raise ConfigError("parallel.ddp_static_graph assumes every step uses the same parameters; this "
-                                  "model's steps each train a part of it (set ddp_static_graph: false)")
+            check_static_graph(parallel, sparse_parameters)
             ddp = nn.parallel.DistributedDataParallel(
                 model, bucket_cap_mb=parallel.ddp_bucket_mb, static_graph=parallel.ddp_static_graph,
                 find_unused_parameters=sparse_parameters)
@@ -176,6 +174,15 @@ class TorchNativeStrategy(ParallelStrategy):
         module = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
         module.load_state_dict(model_state)
         optimizer.load_state_dict(optim_state)
+
+
+def check_static_graph(parallel: Any, sparse_parameters: bool) -> None:
+    """``parallel.ddp_static_graph`` promises DDP one fixed set of used parameters, which a task whose steps each
+    train a part of the model (:attr:`loongforge.tasks.TaskBase.sparse_parameters`) breaks; one line. Called by
+    :meth:`TorchNativeStrategy.wrap` and by such a task's pre-flight (``loongforge check``)."""
+    if sparse_parameters and parallel.ddp_static_graph:
+        raise ConfigError("parallel.ddp_static_graph assumes every step uses the same parameters; this model's "
+                          "steps each train a part of it (set parallel.ddp_static_graph: false)")
 
 
 def fsdp_units(model: nn.Module, run_forward: Any = None) -> list[nn.Module]:

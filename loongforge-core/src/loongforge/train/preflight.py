@@ -305,6 +305,9 @@ def _check_megatron(config: LoongForgeConfig, world_size: int, family: ModelFami
     strategy = check_strategy(host.registry("strategy").load(config.parallel.strategy, where=where),
                               config.parallel.strategy, "megatron", where, config.model.name or family.family_name)
     if config.parallel.auto:
+        from loongforge.train.batches import check_pack
+
+        check_pack(config, decoder, 1)  # the planner keeps cp at 1 for packed rows
         lines.append(f"parallel: auto (the planner chooses the layout for {world_size} process(es) at train time)")
     else:
         layout = strategy.validate(config.parallel, world_size, config.source)

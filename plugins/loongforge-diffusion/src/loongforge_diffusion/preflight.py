@@ -28,6 +28,9 @@ def check_video_task(flavor: Any, config: Any, options: Any) -> list[str]:
         from loongforge_diffusion.wan.lora import selected_targets
 
         _keyed(config, "task.lora.targets", lambda: selected_targets(options.lora.targets))
+    from loongforge.parallel.torch_native import check_static_graph
+
+    check_static_graph(config.parallel, task.sparse_parameters)
     where = _data_where(config, options.data)
     train = _opened(config, where, task.build_dataset, options.data)
     video = _fits(task.flavor, train[0], where)
