@@ -1,6 +1,9 @@
 """What the ``embodied`` plugin adds to the ``loongforge`` command line.
 
 - ``loongforge collect ROOT``: Meta-World's scripted expert recorded as a LeRobotDataset (:mod:`.sim.collect`);
+- ``loongforge fit-action-tokenizer DATASET --kind KIND --out DIR``: an action tokenizer (``uniform-bins``,
+  ``quantile-bins``, ``fast``) fitted on a dataset's action chunks, with its round-trip error and compression
+  (:mod:`.action_tokens.command`);
 - ``loongforge serve CKPT``: a policy checkpoint behind a websocket (:mod:`.sim.server`);
 - ``loongforge eval SOURCE``: closed-loop Meta-World success rate of a policy checkpoint, of a policy server
   (``ws://host:port``) or of uniform random actions (``random``) (:mod:`.sim.evaluate`);
@@ -101,6 +104,9 @@ def register_commands(commands: CommandRegistry) -> None:
     module = "loongforge_embodied"
     commands.add("collect", help="record Meta-World's scripted expert as a LeRobotDataset",
                  configure=f"{module}.sim.collect:configure", run=f"{module}.sim.collect:run")
+    commands.add("fit-action-tokenizer", help="fit an action tokenizer (bins, FAST) on a LeRobotDataset's action "
+                                              "chunks; print its round-trip error and compression",
+                 configure=f"{module}.action_tokens.command:configure", run=f"{module}.action_tokens.command:run")
     commands.add("serve", help="serve a policy checkpoint over a websocket (msgpack messages)",
                  configure=f"{module}.sim.server:configure", run=f"{module}.sim.server:run")
     commands.add_handler("eval", "metaworld-closed-loop", claims=claims_eval,
