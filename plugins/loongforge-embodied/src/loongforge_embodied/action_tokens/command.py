@@ -54,9 +54,10 @@ def run(args: argparse.Namespace) -> int:
     where = "the fitted chunks" if measure_on is None else f"{held_out} held-out episode(s)"
     print(f"{tokenizer.kind} fitted on {len(chunks)} chunks of {args.horizon} x {tokenizer.action_dim} actions from "
           f"{len(fit_on)} episode(s) of {args.dataset}; vocabulary {tokenizer.vocab_size}")
+    clipped = "" if trip.in_range == 1 else f"; the clipped rest err up to {_numbers(trip.max_error_all)}"
     print(f"round trip on {trip.chunks} chunks ({where}): max error {_numbers(trip.max_error)}, bound "
-          f"{_numbers(trip.bound)} per dimension ({'within' if trip.within_bound else 'OUTSIDE'} the bound; "
-          f"{trip.in_range:.1%} of values in range)")
+          f"{_numbers(trip.bound)} per dimension ({'within' if trip.within_bound else 'OUTSIDE'} the bound on the "
+          f"{trip.in_range:.2%} of values in the fitted range{clipped})")
     print(f"compression: {trip.values_per_chunk} values -> {trip.tokens_per_chunk:.2f} tokens per chunk "
           f"({trip.compression:.2f}x)")
     print(f"saved to {args.out}")
