@@ -179,3 +179,6 @@ def test_meta_world_actions_round_trip_within_the_bound_and_the_command_reports_
     assert report["within_bound"] and report["measured_episodes"] == [1] and report["compression"] > 2.0, report
     assert f"({report['compression']:.2f}x)" in printed and "within the bound" in printed
     assert load_action_tokenizer(out).vocab_size <= 256
+    assert main(["fit-action-tokenizer", str(metaworld_recorded.root), "--kind", "uniform-bins", "--out", str(out),
+                 "--held-out-episodes", "2"]) == 2
+    assert "--held-out-episodes 2: " in capsys.readouterr().err

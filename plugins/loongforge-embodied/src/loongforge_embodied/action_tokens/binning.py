@@ -94,7 +94,7 @@ class BinTokenizer:
     def decode(self, ids: Sequence[int], horizon: int) -> np.ndarray:
         fixed = fit_length(ids, horizon * self.action_dim, self.options.bins // 2)
         index = np.clip(fixed, 0, self.options.bins - 1).reshape(horizon, self.action_dim)
-        return np.take_along_axis(self.centres.T, index, axis=0) if horizon else np.zeros((0, self.action_dim))
+        return np.take_along_axis(self.centres.T, index, axis=0)
 
     def in_range(self, chunk: np.ndarray) -> np.ndarray:
         values = check_chunk(chunk, self.action_dim)

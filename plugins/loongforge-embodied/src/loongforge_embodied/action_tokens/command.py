@@ -33,13 +33,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from loongforge_embodied.action_tokens.base import ActionTokenizerError
     from loongforge_embodied.action_tokens.chunks import action_chunks
     from loongforge_embodied.action_tokens.registry import fit_action_tokenizer, measure_round_trip
     from loongforge_embodied.data.lerobot_dataset import LeRobotDataset
 
     dataset = LeRobotDataset(args.dataset)
     indices = [ep.index for ep in dataset.episodes]
-    held_out = max(0, min(args.held_out_episodes, len(indices) - 1))
+    held_out = args.held_out_episodes
+    if not 0 <= held_out < len(indices):
+        raise ActionTokenizerError(f"--held-out-episodes {held_out}: {args.dataset} has {len(indices)} episode(s), "
+                                   f"so hold out 0 to {len(indices) - 1}")
     fit_on, measure_on = indices[:len(indices) - held_out], indices[len(indices) - held_out:] or None
     chunks = action_chunks(dataset, args.horizon, stride=args.stride, episodes=fit_on)
     options = {name: getattr(args, name) for name in KIND_OPTIONS if getattr(args, name) is not None}

@@ -32,11 +32,12 @@ def fit_action_tokenizer(name: str, chunks: np.ndarray, stats: ActionStats | Non
                          **options: Any) -> ActionTokenizer:
     """Fit kind ``name`` on raw action chunks ``(N, H, D)``. ``stats`` (per-dimension, LeRobot's layout, e.g. a
     dataset's exact ``compute_stats()["action"]``) default to the stats of every value of the chunks."""
-    kind = tokenizer_kind(name)
+    entry = ACTION_TOKENIZERS.entry(name)
+    kind: TokenizerKind = entry.load()
     chunks = check_chunks(chunks)
     if stats is None:
         stats = compute_stats(chunks.reshape(-1, chunks.shape[2]))
-    return kind.fit(chunks, stats, make_options(ACTION_TOKENIZERS.entry(name).name, kind.options, options))
+    return kind.fit(chunks, stats, make_options(entry.name, kind.options, options))
 
 
 def load_action_tokenizer(directory: str | Path) -> ActionTokenizer:
