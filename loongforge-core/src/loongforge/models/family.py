@@ -273,9 +273,9 @@ class ModelFamily:
 
     def parameter_groups(self) -> tuple[ParameterGroup, ...]:
         """Named groups of parameters with their own learning rate, weight decay, freezing or start step
-        (:class:`loongforge.models.parameter_groups.ParameterGroup`), which core applies when it builds either
+        (:class:`loongforge.models.parameter_groups.ParameterGroup`), which core applies when it builds the megatron
         engine's optimizer and schedule: a composed model's per-part options. Default ``()``: every parameter
-        follows ``optimizer:``."""
+        follows ``optimizer:``. (The task engine's single AdamW group does not read them yet.)"""
         return ()
 
     def check_task(self, config: LoongForgeConfig, options: Any) -> list[str]:
