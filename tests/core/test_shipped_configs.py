@@ -73,6 +73,11 @@ CHEAP = {
                                             "grpo.max_new_tokens=8", "evaluation.interval=0"),
                                core=True, starts_from="sft-tiny.yaml", rewards=True),
     "vlm-shapes.yaml": CheapRun(("data.seq_length=96", "training.micro_batch_size=4", "optimizer.lr=1e-2")),
+    # the staged recipe: the projector alone for 4 steps, then every part (each part's own rate raised as the
+    # others' optimizer.lr is)
+    "vlm-staged.yaml": CheapRun(("data.seq_length=96", "training.micro_batch_size=4", "model.projector.lr=1e-2",
+                                 "model.encoder.lr=1e-2", "model.foundation.lr=1e-2",
+                                 "model.encoder.unfreeze_at_step=4", "model.foundation.unfreeze_at_step=4")),
     # DPO on 12 of the generated pairs (the rest held out), one batch every step: new pairs every step leave a loss
     # too noisy to fall in twelve steps from a 40-step SFT start; on one batch it falls steadily (ratio 0.75,
     # whatever the run seed: the batch is the same)

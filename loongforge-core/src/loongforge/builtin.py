@@ -105,11 +105,13 @@ def loongforge_modify_model(model, config):
         return None
     from loongforge.interop.mcore_checkpoint import resolve_family
 
-    trained = resolve_family(config).trained_parameters()  # a training phase of the family's own (DSA warm-up)
-    if config.model.lora is not None or config.model.freeze or trained:
+    family = resolve_family(config)
+    trained = family.trained_parameters()  # a training phase of the family's own (DSA warm-up)
+    groups = family.parameter_groups()  # its parts' own settings (frozen ones freeze here)
+    if config.model.lora is not None or config.model.freeze or trained or any(g.frozen for g in groups):
         from loongforge.models.lora import apply_adapters
 
-        apply_adapters(model, config, trained=trained)
+        apply_adapters(model, config, trained=trained, groups=groups)
     return None
 
 

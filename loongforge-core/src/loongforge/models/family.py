@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from loongforge.config.schema import LoongForgeConfig
     from loongforge.models.chunks import ChunkBuild
     from loongforge.models.flavor import DecoderFlavor
+    from loongforge.models.parameter_groups import ParameterGroup
     from loongforge.models.sizing import DecoderTerms, LayoutProblem
     from loongforge.parallel.megatron import Layout
     from loongforge.registry import Registry
@@ -268,6 +269,13 @@ class ModelFamily:
         """Megatron engine: ``fnmatch`` patterns of the only parameters (TP=1/PP=1 names) a training phase of this
         model trains -- the rest frozen before the optimizer exists, as ``model.freeze`` freezes (DeepSeek-V3.2's
         dense warm-up trains its indexers alone). Default ``()``: every parameter trains."""
+        return ()
+
+    def parameter_groups(self) -> tuple[ParameterGroup, ...]:
+        """Named groups of parameters with their own learning rate, weight decay, freezing or start step
+        (:class:`loongforge.models.parameter_groups.ParameterGroup`), which core applies when it builds the megatron
+        engine's optimizer and schedule: a composed model's per-part options. Default ``()``: every parameter
+        follows ``optimizer:``. (The task engine's single AdamW group does not read them yet.)"""
         return ()
 
     def check_task(self, config: LoongForgeConfig, options: Any) -> list[str]:

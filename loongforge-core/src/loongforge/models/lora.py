@@ -53,7 +53,7 @@ import fnmatch
 import functools
 import math
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -62,6 +62,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from loongforge.errors import ConfigError
+from loongforge.models.parameter_groups import ParameterGroup, group_of
 
 #: How megatron splits an adaptable linear layer at tensor parallelism (output features / input features).
 COLUMN, ROW = "column", "row"
@@ -358,6 +359,17 @@ def freeze_parameters(model_chunks: list[nn.Module], patterns: list[str], where:
     return frozen
 
 
+def freeze_groups(model_chunks: list[nn.Module], groups: Sequence[ParameterGroup]) -> None:
+    """Freeze the parameters whose group (:func:`~loongforge.models.parameter_groups.group_of`, by TP=1/PP=1 name)
+    is ``frozen``: a model family's frozen parts."""
+    for chunk in model_chunks:
+        for module_name, module in _global_names(_unwrap(chunk)):
+            for param_name, param in module.named_parameters(recurse=False):
+                group = group_of(f"{module_name}.{param_name}" if module_name else param_name, groups)
+                if group is not None and group.frozen:
+                    param.requires_grad_(False)
+
+
 def _count_parameters(model_chunks: list[nn.Module]) -> tuple[int, int]:
     """``(trainable, total)`` parameters of the whole model over all ranks, each counted once: a tensor-parallel
     shard on its rank, a tensor-parallel replica (a norm, a replicated adapter tensor), a data-parallel replica and
@@ -382,13 +394,15 @@ def _count_parameters(model_chunks: list[nn.Module]) -> tuple[int, int]:
     return trainable, total
 
 
-def apply_adapters(model_chunks: list[nn.Module], config: Any, trained: tuple[str, ...] = ()) -> None:
+def apply_adapters(model_chunks: list[nn.Module], config: Any, trained: tuple[str, ...] = (),
+                   groups: Sequence[ParameterGroup] = ()) -> None:
     """``model.lora`` then ``model.freeze`` on this rank's model chunks, before DDP and the optimizer exist; with
     ``trained`` (the family's :meth:`~loongforge.models.family.ModelFamily.trained_parameters`), every parameter
-    matching none of those patterns is frozen first."""
+    matching none of those patterns is frozen first, and the family's frozen ``groups`` then."""
     where = config.source
     if trained:
         train_only(model_chunks, trained, where)
+    freeze_groups(model_chunks, groups)
     if config.model.lora is not None:
         check_lora_settings(config.model.lora, where)
         apply_lora(model_chunks, config.model.lora, config.run.seed)

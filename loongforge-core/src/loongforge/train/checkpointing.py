@@ -8,6 +8,7 @@ which lifecycle hooks are called around a save or a load.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from loongforge.checkpoint.state_files import restore_checked
 from loongforge.checkpoint.writer import CheckpointWriter
 from loongforge.config.loader import config_to_dict
 from loongforge.config.schema import LoongForgeConfig
+from loongforge.models.parameter_groups import ParameterGroup
 from loongforge.train.resume_settings import SETTINGS_KEY, check_resume_settings, schedule_settings
 
 
@@ -77,8 +79,10 @@ class RunCheckpoints:
     """Saves a megatron-engine trainer's complete state into ``directory`` and restores it from there."""
 
     def __init__(self, directory: CheckpointDir, config: LoongForgeConfig, host: Any, backend: Any,
-                 metadata: dict[str, Any]) -> None:
+                 metadata: dict[str, Any], groups: Sequence[ParameterGroup] = ()) -> None:
         self.dir = directory
+        #: The model family's parameter groups, whose settings a resume must agree on.
+        self.groups = tuple(groups)
         self.host = host
         self.backend = backend
         self.metadata = metadata
@@ -98,7 +102,8 @@ class RunCheckpoints:
             scheduler=trainer.scheduler,
             rank_state={"rng": capture_rng_state(self.backend)},
             shared_state={"data": trainer.data.state_dict(),
-                          SETTINGS_KEY: schedule_settings(self.config, trainer.engine.samples_per_step)},
+                          SETTINGS_KEY: schedule_settings(self.config, trainer.engine.samples_per_step,
+                                                          self.groups)},
             config_yaml=self.config_yaml,
             metadata={**self.metadata, "step": trainer.step, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
             on_save=lambda path, extra: self.host.on_checkpoint_save(trainer, path, extra),
@@ -113,7 +118,7 @@ class RunCheckpoints:
         settings must match the checkpoint's (:mod:`loongforge.train.resume_settings`), and with
         ``checkpoint.override_schedule`` the schedule built from this config continues at the resumed step."""
         recorded = read_trainer_json(path).get(SETTINGS_KEY)
-        rebuild = check_resume_settings(recorded, self.config, trainer.engine.samples_per_step, path)
+        rebuild = check_resume_settings(recorded, self.config, trainer.engine.samples_per_step, path, self.groups)
         rank_state, shared = load_checkpoint(
             path, model_chunks=trainer.model, optimizer=trainer.optimizer,
             scheduler=None if rebuild else trainer.scheduler,

@@ -187,15 +187,25 @@ def _step(trainer: Trainer, health: StepHealth, speed: StepSpeed) -> tuple[StepR
     engine = trainer.engine
     start = time.perf_counter()
     trainer.step_metrics = {}
-    lr = engine.param_groups[0]["lr"]
+    rates = _learning_rates(trainer)
     result = engine.train_step(health if health.screens_updates else None)
     if not result.skipped:
         trainer.scheduler.step(increment=engine.samples_per_step)
     step_time = time.perf_counter() - start
-    row = {**result.extra, **trainer.step_metrics, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
+    row = {**result.extra, **trainer.step_metrics, "loss": result.loss, **rates, "grad_norm": result.grad_norm,
            **speed.metrics(1, step_time)}
     row.update(step_time=step_time, skipped=result.skipped)
     return result, row
+
+
+def _learning_rates(trainer: Trainer) -> dict[str, float]:
+    """The rates this step's update uses: ``lr``, the run's schedule (``optimizer.lr``'s curve, what every group
+    without settings of its own follows), and ``lr/<name>`` for each named parameter group with its own
+    (:mod:`loongforge.models.parameter_groups`, e.g. a model part's)."""
+    rates = {"lr": trainer.scheduler.get_lr({})}
+    rates.update({f"lr/{group['group_name']}": group["lr"] for group in trainer.engine.param_groups
+                  if "group_name" in group})
+    return rates
 
 
 def _evaluate(trainer: Trainer, metrics: MetricsWriter) -> dict[str, float]:

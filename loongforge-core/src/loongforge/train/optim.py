@@ -2,28 +2,69 @@
 
 The scheduler counts *samples* (megatron's convention, ``step(increment=global_batch_size)``), so warmup and
 decay lengths given in steps are multiplied by the global batch size; a resumed run with the same batch size
-continues the same curve.
+continues the same curve. A model family's parameter groups
+(:mod:`loongforge.models.parameter_groups`) become optimizer groups carrying their own peak and floor learning
+rate and weight decay, which megatron's scheduler reads per group.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
-from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.optimizer import (
+    OptimizerConfig,
+    ParamKey,
+    ParamPredicate,
+    get_megatron_optimizer,
+    get_standard_config_overrides,
+)
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler, ParamGroupOverride
 
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import ConfigError
+from loongforge.models.parameter_groups import ParameterGroup, group_of
 
 _DECAY_STYLES = ("cosine", "linear", "constant")
 
 
-def build_optimizer(config: LoongForgeConfig, model_chunks: list[Any], *, params_dtype: str = "fp32") -> Any:
-    """AdamW over the model chunks (fp32 master weights and grads when parameters are bf16 or fp16)."""
-    optimizer = get_megatron_optimizer(optimizer_config(config, params_dtype), model_chunks)
+def build_optimizer(config: LoongForgeConfig, model_chunks: list[Any], *, params_dtype: str = "fp32",
+                    groups: Sequence[ParameterGroup] = ()) -> Any:
+    """AdamW over the model chunks (fp32 master weights and grads when parameters are bf16 or fp16); the tuned
+    ``groups`` (the family's :meth:`~loongforge.models.family.ModelFamily.parameter_groups`) get their own settings."""
+    settings = optimizer_config(config, params_dtype)
+    overrides = group_overrides(config, settings, model_chunks, groups)
+    optimizer = get_megatron_optimizer(settings, model_chunks, config_overrides=overrides)
     fuse_cpu_adamw(optimizer)
     return optimizer
+
+
+def group_overrides(config: LoongForgeConfig, settings: OptimizerConfig, model_chunks: list[Any],
+                    groups: Sequence[ParameterGroup]) -> dict[ParamKey, ParamGroupOverride] | None:
+    """megatron's per-parameter overrides for the tuned, trained ``groups`` on top of its standard ones (no weight
+    decay on biases and norms); ``None`` (megatron's standard ones alone) when there are none. Parameters are
+    matched by their TP=1/PP=1 names, resolved here once, so a group means the same parameters on every layout."""
+    from loongforge.checkpoint.saver import unwrap_model
+    from loongforge.parallel.init import global_parameters
+
+    tuned = [group for group in groups if group.tuned and not group.frozen]
+    if not tuned:
+        return None
+    owner: dict[int, str] = {}
+    for chunk in model_chunks:
+        for name, param in global_parameters(unwrap_model(chunk)):
+            group = group_of(name, groups)
+            if group is not None:
+                owner[id(param)] = group.name
+    opt = config.optimizer
+    overrides = get_standard_config_overrides(settings)
+    for group in tuned:
+        member = ParamPredicate(name=f"group:{group.name}",
+                                fn=lambda param, name=group.name: owner.get(id(param)) == name)
+        overrides[ParamKey(predicate=member)] = ParamGroupOverride(
+            **group.scheduler_keys(opt.lr, opt.min_lr, opt.weight_decay))
+    return overrides
 
 
 def fuse_cpu_adamw(optimizer: Any) -> None:
@@ -74,8 +115,32 @@ def optimizer_config(config: LoongForgeConfig, params_dtype: str) -> OptimizerCo
     )
 
 
-def build_scheduler(config: LoongForgeConfig, optimizer: Any, global_batch_size: int) -> OptimizerParamScheduler:
-    """Linear warmup to ``optimizer.lr``, then cosine/linear/constant decay to ``optimizer.min_lr``."""
+class PartScheduler(OptimizerParamScheduler):
+    """megatron's schedule, with a group's learning rate held at 0 until its ``unfreeze_at_step`` has passed.
+
+    Why a learning rate of 0 and not a frozen group that joins the optimizer later: the group's parameters are in
+    the optimizer (and in DDP's gradient buffers) from the first step, so the optimizer's groups, its state and the
+    checkpoint format never change shape at the boundary, and where a run stands is the scheduler's sample count
+    alone -- a run resumed on either side of the boundary continues bit-exactly, with nothing rebuilt. Before the
+    boundary AdamW's update and its decoupled decay are both scaled by the learning rate, so the parameters stay
+    bitwise unchanged while their gradients are computed and their moments kept (the price: the part's backward
+    runs, and its gradients count in the clipped norm; ``frozen`` spares both but never trains). The boundary is
+    counted in updates, like the schedule: an update the health screen left out does not move it.
+    """
+
+    def __init__(self, optimizer: Any, *, samples_per_step: int, **schedule: Any) -> None:
+        self.samples_per_step = samples_per_step  # read by get_lr, which megatron's constructor already calls
+        super().__init__(optimizer, **schedule)
+
+    def get_lr(self, param_group: dict) -> float:
+        if self.num_steps < param_group.get("unfreeze_at_step", 0) * self.samples_per_step:
+            return 0.0
+        return super().get_lr(param_group)
+
+
+def build_scheduler(config: LoongForgeConfig, optimizer: Any, global_batch_size: int) -> PartScheduler:
+    """Linear warmup to ``optimizer.lr``, then cosine/linear/constant decay to ``optimizer.min_lr``; a group carrying
+    its own ``max_lr``/``min_lr``/``start_wd`` follows the same curve between its own values."""
     sched, opt = config.scheduler, config.optimizer
     if sched.decay not in _DECAY_STYLES:
         raise ConfigError(
@@ -86,8 +151,9 @@ def build_scheduler(config: LoongForgeConfig, optimizer: Any, global_batch_size:
     decay_steps = sched.decay_steps if sched.decay_steps is not None else config.training.steps
     # megatron requires warmup < decay; a short smoke run with the default warmup then only warms up.
     decay_steps = max(decay_steps, sched.warmup_steps + 1)
-    return OptimizerParamScheduler(
+    return PartScheduler(
         optimizer,
+        samples_per_step=global_batch_size,
         init_lr=0.0,
         max_lr=opt.lr,
         min_lr=opt.min_lr,

@@ -104,6 +104,8 @@ def _check(config: LoongForgeConfig, world_size: int, backend: DeviceBackend, ho
         bare = dataclasses.replace(config, model=dataclasses.replace(config.model, overrides={}))
         _check_override_types(resolve_model_flavor(bare, host), config)
     family = resolve_model_flavor(config, host)
+    for group in family.parameter_groups():  # each group's floor against its peak, given optimizer.lr/min_lr
+        group.peak_and_floor(config.optimizer.lr, config.optimizer.min_lr)
     lines = _names(config, family, backend, host)
     lines += check_dpo(config, family.engine)
     lines += check_grpo(config, family.engine)

@@ -17,10 +17,12 @@ Torch-free: both step engines call it, and it needs only the config.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import ConfigError
+from loongforge.models.parameter_groups import ParameterGroup
 from loongforge.train.preference.settings import dpo_settings
 from loongforge.train.rl.settings import grpo_settings
 
@@ -28,12 +30,14 @@ from loongforge.train.rl.settings import grpo_settings
 SETTINGS_KEY = "schedule_settings"
 
 
-def schedule_settings(config: LoongForgeConfig, samples_per_step: int) -> dict[str, Any]:
+def schedule_settings(config: LoongForgeConfig, samples_per_step: int,
+                      groups: Sequence[ParameterGroup] = ()) -> dict[str, Any]:
     """The optimizer and schedule settings this run trains with, as ``{config key: value}``.
 
     ``scheduler.decay_steps`` is the effective decay length (``training.steps`` when unset, at least warmup + 1, as
     :func:`loongforge.train.optim.build_scheduler` builds it), so extending ``training.steps`` of a run whose decay
-    followed it shows up as the schedule change it is; a constant schedule has none (extending it changes nothing)."""
+    followed it shows up as the schedule change it is; a constant schedule has none (extending it changes nothing).
+    The model family's parameter ``groups`` add what each sets (``model.encoder.lr`` ...)."""
     opt, sched = config.optimizer, config.scheduler
     decay_steps = sched.decay_steps if sched.decay_steps is not None else config.training.steps
     return {
@@ -52,11 +56,12 @@ def schedule_settings(config: LoongForgeConfig, samples_per_step: int) -> dict[s
         "training.global_batch_size": samples_per_step,
         **dpo_settings(config),  # a DPO run's objective and reference (nothing for other phases)
         **grpo_settings(config),  # a GRPO run's objective and sampling
+        **{key: value for group in groups for key, value in group.settings().items()},
     }
 
 
 def check_resume_settings(saved: dict[str, Any] | None, config: LoongForgeConfig, samples_per_step: int,
-                          checkpoint: Any) -> bool:
+                          checkpoint: Any, groups: Sequence[ParameterGroup] = ()) -> bool:
     """Refuse resuming ``checkpoint`` (trained with ``saved``) under different settings unless the config overrides.
 
     Returns whether the schedule must be rebuilt from the new config (the settings differ and
@@ -64,7 +69,10 @@ def check_resume_settings(saved: dict[str, Any] | None, config: LoongForgeConfig
     (written before LoongForge 0.2) cannot be compared and resumes as before."""
     if saved is None:
         return False
-    current = schedule_settings(config, samples_per_step)
+    current = schedule_settings(config, samples_per_step, groups)
+    # a group setting the checkpoint had and this config no longer sets is a change too
+    dropped = [key for key in saved if key not in current and any(key.startswith(f"{g.key}.") for g in groups)]
+    current.update(dict.fromkeys(dropped))
     changed = [key for key in current if not _same(saved.get(key), current[key])]
     if not changed:
         return False

@@ -235,7 +235,7 @@ def _build_trainer(
         reference = build_reference(kind, model, lambda: build_model_chunks(flavor, config, backend, layout,
                                                                             settings))
     model = _wrap_ddp(model, config, settings)
-    optimizer = build_optimizer(config, model, params_dtype=settings.params_dtype)
+    optimizer = build_optimizer(config, model, params_dtype=settings.params_dtype, groups=flavor.parameter_groups())
     _connect_schedule(model, optimizer)
     dp_rank = parallel_state.get_data_parallel_rank()
     decoder = decoder_flavor(flavor)
@@ -268,7 +268,7 @@ def _build_trainer(
         data=data,
         num_microbatches=num_microbatches,
         global_batch_size=global_batch,
-        checkpoints=RunCheckpoints(checkpoints, config, host, backend, metadata),
+        checkpoints=RunCheckpoints(checkpoints, config, host, backend, metadata, flavor.parameter_groups()),
         extra_inputs=flavor.extra_inputs,
         sample=lambda chunks: _sample(chunks, decoder, tokenizer, config, info.rank),
         validation=validation,

@@ -24,6 +24,7 @@ from loongforge_vlm.encoders.qwen_vit_flavors import QwenViTFlavor
 from loongforge_vlm.encoders.qwen_vit_flavors import num_params as qwen_vit_num_params
 from loongforge_vlm.encoders.siglip_flavors import SIGLIP_FLAVORS, SiglipFlavor
 from loongforge_vlm.encoders.siglip_flavors import num_params as siglip_num_params
+from loongforge_vlm.model.part_options import PartOptions, parameter_groups
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,9 @@ class VLMFlavor(ModelFamily):
     #: (set it with ``model.overrides.encoder_recompute: true``).
     encoder_recompute: bool = False
     vision_tokens_per_sample: int | None = None
+    #: How each part trains, by role (``model.<role>: {lr, min_lr, weight_decay, freeze, unfreeze_at_step}``, see
+    #: :mod:`loongforge_vlm.model.part_options`); a part not listed follows ``optimizer:``.
+    part_options: tuple[tuple[str, PartOptions], ...] = ()
 
     def __post_init__(self) -> None:
         width = self.foundation.hidden_size
@@ -161,6 +165,13 @@ class VLMFlavor(ModelFamily):
     def num_params(self, *, include_embeddings: bool = True) -> int:
         """Encoder, projector and language backbone (:func:`num_params`)."""
         return num_params(self, include_embeddings=include_embeddings)
+
+    def parameter_groups(self) -> tuple[Any, ...]:
+        """One group per part with its :attr:`part_options`: the projector first (a Qwen ViT's patch merger lives
+        inside the encoder module, ``encoder.merger``), then the encoder, then the language backbone."""
+        projector = ("encoder.merger.*",) if isinstance(self.encoder, QwenViTFlavor) else ("projector.*",)
+        roles = {"projector": projector, "encoder": ("encoder.*",), "foundation": ("language_model.*",)}
+        return parameter_groups(roles, self.part_options)
 
     def planner_parts(self, config: Any) -> tuple[Any, ...]:
         """The vision encoder + projector as the layout planner's first-stage part, sized for

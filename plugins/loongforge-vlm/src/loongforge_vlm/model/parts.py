@@ -3,9 +3,10 @@
 Each part is a registered name (``siglip-tiny``, ``qwen3-tiny``), a mapping naming one plus field overrides
 (``{name: llama-debug, num_layers: 4}``), or -- for a part the model already has -- a mapping of overrides alone.
 The projector is ``mlp`` (with optional ``merge``/``hidden_dim``), a mapping of those fields, or
-``patch-merger`` (the Qwen ViT's own merger). Widths follow the backbone: a swapped ``foundation`` resizes the
-projector's output (the MLP's, or the Qwen merger's ``out_dim``), which is what makes "swap the LLM" a one-line
-change. Torch-free, like the flavors.
+``patch-merger`` (the Qwen ViT's own merger). A part's mapping may also carry how it trains (``lr``, ``freeze``,
+``unfreeze_at_step`` ...: :mod:`loongforge_vlm.model.part_options`). Widths follow the backbone: a swapped
+``foundation`` resizes the projector's output (the MLP's, or the Qwen merger's ``out_dim``), which is what makes
+"swap the LLM" a one-line change. Torch-free, like the flavors.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ def _projector(value: Any, encoder: Any, where: str) -> Any:
     from loongforge_vlm.model.flavors import MlpProjectorFlavor
 
     location = f"model.projector in {where}"
+    if isinstance(value, dict) and set(value) == {"name"}:  # {name: ...}: what a mapping with options leaves
+        value = value["name"]
     if value == "patch-merger":
         if not isinstance(encoder, QwenViTFlavor):
             raise ConfigError(f"{location}: 'patch-merger' is the Qwen ViT's own projector; a SigLIP encoder needs "
@@ -72,7 +75,11 @@ def compose_parts(base: Any, parts: dict[str, Any], *, registry: Any, where: str
     """``base`` (a :class:`VLMFlavor`, or ``None`` for parts alone) with ``parts`` replaced; ``defaults`` fill the
     fields a model composed from nothing needs (token ids)."""
     from loongforge_vlm.model.flavors import VLMFlavor
+    from loongforge_vlm.model.part_options import split_options
 
+    split = {role: split_options(role, value, where) for role, value in parts.items()}
+    options = {**dict(getattr(base, "part_options", ())), **{role: o for role, (_, o) in split.items() if o}}
+    parts = {role: value for role, (value, _) in split.items() if value is not None}
     encoder = _named("encoder", parts["encoder"], getattr(base, "encoder", None), registry, where,
                      (QwenViTFlavor, SiglipFlavor)) if "encoder" in parts else getattr(base, "encoder", None)
     foundation = _named("foundation", parts["foundation"], getattr(base, "foundation", None), registry, where,
@@ -89,9 +96,12 @@ def compose_parts(base: Any, parts: dict[str, Any], *, registry: Any, where: str
     if isinstance(encoder, QwenViTFlavor) and encoder.out_dim != foundation.hidden_size:
         encoder = encoder.with_overrides(out_dim=foundation.hidden_size)  # the merger projects to the backbone
     fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(VLMFlavor)} if base is not None else {}
-    # A model with swapped parts no longer has a Hugging Face layout to convert to.
     fields = {**defaults, **fields, "encoder": encoder, "foundation": foundation, "projector": projector,
-              "hf_architecture": None}
+              "part_options": tuple(options.items())}
+    if parts:  # a model with swapped parts no longer has a Hugging Face layout to convert to (options alone keep it)
+        fields["hf_architecture"] = None
+    if "encoder" in options and options["encoder"].recompute is not None:
+        fields["encoder_recompute"] = options["encoder"].recompute
     try:
         return VLMFlavor(**fields)
     except ConfigError as exc:
