@@ -13,14 +13,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from megatron.core.optimizer import (
-    OptimizerConfig,
-    ParamKey,
-    ParamPredicate,
-    get_megatron_optimizer,
-    get_standard_config_overrides,
-)
-from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler, ParamGroupOverride
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import ConfigError
@@ -35,13 +29,14 @@ def build_optimizer(config: LoongForgeConfig, model_chunks: list[Any], *, params
     ``groups`` (the family's :meth:`~loongforge.models.family.ModelFamily.parameter_groups`) get their own settings."""
     settings = optimizer_config(config, params_dtype)
     overrides = group_overrides(config, settings, model_chunks, groups)
-    optimizer = get_megatron_optimizer(settings, model_chunks, config_overrides=overrides)
+    extra = {} if overrides is None else {"config_overrides": overrides}  # megatron-core 0.15 has no such argument
+    optimizer = get_megatron_optimizer(settings, model_chunks, **extra)
     fuse_cpu_adamw(optimizer)
     return optimizer
 
 
 def group_overrides(config: LoongForgeConfig, settings: OptimizerConfig, model_chunks: list[Any],
-                    groups: Sequence[ParameterGroup]) -> dict[ParamKey, ParamGroupOverride] | None:
+                    groups: Sequence[ParameterGroup]) -> dict[Any, Any] | None:
     """megatron's per-parameter overrides for the tuned, trained ``groups`` on top of its standard ones (no weight
     decay on biases and norms); ``None`` (megatron's standard ones alone) when there are none. Parameters are
     matched by their TP=1/PP=1 names, resolved here once, so a group means the same parameters on every layout."""
@@ -51,6 +46,14 @@ def group_overrides(config: LoongForgeConfig, settings: OptimizerConfig, model_c
     tuned = [group for group in groups if group.tuned and not group.frozen]
     if not tuned:
         return None
+    try:  # per-parameter overrides arrived in megatron-core 0.16
+        from megatron.core.optimizer import ParamKey, ParamPredicate, get_standard_config_overrides
+        from megatron.core.optimizer_param_scheduler import ParamGroupOverride
+    except ImportError as error:
+        import megatron.core
+
+        raise ConfigError(f"{tuned[0].key}: per-part lr/min_lr/weight_decay/unfreeze_at_step need megatron-core >= "
+                          f"0.16 (installed: {megatron.core.__version__})") from error
     owner: dict[int, str] = {}
     for chunk in model_chunks:
         for name, param in global_parameters(unwrap_model(chunk)):
