@@ -84,10 +84,10 @@ def test_recorder_writes_each_episode_under_its_outcome(tmp_path, video_format):
     recorder = RolloutRecorder(tmp_path, size=16, format=video_format)
     env = PaintedEnv()
     for _ in range(4):
-        recorder.capture(env)
+        recorder.capture(env, 3)
     first = recorder.finish(3, True)
-    recorder.capture(env)
-    recorder.capture(env)
+    recorder.capture(env, 4)
+    recorder.capture(env, 4)
     second = recorder.finish(4, False)
     assert (first.name, second.name) == (f"episode-003-success.{video_format}", f"episode-004-failure.{video_format}")
     if video_format == "gif":
