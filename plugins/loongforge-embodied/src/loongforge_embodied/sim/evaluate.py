@@ -3,16 +3,20 @@
 ``loongforge eval CKPT --env reach-v3 --seeds 20 --first-seed 1000`` runs, for each seed
 ``first_seed ... first_seed + seeds - 1``: reset the seeded episode, ask the policy for an action chunk, execute
 its first ``--replan`` actions (receding horizon), ask again, until the task reports success or ``--max-steps``
-steps have run. The policy is the checkpoint loaded in this process, or with ``loongforge eval ws://host:port`` a
+steps have run. ``--batch E`` (default 8) runs E seeds side by side, the policy acting on all of them in one call
+per chunk (:func:`run_episodes`); every episode's numbers are those it has alone. The policy is the checkpoint
+loaded in this process, or with ``loongforge eval ws://host:port`` a
 policy server (:mod:`loongforge_embodied.sim.server`); both give the same numbers. ``--baseline random`` also runs
 uniform random actions on the same seeds (chance level); ``loongforge eval random`` runs them alone.
 
 What it leaves in ``--out DIR`` (default ``metaworld-eval-<env>``): ``summary.json`` with, per evaluated policy,
 the episode count, successes, success rate, mean return and mean length and one row per episode (seed, success,
 steps, return, video); the same rows are printed as a table. With ``--videos`` (or ``--video-dir``) every episode
-of the evaluated policy -- the random baseline's only when it runs alone -- is also filmed from one camera
-(:mod:`loongforge_embodied.sim.recording`) as ``videos/episode-000-success.mp4`` and so on. A progress line per
-episode carries the running success rate.
+of the evaluated policy is also filmed from one camera (:mod:`loongforge_embodied.sim.recording`) as
+``videos/episode-000-success.mp4`` and so on, the random baseline's beside them in ``videos/random/`` (in
+``videos/`` when it runs alone). A progress line per episode carries the running success rate. The totals go to the
+experiment trackers too (``--trackers``, opened in ``--out``) as ``eval/<policy|random>/<metric>`` at the
+checkpoint's training step.
 
 Sampling noise is seeded per chunk from (``--sample-seed``, episode seed, step): a rerun reproduces every action,
 and recording videos does not change them.

@@ -147,8 +147,9 @@ class MetaWorldEnv:
 
     @property
     def max_steps(self) -> int:
-        """Meta-World's episode limit (500 steps); stepping further raises."""
-        return int(self._simulator().max_path_length)
+        """Meta-World's episode limit (500 steps); stepping further raises. A class attribute: read without a
+        simulator."""
+        return int(self._cls.max_path_length)
 
     def _simulator(self) -> Any:
         """The current simulator; before the first :meth:`reset`, seed 0's (built once, kept until a reset)."""
