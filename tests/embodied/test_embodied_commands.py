@@ -84,10 +84,10 @@ def test_recorder_writes_each_episode_under_its_outcome(tmp_path, video_format):
     recorder = RolloutRecorder(tmp_path, size=16, format=video_format)
     env = PaintedEnv()
     for _ in range(4):
-        recorder.capture(env)
+        recorder.capture(env, 3)
     first = recorder.finish(3, True)
-    recorder.capture(env)
-    recorder.capture(env)
+    recorder.capture(env, 4)
+    recorder.capture(env, 4)
     second = recorder.finish(4, False)
     assert (first.name, second.name) == (f"episode-003-success.{video_format}", f"episode-004-failure.{video_format}")
     if video_format == "gif":
@@ -110,6 +110,12 @@ def test_recorder_writes_each_episode_under_its_outcome(tmp_path, video_format):
     (["--env", "no-such-v3"], "unknown Meta-World task 'no-such-v3'; known: assembly-v3, "),
     (["--replan", "0"], "--replan 0 must be between 1 and the policy's horizon 10"),
     (["--max-steps", "501"], "--max-steps 501 must be between 1 and Meta-World's limit 500"),
+    (["--seeds", "0"], "--seeds 0 must be at least 1 (the number of episodes)"),
+    (["--first-seed", "-1"], "--first-seed -1 --seeds 1 gives seeds -1..-1; Meta-World seeds must lie in 0.."),
+    (["--first-seed", str(2**32 - 1), "--seeds", "2"], f"--first-seed {2**32 - 1} --seeds 2 gives seeds"),
+    (["--batch", "0"], "--batch 0 must be at least 1 (episodes run side by side)"),
+    (["--threads", "0"], "--threads 0 must be at least 1"),
+    (["--trackers", "neptune"], "--trackers: unknown tracker 'neptune'; known: csv, mlflow, tensorboard, wandb"),
 ])
 def test_eval_option_errors_are_one_line(tmp_path, capsys, options, error):
     assert main(["eval", "random", "--seeds", "1", "--out", str(tmp_path / "eval"), *options]) == 2

@@ -5,6 +5,7 @@ by its outcome, next to a ``summary.json`` whose numbers are the printed table's
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -100,18 +101,28 @@ def test_one_mp4_per_episode_and_a_summary_that_matches_the_table(mp4_run):
 
 
 def test_gif_videos_elsewhere_show_the_same_episodes(mp4_run, metaworld_checkpoint, tmp_path):
-    """``--video-format gif --video-dir DIR --baseline random``: GIFs of the policy's episodes (not the baseline's)
-    in DIR with the same frames as the mp4 run, and episodes equal to an evaluation that renders nothing."""
+    """``--video-format gif --video-dir DIR --baseline random --batch 1 --trackers csv``: GIFs of the policy's
+    episodes in DIR with the same frames as the mp4 run (which ran its episodes side by side), the baseline's in
+    DIR/random, episodes equal to an evaluation that renders nothing, and both policies' totals in the tracker at
+    the checkpoint's step."""
     mp4_out, mp4_summary, _ = mp4_run
     videos = tmp_path / "gifs"
     run_eval(metaworld_checkpoint, tmp_path / "eval", "--video-format", "gif", "--video-dir", str(videos),
-             "--baseline", "random")
+             "--baseline", "random", "--batch", "1", "--trackers", "csv")
     summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
     assert set(summary) == {"policy", "random"}
-    assert all("video" not in row for row in summary["random"]["per_episode"])
     assert summary["random"]["episodes"] == SEEDS and summary["random"]["successes"] == 0
+    for row in summary["random"]["per_episode"]:  # the baseline is filmed too, beside the policy
+        assert Path(row["video"]).parent == videos / "random"
+        assert gif_frames(Path(row["video"])).shape == (row["steps"] + 1, SIZE, SIZE, 3)
+    with open(tmp_path / "eval" / "metrics.csv", newline="") as handle:
+        (logged,) = list(csv.DictReader(handle))
+    assert logged["step"] == "4"  # the checkpoint was trained 4 steps
+    for name in ("policy", "random"):
+        for metric in ("success_rate", "mean_return", "mean_length", "episodes"):
+            assert float(logged[f"eval/{name}/{metric}"]) == pytest.approx(summary[name][metric])
     rows = summary["policy"]["per_episode"]
-    assert sorted(p.name for p in videos.iterdir()) == [
+    assert sorted(p.name for p in videos.iterdir() if p.is_file()) == [
         f"episode-{i:03d}-{'success' if row['success'] else 'failure'}.gif" for i, row in enumerate(rows)]
     for row, mp4_row in zip(rows, mp4_summary["policy"]["per_episode"], strict=True):
         assert Path(row["video"]).parent == videos  # outside --out: given as written
@@ -120,11 +131,13 @@ def test_gif_videos_elsewhere_show_the_same_episodes(mp4_run, metaworld_checkpoi
         # the same rendering, through a 256-colour palette on one side and H.264 on the other
         mp4 = mp4_frames(mp4_out / mp4_row["video"])
         assert np.abs(gif.astype(float) - mp4).mean() < 6
-    # recording (in any format) does not change what the policy does: the same episodes as the mp4 run's, and as
-    # an evaluation that renders nothing (in this process, whose thread count may move the last bits of a return)
-    without_video = [{k: v for k, v in row.items() if k != "video"} for row in rows]
-    assert without_video == [{k: v for k, v in row.items() if k != "video"}
-                             for row in mp4_summary["policy"]["per_episode"]]
+    # recording (in any format) does not change what the policy does: the same episodes as the mp4 run's (side by
+    # side there, so a batched matmul may move the last bits of a return), and as an evaluation that renders nothing
+    # (in this process, whose thread count may too)
+    mp4_rows = mp4_summary["policy"]["per_episode"]
+    assert [(r["seed"], r["success"], r["steps"]) for r in rows] == [
+        (r["seed"], r["success"], r["steps"]) for r in mp4_rows]
+    assert [r["return"] for r in rows] == pytest.approx([r["return"] for r in mp4_rows], rel=1e-6)
     plain = evaluate(CheckpointPolicy(metaworld_checkpoint, steps=2), "reach-v3",
                      list(range(FIRST_SEED, FIRST_SEED + SEEDS)), replan=REPLAN, max_steps=MAX_STEPS)
     assert [(r["seed"], r["success"], r["steps"]) for r in plain["per_episode"]] == [

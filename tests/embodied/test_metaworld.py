@@ -4,6 +4,7 @@ through the server exactly as in-process, and the random baseline."""
 
 from __future__ import annotations
 
+import csv
 import json
 
 import numpy as np
@@ -13,8 +14,8 @@ from loongforge_embodied.data.lerobot_dataset import LeRobotDataset
 from loongforge_embodied.sim.client import PolicyClient, PolicyServerError
 from loongforge_embodied.sim.collect import REPORT_PATH, CollectError, collect
 from loongforge_embodied.sim.evaluate import chunk_seed, evaluate
-from loongforge_embodied.sim.metaworld_env import MetaWorldEnv
-from loongforge_embodied.sim.policy import CheckpointPolicy, RandomPolicy
+from loongforge_embodied.sim.metaworld_env import MetaWorldEnv, expert
+from loongforge_embodied.sim.policy import CheckpointPolicy, RandomPolicy, act_each
 from loongforge_embodied.sim.protocol import pack, unpack
 from policy_serving import serving
 from websockets.sync.client import connect
@@ -96,8 +97,14 @@ def test_server_answers_like_the_policy_and_reports_errors():
 def test_random_baseline_command(tmp_path):
     out = tmp_path / "eval"
     assert main(["eval", "random", "--seeds", "2", "--first-seed", "1000", "--max-steps", "6", "--replan", "4",
-                 "--out", str(out)]) == 0
+                 "--out", str(out), "--trackers", "csv"]) == 0
     report = json.loads((out / "summary.json").read_text())
+    # the totals reach the tracker, at step 0 (no checkpoint)
+    with open(out / "metrics.csv", newline="") as handle:
+        (logged,) = list(csv.DictReader(handle))
+    assert {key: float(value) for key, value in logged.items()} == {
+        "step": 0.0, **{f"eval/random/{metric}": float(report["random"][metric])
+                        for metric in ("success_rate", "mean_return", "mean_length", "episodes")}}
     assert set(report) == {"random"}
     assert report["random"]["seeds"] == [1000, 1001] and report["random"]["success_rate"] == 0.0
     assert report["random"]["episodes"] == 2 and report["random"]["mean_length"] == 6.0
@@ -118,15 +125,60 @@ def test_random_baseline_through_server_equals_in_process():
 
 
 def test_policy_through_server_equals_in_process(metaworld_checkpoint, metaworld_recorded):
+    """In process and through the server, side by side (``batch``) and one at a time: the same episodes."""
     policy = CheckpointPolicy(metaworld_checkpoint, steps=2)
     meta = policy.metadata
     assert (meta["action_dim"], meta["horizon"], meta["state_dim"], meta["cameras"]) == (4, 4, 39, [])
-    first = LeRobotDataset(metaworld_recorded.root)[0]
+    assert meta["train_step"] == 4  # the trackers log the results at the checkpoint's step
+    dataset = LeRobotDataset(metaworld_recorded.root)
+    first = dataset[0]
     chunk = policy.act(first["task"], first["observation.state"], seed=5)
     assert chunk.shape == (4, 4) and np.isfinite(chunk).all()
-    local = evaluate(policy, ENV, [1000, 1001], replan=2, max_steps=10)
+    # a batch of observations, each with its own seed: each chunk is the one it gets alone (float rounding apart)
+    frames = [dataset[i] for i in (0, 7, 30)]
+    batched = policy.act_batch(first["task"], np.stack([f["observation.state"] for f in frames]), [{}] * 3, [5, 6, 7])
+    alone = [policy.act(first["task"], f["observation.state"], seed=s) for f, s in zip(frames, (5, 6, 7), strict=True)]
+    np.testing.assert_allclose(batched, np.stack(alone), rtol=0, atol=1e-5)
+    assert np.abs(batched[0] - batched[1]).max() > 1e-2  # the seeds (and states) matter
+    seeds = [1000, 1001, 1002]
+    local = evaluate(policy, ENV, seeds, replan=2, max_steps=10, batch=3)
+    serial = evaluate(policy, ENV, seeds, replan=2, max_steps=10, batch=1)
     with serving(policy) as url, PolicyClient(url) as client:
         np.testing.assert_array_equal(client.act(first["task"], first["observation.state"], seed=5), chunk)
-        remote = evaluate(client, ENV, [1000, 1001], replan=2, max_steps=10)
-    assert local["per_episode"] == remote["per_episode"]
+        remote = evaluate(client, ENV, seeds, replan=2, max_steps=10, batch=2)
+    assert [(e["seed"], e["success"], e["steps"]) for e in local["per_episode"]] == [
+        (e["seed"], e["success"], e["steps"]) for e in serial["per_episode"]]
+    assert [e["return"] for e in local["per_episode"]] == pytest.approx(
+        [e["return"] for e in serial["per_episode"]], rel=1e-6)
+    # the server acts on one observation at a time, as the serial evaluation does: bit for bit its episodes
+    assert remote["per_episode"] == serial["per_episode"]
     assert all(e["steps"] == 10 or e["success"] for e in local["per_episode"])
+
+
+class ExpertChunks:
+    """Meta-World's scripted expert as a chunking policy: each chunk is the expert's action for the observation
+    plus noise drawn from the chunk's seed, so episodes succeed at different steps and every action depends on
+    the seed the evaluator hands that episode's chunk."""
+
+    def __init__(self, horizon: int = 4) -> None:
+        self.metadata = {**RandomPolicy(horizon=horizon).metadata, "model": "noisy-expert"}
+        self.expert = expert(ENV)
+
+    def act(self, task, state, images=None, *, seed=0):
+        noise = np.random.default_rng(seed).normal(0.0, 0.5, (self.metadata["horizon"], 4))
+        return np.clip(self.expert(np.asarray(state, np.float64)) + noise, -1.0, 1.0)
+
+    def act_batch(self, task, states, images, seeds):
+        return act_each(self.act, task, states, images, seeds)
+
+
+def test_side_by_side_episodes_are_the_serial_episodes():
+    """Episodes that end at different steps: a finished one's simulator starts the next seed while the others go
+    on, and every episode is still exactly the one it is alone (same actions, so the same success, length and
+    return to the last bit)."""
+    seeds = [1000, 1001, 1003]  # 1001 succeeds first, so 1003 starts while 1000 goes on (and fails)
+    serial = evaluate(ExpertChunks(), ENV, seeds, replan=3, max_steps=60, batch=1)
+    batched = evaluate(ExpertChunks(), ENV, seeds, replan=3, max_steps=60, batch=2)
+    assert batched["per_episode"] == serial["per_episode"]
+    assert (batched["successes"], batched["mean_return"]) == (serial["successes"], serial["mean_return"])
+    assert [(row["success"], row["steps"]) for row in serial["per_episode"]] == [(False, 60), (True, 51), (True, 48)]

@@ -34,6 +34,7 @@ the task's state (normaliser, dimensions, cameras, horizon; see :meth:`PolicyTas
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -257,18 +258,26 @@ class PolicyTask(TaskBase):
     # -- acting and evaluation -------------------------------------------------------------------------------
     @torch.no_grad()
     def act(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], *, steps: int = 10,
-            seed: int = 0) -> np.ndarray:
+            seed: int | Sequence[int] = 0) -> np.ndarray:
         """(B, H, action_dim) action chunks in the dataset's units for batched ``inputs`` (stacked
         :meth:`observation_inputs`): the flavor's Euler integration over ``steps`` steps from noise seeded by
-        ``seed``, then unnormalised (float64)."""
+        ``seed``, then unnormalised (float64). A sequence of B seeds seeds each sample's noise on its own, so a
+        sample's chunk does not depend on what else is in the batch (a batched closed-loop evaluation acts as a
+        serial one); an integer seeds the whole batch's noise at once."""
         if self.normalizer is None:
             raise ConfigError("the policy task has no normaliser yet: call build_dataset(), or load the task from a "
                               "checkpoint (loongforge.train.task_checkpoint.load_task_model)")
         device = next(model.parameters()).device
         inputs = {key: value.to(device) for key, value in inputs.items()}
         batch = next(iter(inputs.values())).shape[0]
-        noise = torch.randn(batch, self.action_horizon, self.flavor.max_action_dim,
-                            generator=torch.Generator().manual_seed(seed)).to(device)
+        shape = (self.action_horizon, self.flavor.max_action_dim)
+        if isinstance(seed, int):
+            noise = torch.randn(batch, *shape, generator=torch.Generator().manual_seed(seed))
+        else:
+            if len(seed) != batch:
+                raise ValueError(f"{len(seed)} seeds for a batch of {batch} observations")
+            noise = torch.stack([torch.randn(shape, generator=torch.Generator().manual_seed(s)) for s in seed])
+        noise = noise.to(device)
         chunks = self.flow.euler_sample(lambda x, t: model(inputs, x, t), noise, steps)
         return self.normalizer.unnormalize(ACTION, chunks[..., :self.action_dim].double().cpu().numpy())
 

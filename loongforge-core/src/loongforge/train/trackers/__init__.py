@@ -28,7 +28,7 @@ from loongforge.errors import ConfigError, LoongForgeError
 if TYPE_CHECKING:
     import numpy as np
 
-    from loongforge.config.schema import LoongForgeConfig
+    from loongforge.config.schema import LoggingConfig, LoongForgeConfig
 
 #: What a hyper-parameter value may be once the config is flattened (``section.key``): what every tracker takes.
 Scalar = bool | int | float | str
@@ -102,26 +102,37 @@ def tracker_names(config: LoongForgeConfig) -> list[str]:
 def validate_trackers(config: LoongForgeConfig) -> None:
     """Refuse an unknown tracker name, or one whose package is not installed, in one line naming the key."""
     for name in tracker_names(config):
-        kind = TRACKERS.get(name)
-        if kind is None:
-            raise ConfigError(f"{config.source}: logging.trackers: unknown tracker '{name}'; known: "
-                              f"{', '.join(sorted(TRACKERS))}")
-        if kind.extra and importlib.util.find_spec(kind.package) is None:
-            raise ConfigError(f"{config.source}: logging.trackers: '{name}' needs the {kind.package} package: "
-                              f"pip install 'loongforge-core[{kind.extra}]'")
+        check_tracker(name, where=f"{config.source}: logging.trackers")
+
+
+def check_tracker(name: str, *, where: str) -> None:
+    """Refuse tracker ``name`` when it is unknown or its package is missing; ``where`` names the setting that gave
+    it (a config key, a command-line option) at the start of the one-line error."""
+    kind = TRACKERS.get(name)
+    if kind is None:
+        raise ConfigError(f"{where}: unknown tracker '{name}'; known: {', '.join(sorted(TRACKERS))}")
+    if kind.extra and importlib.util.find_spec(kind.package) is None:
+        raise ConfigError(f"{where}: '{name}' needs the {kind.package} package: pip install "
+                          f"'loongforge-core[{kind.extra}]'")
 
 
 def open_trackers(config: LoongForgeConfig, *, start_step: int) -> Trackers:
     """The run's trackers (rank 0 only: other ranks pass none to :class:`Trackers`), opened in ``run.output_dir``;
     ``start_step`` is where a resumed run goes on (a file-based tracker drops what a killed run wrote after it)."""
     validate_trackers(config)
-    output_dir = Path(config.run.output_dir)
+    return open_named_trackers(tracker_names(config), Path(config.run.output_dir), config.logging,
+                               start_step=start_step)
+
+
+def open_named_trackers(names: Sequence[str], output_dir: Path, logging: LoggingConfig, *,
+                        start_step: int) -> Trackers:
+    """Trackers ``names`` (already checked, see :func:`check_tracker`) opened in ``output_dir`` with ``logging``'s
+    settings: what a run opens, and what a command that is not a run (``loongforge eval``) opens for its results."""
     opened: dict[str, Tracker] = {}
     try:
-        for name in tracker_names(config):
+        for name in names:
             module, _, cls = TRACKERS[name].target.partition(":")
-            opened[name] = getattr(importlib.import_module(module), cls)(output_dir, config.logging,
-                                                                         start_step=start_step)
+            opened[name] = getattr(importlib.import_module(module), cls)(output_dir, logging, start_step=start_step)
     except BaseException:
         Trackers(opened).close()
         raise

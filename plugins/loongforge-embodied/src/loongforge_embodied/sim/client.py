@@ -7,7 +7,7 @@ server sees exactly the numbers the caller has.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -15,6 +15,7 @@ from loongforge.errors import LoongForgeError
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import connect
 
+from loongforge_embodied.sim.policy import act_each
 from loongforge_embodied.sim.protocol import PROTOCOL, pack, unpack
 
 #: Largest reply accepted (metadata, an action chunk: kilobytes).
@@ -67,6 +68,12 @@ class PolicyClient:
         except ConnectionClosed as closed:
             raise self._closed(closed) from None
         return np.asarray(self._receive()["actions"], dtype=np.float64)
+
+    def act_batch(self, task: str, states: np.ndarray, images: Sequence[Mapping[str, np.ndarray]],
+                  seeds: Sequence[int]) -> np.ndarray:
+        """(E, H, A) chunks, one request per observation (the protocol carries one observation a request; the
+        server batches nothing, so this costs what E ``act`` calls cost)."""
+        return act_each(self.act, task, states, images, seeds)
 
     def _receive(self) -> dict[str, Any]:
         """The next message; a server error or a closed connection raises :class:`PolicyServerError`."""

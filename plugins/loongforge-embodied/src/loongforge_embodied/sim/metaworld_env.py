@@ -135,12 +135,27 @@ class MetaWorldEnv:
         self._cls = envs[key]
         #: One MuJoCo renderer per image side (the policy's cameras and a video may differ), made on first use.
         self._renderers: dict[int, Any] = {}
-        self._env: Any = self._make(0)
+        #: The simulator, built by :meth:`reset` (a build compiles the MuJoCo model: ~0.2 s, the bulk of a short
+        #: episode, so none is built before an episode needs it).
+        self._env: Any = None
         self._started = False
-        #: Control frequency: one action every ``frame_skip`` physics steps (80 Hz for every v3 task).
-        self.fps = round(1.0 / self._env.dt)
-        #: Meta-World's episode limit (500 steps); stepping further raises.
-        self.max_steps = int(self._env.max_path_length)
+
+    @property
+    def fps(self) -> int:
+        """Control frequency: one action every ``frame_skip`` physics steps (80 Hz for every v3 task)."""
+        return round(1.0 / self._simulator().dt)
+
+    @property
+    def max_steps(self) -> int:
+        """Meta-World's episode limit (500 steps); stepping further raises. A class attribute: read without a
+        simulator."""
+        return int(self._cls.max_path_length)
+
+    def _simulator(self) -> Any:
+        """The current simulator; before the first :meth:`reset`, seed 0's (built once, kept until a reset)."""
+        if self._env is None:
+            self._env = self._make(0)
+        return self._env
 
     def reset(self, seed: int) -> Observation:
         """Start the episode of ``seed`` (a fresh simulator, so nothing carries over from earlier episodes)."""
@@ -187,11 +202,11 @@ class MetaWorldEnv:
                                  f"rendering off; {GL_HINT}")
         if size not in self._renderers:
             try:
-                self._renderers[size] = mujoco.Renderer(self._env.model, size, size)
+                self._renderers[size] = mujoco.Renderer(self._simulator().model, size, size)
             except Exception as err:  # mujoco raises plain Exceptions for a missing GL platform
                 raise MetaWorldError(f"cannot render Meta-World cameras ({' '.join(str(err).split())}); "
                                      f"{GL_HINT}") from err
         renderer = self._renderers[size]
-        renderer.update_scene(self._env.data, camera=camera)
+        renderer.update_scene(self._simulator().data, camera=camera)
         image = renderer.render()
         return np.ascontiguousarray(image[::-1, ::-1] if camera.startswith("corner") else image)

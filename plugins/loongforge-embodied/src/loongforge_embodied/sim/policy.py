@@ -1,13 +1,15 @@
 """Things that act: a trained checkpoint in this process, or uniform random actions (the baseline).
 
-Both answer ``act(task, state, images, seed) -> (H, A) actions`` and carry ``metadata`` (what the policy server
-sends on connect), so the evaluator, the server and :class:`~loongforge_embodied.sim.client.PolicyClient` use
-them interchangeably.
+Both answer ``act(task, state, images, seed) -> (H, A) actions`` for one observation and ``act_batch(task, states,
+images, seeds) -> (E, H, A)`` for E observations at once (what a batched closed-loop evaluation asks each step), and
+carry ``metadata`` (what the policy server sends on connect), so the evaluator, the server and
+:class:`~loongforge_embodied.sim.client.PolicyClient` use them interchangeably. Each observation of a batch has its
+own seed, so its chunk is the one ``act`` gives it alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,24 +32,36 @@ class CheckpointPolicy:
         from loongforge.train.task_checkpoint import load_task_model
 
         self.task, self.model, self.path = load_task_model(checkpoint, trust_code=trust_code)
+        config = load_config(self.path / CONFIG_YAML)
+        #: The run's logging settings (its trackers), for where ``loongforge eval`` logs the results.
+        self.logging = config.logging
         self.steps = steps
         state = self.task.state_dict()
         if "action_dim" not in state:
             raise ValueError(f"{self.path} holds no normaliser stats or dimensions (saved before the policy task "
                              "stored them); retrain, or resume it for a step, to act with it")
         self.metadata = {
-            "type": "metadata", "protocol": PROTOCOL, "model": load_config(self.path / CONFIG_YAML).model.name,
+            "type": "metadata", "protocol": PROTOCOL, "model": config.model.name,
             "checkpoint": str(self.path), "action_dim": int(state["action_dim"]),
             "horizon": int(state["action_horizon"]), "state_dim": int(state["state_dim"]),
             "cameras": list(state["camera_keys"]), "image_size": int(self.task.flavor.image_size), "steps": steps,
+            "train_step": int(state["steps"]),
         }
 
     def act(self, task: str, state: np.ndarray, images: Mapping[str, np.ndarray] | None = None, *,
             seed: int = 0) -> np.ndarray:
         """One (H, A) action chunk for one observation, in the dataset's units (seeded sampling noise)."""
-        inputs = self.task.observation_inputs(task, np.asarray(state), dict(images or {}))
-        batch = {key: value[None] for key, value in inputs.items()}
-        return np.asarray(self.task.act(self.model, batch, steps=self.steps, seed=seed))[0]
+        return self.act_batch(task, np.asarray(state)[None], [images or {}], [seed])[0]
+
+    def act_batch(self, task: str, states: np.ndarray, images: Sequence[Mapping[str, np.ndarray]],
+                  seeds: Sequence[int]) -> np.ndarray:
+        """(E, H, A) chunks for E observations in one forward pass per Euler step, each from its own seed."""
+        import torch
+
+        items = [self.task.observation_inputs(task, np.asarray(state), dict(views))
+                 for state, views in zip(states, images, strict=True)]
+        batch = {key: torch.stack([item[key] for item in items]) for key in items[0]}
+        return np.asarray(self.task.act(self.model, batch, steps=self.steps, seed=list(seeds)))
 
 
 class RandomPolicy:
@@ -67,3 +81,14 @@ class RandomPolicy:
             seed: int = 0) -> np.ndarray:
         shape = (self.metadata["horizon"], self.metadata["action_dim"])
         return np.random.default_rng(seed).uniform(-1.0, 1.0, shape).astype(np.float32)
+
+    def act_batch(self, task: str, states: np.ndarray, images: Sequence[Mapping[str, np.ndarray]],
+                  seeds: Sequence[int]) -> np.ndarray:
+        return act_each(self.act, task, states, images, seeds)
+
+
+def act_each(act: Callable[..., np.ndarray], task: str, states: np.ndarray,
+             images: Sequence[Mapping[str, np.ndarray]], seeds: Sequence[int]) -> np.ndarray:
+    """``act_batch`` of a policy that acts on one observation at a time: ``act`` on each, stacked."""
+    return np.stack([act(task, state, views, seed=seed) for state, views, seed in zip(states, images, seeds,
+                                                                                         strict=True)])

@@ -14,7 +14,7 @@ default 20 fps plays a rollout four times slower than real time and shows every 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -53,19 +53,24 @@ class RolloutRecorder:
     size: int = 128
     fps: int = 20
     format: str = "mp4"
-    _frames: list[np.ndarray] = field(default_factory=list, init=False, repr=False)
+    #: Frames of the episodes being filmed, by episode index (a batched evaluation films several at once).
+    _frames: dict[int, list[np.ndarray]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.format not in VIDEO_FORMATS:
             raise ValueError(f"video format must be one of {VIDEO_FORMATS}, got {self.format!r}")
 
-    def capture(self, env: MetaWorldEnv) -> None:
-        """Add the simulator's current frame (call after the reset and after each step)."""
-        self._frames.append(env.render(self.camera, self.size))
+    def beside(self, name: str) -> RolloutRecorder:
+        """A recorder with the same settings writing into ``<directory>/<name>`` (a baseline's episodes next to
+        the policy's)."""
+        return replace(self, directory=self.directory / name)
+
+    def capture(self, env: MetaWorldEnv, index: int) -> None:
+        """Add ``env``'s current frame to episode ``index`` (call after the reset and after each step)."""
+        self._frames.setdefault(index, []).append(env.render(self.camera, self.size))
 
     def finish(self, index: int, success: bool) -> Path:
-        """Write the captured episode as episode ``index`` and start a new one; returns the file."""
+        """Write the frames captured for episode ``index`` and forget them; returns the file."""
         path = self.directory / f"episode-{index:03d}-{'success' if success else 'failure'}.{self.format}"
-        write_rollout(path, np.stack(self._frames), self.fps)
-        self._frames = []
+        write_rollout(path, np.stack(self._frames.pop(index)), self.fps)
         return path
