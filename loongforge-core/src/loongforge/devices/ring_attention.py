@@ -172,7 +172,7 @@ class _RingAttention(torch.autograd.Function):
         # Softmax backward: dS = P * (dP - rowsum(dO * O)), with P recomputed from the merged log-sum-exp.
         delta = (dout * out).sum(dim=-1)
         dq = torch.zeros_like(q)
-        # The gradient of the K/V block currently held (fp32 sums); it travels the ring with its block.
+        # The gradient of the K/V block currently held (summed in the compute dtype); it travels with its block.
         dkv = [torch.zeros_like(t, dtype=dtype) for t in kv]
         for step in range(size):
             source = (rank - step) % size
