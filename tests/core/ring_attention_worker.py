@@ -1,4 +1,5 @@
-"""Worker for tests/core/test_ring_attention.py (run by torchrun, 4 gloo processes; prints one JSON line per case).
+"""Worker for tests/core/test_ring_attention.py (run by torchrun, 4 gloo processes; rank 0 prints one JSON line per
+case and rank -- gathered first, since lines printed by several processes can interleave).
 
 Every rank builds the same full-sequence query/key/value (fp64), takes its load-balanced chunks (rank ``c`` of
 ``cp``: chunks ``c`` and ``2cp-1-c``, :func:`loongforge.parallel.context.split_for_rank`), runs context-parallel
@@ -43,7 +44,7 @@ def my_chunks(x: torch.Tensor, cp_rank: int, cp: int) -> torch.Tensor:
     return x.index_select(0, split_for_rank(batch, cp_rank, cp)["tokens"][0])
 
 
-def run_case(name, heads, groups, causal, cp_rank, cp, ring_group, a2a_group=None):
+def run_case(name, heads, groups, causal, cp_rank, cp, ring_group, a2a_group=None) -> dict:
     query, key, value, weight = full_inputs(heads, groups, seed=heads * 10 + groups)
     expected = reference(query, key, value, weight, causal)
     leaves = [my_chunks(t, cp_rank, cp).requires_grad_() for t in (query, key, value)]
@@ -52,7 +53,7 @@ def run_case(name, heads, groups, causal, cp_rank, cp, ring_group, a2a_group=Non
     got = [out.detach()] + [t.grad for t in leaves]
     errors = {label: ((g - my_chunks(e, cp_rank, cp)).abs().max() / e.abs().max()).item()
               for label, g, e in zip(("out", "dq", "dk", "dv"), got, expected, strict=True)}
-    print(json.dumps({"case": name, "rank": dist.get_rank(), **errors}), flush=True)
+    return {"case": name, "rank": dist.get_rank(), **errors}
 
 
 def main() -> None:
@@ -62,14 +63,21 @@ def main() -> None:
     world = dist.new_group(list(range(4)))
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     a2a_group, ring_group = hybrid_groups([list(range(4))], a2a=2)
-    # cp=4: 6 heads over 2 K/V groups (GQA), neither divisible by 4; 3 heads sharing one K/V head (MQA).
-    run_case("ring-cp4-gqa", 6, 2, True, rank, 4, world)
-    run_case("ring-cp4-mqa", 3, 1, True, rank, 4, world)
-    # cp=2 twice over (ranks 0,1 and 2,3): 3 heads; causal and bidirectional.
-    run_case("ring-cp2-causal", 3, 3, True, rank % 2, 2, pairs[rank // 2])
-    run_case("ring-cp2-full", 3, 1, False, rank % 2, 2, pairs[rank // 2])
-    # Hybrid cp=4: Ulysses over pairs {0,1},{2,3} (6 heads / 2 groups split in two), ring across them.
-    run_case("hybrid-cp4-a2a2", 6, 2, True, rank, 4, ring_group, a2a_group)
+    rows = [
+        # cp=4: 6 heads over 2 K/V groups (GQA), neither divisible by 4; 3 heads sharing one K/V head (MQA).
+        run_case("ring-cp4-gqa", 6, 2, True, rank, 4, world),
+        run_case("ring-cp4-mqa", 3, 1, True, rank, 4, world),
+        # cp=2 twice over (ranks 0,1 and 2,3): 3 heads; causal and bidirectional.
+        run_case("ring-cp2-causal", 3, 3, True, rank % 2, 2, pairs[rank // 2]),
+        run_case("ring-cp2-full", 3, 1, False, rank % 2, 2, pairs[rank // 2]),
+        # Hybrid cp=4: Ulysses over pairs {0,1},{2,3} (6 heads / 2 groups split in two), ring across them.
+        run_case("hybrid-cp4-a2a2", 6, 2, True, rank, 4, ring_group, a2a_group),
+    ]
+    every = [None] * 4
+    dist.all_gather_object(every, rows)
+    if rank == 0:
+        for row in (row for ranks in every for row in ranks):
+            print(json.dumps(row))
     dist.destroy_process_group()
 
 
