@@ -52,7 +52,7 @@ BAD_VALUES: list[tuple[str, Any]] = [
     # choices
     ("training.precision", "fp7"), ("training.loss_normalization", "per_sample"),
     ("training.on_nonfinite", "explode"), ("checkpoint.verify", "some"), ("training.spike_factor", 0.5),
-    ("training.spike_window", 0), ("training.max_recoveries", -1),
+    ("training.spike_window", 0), ("training.max_recoveries", -1), ("parallel.cp_mode", "spiral"),
     # parallel layouts that cannot fit one process, or a strategy that does not exist
     ("parallel.tp", 0), ("parallel.pp", -1), ("parallel.cp", 0), ("parallel.tp", 2), ("parallel.pp", 2),
     ("parallel.strategy", "megatronn"),
@@ -75,6 +75,7 @@ MEGATRON_BAD_VALUES: list[tuple[str, Any]] = [
     ("parallel.strategy", "fsdp2"), ("parallel.strategy", "ddp"), ("parallel.strategy", "hsdp"),
     ("model.lora.rank", 0), ("model.lora.alpha", NAN), ("model.lora.dropout", 1.5), ("model.lora.targets", ["qkv"]),
     ("model.recompute.granularity", "some"), ("model.recompute.num_layers", -1), ("parallel.ddp_bucket_mb", 0.0),
+    ("parallel.cp_a2a_size", 2),
 ]
 #: Settings wrong only together (each alone is fine), for megatron models.
 MEGATRON_BAD_COMBINATIONS: list[tuple[str, dict[str, Any]]] = [
@@ -88,7 +89,7 @@ TASK_BAD_VALUES: list[tuple[str, Any]] = [
     ("parallel.strategy", "hsdp"), ("parallel.fsdp_shard_size", 0), ("parallel.ddp_bucket_mb", -25.0),
     ("parallel.ddp_comm_hook", "zip"), ("training.precision", "fp8"),
     ("training.loss_normalization", "global_tokens"), ("task.data", "/nonexistent/dataset"),
-    ("task.held_out_episodes", 1000),
+    ("task.held_out_episodes", 1000), ("parallel.cp_mode", "ring"),
 ]
 #: Sections replaced by something that is not a mapping, and shorthands that mean nothing.
 NOT_MAPPINGS: list[tuple[str, Any]] = [

@@ -1,9 +1,11 @@
 """Context parallelism reproduces the single-process run: per-step loss and grad norm within 1e-5 (fp32, gloo).
 
-cp=2 trains the ``test_parallel_parity`` model and data (its single-process reference fixture is reused):
-each rank holds 2 of the 4 sequence chunks, attention gathers whole sequences per head group (Ulysses), the
-loss averages over both ranks' tokens and gradients are reduced over dp*cp. Any of a wrong chunk order, wrong
-RoPE positions, a missing causal reorder or a loss/gradient scaled by cp moves the numbers far beyond 1e-5.
+Every mode trains the ``test_parallel_parity`` model and data (its single-process reference fixture is reused):
+each rank holds 2 of the 2*cp sequence chunks, the loss averages over all ranks' tokens and gradients are reduced
+over dp*cp. Attention sees the whole sequence three ways: Ulysses at cp=2 (heads gathered per head group), ring
+at cp=4 (K/V blocks around the ring: the model's 2 query groups do not divide by 4, which Ulysses refuses) and
+hybrid at cp=4 (Ulysses in pairs, a ring of 2 across them). Any of a wrong chunk order, wrong RoPE positions, a
+missing causal reorder, a wrong causal block or a loss/gradient scaled by cp moves the numbers far beyond 1e-5.
 """
 
 from __future__ import annotations
@@ -13,8 +15,17 @@ from test_parallel_parity import STEPS, assert_parity, reference, root, train  #
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
+MODES = {
+    "cp2-ulysses": (2, ["parallel.cp=2"], "cp=2 ulysses dp=1"),
+    "cp4-ring": (4, ["parallel.cp=4", "parallel.cp_mode=ring"], "cp=4 ring dp=1"),
+    "cp4-hybrid-a2a2": (4, ["parallel.cp=4", "parallel.cp_mode=hybrid", "parallel.cp_a2a_size=2"],
+                        "cp=4 hybrid a2a=2 dp=1"),
+}
 
-def test_cp2_matches_single_process(root, reference):  # noqa: F811
-    rows, stdout = train(root, "cp2", "parallel.cp=2", nproc=2)
-    assert "cp=2 dp=1" in stdout and "world size 2" in stdout
+
+@pytest.mark.parametrize("name", list(MODES))
+def test_cp_matches_single_process(root, reference, name):  # noqa: F811
+    nproc, overrides, layout = MODES[name]
+    rows, stdout = train(root, name, *overrides, nproc=nproc)
+    assert layout in stdout and f"world size {nproc}" in stdout
     assert_parity(rows, reference, range(1, STEPS + 1))

@@ -148,10 +148,16 @@ class ParallelConfig:
     #: Virtual pipeline stages per pipeline rank (interleaved schedule); null is off. Needs pp > 1, layers
     #: divisible by pp*vpp and a number of micro-batches per step that is a multiple of pp.
     vpp: int | None = None
-    #: Context parallelism: split every sequence over ``cp`` ranks (megatron's load-balanced causal chunks);
-    #: attention gathers it per head group (all-to-all). Needs seq_length divisible by 2*cp and attention
-    #: heads and query groups divisible by tp*cp.
+    #: Context parallelism: split every sequence over ``cp`` ranks (megatron's load-balanced causal chunks).
+    #: Needs seq_length divisible by 2*cp. How attention sees the whole sequence is ``cp_mode``.
     cp: int = 1
+    #: ``ulysses``: all-to-all over heads (whole sequences per head group; heads and query groups divisible by
+    #: tp*cp); ``ring``: K/V blocks passed around the cp ranks (any head count); ``hybrid``: Ulysses inside
+    #: sub-groups of ``cp_a2a_size`` ranks, a ring across them (heads and query groups divisible by
+    #: tp*cp_a2a_size). See docs/parallelism.md.
+    cp_mode: Literal["ulysses", "ring", "hybrid"] = "ulysses"
+    #: ``cp_mode: hybrid`` only: ranks per Ulysses sub-group; divides cp, 1 < cp_a2a_size < cp.
+    cp_a2a_size: int | None = None
     #: Shard layer-norm/dropout activations over the tensor-parallel group (needs tp > 1).
     sequence_parallel: bool = False
     #: Shard optimizer state across data-parallel ranks (ZeRO-1).

@@ -23,11 +23,15 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.utils import is_layer_window_attention
 from megatron.core.utils import divide
 
-from loongforge.devices import ulysses
+from loongforge.devices import ring_attention, ulysses
 from loongforge.errors import ConfigError
 
 #: ``enable_gqa`` appeared in torch 2.5; older torch gets K/V repeated explicitly.
 _SDPA_HAS_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
+
+#: Megatron's ``cp_comm_type`` -> how this module exchanges a context-parallel sequence. TE's ``all_gather``
+#: keeps the heads whole, as the ring does, so a layout valid for it is valid for the ring. None: Ulysses.
+_CP_MODES = {None: "ulysses", "a2a": "ulysses", "p2p": "ring", "all_gather": "ring", "a2a+p2p": "hybrid"}
 
 
 class SDPAttention(MegatronModule):
@@ -42,12 +46,14 @@ class SDPAttention(MegatronModule):
     dropout (forked on the model-parallel RNG like megatron), GQA. An explicit mask replaces the causal flag (as
     in megatron's softmax), so it must carry causality itself: packed rows pass a block-diagonal causal mask
     (:mod:`loongforge.data.packing`). Context parallelism (``context_parallel_size > 1``) goes through an
-    all-to-all over heads (:mod:`loongforge.devices.ulysses`), causal masks only. Sliding-window attention
+    all-to-all over heads (:mod:`loongforge.devices.ulysses`), ring attention (:mod:`loongforge.devices.ring_attention`)
+    or both (Ulysses inside megatron's hierarchical cp sub-groups, a ring across them), as megatron's
+    ``cp_comm_type`` says (``a2a`` or None, ``p2p`` or ``all_gather``, ``a2a+p2p``); causal and unmasked attention
+    only, and no attention dropout around a ring. Sliding-window attention
     follows megatron's ``window_size``/``window_attn_skip_freq`` (a band mask on the layers they select) and
     ``softcap`` ``c`` replaces the scaled scores ``s`` by ``c * tanh(s / c)`` before masking (Gemma-2; SDPA has no
-    hook for it, so those layers compute the scores explicitly). ``cp_comm_type`` (megatron's choice among
-    TE's context-parallel exchanges) and ``num_splits`` (TE's flash-decoding split count) choose how an exact
-    result is computed, not what it is, so they are accepted and this module's own way is used. Not supported
+    hook for it, so those layers compute the scores explicitly). ``num_splits`` (TE's flash-decoding split
+    count) chooses how an exact result is computed, not what it is, so it is accepted and ignored. Not supported
     (raise at construction or call): non-vanilla softmax, recording the max attention logit (``qk_clip``,
     ``log_max_attention_logit``), DeepSeek sparse attention (``experimental_attention_variant='dsa'``), THD
     packed sequences (``packed_seq_params``), attention bias, explicit masks, sliding windows or soft-capping
@@ -87,8 +93,13 @@ class SDPAttention(MegatronModule):
         tp_size = pg_collection.tp.size()
         #: The context-parallel group when the sequence is split over > 1 ranks, else None.
         self.cp_group = pg_collection.cp if config.context_parallel_size > 1 else None
-        if self.cp_group is not None:
-            divide(config.num_query_groups, tp_size * self.cp_group.size())  # Ulysses splits K/V groups too
+        if cp_comm_type not in _CP_MODES:
+            raise ValueError(f"SDPAttention: unknown cp_comm_type {cp_comm_type!r}; known: a2a, p2p, all_gather, "
+                             "a2a+p2p")
+        #: ``ulysses``, ``ring`` or ``hybrid`` (with context parallelism).
+        self.cp_mode = _CP_MODES[cp_comm_type]
+        #: The Ulysses sub-group and the ring group of hybrid context parallelism (megatron's ``hcp``).
+        self.hybrid_groups = getattr(pg_collection, "hcp", None) if self.cp_mode == "hybrid" else None
         self.layer_number = max(1, layer_number)
         self.attn_mask_type = attn_mask_type
         self.num_heads = divide(config.num_attention_heads, tp_size)
@@ -109,6 +120,24 @@ class SDPAttention(MegatronModule):
         if (self.window is not None or softcap is not None) and self.cp_group is not None:
             raise ConfigError("SDPAttention does not support sliding windows or soft-capping with context "
                               "parallelism (parallel.cp > 1); use cp=1")
+        if self.cp_group is not None:
+            self._check_context_parallel(config, tp_size)
+
+    def _check_context_parallel(self, config: TransformerConfig, tp_size: int) -> None:
+        """What each exchange needs: Ulysses splits the K/V groups over cp, hybrid over its sub-groups (which
+        megatron's parallel state must hold); the ring computes attention itself, without dropout."""
+        if self.cp_mode == "ulysses":
+            divide(config.num_query_groups, tp_size * self.cp_group.size())
+            return
+        if self.dropout_p > 0.0:
+            raise ConfigError(f"SDPAttention: attention dropout ({self.dropout_p}) is not supported with "
+                              f"parallel.cp_mode {self.cp_mode}; use cp_mode ulysses or attention dropout 0")
+        if self.cp_mode == "hybrid":
+            if not self.hybrid_groups or len(self.hybrid_groups) != 2:
+                raise ConfigError("SDPAttention: cp_comm_type a2a+p2p needs megatron's hierarchical context-parallel "
+                                  "groups (two levels: Ulysses sub-groups, ring); initialise the parallel state "
+                                  "through MegatronStrategy.initialize with parallel.cp_mode hybrid")
+            divide(config.num_query_groups, tp_size * self.hybrid_groups[0].size())
 
     def forward(
         self,
@@ -135,10 +164,24 @@ class SDPAttention(MegatronModule):
         else:
             if attention_mask is not None:
                 raise NotImplementedError("SDPAttention with context parallelism supports causal masks only")
-            (query, key, value), restore = ulysses.gather_sequence((query, key, value), self.cp_group)
-            out = ulysses.scatter_sequence(self._attend(query, key, value, None, mask_type), restore, self.cp_group)
+            out = self._attend_context_parallel(query, key, value, mask_type)
         # [sq, b, n, dv] -> [sq, b, n * dv]
         return out.reshape(out.shape[0], out.shape[1], self.num_heads * self.v_channels)
+
+    def _attend_context_parallel(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask_type: AttnMaskType
+    ) -> torch.Tensor:
+        """Attention over the sequence of the whole cp group; ``[sq, b, n, dv]`` for this rank's chunks."""
+        if self.cp_mode == "ulysses":
+            (query, key, value), restore = ulysses.gather_sequence((query, key, value), self.cp_group)
+            return ulysses.scatter_sequence(self._attend(query, key, value, None, mask_type), restore, self.cp_group)
+        if mask_type not in (AttnMaskType.causal, AttnMaskType.no_mask):
+            raise NotImplementedError(f"SDPAttention with cp_mode {self.cp_mode} supports causal and unmasked "
+                                      f"attention, not {mask_type}")
+        a2a_group, ring_group = self.hybrid_groups or (None, self.cp_group)
+        return ring_attention.context_parallel_attention(
+            query, key, value, ring_group, a2a_group, causal=mask_type == AttnMaskType.causal,
+            scale=self.softmax_scale)
 
     def _attend(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,

@@ -70,6 +70,17 @@ class _HeadsToSeq(torch.autograd.Function):
         return _seq_to_heads(grad, ctx.group), None
 
 
+def seq_to_heads(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """Differentiable ``[s, b, h, d]`` -> ``[cp*s, b, h/cp, d]``, the sequence in rank order (hybrid ring
+    attention gathers this way inside its sub-groups: :mod:`loongforge.devices.ring_attention`)."""
+    return _SeqToHeads.apply(x, group)
+
+
+def heads_to_seq(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """Differentiable inverse of :func:`seq_to_heads`."""
+    return _HeadsToSeq.apply(x, group)
+
+
 def natural_order(total: int, cp: int, device: torch.device | None = None) -> torch.Tensor:
     """Indices that put a rank-ordered gathered sequence (rank ``r``: chunks ``r``, ``2cp-1-r``) in natural order."""
     chunk = total // (2 * cp)
@@ -81,11 +92,11 @@ def natural_order(total: int, cp: int, device: torch.device | None = None) -> to
 def gather_sequence(tensors: tuple[torch.Tensor, ...], group: Any) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Whole sequences in natural order for this rank's heads, and the index that undoes the reordering."""
     cp = dist.get_world_size(group)
-    gathered = [_SeqToHeads.apply(t, group) for t in tensors]
+    gathered = [seq_to_heads(t, group) for t in tensors]
     order = natural_order(gathered[0].shape[0], cp, gathered[0].device)
     return [t.index_select(0, order) for t in gathered], torch.argsort(order)
 
 
 def scatter_sequence(x: torch.Tensor, restore: torch.Tensor, group: Any) -> torch.Tensor:
     """``[S, b, h/cp, d]`` in natural order -> this rank's ``[S/cp, b, h, d]`` chunks (inverse of the gather)."""
-    return _HeadsToSeq.apply(x.index_select(0, restore), group)
+    return heads_to_seq(x.index_select(0, restore), group)

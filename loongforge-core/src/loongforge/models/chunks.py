@@ -90,6 +90,7 @@ def build_model_chunks(family: ModelFamily, config: LoongForgeConfig, backend: A
     parallel = ParallelSettings(
         tp=layout.tp, pp=layout.pp, sequence_parallel=layout.sequence_parallel, vpp=layout.vpp,
         ep=layout.ep, etp=layout.etp, moe_dispatcher=layout.moe_dispatcher, cp=layout.cp,
+        cp_comm_type=layout.cp_comm_type, cp_a2a_size=layout.cp_a2a_size,
     )
     decoder = family.decoder
     if decoder is None:

@@ -48,8 +48,11 @@ class ParallelSettings:
     ep: int = 1
     etp: int | None = None
     moe_dispatcher: str = "alltoall"
-    #: Context-parallel size: each rank holds 1/cp of every sequence.
+    #: Context-parallel size: each rank holds 1/cp of every sequence; how attention exchanges it (megatron's
+    #: ``cp_comm_type``: ``a2a`` Ulysses, ``p2p`` ring, ``a2a+p2p`` hybrid) and the hybrid's Ulysses group size.
     cp: int = 1
+    cp_comm_type: str | None = None
+    cp_a2a_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.tp < 1 or self.pp < 1 or (self.vpp is not None and self.vpp < 1):
@@ -164,6 +167,9 @@ def transformer_config(
         tensor_model_parallel_size=parallel.tp,
         pipeline_model_parallel_size=parallel.pp,
         context_parallel_size=parallel.cp,
+        cp_comm_type=parallel.cp_comm_type if parallel.cp > 1 else None,
+        hierarchical_context_parallel_sizes=([parallel.cp_a2a_size, parallel.cp // parallel.cp_a2a_size]
+                                             if parallel.cp > 1 and parallel.cp_a2a_size else None),
         virtual_pipeline_model_parallel_size=parallel.vpp,
         sequence_parallel=parallel.sequence_parallel,
         mrope_section=None if flavor.mrope_section is None else list(flavor.mrope_section),

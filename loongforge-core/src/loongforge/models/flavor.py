@@ -352,8 +352,9 @@ class DecoderFlavor(ModelFamily):
         return self.num_experts is not None and self.moe_router_topk == 1 and self.moe_norm_topk_prob
 
     def check_layout(self, layout: Layout) -> list[LayoutProblem]:
-        """Heads and query groups divisible by tp (and by tp*cp with context parallelism, which this decoder's
-        attention must allow: :attr:`context_parallel_blocker`), layers by pp*vpp, experts by ep and the expert
+        """Heads and query groups divisible by tp (and, with context parallelism, which this decoder's attention
+        must allow -- :attr:`context_parallel_blocker` --, by the ranks its ``cp_mode`` splits heads over:
+        :attr:`~loongforge.parallel.megatron.Layout.head_split`), layers by pp*vpp, experts by ep and the expert
         width by etp; expert parallelism only with experts, and MoE at tp > 1 only with sequence parallelism.
         Training also needs a router that learns: renormalised top-1 routing without a load-balancing loss gives it
         no gradient at all (:attr:`renormalised_top1`); converting and generating such a model is fine."""
@@ -375,12 +376,13 @@ class DecoderFlavor(ModelFamily):
             if blocker is not None:
                 problems.append(LayoutProblem(f"parallel.cp={layout.cp}: the model's {blocker} is not supported "
                                               "with context parallelism; use cp=1", f"cp with {blocker}"))
-            split = layout.tp * layout.cp
+            split = layout.head_split
             if heads % split or groups % split:
+                over, size = ("cp_a2a_size", layout.cp_a2a_size) if layout.cp_mode == "hybrid" else ("cp", layout.cp)
                 problems.append(LayoutProblem(
-                    f"tp*cp={layout.tp}*{layout.cp} must divide the model's attention heads ({heads}) and query "
-                    f"groups ({groups}) (context-parallel attention splits the heads over cp)",
-                    "cp does not divide heads per tp rank or the sequence"))
+                    f"tp*{over}={layout.tp}*{size} must divide the model's attention heads ({heads}) and query "
+                    f"groups ({groups}) (cp_mode {layout.cp_mode} splits the heads over {over}; cp_mode ring "
+                    "does not)", "cp does not divide heads per tp rank or the sequence"))
         stages = layout.pp * layout.num_chunks
         if layers % stages:
             problems.append(LayoutProblem(f"the model's {layers} layers do not split into pp*vpp={layout.pp}*"

@@ -11,6 +11,7 @@ together leave exactly the gradient of the global mean (also with loss masks tha
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -44,3 +45,26 @@ def global_mean_loss(group: Any, loss_mask: torch.Tensor, per_token_loss: torch.
     dist.all_reduce(totals, group=group)
     count = totals[1].clamp(min=1)
     return local / count, {"loss": totals[0] / count}
+
+
+def hybrid_groups(cp_groups: Sequence[Sequence[int]], a2a: int) -> tuple[Any, Any]:
+    """Create the sub-groups of hybrid context parallelism for every cp group; return this rank's
+    ``(a2a_group, ring_group)``.
+
+    In a cp group of ranks ``c_0 < c_1 < ...`` (cp rank = position), the Ulysses sub-groups are ``a2a``
+    consecutive cp ranks and each ring group takes one rank of every sub-group at the same position, in
+    sub-group order -- the layout megatron's ``hierarchical_context_parallel_sizes=[a2a, cp/a2a]`` builds, which
+    is what :func:`loongforge.devices.ring_attention.ring_chunks` assumes. ``dist.new_group`` is collective:
+    every rank must call this with the same ``cp_groups``.
+    """
+    rank, mine = dist.get_rank(), [None, None]
+    for ranks in cp_groups:
+        ranks = sorted(ranks)
+        cp = len(ranks)
+        for level, members in enumerate([[ranks[j * a2a:(j + 1) * a2a] for j in range(cp // a2a)],
+                                          [ranks[u::a2a] for u in range(a2a)]]):
+            for sub in members:
+                group = dist.new_group(sub)
+                if rank in sub:
+                    mine[level] = group
+    return mine[0], mine[1]

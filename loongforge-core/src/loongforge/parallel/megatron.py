@@ -20,6 +20,10 @@ if TYPE_CHECKING:  # annotations only: parallel strategies sit below config, whi
 #: Megatron token dispatchers that run without Transformer Engine / DeepEP.
 MOE_DISPATCHERS = ("alltoall", "allgather")
 
+#: ``parallel.cp_mode`` -> megatron's ``TransformerConfig.cp_comm_type`` (what Transformer Engine's attention
+#: runs on CUDA; the local attention reads it too: :class:`loongforge.devices.sdpa_attention.SDPAttention`).
+CP_COMM_TYPES = {"ulysses": "a2a", "ring": "p2p", "hybrid": "a2a+p2p"}
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -36,8 +40,11 @@ class Layout:
     ep: int = 1
     etp: int | None = None
     moe_dispatcher: str = "alltoall"
-    #: Context-parallel ranks that share each sequence.
+    #: Context-parallel ranks that share each sequence, how attention exchanges it (``ulysses``, ``ring``,
+    #: ``hybrid``) and, for ``hybrid``, the size of the Ulysses sub-groups.
     cp: int = 1
+    cp_mode: str = "ulysses"
+    cp_a2a_size: int | None = None
 
     @property
     def world_size(self) -> int:
@@ -47,6 +54,26 @@ class Layout:
     def num_chunks(self) -> int:
         """Model chunks this rank builds (one per virtual pipeline stage)."""
         return self.vpp or 1
+
+    @property
+    def head_split(self) -> int:
+        """Ranks that split each layer's attention heads and query groups: tp, times cp under Ulysses (heads
+        over the cp group) or the sub-group size under hybrid; a ring keeps the heads whole."""
+        if self.cp == 1 or self.cp_mode == "ring":
+            return self.tp
+        return self.tp * (self.cp_a2a_size if self.cp_mode == "hybrid" else self.cp)
+
+    @property
+    def cp_description(self) -> str:
+        """``cp=4 ring``, ``cp=4 hybrid a2a=2``, ``cp=2 ulysses`` (``cp=1`` without context parallelism)."""
+        if self.cp == 1:
+            return "cp=1"
+        return f"cp={self.cp} {self.cp_mode}" + (f" a2a={self.cp_a2a_size}" if self.cp_mode == "hybrid" else "")
+
+    @property
+    def cp_comm_type(self) -> str | None:
+        """Megatron's name for this context-parallel exchange (None without context parallelism)."""
+        return CP_COMM_TYPES[self.cp_mode] if self.cp > 1 else None
 
 
 @dataclass(frozen=True)
@@ -78,6 +105,7 @@ class MegatronStrategy(ParallelStrategy):
         if parallel.sequence_parallel and parallel.tp == 1:
             raise ConfigError(f"{source}: parallel.sequence_parallel needs parallel.tp > 1")
         MegatronStrategy._validate_experts(parallel, world_size, source)
+        MegatronStrategy._validate_cp_mode(parallel, source)
         if parallel.vpp is not None:
             if parallel.vpp < 1:
                 raise ConfigError(f"{source}: parallel.vpp must be >= 1 or null, got {parallel.vpp}")
@@ -94,7 +122,25 @@ class MegatronStrategy(ParallelStrategy):
             etp=parallel.etp,
             moe_dispatcher=parallel.moe_dispatcher,
             cp=parallel.cp,
+            cp_mode=parallel.cp_mode,
+            cp_a2a_size=parallel.cp_a2a_size,
         )
+
+    @staticmethod
+    def _validate_cp_mode(parallel: ParallelConfig, source: str) -> None:
+        """``hybrid`` needs a Ulysses sub-group size that splits cp into at least two sub-groups of >= 2 ranks; the
+        size means nothing for the other modes."""
+        a2a = parallel.cp_a2a_size
+        if parallel.cp_mode != "hybrid":
+            if a2a is not None:
+                raise ConfigError(f"{source}: parallel.cp_a2a_size is for parallel.cp_mode: hybrid, not "
+                                  f"{parallel.cp_mode!r}")
+            return
+        if parallel.cp == 1:
+            return
+        if a2a is None or a2a < 2 or a2a >= parallel.cp or parallel.cp % a2a:
+            raise ConfigError(f"{source}: parallel.cp_a2a_size must divide parallel.cp={parallel.cp} with "
+                              f"1 < cp_a2a_size < cp for cp_mode hybrid, got {a2a}")
 
     @staticmethod
     def _validate_experts(parallel: ParallelConfig, world_size: int, source: str) -> None:
@@ -164,6 +210,29 @@ class MegatronStrategy(ParallelStrategy):
             expert_tensor_parallel_size=layout.etp,
             context_parallel_size=layout.cp,
         )
+        _initialize_hybrid_context_parallel(layout)
+
+
+def _initialize_hybrid_context_parallel(layout: Layout) -> None:
+    """Build the Ulysses sub-groups and ring groups of ``cp_mode: hybrid`` and hand them to megatron as its
+    hierarchical context-parallel groups (``pg_collection.hcp``, where attention looks for them).
+
+    Megatron builds them itself from ``hierarchical_context_parallel_sizes`` only with ``einops`` installed, which
+    core does not need otherwise; the layout is the same (:func:`loongforge.parallel.context.hybrid_groups`).
+    Other modes clear the groups a previous run in this process may have left.
+    """
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from loongforge.parallel.context import hybrid_groups
+
+    groups = None
+    if layout.cp > 1 and layout.cp_mode == "hybrid":
+        every_cp_group: list[list[int]] = [[] for _ in range(dist.get_world_size())]
+        dist.all_gather_object(every_cp_group, parallel_state.get_context_parallel_global_ranks())
+        unique = sorted({tuple(ranks) for ranks in every_cp_group})
+        groups = list(hybrid_groups(unique, layout.cp_a2a_size))
+    parallel_state._HIERARCHICAL_CONTEXT_PARALLEL_GROUPS = groups
 
 
 def _check_context_parallel(layout: Layout, seq_length: int | None, source: str) -> None:

@@ -80,6 +80,10 @@ class TorchNativeStrategy(ParallelStrategy):
                                   f"megatron; '{self.kind}' splits data (and, with cp, sequences) only")
         if parallel.cp < 1 or world_size % parallel.cp:
             raise ConfigError(f"{source}: parallel.cp={parallel.cp} must divide the number of processes ({world_size})")
+        if parallel.cp_mode != "ulysses" or parallel.cp_a2a_size is not None:
+            raise ConfigError(f"{source}: parallel.cp_mode {parallel.cp_mode} / cp_a2a_size choose the megatron "
+                              f"strategy's attention exchange; with '{self.kind}' the task model splits sequences "
+                              "its own way (leave them unset)")
         if parallel.ddp_comm_hook is not None and parallel.ddp_comm_hook not in _COMM_HOOKS:
             raise ConfigError(f"{source}: parallel.ddp_comm_hook must be one of {', '.join(_COMM_HOOKS)} or null, "
                               f"got {parallel.ddp_comm_hook!r}")

@@ -59,10 +59,12 @@ def workload_for(config: LoongForgeConfig, family: ModelFamily, kernels: str) ->
 
 def search_space(config: LoongForgeConfig) -> SearchSpace:
     """Keep the config's global batch (then the micro-batch size is the planner's to pick); without one, keep
-    its micro-batch size (the global batch follows dp, as for a fixed layout)."""
+    its micro-batch size (the global batch follows dp, as for a fixed layout). The context-parallel mode is the
+    config's."""
     gbs = config.training.global_batch_size
     return SearchSpace(global_batch_size=gbs, micro_batch_size=None if gbs else config.training.micro_batch_size,
-                       max_cp=1 if config.data.pack else 8)
+                       max_cp=1 if config.data.pack else 8, cp_mode=config.parallel.cp_mode,
+                       cp_a2a_size=config.parallel.cp_a2a_size)
 
 
 def kernels_of(backend: Any) -> str:

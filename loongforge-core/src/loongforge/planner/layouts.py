@@ -53,11 +53,11 @@ def _cached_problem(model: Any, layout: Layout) -> str | None:
 
 
 def layout_problem(model: Any, tp: int, pp: int = 1, cp: int = 1, ep: int = 1, etp: int = 1,
-                   vpp: int = 1) -> str | None:
+                   vpp: int = 1, cp_mode: str = "ulysses", cp_a2a_size: int | None = None) -> str | None:
     """Why the model family refuses this layout (its first :class:`~loongforge.models.sizing.LayoutProblem`'s
     reason), or ``None``; the planner always uses sequence parallelism with tp > 1."""
     layout = Layout(tp=tp, pp=pp, dp=1, sequence_parallel=tp > 1, distributed_optimizer=False,
-                    vpp=vpp if vpp > 1 else None, ep=ep, etp=etp, cp=cp)
+                    vpp=vpp if vpp > 1 else None, ep=ep, etp=etp, cp=cp, cp_mode=cp_mode, cp_a2a_size=cp_a2a_size)
     try:
         return _cached_problem(model, layout)
     except TypeError:  # an unhashable family
@@ -142,6 +142,10 @@ class SearchSpace:
     micro_batch_size: int | None = None
     global_batch_size: int | None = None
     max_cp: int = 8
+    #: The config's ``parallel.cp_mode`` and ``cp_a2a_size``: the planner varies cp, not how attention exchanges
+    #: the sequence (a ring accepts any head count; hybrid needs cp a multiple of cp_a2a_size, above it).
+    cp_mode: str = "ulysses"
+    cp_a2a_size: int | None = None
     try_vpp: bool = True
     #: Whether layouts without the distributed optimizer are compared too (it never costs time in the model).
     allow_plain_optimizer: bool = False
@@ -184,7 +188,7 @@ def enumerate_layouts(
                 if cp > space.max_cp:
                     continue
                 if cp > 1:
-                    why = layout_problem(flavor, tp, pp, cp)
+                    why = _cp_mode_problem(cp, space) or layout_problem(flavor, tp, pp, cp, **_cp_mode(space))
                     if why is None and seq_length % (2 * cp * tp):
                         why = "cp does not divide heads per tp rank or the sequence"
                     if why is not None:
@@ -192,6 +196,18 @@ def enumerate_layouts(
                         continue
                 dp = num_devices // (tp * pp * cp)
                 yield from _experts_and_batches(flavor, tp, pp, cp, dp, space, rejected)
+
+
+def _cp_mode(space: SearchSpace) -> dict[str, Any]:
+    return {"cp_mode": space.cp_mode, "cp_a2a_size": space.cp_a2a_size}
+
+
+def _cp_mode_problem(cp: int, space: SearchSpace) -> str | None:
+    """Hybrid context parallelism needs at least two Ulysses sub-groups of ``cp_a2a_size`` ranks."""
+    a2a = space.cp_a2a_size
+    if space.cp_mode == "hybrid" and (a2a is None or cp % a2a or cp <= a2a):
+        return "cp is not a multiple of cp_a2a_size above it"
+    return None
 
 
 def _experts_and_batches(
@@ -203,7 +219,8 @@ def _experts_and_batches(
         expert_choices = []
         for ep in _divisors(experts):
             for etp in sorted({1, tp}):
-                why = EXPERT_RANKS if (tp * cp * dp) % (ep * etp) else layout_problem(flavor, tp, pp, cp, ep, etp)
+                why = (EXPERT_RANKS if (tp * cp * dp) % (ep * etp)
+                       else layout_problem(flavor, tp, pp, cp, ep, etp, **_cp_mode(space)))
                 if why is not None:
                     rejected[why] += 1
                     continue
@@ -215,7 +232,8 @@ def _experts_and_batches(
     dist_opt = (False,) if dp == 1 else (True, False) if space.allow_plain_optimizer else (True,)
     for ep, etp in expert_choices:
         vpp_choices = [1] + ([v for v in (2, 4, 5, 8)
-                              if pp > 1 and layout_problem(flavor, tp, pp, cp, ep, etp, v) is None]
+                              if pp > 1
+                              and layout_problem(flavor, tp, pp, cp, ep, etp, v, **_cp_mode(space)) is None]
                              if space.try_vpp else [])
         for mbs, num_micro in _batch_cuts(dp, space, rejected):
             for vpp in vpp_choices:

@@ -323,7 +323,7 @@ def _check_megatron(config: LoongForgeConfig, world_size: int, family: ModelFami
         from loongforge.train.memory_preflight import check_batch_fits
 
         check_batch_fits(config, family, backend, layout, plan.num_microbatches, world_size)
-        lines.append(f"parallel: tp={layout.tp} pp={layout.pp} cp={layout.cp} ep={layout.ep} dp={layout.dp} "
+        lines.append(f"parallel: tp={layout.tp} pp={layout.pp} {layout.cp_description} ep={layout.ep} dp={layout.dp} "
                      f"for {world_size} process(es), {plan.num_microbatches} micro-batch(es) per step")
         from loongforge.models.recompute import recompute_kwargs  # megatron's own checks come after process groups
 

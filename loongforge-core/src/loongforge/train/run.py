@@ -192,7 +192,7 @@ def _init_parallel(strategy: Any, layout: Any, config: LoongForgeConfig, backend
     """Create the parallel layout's process groups; set threads and seeds (which depend on the layout)."""
     strategy.initialize(layout)
     vpp = f" vpp={layout.vpp}" if layout.vpp else ""
-    vpp += f" cp={layout.cp}" if layout.cp > 1 else ""
+    vpp += f" {layout.cp_description}" if layout.cp > 1 else ""
     ep = f" ep={layout.ep}" if layout.ep > 1 else ""
     _say(
         info.rank,

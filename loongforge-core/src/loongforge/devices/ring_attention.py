@@ -1,0 +1,195 @@
+"""Context-parallel attention without Transformer Engine: ring attention over the load-balanced chunk layout.
+
+Why a ring next to Ulysses (:mod:`loongforge.devices.ulysses`): Ulysses splits the attention heads over the cp
+ranks, so heads and K/V groups must divide by cp. A ring keeps every head on every rank: each rank keeps its
+queries, the K/V blocks travel once around the context-parallel ring (point-to-point, the next block in flight
+while the current one is computed), and the partial results of each block are merged with the log-sum-exp of
+their scores (online softmax, fp32). Works whatever the head count; costs cp-1 K/V hops per layer.
+
+Layout: rank ``r`` of ``cp`` holds chunks ``r`` and ``2*cp-1-r`` of ``2*cp`` equal chunks (megatron's
+``get_batch_on_this_cp_rank``), so under a causal mask every rank does the same work. Attention runs per pair of
+a query chunk and a key chunk: an earlier key chunk is attended in full, the same chunk with a causal triangle,
+a later one is skipped. The functions take the chunk numbers each ring member holds, so the same code serves the
+hybrid mode, where a Ulysses all-to-all inside sub-groups first gathers ``2*a2a`` chunks per rank
+(:func:`ring_chunks`).
+
+Backward is written by hand, flash-attention style: from the saved inputs, the merged output and its
+log-sum-exp, each block's probabilities are recomputed, so memory stays linear in the sequence; K/V gradients
+travel the ring with their blocks and arrive back at their owner after the last hop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from loongforge.devices import ulysses
+
+
+def ring_chunks(cp: int, a2a: int = 1) -> list[list[int]]:
+    """The global chunk numbers (of ``2*cp``) each ring member holds, in its local order.
+
+    Ring member ``j`` is the sub-group of context-parallel ranks ``j*a2a .. j*a2a+a2a-1``; after their Ulysses
+    all-to-all (rank order) each of them holds, for its heads, the chunks ``c`` and ``2*cp-1-c`` of every rank
+    ``c`` of the sub-group. ``a2a=1`` is plain ring attention.
+    """
+    members = []
+    for j in range(cp // a2a):
+        ranks = range(j * a2a, (j + 1) * a2a)
+        members.append([chunk for c in ranks for chunk in (c, 2 * cp - 1 - c)])
+    return members
+
+
+def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ring_group: Any,
+                               a2a_group: Any = None, *, causal: bool, scale: float) -> torch.Tensor:
+    """Attention over a sequence split across the context-parallel ranks (``[s, b, n, d]`` in and out).
+
+    Plain ring attention over ``ring_group`` (the whole cp group); hybrid when ``a2a_group`` is given: a Ulysses
+    all-to-all over heads inside that sub-group, then the ring across the sub-groups (``ring_group`` holds one
+    rank of each, in sub-group order; see :func:`loongforge.parallel.context.hybrid_groups`).
+    """
+    a2a = 1 if a2a_group is None else dist.get_world_size(a2a_group)
+    if a2a > 1:
+        query, key, value = (ulysses.seq_to_heads(t, a2a_group) for t in (query, key, value))
+    chunks = ring_chunks(a2a * dist.get_world_size(ring_group), a2a)
+    out = ring_attention(query, key, value, ring_group, chunks, causal, scale)
+    return out if a2a == 1 else ulysses.heads_to_seq(out, a2a_group)
+
+
+def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group: Any,
+                   chunks: Sequence[Sequence[int]], causal: bool, scale: float) -> torch.Tensor:
+    """Exact attention of this rank's queries over the keys/values of every member of ``group``.
+
+    ``query`` is megatron's ``[s, b, heads, d]``, ``key``/``value`` ``[s, b, groups, d]`` / ``[s, b, groups, dv]``
+    (``heads`` a multiple of ``groups``: query head ``n`` reads group ``n // (heads // groups)``); every rank's
+    local sequence is ``len(chunks[rank])`` equal chunks numbered ``chunks[rank]`` in the whole sequence.
+    ``causal=False`` attends to everything. Returns ``[s, b, heads, dv]`` in the query's dtype.
+    """
+    return _RingAttention.apply(query, key, value, group, tuple(map(tuple, chunks)), causal, scale)
+
+
+def _relation(query_chunk: int, key_chunk: int, causal: bool) -> str | None:
+    """``"full"``, ``"diagonal"`` (causal triangle) or None (masked out) for a pair of chunks."""
+    if not causal or key_chunk < query_chunk:
+        return "full"
+    return "diagonal" if key_chunk == query_chunk else None
+
+
+def _pairs(query_chunks: Sequence[int], key_chunks: Sequence[int], length: int, causal: bool):
+    """``(query slice, key slice, diagonal)`` for every chunk pair that attends."""
+    for qi, qc in enumerate(query_chunks):
+        for ki, kc in enumerate(key_chunks):
+            kind = _relation(qc, kc, causal)
+            if kind is not None:
+                yield slice(qi * length, (qi + 1) * length), slice(ki * length, (ki + 1) * length), kind == "diagonal"
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, diagonal: bool) -> torch.Tensor:
+    """Scaled scores ``[b, g, rep, sq, sk]`` (fp32), the upper triangle at -inf for a diagonal block."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if diagonal:
+        upper = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).triu(1)
+        scores = scores.masked_fill(upper, float("-inf"))
+    return scores
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """fp32, or fp64 for fp64 inputs: scores, softmax statistics and gradient sums never run in half precision."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+def _to_blocks(x: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[s, b, n, d]`` -> ``[b, groups, n // groups, s, d]`` (query heads grouped by the K/V head they read)."""
+    s, b, n, d = x.shape
+    return x.permute(1, 2, 0, 3).reshape(b, groups, n // groups, s, d).to(dtype).contiguous()
+
+
+def _from_blocks(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The inverse of :func:`_to_blocks`, cast to ``dtype``."""
+    b, g, rep, s, d = x.shape
+    return x.reshape(b, g * rep, s, d).permute(2, 0, 1, 3).to(dtype)
+
+
+def _shift(tensors: Sequence[torch.Tensor], group: Any) -> tuple[list[torch.Tensor], list[Any]]:
+    """Start sending ``tensors`` to the next ring member and receiving the previous member's; returns the receive
+    buffers and the requests to wait on."""
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    following = dist.get_global_rank(group, (rank + 1) % size)
+    preceding = dist.get_global_rank(group, (rank - 1) % size)
+    received = [torch.empty_like(t) for t in tensors]
+    ops = [dist.P2POp(dist.isend, t, following, group) for t in tensors]
+    ops += [dist.P2POp(dist.irecv, t, preceding, group) for t in received]
+    return received, dist.batch_isend_irecv(ops)
+
+
+def _wait(requests: list[Any]) -> None:
+    for request in requests:
+        request.wait()
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group: Any,
+                chunks: tuple[tuple[int, ...], ...], causal: bool, scale: float) -> torch.Tensor:
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        groups = key.shape[2]
+        q = _to_blocks(query, groups, _compute_dtype(query))
+        kv = [_to_blocks(key, groups, key.dtype), _to_blocks(value, groups, value.dtype)]  # [b, g, 1, s, d]
+        length = query.shape[0] // len(chunks[rank])
+        out = q.new_zeros(*q.shape[:-1], value.shape[-1])
+        lse = q.new_full(q.shape[:-1], float("-inf"))
+        for step in range(size):
+            source = (rank - step) % size
+            incoming, requests = _shift(kv, group) if step < size - 1 else (kv, [])
+            k, v = (t.to(q.dtype) for t in kv)
+            for qs, ks, diagonal in _pairs(chunks[rank], chunks[source], length, causal):
+                scores = _scores(q[..., qs, :], k[..., ks, :], scale, diagonal)
+                block_lse = torch.logsumexp(scores, dim=-1)
+                block_out = torch.matmul(torch.exp(scores - block_lse.unsqueeze(-1)), v[..., ks, :])
+                merged = torch.logaddexp(lse[..., qs], block_lse)
+                out[..., qs, :] = (out[..., qs, :] * torch.exp(lse[..., qs] - merged).unsqueeze(-1)
+                                   + block_out * torch.exp(block_lse - merged).unsqueeze(-1))
+                lse[..., qs] = merged
+            _wait(requests)
+            kv = incoming
+        ctx.save_for_backward(query, key, value, out, lse)
+        ctx.group, ctx.chunks, ctx.causal, ctx.scale = group, chunks, causal, scale
+        return _from_blocks(out, query.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+        query, key, value, out, lse = ctx.saved_tensors
+        group, chunks, causal, scale = ctx.group, ctx.chunks, ctx.causal, ctx.scale
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        groups = key.shape[2]
+        dtype = _compute_dtype(query)
+        q, dout = _to_blocks(query, groups, dtype), _to_blocks(grad_out, groups, dtype)
+        kv = [_to_blocks(key, groups, key.dtype), _to_blocks(value, groups, value.dtype)]
+        length = query.shape[0] // len(chunks[rank])
+        # Softmax backward: dS = P * (dP - rowsum(dO * O)), with P recomputed from the merged log-sum-exp.
+        delta = (dout * out).sum(dim=-1)
+        dq = torch.zeros_like(q)
+        # The gradient of the K/V block currently held (summed in the compute dtype); it travels with its block.
+        dkv = [torch.zeros_like(t, dtype=dtype) for t in kv]
+        for step in range(size):
+            source = (rank - step) % size
+            incoming, requests = _shift(kv, group) if step < size - 1 else (kv, [])
+            (k, v), (dk, dv) = (t.to(dtype) for t in kv), dkv
+            for qs, ks, diagonal in _pairs(chunks[rank], chunks[source], length, causal):
+                probs = torch.exp(_scores(q[..., qs, :], k[..., ks, :], scale, diagonal) - lse[..., qs].unsqueeze(-1))
+                dv[..., ks, :] += torch.matmul(probs.transpose(-1, -2), dout[..., qs, :]).sum(dim=2, keepdim=True)
+                dprobs = torch.matmul(dout[..., qs, :], v[..., ks, :].transpose(-1, -2))
+                dscores = probs * (dprobs - delta[..., qs].unsqueeze(-1)) * scale
+                dq[..., qs, :] += torch.matmul(dscores, k[..., ks, :])
+                dk[..., ks, :] += torch.matmul(dscores.transpose(-1, -2), q[..., qs, :]).sum(dim=2, keepdim=True)
+            _wait(requests)
+            kv = incoming
+            if size > 1:  # after the last hop the gradients are back with the block's owner
+                dkv, requests = _shift(dkv, group)
+                _wait(requests)
+        dk, dv = dkv
+        return (_from_blocks(dq, query.dtype), _from_blocks(dk, key.dtype), _from_blocks(dv, value.dtype),
+                None, None, None, None)
