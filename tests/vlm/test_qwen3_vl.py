@@ -1,17 +1,12 @@
 """Qwen3-VL against transformers' ``qwen3_vl``: the vision tower with DeepStack (outputs and gradients), the whole
 model's logits with two images of different sizes in one batch (DeepStack injection, interleaved M-RoPE), bitwise
-Hugging Face round trips, and the parameter counts of the published sizes."""
+Hugging Face round trips, and the parameter counts of the published sizes (training: test_vlm_train.py)."""
 
 from __future__ import annotations
-
-import json
-import math
-from pathlib import Path
 
 import pytest
 import torch
 import transformers
-from loongforge import hookimpl, load_config
 from loongforge.errors import LoongForgeError
 from loongforge_vlm.encoders.qwen_vit import QwenViT
 from loongforge_vlm.encoders.qwen_vit_adapter import from_hf, to_hf
@@ -24,10 +19,6 @@ from qwen_vit_reference import QWEN3, batch, max_abs, reference_model, rel_l2
 from vlm_reference import megatron_world, mixed_batch
 from vlm_reference import reference_model as reference_vlm
 
-ROOT = Path(__file__).resolve().parents[2]
-#: The byte-vision tokenizer's vision token ids, as ``model.overrides``.
-SHAPES_TOKENS = ("model.overrides.image_token_id=259", "model.overrides.vision_start_token_id=260",
-                 "model.overrides.vision_end_token_id=261", "model.overrides.video_token_id=262")
 #: Two images and a 2-frame video: learned positions resampled to three grids, attention within each frame.
 IMAGES_AND_VIDEO = ((1, 6, 8), (1, 4, 4), (2, 2, 4))
 
@@ -166,31 +157,3 @@ def test_what_deepstack_cannot_run_is_refused_in_one_line(world):
         build_vlm(TINY, backend=world, extra_config={"recompute_granularity": "full", "recompute_method": "uniform",
                                                      "recompute_num_layers": 1})
 
-
-class _Changed:
-    """Which parameters a run changed."""
-
-    @hookimpl
-    def loongforge_on_train_start(self, trainer):
-        self.before = {n: p.detach().clone() for n, p in trainer.model[0].named_parameters()}
-
-    @hookimpl
-    def loongforge_on_train_end(self, trainer, metrics):
-        self.changed = {n for n, p in trainer.model[0].named_parameters() if not p.equal(self.before[n])}
-
-
-def test_tiny_flavor_trains_on_the_shapes_recipe(tmp_path, register_plugin):
-    """``loongforge train`` of the shipped recipe with the model swapped for qwen3-vl-tiny (its vision token ids set
-    to the byte-vision tokenizer's): the loss falls and the DeepStack mergers learn."""
-    from loongforge.train.run import run_training
-
-    recorder = register_plugin(_Changed(), "changed")
-    out = tmp_path / "run"
-    config = load_config(ROOT / "configs" / "vlm-shapes.yaml", [
-        f"run.output_dir={out}", "logging.progress=false", "logging.tensorboard=false", "training.threads=1",
-        "scheduler.warmup_steps=1", "checkpoint.save_at_end=false", "training.steps=3", "model.name=qwen3-vl-tiny",
-        "model.encoder=null", "model.projector=null", "model.foundation=null", *SHAPES_TOKENS])
-    run_training(config)
-    losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert len(losses) == 3 and all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], losses
-    assert {"module.encoder.deepstack_mergers.0.fc2.weight", "module.encoder.pos_embed.weight"} <= recorder.changed
