@@ -1,4 +1,4 @@
-"""transformers' Qwen2-VL / Qwen2.5-VL vision towers built from a LoongForge flavor, plus a test batch."""
+"""transformers' Qwen2-VL / Qwen2.5-VL / Qwen3-VL vision towers built from a LoongForge flavor, plus a test batch."""
 
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVi
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLVisionConfig
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
+from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
 QWEN2 = FLAVORS["qwen2-vl-vit-tiny"]
 QWEN25 = FLAVORS["qwen2.5-vl-vit-tiny"]
+QWEN3 = FLAVORS["qwen3-vl-vit-tiny"]
 
 #: Two images of different resolutions: 6x8 patches (3x4 merged tokens: with 2x2-token windows the bottom and
 #: right windows are partial) and 4x4 patches (one window, which transformers pads with an empty one).
@@ -25,6 +28,11 @@ def hf_config(flavor: QwenViTFlavor):
                   patch_size=flavor.patch_size, temporal_patch_size=flavor.temporal_patch_size,
                   spatial_merge_size=flavor.spatial_merge_size,
                   rope_parameters={"rope_type": "axial", "rope_theta": flavor.rope_theta})
+    if flavor.family == "qwen3-vl":
+        return Qwen3VLVisionConfig(hidden_size=flavor.dim, intermediate_size=flavor.ffn_dim,
+                                   hidden_act="gelu_pytorch_tanh", out_hidden_size=flavor.out_dim,
+                                   num_position_embeddings=flavor.num_position_embeddings,
+                                   deepstack_visual_indexes=list(flavor.deepstack_layers), **common)
     if flavor.family == "qwen2-vl":
         assert flavor.ffn_dim % flavor.dim == 0
         return Qwen2VLVisionConfig(embed_dim=flavor.dim, hidden_size=flavor.out_dim, hidden_act="quick_gelu",
@@ -37,6 +45,8 @@ def hf_config(flavor: QwenViTFlavor):
 def reference_class(flavor: QwenViTFlavor) -> type[torch.nn.Module]:
     if flavor.family == "qwen2-vl":
         return Qwen2VisionTransformerPretrainedModel
+    if flavor.family == "qwen3-vl":
+        return Qwen3VLVisionModel
     return Qwen2_5_VisionTransformerPretrainedModel
 
 

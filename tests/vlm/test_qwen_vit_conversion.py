@@ -69,7 +69,7 @@ def test_param_counts_of_the_published_towers():
 
 def test_flavor_validation():
     with pytest.raises(ConfigError, match="family must be one of"):
-        QwenViTFlavor(family="qwen3-vl", dim=32, ffn_dim=64, num_heads=2, num_layers=1, out_dim=8)
+        QwenViTFlavor(family="qwen4-vl", dim=32, ffn_dim=64, num_heads=2, num_layers=1, out_dim=8)
     with pytest.raises(ConfigError, match="head dim 6 must be a multiple of 4"):
         QWEN2.with_overrides(dim=12)
     with pytest.raises(ConfigError, match="Qwen2.5-VL only"):

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -139,6 +140,24 @@ def test_mismatched_vision_tokens_fail_in_one_line(tmp_path):
                                               r"token ids that the model does not use: image pad 259 \(model: 380\)"):
         run_training(_config(tmp_path / "run", "model.name=qwen2-vl-tiny", "model.encoder=null",
                              "model.projector=null", "model.foundation=null", "training.steps=1"))
+
+
+def test_qwen3_vl_tiny_trains_on_the_shapes_recipe(tmp_path, register_plugin):
+    """qwen3-vl-tiny (its vision token ids set to the byte-vision tokenizer's) in the shipped recipe: the loss falls
+    and the DeepStack mergers and learned position grid, which only reach the loss through DeepStack and the
+    encoder, learn (parity with transformers: test_qwen3_vl.py)."""
+    from loongforge.train.run import run_training
+
+    recorder = register_plugin(Trainable(), "trainable")
+    tokens = [f"model.overrides.{key}={value}" for key, value in (("image_token_id", 259), ("video_token_id", 262),
+                                                                  ("vision_start_token_id", 260),
+                                                                  ("vision_end_token_id", 261))]
+    run_training(_config(tmp_path / "run", "model.name=qwen3-vl-tiny", "model.encoder=null", "model.projector=null",
+                         "model.foundation=null", "training.steps=3", *tokens))
+    losses = _losses(tmp_path / "run")
+    assert sorted(losses) == [1, 2, 3] and all(math.isfinite(v) for v in losses.values()), losses
+    assert losses[3] < losses[1], losses
+    assert {"module.encoder.deepstack_mergers.1.fc2.weight", "module.encoder.pos_embed.weight"} <= recorder.changed()
 
 
 @pytest.mark.slow

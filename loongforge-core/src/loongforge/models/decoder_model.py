@@ -23,6 +23,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from loongforge.errors import ConfigError
 from loongforge.models.flavor import DecoderFlavor, flavor_num_params
 from loongforge.models.layer_spec import decoder_block_spec
+from loongforge.models.mrope import InterleavedMultimodalRotary
 from loongforge.models.rope import rope_inv_freq
 
 __all__ = ["DecoderSpec", "ParallelSettings", "build_model", "flavor_num_params", "padded_vocab_size",
@@ -275,6 +276,8 @@ def build_model(
     )
     if flavor.position_embedding == "rope":
         model.rotary_pos_emb.inv_freq = rope_inv_freq(flavor.rotary_dim, flavor.rope_theta, flavor.rope_scaling)
+    if flavor.mrope_interleaved:
+        model.rotary_pos_emb = InterleavedMultimodalRotary(model.rotary_pos_emb, flavor.mrope_section)
     if flavor.renormalised_top1:
         _UnitTopOneWeight.attach(model)
     if flavor.output_layer_bias and post_process:

@@ -69,7 +69,10 @@ class DecoderFlavor(ModelFamily):
 
     ``mrope_section`` switches plain RoPE to multimodal RoPE (Qwen2-VL's M-RoPE): the ``head_dim / 2`` rotary
     frequencies are split into (temporal, height, width) sections of these sizes, each rotated by its own row
-    of the ``(3, batch, seq)`` position ids. ``None`` is plain 1D RoPE.
+    of the ``(3, batch, seq)`` position ids. ``None`` is plain 1D RoPE. ``mrope_interleaved`` (Qwen3-VL) assigns
+    the frequencies to the axes round-robin instead -- frequency ``j`` follows height when ``j % 3 == 1`` and
+    ``j < 3 * sections[1]``, width when ``j % 3 == 2`` and ``j < 3 * sections[2]``, time otherwise -- so every axis
+    gets high and low frequencies alike.
     """
 
     family: str
@@ -95,6 +98,7 @@ class DecoderFlavor(ModelFamily):
     moe_aux_loss_coeff: float = 0.0
     moe_norm_topk_prob: bool = True
     mrope_section: tuple[int, int, int] | None = None
+    mrope_interleaved: bool = False
     normalization: str = "RMSNorm"
     norm_zero_centered: bool = False
     activation: str = "silu"
@@ -145,6 +149,8 @@ class DecoderFlavor(ModelFamily):
                 f"{self.family} flavor: mrope_section {self.mrope_section} must be three non-negative sizes summing "
                 f"to head_dim / 2 = {self.kv_channels // 2}"
             )
+        if self.mrope_interleaved and self.mrope_section is None:
+            raise ConfigError(f"{self.family} flavor: mrope_interleaved needs mrope_section (the M-RoPE sections)")
         if self.rope_scaling is not None:
             rope_type = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
             if rope_type not in ROPE_SCALING_TYPES:

@@ -310,7 +310,7 @@ def flavor_from_hf_config(config: object, *, family: str) -> DecoderFlavor:
     """A :class:`DecoderFlavor` from a transformers config of ``family`` (``LlamaConfig``, ``Qwen2Config``,
     ``Qwen3Config``, ``MixtralConfig``, ``Qwen3MoeConfig``, ``GPT2Config``, ``GPTNeoXConfig``, ``PhiConfig``,
     ``GemmaConfig``) or an object with the same attributes (``config.json``'s keys), or the ``text_config`` of a
-    Qwen2-VL / Qwen2.5-VL model (``family`` ``qwen2``: its ``mrope_section`` becomes the flavor's).
+    Qwen2-VL / Qwen2.5-VL / Qwen3-VL model (its ``mrope_section`` and ``mrope_interleaved`` become the flavor's).
 
     The family's fixed switches come from its row (:class:`~loongforge.models.hf_layouts.HFFamily`); the rest are
     read from the config, and one this module cannot express is a one-line :class:`ConfigError` naming the key.
@@ -330,6 +330,7 @@ def flavor_from_hf_config(config: object, *, family: str) -> DecoderFlavor:
         or get("rotary_pct") or 1.0
     # Qwen2-VL's text config: M-RoPE sections, with rope type "default" (transformers 5) or "mrope" (older files).
     mrope_section = rope_scaling.pop("mrope_section", None)
+    mrope_interleaved = bool(rope_scaling.pop("mrope_interleaved", False))  # Qwen3-VL's frequency layout
     if rope_scaling.get("rope_type", rope_scaling.get("type", "default")) in ("default", "mrope"):
         rope_scaling = None
     heads = get("num_attention_heads")
@@ -368,6 +369,7 @@ def flavor_from_hf_config(config: object, *, family: str) -> DecoderFlavor:
         head_dim=head_dim if head_dim and head_dim != hidden // heads else None,
         hf_architecture=_architecture(get("architectures"), config, family),
         mrope_section=None if mrope_section is None else tuple(mrope_section),
+        mrope_interleaved=mrope_interleaved,
         **moe,
         **switches,
     )

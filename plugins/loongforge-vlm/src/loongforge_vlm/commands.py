@@ -1,6 +1,6 @@
-"""What the ``vlm`` plugin adds to the ``loongforge`` command line: Qwen2-VL / Qwen2.5-VL conversion both ways
-(``loongforge convert``), VQA evaluation of a VLM checkpoint (``loongforge eval``), the synthetic shapes set
-(``loongforge make-data shapes``) and preference pairs on shapes images (``loongforge make-data shapes-pairs``).
+"""What the ``vlm`` plugin adds to the ``loongforge`` command line: Qwen2-VL / Qwen2.5-VL / Qwen3-VL conversion
+both ways (``loongforge convert``), VQA evaluation of a VLM checkpoint (``loongforge eval``), the synthetic shapes
+set (``loongforge make-data shapes``) and preference pairs on shapes images (``loongforge make-data shapes-pairs``).
 
 Torch-free: the claims read ``config.json`` or a checkpoint's saved config; the converters, the evaluator and the
 generator are registered by import path and load when they run. The generator's options are set up here, because
@@ -47,12 +47,13 @@ def configure_shapes(parser: argparse.ArgumentParser) -> None:
 
 def register_commands(commands: CommandRegistry) -> None:
     commands.add_handler("convert hf-to-mcore", "hf-vlm", claims=claims_hf_vlm,
-                         accepts="a transformers Qwen2-VL / Qwen2.5-VL directory (config.json architectures "
-                                 "Qwen2VLForConditionalGeneration / Qwen2_5_VLForConditionalGeneration)",
+                         accepts="a transformers Qwen2-VL / Qwen2.5-VL / Qwen3-VL directory (config.json architectures "
+                                 "Qwen2VLForConditionalGeneration / Qwen2_5_VLForConditionalGeneration / "
+                                 "Qwen3VLForConditionalGeneration)",
                          configure="loongforge_vlm.convert:configure_hf_to_loongforge",
                          run="loongforge_vlm.convert:run_hf_to_loongforge")
     commands.add_handler("convert mcore-to-hf", "vlm-checkpoint", claims=claims_vlm_checkpoint,
-                         accepts="a LoongForge checkpoint of a Qwen2-VL / Qwen2.5-VL model",
+                         accepts="a LoongForge checkpoint of a Qwen2-VL / Qwen2.5-VL / Qwen3-VL model",
                          configure="loongforge_vlm.convert:configure_loongforge_to_hf",
                          run="loongforge_vlm.convert:run_loongforge_to_hf")
     commands.add_handler("eval", "vlm-vqa", claims=claims_vlm_checkpoint,

@@ -1,4 +1,5 @@
-"""Whole Qwen2-VL / Qwen2.5-VL checkpoints to and from LoongForge checkpoints, as ``loongforge convert`` does for LLMs.
+"""Whole Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoints to and from LoongForge checkpoints, as ``loongforge convert``
+does for LLMs.
 
 ::
 
@@ -98,7 +99,7 @@ def loongforge_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_s
     flavor = resolve_family(config)
     if not isinstance(flavor, VLMFlavor) or flavor.hf_architecture is None:
         raise LoongForgeError(f"{path}: model '{model_label(config, flavor)}' has no Hugging Face VLM layout "
-                              "(Qwen2-VL / Qwen2.5-VL flavors do)")
+                              "(Qwen2-VL / Qwen2.5-VL / Qwen3-VL flavors do)")
     dtype = checkpoint_dtype(path, config)
     max_bytes = parse_size(max_shard_size)
     _, carry = hf_side_files(config, path)
@@ -109,7 +110,7 @@ def loongforge_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_s
         language = gather_full_state([vlm.language_model])
         state = {**{f"encoder.{k}": v for k, v in vlm.encoder.state_dict().items()},
                  **{f"language_model.{k}": v for k, v in language.items()}}
-    tensors = saved_layout(to_hf(state, flavor))  # file names as transformers' save_pretrained writes them
+    tensors = saved_layout(to_hf(state, flavor), flavor)  # file names as transformers' save_pretrained writes them
     write_hf_checkpoint(out_dir, tensors, hf_config_dict(flavor, dtype="bfloat16" if dtype == "bf16" else "float32"),
                         max_shard_bytes=max_bytes, carry_from=carry, progress=True)
     return f"wrote {out_dir}: {len(tensors)} tensors ({flavor.hf_architecture}, {dtype}) from {path}"

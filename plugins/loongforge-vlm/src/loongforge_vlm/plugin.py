@@ -1,4 +1,4 @@
-"""Entry point of the ``vlm`` plugin: registers the vision encoders (Qwen2-VL / Qwen2.5-VL ViTs, SigLIP) and
+"""Entry point of the ``vlm`` plugin: registers the vision encoders (Qwen2-VL / Qwen2.5-VL / Qwen3-VL ViTs, SigLIP) and
 the composed vision-language models (encoder + projector + any core LLM backbone).
 
 Torch-free at import and while registering: flavors are plain dataclasses; the torch modules are built only
@@ -10,7 +10,7 @@ from __future__ import annotations
 from loongforge import hookimpl
 
 #: Shown by ``loongforge plugins``.
-SUMMARY = "vision-language models: Qwen2/2.5-VL and SigLIP encoders, projectors, composed VLMs on any LLM"
+SUMMARY = "vision-language models: Qwen2/2.5/3-VL and SigLIP encoders, projectors, composed VLMs on any LLM"
 
 
 @hookimpl

@@ -1,10 +1,11 @@
 """Conversion between :class:`~loongforge_vlm.encoders.qwen_vit.QwenViT` names and transformers' vision tower.
 
-transformers' ``Qwen2VisionTransformerPretrainedModel`` / ``Qwen2_5_VisionTransformerPretrainedModel`` differ
-from ours by renames plus two layout changes, both exact: the patch embedding is their Conv3d kernel
-``(dim, C, t, p, p)`` flattened to ``(dim, C*t*p*p)`` (a view of the same values), and Qwen2.5-VL's ``fc1`` is
-their ``gate_proj`` and ``up_proj`` stacked along the output dimension. Both directions check the state against
-the flavor's complete list of shapes, so a missing, unexpected or mis-shaped tensor is refused with its name.
+transformers' ``Qwen2VisionTransformerPretrainedModel`` / ``Qwen2_5_VisionTransformerPretrainedModel`` /
+``Qwen3VLVisionModel`` differ from ours by renames plus two layout changes, both exact: the patch embedding is
+their Conv3d kernel ``(dim, C, t, p, p)`` flattened to ``(dim, C*t*p*p)`` (a view of the same values), and
+Qwen2.5-VL's ``fc1`` is their ``gate_proj`` and ``up_proj`` stacked along the output dimension. Both
+directions check the state against the flavor's complete list of shapes, so a missing, unexpected or mis-shaped
+tensor is refused with its name.
 Works on any name -> tensor mapping laid out like the weights (gradients, optimizer moments too).
 
 ``prefix`` selects the tower inside a whole VLM checkpoint (``"model.visual."`` in transformers 5 layouts,
@@ -20,18 +21,29 @@ from loongforge.errors import LoongForgeError
 
 from loongforge_vlm.encoders.qwen_vit_flavors import QwenViTFlavor, parameter_shapes
 
+#: Qwen3-VL's names of the MLP and merger layers (Qwen2-VL's ``fc1``/``mlp.0`` are its ``linear_fc1``).
+_QWEN3_LINEARS = {"fc1": "linear_fc1", "fc2": "linear_fc2"}
+
+
+def _merger_map(flavor: QwenViTFlavor) -> dict[str, tuple[str, ...]]:
+    if not flavor.learned_positions:
+        return {"merger.fc1": ("merger.mlp.0",), "merger.fc2": ("merger.mlp.2",), "merger.norm": ("merger.ln_q",)}
+    mergers = {"merger": "merger", **{f"deepstack_mergers.{level}": f"deepstack_merger_list.{level}"
+                                      for level in range(len(flavor.deepstack_layers))}}
+    return {f"{ours}.{part}": (f"{theirs}.{_QWEN3_LINEARS.get(part, part)}",)
+            for ours, theirs in mergers.items() for part in ("norm", "fc1", "fc2")}
+
 
 def _module_map(flavor: QwenViTFlavor) -> dict[str, tuple[str, ...]]:
     """Our module -> their module(s); several names mean our tensor is their concatenation along dim 0."""
-    block = {
-        "attn.qkv": ("attn.qkv",),
-        "attn.out": ("attn.proj",),
-        "mlp.fc1": ("mlp.gate_proj", "mlp.up_proj") if flavor.gated_mlp else ("mlp.fc1",),
-        "mlp.fc2": ("mlp.down_proj",) if flavor.gated_mlp else ("mlp.fc2",),
-        "attn_norm": ("norm1",),
-        "mlp_norm": ("norm2",),
-    }
-    modules = {"merger.fc1": ("merger.mlp.0",), "merger.fc2": ("merger.mlp.2",), "merger.norm": ("merger.ln_q",)}
+    if flavor.gated_mlp:
+        mlp = {"mlp.fc1": ("mlp.gate_proj", "mlp.up_proj"), "mlp.fc2": ("mlp.down_proj",)}
+    else:
+        linears = _QWEN3_LINEARS if flavor.learned_positions else {}
+        mlp = {f"mlp.{name}": (f"mlp.{linears.get(name, name)}",) for name in ("fc1", "fc2")}
+    block = {"attn.qkv": ("attn.qkv",), "attn.out": ("attn.proj",), **mlp, "attn_norm": ("norm1",),
+             "mlp_norm": ("norm2",)}
+    modules = {**_merger_map(flavor), "patch_embed": ("patch_embed.proj",), "pos_embed": ("pos_embed",)}
     for index in range(flavor.num_layers):
         modules.update({f"blocks.{index}.{ours}": tuple(f"blocks.{index}.{t}" for t in theirs)
                         for ours, theirs in block.items()})

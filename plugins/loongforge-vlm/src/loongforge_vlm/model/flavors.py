@@ -4,8 +4,11 @@ Torch-free, because the plugin registers these objects and ``loongforge list`` m
 backbone is a core :class:`~loongforge.models.flavor.DecoderFlavor`, so any family core builds (Llama, Qwen2,
 Qwen3, MoE) can sit behind any encoder; swapping it is ``dataclasses.replace(flavor, foundation=...)``.
 Qwen2-VL / Qwen2.5-VL are a Qwen ViT whose patch merger *is* the projector (``projector=None``: the encoder's
-output already has the backbone's width) in front of a Qwen2 decoder with multimodal RoPE. The real sizes carry
-the published ``config.json`` values of Qwen/Qwen2-VL-2B/7B-Instruct and Qwen/Qwen2.5-VL-3B/7B-Instruct.
+output already has the backbone's width) in front of a Qwen2 decoder with multimodal RoPE; Qwen3-VL is the
+Qwen3-VL ViT (with DeepStack, :mod:`loongforge_vlm.model.deepstack`) in front of a Qwen3 decoder (dense, or
+Qwen3-MoE for the A3B/A22B sizes) with interleaved multimodal RoPE. The real sizes carry the published
+``config.json`` values of Qwen/Qwen2-VL-2B/7B-Instruct, Qwen/Qwen2.5-VL-3B/7B-Instruct and
+Qwen/Qwen3-VL-2B/8B/30B-A3B/235B-A22B-Instruct.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from loongforge.models.flavor import DecoderFlavor, replace_fields
 from loongforge.models.llama import FLAVORS as LLAMA_FLAVORS
 
 from loongforge_vlm.encoders.qwen_vit_flavors import FLAVORS as QWEN_VIT_FLAVORS
+from loongforge_vlm.encoders.qwen_vit_flavors import TITLES as QWEN_VIT_TITLES
 from loongforge_vlm.encoders.qwen_vit_flavors import QwenViTFlavor
 from loongforge_vlm.encoders.qwen_vit_flavors import num_params as qwen_vit_num_params
 from loongforge_vlm.encoders.siglip_flavors import SIGLIP_FLAVORS, SiglipFlavor
@@ -100,7 +104,14 @@ class VLMFlavor(ModelFamily):
             raise ConfigError(f"vlm flavor: image/video/vision-start/vision-end token ids must differ, got {ids}")
         if self.video_token_id is not None and not qwen:
             raise ConfigError("vlm flavor: videos need a Qwen ViT encoder (it embeds frames with grid_thw)")
+        if self.deepstack_levels > self.foundation.num_layers:
+            raise ConfigError(f"vlm flavor: {self.deepstack_levels} DeepStack feature sets need as many decoder "
+                              f"layers, the backbone has {self.foundation.num_layers}")
 
+    @property
+    def deepstack_levels(self) -> int:
+        """How many of the first decoder layers receive DeepStack features (Qwen3-VL encoders; else 0)."""
+        return len(getattr(self.encoder, "deepstack_layers", ()))
     @property
     def uses_mrope(self) -> bool:
         """Whether the backbone takes ``(3, batch, seq)`` multimodal position ids."""
@@ -173,6 +184,18 @@ class VLMFlavor(ModelFamily):
         roles = {"projector": projector, "encoder": ("encoder.*",), "foundation": ("language_model.*",)}
         return parameter_groups(roles, self.part_options)
 
+    def check_layout(self, layout: Any) -> list[Any]:
+        """The backbone's problems, plus what DeepStack cannot take: its features exist on the first pipeline
+        stage only and are laid out over the whole sequence (:mod:`loongforge_vlm.model.deepstack`)."""
+        from loongforge.models.sizing import LayoutProblem
+
+        problems = self.foundation.check_layout(layout)
+        if self.deepstack_levels and (layout.pp > 1 or layout.cp > 1):
+            problems.append(LayoutProblem(f"Qwen3-VL's DeepStack runs with pp=1 and cp=1 (got pp={layout.pp}, "
+                                          f"cp={layout.cp}); split it with tp/sequence parallelism or dp",
+                                          reason="DeepStack needs pp=1 and cp=1"))
+        return problems
+
     def planner_parts(self, config: Any) -> tuple[Any, ...]:
         """The vision encoder + projector as the layout planner's first-stage part, sized for
         :attr:`vision_tokens_per_sample`; see :mod:`loongforge_vlm.model.planner_parts`."""
@@ -221,6 +244,26 @@ def _qwen25_vl(encoder: str, text: DecoderFlavor) -> VLMFlavor:
                      hf_architecture="Qwen2_5_VLForConditionalGeneration", **_QWEN_TOKENS)
 
 
+def _qwen3_text(**kw: Any) -> DecoderFlavor:
+    base = dict(family="qwen3", rope_theta=5000000.0, norm_eps=1e-6, qk_layernorm=True,
+                vocab_size=151936, max_position_embeddings=262144, mrope_section=(24, 20, 20),
+                mrope_interleaved=True, hf_architecture="Qwen3ForCausalLM")
+    return DecoderFlavor(**{**base, **kw})
+
+
+def _qwen3_moe_text(**kw: Any) -> DecoderFlavor:
+    # head_dim 128 with twice as many heads as hidden_size / 128 (``None`` where they agree, as configs read back)
+    return _qwen3_text(family="qwen3-moe", moe_router_topk=8, num_experts=128, head_dim=128,
+                       hf_architecture="Qwen3MoeForCausalLM", **kw)
+
+
+def _qwen3_vl(encoder: str, text: DecoderFlavor) -> VLMFlavor:
+    # The MoE sizes have no Hugging Face layout here yet: their files store the experts transposed
+    # (Qwen3VLMoeForConditionalGeneration), which the conversion does not read, so convert refuses them in one line.
+    architecture = None if text.num_experts else "Qwen3VLForConditionalGeneration"
+    return VLMFlavor(encoder=QWEN_VIT_FLAVORS[encoder], foundation=text, hf_architecture=architecture, **_QWEN_TOKENS)
+
+
 #: A tiny Qwen2 text model for the Qwen VLM tiny flavors (4 heads in 2 query groups, so it splits over 2 TP
 #: ranks): head_dim 12 with an asymmetric M-RoPE split and a
 #: small rope_theta (every frequency turns noticeably over a short sequence), so a mixed-up section order
@@ -249,6 +292,24 @@ FLAVORS: dict[str, VLMFlavor] = {
     "qwen2.5-vl-7b": _qwen25_vl("qwen2.5-vl-7b-vit", _qwen2_text(
         num_layers=28, hidden_size=3584, ffn_hidden_size=18944, num_attention_heads=28, num_query_groups=4,
         vocab_size=152064, max_position_embeddings=128000)),
+    # Qwen3-VL-tiny: the qwen3-vl ViT (DeepStack into decoder layers 0 and 1 of 3) before a Qwen3 decoder with
+    # QK-norm, head_dim 16 != 48 / 4, interleaved M-RoPE over (4, 2, 2) frequencies and rope_theta 100.
+    "qwen3-vl-tiny": VLMFlavor(encoder=QWEN_VIT_FLAVORS["qwen3-vl-vit-tiny"], foundation=_qwen3_text(
+        num_layers=3, hidden_size=48, ffn_hidden_size=96, num_attention_heads=4, num_query_groups=2, head_dim=16,
+        vocab_size=384, max_position_embeddings=1024, mrope_section=(4, 2, 2), rope_theta=100.0),
+        hf_architecture="Qwen3VLForConditionalGeneration", **_TINY_TOKENS),
+    # The published Qwen/Qwen3-VL-*-Instruct config.json values (text_config and vision_config).
+    "qwen3-vl-2b": _qwen3_vl("qwen3-vl-2b-vit", _qwen3_text(
+        num_layers=28, hidden_size=2048, ffn_hidden_size=6144, num_attention_heads=16, num_query_groups=8,
+        tie_word_embeddings=True)),
+    "qwen3-vl-8b": _qwen3_vl("qwen3-vl-8b-vit", _qwen3_text(
+        num_layers=36, hidden_size=4096, ffn_hidden_size=12288, num_attention_heads=32, num_query_groups=8)),
+    "qwen3-vl-30b-a3b": _qwen3_vl("qwen3-vl-30b-a3b-vit", _qwen3_moe_text(
+        num_layers=48, hidden_size=2048, ffn_hidden_size=6144, moe_ffn_hidden_size=768, num_attention_heads=32,
+        num_query_groups=4)),
+    "qwen3-vl-235b-a22b": _qwen3_vl("qwen3-vl-235b-a22b-vit", _qwen3_moe_text(
+        num_layers=94, hidden_size=4096, ffn_hidden_size=12288, moe_ffn_hidden_size=1536, num_attention_heads=64,
+        num_query_groups=4)),
     # SigLIP-tiny (32px images, 8x8 patches) -> 2x2-merging MLP -> llama-debug: 16 tokens per image, plain RoPE.
     # Ids 259..261 follow the byte tokenizer's 259 tokens.
     "vlm-tiny": VLMFlavor(encoder=SIGLIP_FLAVORS["siglip-tiny"], projector=MlpProjectorFlavor(merge=2),
@@ -262,6 +323,10 @@ HF_IDS: dict[str, tuple[str, ...]] = {
     "qwen2-vl-7b": ("Qwen/Qwen2-VL-7B-Instruct",),
     "qwen2.5-vl-3b": ("Qwen/Qwen2.5-VL-3B-Instruct",),
     "qwen2.5-vl-7b": ("Qwen/Qwen2.5-VL-7B-Instruct",),
+    "qwen3-vl-2b": ("Qwen/Qwen3-VL-2B-Instruct",),
+    "qwen3-vl-8b": ("Qwen/Qwen3-VL-8B-Instruct",),
+    "qwen3-vl-30b-a3b": ("Qwen/Qwen3-VL-30B-A3B-Instruct",),
+    "qwen3-vl-235b-a22b": ("Qwen/Qwen3-VL-235B-A22B-Instruct",),
 }
 
 
@@ -271,10 +336,14 @@ def describe(flavor: VLMFlavor) -> str:
     size = f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.2f}M"
     encoder = flavor.encoder
     if isinstance(encoder, QwenViTFlavor):
-        vision = f"{'Qwen2.5-VL' if encoder.family == 'qwen2.5-vl' else 'Qwen2-VL'} ViT + patch merger"
+        vision = f"{QWEN_VIT_TITLES[encoder.family]} ViT + patch merger"
     else:
         vision = f"SigLIP + {flavor.projector.merge}x{flavor.projector.merge} MLP projector"  # type: ignore[union-attr]
     text = flavor.foundation
     positions = f"M-RoPE {list(text.mrope_section)}" if text.mrope_section else "1D RoPE"
+    if text.mrope_interleaved:
+        positions = f"interleaved {positions}"
+    if flavor.deepstack_levels:
+        positions += f", DeepStack into the first {flavor.deepstack_levels} layers"
     return (f"vision-language model, {size} params: {vision} ({encoder.num_layers} layers, d{encoder.dim}) -> "
             f"{text.family} decoder ({text.num_layers} layers, d{text.hidden_size}), {positions}")

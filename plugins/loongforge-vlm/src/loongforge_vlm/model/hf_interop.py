@@ -1,12 +1,15 @@
-"""transformers' Qwen2-VL / Qwen2.5-VL checkpoints <-> :class:`~loongforge_vlm.model.vlm.VisionLanguageModel`.
+"""transformers' Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoints <->
+:class:`~loongforge_vlm.model.vlm.VisionLanguageModel`.
 
 A whole checkpoint is two checkpoints side by side, and each half goes through the adapter that already exists
 for it: the vision tower (``model.visual.*``) through :mod:`loongforge_vlm.encoders.qwen_vit_adapter`, the
 language model (``model.language_model.*`` + ``lm_head``) through core's :mod:`loongforge.models.hf_adapter`
-(a Qwen2 decoder). Our state dict is ``encoder.*`` + ``language_model.*`` (megatron names, vocabulary padded as
-``build_model`` pads it at TP=1). Both directions are reshapes, concatenations and slices, so ``ours -> HF ->
-ours`` and ``HF -> ours -> HF`` are bitwise (padded vocabulary rows come back as zeros). transformers 5 names are
-written; the published pre-v5 files (``visual.*``, ``model.*``) are read too.
+(a Qwen2 decoder; Qwen3's for Qwen3-VL). Our state dict is ``encoder.*`` + ``language_model.*`` (megatron names,
+vocabulary padded as ``build_model`` pads it at TP=1). Both directions are reshapes, concatenations and slices, so
+``ours -> HF -> ours`` and ``HF -> ours -> HF`` are bitwise (padded vocabulary rows come back as zeros).
+transformers 5 names are written; the published pre-v5 files (``visual.*``, ``model.*``) are read too. Qwen3-VL's
+published files already use the transformers 5 names. Qwen3-VL-MoE (A3B/A22B) is not converted yet: its files
+store the experts transposed, which core's Qwen3-MoE adapter does not read.
 
 ``config.json`` <-> :class:`~loongforge_vlm.model.flavors.VLMFlavor`: the nested (transformers 5) and the flat
 published layout are read; a setting our model does not implement is a one-line :class:`ConfigError` naming the
@@ -28,6 +31,7 @@ from loongforge.models.hf_adapter import flavor_from_hf_config as text_flavor_fr
 from loongforge.models.hf_adapter import hf_tensor_shapes, hf_to_megatron, megatron_to_hf
 
 from loongforge_vlm.encoders import qwen_vit_adapter
+from loongforge_vlm.encoders.qwen_vit_flavors import ACTIVATIONS as _VISION_ACT
 from loongforge_vlm.encoders.qwen_vit_flavors import QwenViTFlavor
 from loongforge_vlm.model.flavors import VLMFlavor
 
@@ -35,7 +39,11 @@ from loongforge_vlm.model.flavors import VLMFlavor
 ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen2VLForConditionalGeneration": ("qwen2-vl", "qwen2_vl"),
     "Qwen2_5_VLForConditionalGeneration": ("qwen2.5-vl", "qwen2_5_vl"),
+    "Qwen3VLForConditionalGeneration": ("qwen3-vl", "qwen3_vl"),
 }
+#: The core decoder family (and its transformers class) of each encoder family's language model.
+_TEXT_FAMILIES = {"qwen2-vl": ("qwen2", "Qwen2ForCausalLM"), "qwen2.5-vl": ("qwen2", "Qwen2ForCausalLM"),
+                  "qwen3-vl": ("qwen3", "Qwen3ForCausalLM")}
 VISUAL, LANGUAGE, LM_HEAD = "model.visual.", "model.language_model.", "lm_head.weight"
 _LEGACY_VISUAL, _LEGACY_LANGUAGE = "visual.", "model."
 _TOKEN_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
@@ -50,8 +58,11 @@ _VISION_DEFAULTS = {
                    "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "tokens_per_second": 4,
                    "window_size": 112, "out_hidden_size": 3584, "fullatt_block_indexes": [7, 15, 23, 31],
                    "hidden_act": "silu"},
+    "qwen3-vl": {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16, "in_channels": 3,
+                 "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": 3584,
+                 "num_position_embeddings": 2304, "deepstack_visual_indexes": [8, 16, 24],
+                 "hidden_act": "gelu_pytorch_tanh"},
 }
-_VISION_ACT = {"qwen2-vl": "quick_gelu", "qwen2.5-vl": "silu"}
 
 
 # -- config.json ----------------------------------------------------------------------------------------------
@@ -85,6 +96,11 @@ def _vision_flavor(vision: Mapping[str, Any], family: str, out_dim: int, where: 
         flavor = QwenViTFlavor(dim=v["embed_dim"], ffn_dim=v["embed_dim"] * v["mlp_ratio"], out_dim=v["hidden_size"],
                                **common)
         out_key = "hidden_size"
+    elif family == "qwen3-vl":
+        flavor = QwenViTFlavor(dim=v["hidden_size"], ffn_dim=v["intermediate_size"], out_dim=v["out_hidden_size"],
+                               num_position_embeddings=v["num_position_embeddings"],
+                               deepstack_layers=tuple(v["deepstack_visual_indexes"]), **common)
+        out_key = "out_hidden_size"
     else:
         flavor = QwenViTFlavor(dim=v["hidden_size"], ffn_dim=v["intermediate_size"], out_dim=v["out_hidden_size"],
                                window_size=v["window_size"], full_attention_blocks=tuple(v["fullatt_block_indexes"]),
@@ -96,7 +112,7 @@ def _vision_flavor(vision: Mapping[str, Any], family: str, out_dim: int, where: 
     return flavor
 
 
-def _text_flavor(text: Mapping[str, Any], tied: bool, where: str, prefix: str) -> Any:
+def _text_flavor(text: Mapping[str, Any], tied: bool, where: str, prefix: str, family: str) -> Any:
     t = {**_TEXT_DEFAULTS, **{k: x for k, x in text.items() if x is not None}}
     for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
         if not isinstance(t.get(key), int):
@@ -111,20 +127,22 @@ def _text_flavor(text: Mapping[str, Any], tied: bool, where: str, prefix: str) -
         raise ConfigError(f"{where}: {prefix}rope_parameters.rope_type {rope.get('rope_type')!r} is not supported "
                           "(needs 'default')")
     rope = {"rope_theta": t.get("rope_theta", 1000000.0), **rope}
-    values = {**t, "rope_parameters": rope, "tie_word_embeddings": tied, "architectures": ["Qwen2ForCausalLM"]}
+    text_family, architecture = _TEXT_FAMILIES[family]
+    values = {**t, "rope_parameters": rope, "tie_word_embeddings": tied, "architectures": [architecture]}
     try:
-        return text_flavor_from_hf_config(SimpleNamespace(**values), family="qwen2")
+        return text_flavor_from_hf_config(SimpleNamespace(**values), family=text_family)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 
 
 def flavor_from_hf_config(raw: Mapping[str, Any], *, where: str = "config.json") -> VLMFlavor:
-    """The flavor a Qwen2-VL / Qwen2.5-VL ``config.json`` mapping describes (``where`` names it in errors)."""
+    """The flavor a Qwen2-VL / Qwen2.5-VL / Qwen3-VL ``config.json`` mapping describes (``where`` names it in
+    errors)."""
     architecture, family = _family(raw, where)
     nested = isinstance(raw.get("text_config"), Mapping)
     text = raw["text_config"] if nested else raw
     tied = bool(raw.get("tie_word_embeddings") or text.get("tie_word_embeddings"))
-    foundation = _text_flavor(text, tied, where, "text_config." if nested else "")
+    foundation = _text_flavor(text, tied, where, "text_config." if nested else "", family)
     if not isinstance(raw.get("vision_config"), Mapping):
         raise ConfigError(f"{where}: key vision_config is missing")
     encoder = _vision_flavor(raw["vision_config"], family, foundation.hidden_size, where)
@@ -149,7 +167,8 @@ def read_hf_config(directory: str | Path) -> VLMFlavor:
 
 
 def hf_config_dict(flavor: VLMFlavor, dtype: str = "float32") -> dict[str, Any]:
-    """The transformers 5 ``config.json`` of ``flavor`` (``Qwen2VLConfig(**d)`` / ``Qwen2_5_VLConfig(**d)``)."""
+    """The transformers 5 ``config.json`` of ``flavor`` (``Qwen2VLConfig(**d)`` / ``Qwen2_5_VLConfig(**d)`` /
+    ``Qwen3VLConfig(**d)``)."""
     if flavor.hf_architecture not in ARCHITECTURES or not isinstance(flavor.encoder, QwenViTFlavor):
         raise ConfigError(f"vlm flavor with architecture {flavor.hf_architecture!r} has no Hugging Face format; "
                           f"supported: {', '.join(ARCHITECTURES)}")
@@ -160,9 +179,14 @@ def hf_config_dict(flavor: VLMFlavor, dtype: str = "float32") -> dict[str, Any]:
         num_hidden_layers=text.num_layers, num_attention_heads=text.num_attention_heads,
         num_key_value_heads=text.num_query_groups, vocab_size=text.vocab_size,
         max_position_embeddings=text.max_position_embeddings, rms_norm_eps=text.norm_eps, hidden_act="silu",
-        use_sliding_window=False, rope_parameters={"rope_type": "default", "mrope_section": list(text.mrope_section),
-                                                   "rope_theta": text.rope_theta},
+        rope_parameters={"rope_type": "default", "mrope_section": list(text.mrope_section),
+                         "rope_theta": text.rope_theta},
     )
+    if family == "qwen3-vl":
+        text_config.update(head_dim=text.kv_channels, attention_bias=False)
+        text_config["rope_parameters"]["mrope_interleaved"] = text.mrope_interleaved
+    else:
+        text_config["use_sliding_window"] = False
     vision_config: dict[str, Any] = dict(
         model_type=f"{model_type}_vision", depth=vit.num_layers, num_heads=vit.num_heads,
         in_channels=vit.in_channels, patch_size=vit.patch_size, temporal_patch_size=vit.temporal_patch_size,
@@ -174,6 +198,10 @@ def hf_config_dict(flavor: VLMFlavor, dtype: str = "float32") -> dict[str, Any]:
             raise ConfigError(f"qwen2-vl encoder: ffn_dim {vit.ffn_dim} is not a multiple of dim {vit.dim} "
                               "(transformers stores mlp_ratio)")
         vision_config.update(embed_dim=vit.dim, mlp_ratio=vit.ffn_dim // vit.dim, hidden_size=vit.out_dim)
+    elif family == "qwen3-vl":
+        vision_config.update(hidden_size=vit.dim, intermediate_size=vit.ffn_dim, out_hidden_size=vit.out_dim,
+                             num_position_embeddings=vit.num_position_embeddings,
+                             deepstack_visual_indexes=list(vit.deepstack_layers))
     else:
         vision_config.update(hidden_size=vit.dim, intermediate_size=vit.ffn_dim, out_hidden_size=vit.out_dim,
                              window_size=vit.window_size, fullatt_block_indexes=list(vit.full_attention_blocks),
@@ -229,9 +257,12 @@ def from_hf(state: Mapping[str, torch.Tensor], flavor: VLMFlavor) -> dict[str, t
     return {**{f"encoder.{k}": v for k, v in encoder.items()}, **{f"language_model.{k}": v for k, v in decoder.items()}}
 
 
-def saved_layout(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def saved_layout(state: Mapping[str, torch.Tensor], flavor: VLMFlavor) -> dict[str, torch.Tensor]:
     """transformers 5 names -> the names in published checkpoint files (``visual.*``, ``model.*``), which is also
-    what transformers 5's ``save_pretrained`` writes, so older and newer versions both read our exports."""
+    what transformers 5's ``save_pretrained`` writes, so older and newer versions both read our exports. Qwen3-VL's
+    published files keep the transformers 5 names."""
+    if flavor.encoder.family == "qwen3-vl":
+        return dict(state)
     renamed = {}
     for name, tensor in state.items():
         if name.startswith(VISUAL):

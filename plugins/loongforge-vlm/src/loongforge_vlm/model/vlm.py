@@ -6,7 +6,8 @@ sequence and pipeline parallelism apply to it unchanged. The forward pass embeds
 ``GPTModel``'s own embedding (built to return the whole sequence), writes the vision features into the
 image/video placeholder positions, scatters the result over the sequence-parallel ranks when sequence
 parallelism is on, and runs the decoder from that ``decoder_input`` in megatron's ``[seq, batch, hidden]``
-layout. With labels it returns the per-token loss, like core's ``GPTModel`` path in the trainer.
+layout. With labels it returns the per-token loss, like core's ``GPTModel`` path in the trainer. A Qwen3-VL
+encoder's DeepStack features reach the first decoder layers through :mod:`loongforge_vlm.model.deepstack`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from torch import nn
 from loongforge_vlm.encoders.qwen_vit import QwenViT
 from loongforge_vlm.encoders.qwen_vit_flavors import QwenViTFlavor
 from loongforge_vlm.encoders.siglip import SiglipVisionEncoder
+from loongforge_vlm.model.deepstack import DeepStackInjection, check_recompute
 from loongforge_vlm.model.flavors import VLMFlavor
 from loongforge_vlm.model.position_ids import mrope_position_ids, text_position_ids
 from loongforge_vlm.projectors import MlpProjector
@@ -79,6 +81,10 @@ class VisionLanguageModel(MegatronModule):
         self.encoder = encoder
         self.projector = projector
         self.language_model = language_model
+        self.deepstack = None
+        if encoder is not None and flavor.deepstack_levels:
+            check_recompute(language_model.config)
+            self.deepstack = DeepStackInjection(list(language_model.decoder.layers)[:flavor.deepstack_levels])
 
     def component_parameters(self, name: str) -> list[tuple[str, nn.Parameter]]:
         """Named parameters of one part -- ``encoder``, ``projector`` or ``foundation`` -- for per-part freezing
@@ -124,21 +130,27 @@ class VisionLanguageModel(MegatronModule):
         """Megatron's pipeline schedule hands the previous stage's activations in here."""
         self.language_model.set_input_tensor(input_tensor)
 
-    def _vision_features(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor | None) -> list[torch.Tensor]:
-        """One ``(tokens, hidden)`` tensor per image (or video)."""
+    def _vision_features(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor | None
+                         ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """One ``(tokens, hidden)`` tensor per image (or video), and the DeepStack features of all of them, one
+        ``(all tokens, hidden)`` tensor per level (none without DeepStack)."""
         if self.projector is None:
-            merged = self.encoder(pixel_values, grid_thw)
+            merged, deepstack = self.encoder.encode(pixel_values, grid_thw)
             per_item = (grid_thw.prod(-1) // self.flavor.spatial_merge_size ** 2).tolist()
-            return list(merged.split(per_item))
+            return list(merged.split(per_item)), deepstack
         rows, cols = self.encoder.grid(*pixel_values.shape[-2:])
-        return list(self.projector(self.encoder(pixel_values), (rows, cols)).unbind(0))
+        return list(self.projector(self.encoder(pixel_values), (rows, cols)).unbind(0)), []
 
     def _scatter(self, embeddings: torch.Tensor, input_ids: torch.Tensor, token_id: int, kind: str,
-                 features: list[torch.Tensor]) -> torch.Tensor:
-        """``embeddings`` ``(B, S, H)`` with the features written into the ``token_id`` positions, in order."""
+                 features: list[torch.Tensor], deepstack: list[torch.Tensor], residuals: list[torch.Tensor]
+                 ) -> torch.Tensor:
+        """``embeddings`` ``(B, S, H)`` with the features written into the ``token_id`` positions, in order; the
+        DeepStack features are written into the same positions of ``residuals`` (one ``(B, S, H)`` per level)."""
         mask = input_ids == token_id
         _check_counts(kind, mask.sum(-1).tolist(), [f.shape[0] for f in features])
         flat = torch.cat(features).to(embeddings.dtype)
+        for level, level_features in enumerate(deepstack):
+            residuals[level] = residuals[level].masked_scatter(mask[..., None], level_features.to(embeddings.dtype))
         return embeddings.masked_scatter(mask[..., None], flat)
 
     def embed(self, input_ids: torch.Tensor, *, pixel_values: torch.Tensor | None = None,
@@ -156,18 +168,28 @@ class VisionLanguageModel(MegatronModule):
             position_ids = None
         text = embedding(input_ids=input_ids, position_ids=position_ids)  # [S, B, H], whole sequence
         embeddings = text.transpose(0, 1)
+        residuals = [torch.zeros_like(embeddings) for _ in range(self.flavor.deepstack_levels)]
         if pixel_values is not None:
-            features = self._vision_features(pixel_values, image_grid_thw)
-            embeddings = self._scatter(embeddings, input_ids, self.flavor.image_token_id, "image", features)
+            features, deepstack = self._vision_features(pixel_values, image_grid_thw)
+            embeddings = self._scatter(embeddings, input_ids, self.flavor.image_token_id, "image", features,
+                                       deepstack, residuals)
         if pixel_values_videos is not None:
             if self.flavor.video_token_id is None:
                 raise LoongForgeError("this model has no video token (flavor.video_token_id is None)")
-            features = self._vision_features(pixel_values_videos, video_grid_thw)
-            embeddings = self._scatter(embeddings, input_ids, self.flavor.video_token_id, "video", features)
-        embeddings = embeddings.transpose(0, 1).contiguous()
+            features, deepstack = self._vision_features(pixel_values_videos, video_grid_thw)
+            embeddings = self._scatter(embeddings, input_ids, self.flavor.video_token_id, "video", features,
+                                       deepstack, residuals)
+        if self.deepstack is not None:
+            has_vision = pixel_values is not None or pixel_values_videos is not None
+            self.deepstack.residuals = [self._decoder_layout(r) for r in residuals] if has_vision else None
+        return self._decoder_layout(embeddings)
+
+    def _decoder_layout(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``(B, S, H)`` -> the decoder's ``[S, B, H]`` (this rank's slice under sequence parallelism)."""
+        hidden = hidden.transpose(0, 1).contiguous()
         if self.language_model.config.sequence_parallel:
-            embeddings = tensor_parallel.scatter_to_sequence_parallel_region(embeddings)
-        return embeddings
+            hidden = tensor_parallel.scatter_to_sequence_parallel_region(hidden)
+        return hidden
 
     def position_ids(self, input_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
                      image_grid_thw: torch.Tensor | None = None, video_grid_thw: torch.Tensor | None = None,
