@@ -239,18 +239,18 @@ class OffloadConfig:
 
     Another way than recompute to trade for activation memory: recompute spends compute, offload spends
     host-device bandwidth (on a side stream, overlapped with the next layer's compute) and host memory; the
-    numbers stay bit for bit the same. Each saved tensor of at least ``min_bytes`` (parameters excepted) is copied
-    into a page-locked host buffer as it is saved; its device memory is released once the next offloaded layer
-    has run its forward. When a layer's backward starts, the previous layer's tensors are prefetched to the device
-    (:mod:`loongforge.train.activation_offload`). Megatron's own layer offloading needs Transformer Engine; this
-    one works on every device backend. Not with ``training.compile`` nor full ``model.recompute`` (which keeps
-    only each layer's input); selective recompute combines with it.
+    numbers stay bit for bit the same. The storage under each saved tensor, when it holds at least ``min_bytes``
+    (parameters excepted), is copied into a page-locked host buffer as it is saved; its device memory is released
+    once the next offloaded layer has run its forward. When a layer's backward starts, the previous layer's tensors
+    are prefetched to the device (:mod:`loongforge.train.activation_offload`). Megatron's own layer offloading
+    needs Transformer Engine; this one works on every device backend. Not with ``training.compile`` nor full
+    ``model.recompute`` (which keeps only each layer's input); selective recompute combines with it.
     """
 
     #: Decoder layers to offload, 0-based over the whole model (each pipeline stage offloads the ones it holds),
     #: or ``all``.
     layers: Literal["all"] | list[int] = "all"
-    #: Smaller saved tensors stay on the device (a copy costs more than it frees); megatron's default is 1 MiB.
+    #: Smaller saved storages stay on the device (a copy costs more than it frees); megatron's default is 1 MiB.
     min_bytes: int = ranged(1 << 20, low=0)
 
 

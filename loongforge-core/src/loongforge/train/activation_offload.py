@@ -10,10 +10,12 @@ operation -- the side stream, events, page-locked host buffers -- goes through t
 
 How a step goes, for one forward call of a layer (a :class:`_LayerPass`):
 
-* forward: each saved tensor of at least ``min_bytes`` (parameters and their views excepted: they stay alive
-  anyway) is copied into a host buffer on the backend's copy stream (after the compute stream, so the copy reads
-  finished values); the device original is held until the *next* offloaded layer has finished its forward, so the
-  copy overlaps that layer's compute; then the compute stream waits for the copy and the original is dropped.
+* forward: the storage under each saved tensor, when it holds at least ``min_bytes`` (parameters and their views
+  excepted: they stay alive anyway), is copied into a host buffer on the backend's copy stream (after the compute
+  stream, so the copy reads finished values) -- once per storage, so views of one buffer move once and come back
+  as views of one buffer, with their strides; the device original is held until the *next* offloaded layer has
+  finished its forward, so the copy overlaps that layer's compute; then the compute stream waits for the copy and
+  the original is dropped.
 * backward: a hook on the layer's output gradient fires just before the layer's backward runs; it prefetches the
   layer's own tensors (a no-op when they are still on the device, as the last layer's are) and those of the layer
   before it, on the copy stream, so that the previous layer's copies overlap this layer's backward. Unpacking
@@ -71,8 +73,8 @@ def check_offload(config: Any, num_layers: int) -> str | None:
     if recompute is not None and recompute.granularity == "full":
         raise ConfigError(f"{where} does not combine with model.recompute granularity full (full recompute keeps "
                           "only each layer's input; its layers re-run inside backward); use selective recompute")
-    return (f"activation offload: {len(layers)} of {num_layers} layer(s), saved tensors of >= {options.min_bytes} "
-            "bytes to host memory")
+    return (f"activation offload: {len(layers)} of {num_layers} layer(s), saved storages of >= "
+            f"{options.min_bytes} bytes to host memory")
 
 
 def offload_targets(chunks: Iterable[nn.Module], layers: frozenset[int]) -> list[nn.Module]:
@@ -88,11 +90,11 @@ def offload_targets(chunks: Iterable[nn.Module], layers: frozenset[int]) -> list
 class OffloadStats:
     """What the offload did in one step (every micro-batch of it), in bytes."""
 
-    #: Copied from the device to host memory (every offloaded saved tensor, once).
+    #: Copied from the device to host memory (every offloaded storage, once).
     moved_bytes: int = 0
     #: Copied back (prefetched or fetched late); a tensor whose original was still on the device costs nothing.
     fetched_bytes: int = 0
-    #: Bytes of offloadable tensors (>= ``min_bytes`` in the chosen layers) on the device, now and at the step's
+    #: Bytes of offloadable storages (>= ``min_bytes`` in the chosen layers) on the device, now and at the step's
     #: peak: originals not yet released plus prefetched copies not yet used. Without offload, all of them stay
     #: until their backward, so ``moved_bytes`` per micro-batch is what the peak would hold.
     resident_bytes: int = 0
@@ -106,10 +108,11 @@ class OffloadStats:
 
 
 class _Saved:
-    """One offloaded tensor, as autograd stores it: its host copy and, while there is one, a device tensor with its
-    values -- the original until released, or a prefetched copy (with the event that says the copy is done). The
-    device tensor stays once unpacked (a node may read its saved tensors more than once) and goes when autograd
-    frees the node, which frees this."""
+    """One offloaded storage (the memory under one or more saved tensors: a fused projection's output and the query,
+    key and value views of it move once), as the views autograd stores refer to it: its host copy (bytes) and, while
+    there is one, its bytes on the device -- the original until released, or a prefetched copy (with the event that
+    says the copy is done). The device bytes stay once unpacked (a node may read its saved tensors more than once)
+    and go when autograd frees the nodes, which frees this."""
 
     __slots__ = ("__weakref__", "device", "host", "layer", "nbytes", "on", "ready", "stats")
 
@@ -117,14 +120,14 @@ class _Saved:
         self.device: torch.Tensor | None = original
         self.host = host
         self.layer = layer
-        self.nbytes = original.numel() * original.element_size()
+        self.nbytes = original.numel()
         self.on = original.device
         self.ready: Any = None
         self.stats = stats
         stats.hold(self.nbytes)
 
     def drop_device(self) -> None:
-        """Forget the device tensor (its memory is free once nothing else holds it)."""
+        """Forget the device bytes (their memory is free once nothing else holds it)."""
         if self.device is not None:
             self.device = None
             self.stats.resident_bytes -= self.nbytes
@@ -133,36 +136,59 @@ class _Saved:
         self.drop_device()
 
 
+class _View:
+    """A saved tensor as autograd stores it under offload: where in an offloaded storage it lies."""
+
+    __slots__ = ("dtype", "offset", "saved", "size", "stride")
+
+    def __init__(self, tensor: torch.Tensor, saved: _Saved) -> None:
+        self.saved = saved
+        self.dtype = tensor.dtype
+        self.size = tuple(tensor.size())
+        self.stride = tensor.stride()
+        self.offset = tensor.storage_offset()
+
+    def on_device(self) -> torch.Tensor:
+        """The tensor again, over the device bytes: same dtype, shape, strides and offset, so kernels see the
+        layout they saw in the forward (another layout may pick another algorithm, and other numbers)."""
+        storage = self.saved.device.untyped_storage()
+        return torch.empty(0, dtype=self.dtype, device=self.saved.on).set_(storage, self.offset, self.size,
+                                                                            self.stride)
+
+
 class _LayerPass:
     """What one forward call of one offloaded layer saved, and the layer pass before it in the same forward (whose
-    tensors its backward prefetches). It refers to its :class:`_Saved` entries weakly: autograd owns them, so host
-    buffers and device copies go when autograd frees the nodes that saved them."""
+    tensors its backward prefetches). It refers to its :class:`_Saved` storages weakly: autograd owns them (through
+    the views), so host buffers and device copies go when autograd frees the nodes that saved them."""
 
     def __init__(self, owner: ActivationOffload, layer: nn.Module, previous: _LayerPass | None) -> None:
         self.owner = owner
         self.layer_number = int(layer.layer_number)
         self.previous = previous
-        self._saved: list[weakref.ref[_Saved]] = []
+        self._saved: weakref.WeakValueDictionary[int, _Saved] = weakref.WeakValueDictionary()
         self.offloaded = owner.backend.event()
         self.released = False
         self._parameters = {p.untyped_storage().data_ptr() for p in layer.parameters()}
 
     def pack(self, tensor: torch.Tensor) -> Any:
-        """Offload ``tensor`` when it qualifies (else keep it as autograd would)."""
+        """Offload ``tensor``'s storage when it qualifies (else keep the tensor as autograd would)."""
         owner = self.owner
-        nbytes = tensor.numel() * tensor.element_size()
-        if (nbytes < owner.min_bytes or tensor.device.type != owner.backend.device_type or not _dense(tensor)
-                or tensor.untyped_storage().data_ptr() in self._parameters):
+        storage = tensor.untyped_storage()
+        pointer = storage.data_ptr()
+        if (storage.nbytes() < owner.min_bytes or tensor.device.type != owner.backend.device_type
+                or pointer in self._parameters):
             return tensor
-        host = owner.backend.host_empty_strided(tuple(tensor.size()), tensor.stride(), tensor.dtype)
-        owner.copy_stream.wait_stream(owner.backend.current_stream())
-        with owner.copy_stream:
-            host.copy_(tensor, non_blocking=True)
-        saved = _Saved(tensor, host, self.layer_number, owner.stats)
-        self._saved.append(weakref.ref(saved))
-        owner.stats.moved_bytes += nbytes
-        owner.note("offload", self.layer_number)
-        return saved
+        saved = self._saved.get(pointer)  # the originals are held, so an address is not reused within the pass
+        if saved is None:
+            original = torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(storage)
+            host = owner.backend.host_empty_strided((storage.nbytes(),), (1,), torch.uint8)
+            owner.copy_stream.wait_stream(owner.backend.current_stream())
+            with owner.copy_stream:
+                host.copy_(original, non_blocking=True)
+            saved = self._saved[pointer] = _Saved(original, host, self.layer_number, owner.stats)
+            owner.stats.moved_bytes += saved.nbytes
+            owner.note("offload", self.layer_number)
+        return _View(tensor, saved)
 
     def forward_done(self) -> None:
         """Mark where this pass's copies end on the copy stream."""
@@ -175,7 +201,7 @@ class _LayerPass:
             return
         self.released = True
         self.owner.backend.current_stream().wait_event(self.offloaded)
-        for saved in self.alive():
+        for saved in list(self._saved.values()):
             if saved.ready is None:
                 saved.drop_device()
 
@@ -187,8 +213,8 @@ class _LayerPass:
             self.previous.prefetch()
 
     def prefetch(self) -> None:
-        """Copy this pass's tensors that are only on the host back to the device, on the copy stream."""
-        pending = [saved for saved in self.alive() if saved.device is None]
+        """Copy this pass's storages that are only on the host back to the device, on the copy stream."""
+        pending = [saved for saved in list(self._saved.values()) if saved.device is None]
         if not pending:
             return
         owner = self.owner
@@ -198,15 +224,10 @@ class _LayerPass:
             saved.ready = done
 
 
-    def alive(self) -> list[_Saved]:
-        """The entries autograd still holds."""
-        return [saved for saved in (ref() for ref in self._saved) if saved is not None]
-
-
 class ActivationOffload:
     """Saved-tensor offload for ``layers`` (megatron transformer layers), installed as forward hooks on them.
 
-    ``backend`` is the run's device backend (copy stream, events, host buffers); ``min_bytes`` the smallest tensor
+    ``backend`` is the run's device backend (copy stream, events, host buffers); ``min_bytes`` the smallest storage
     worth moving. Wrap each schedule of forward and backward passes in :meth:`passes`; :meth:`take_metrics` reads
     (and restarts) the :class:`OffloadStats` of the passes since the last call: an optimizer step's.
     ``trace``, when a list, receives ``(event, layer_number)`` for every offload, backward start, prefetch and
@@ -260,8 +281,7 @@ class ActivationOffload:
         """Copy ``pending`` host buffers into new device tensors on the copy stream; the event that marks the end."""
         current = self.backend.current_stream()
         for saved in pending:  # allocated on the compute stream, which frees them after autograd's use
-            saved.device = torch.empty_strided(saved.host.size(), saved.host.stride(), dtype=saved.host.dtype,
-                                               device=saved.on)
+            saved.device = torch.empty(saved.nbytes, dtype=torch.uint8, device=saved.on)
             self.stats.fetched_bytes += saved.nbytes
             saved.stats.hold(saved.nbytes)
         self.copy_stream.wait_stream(current)
@@ -298,9 +318,9 @@ class ActivationOffload:
             gradient_target.register_hook(layer_pass.backward_starts)
 
     def _unpack(self, packed: Any) -> torch.Tensor:
-        if not isinstance(packed, _Saved):
+        if not isinstance(packed, _View):
             return packed
-        saved = packed
+        saved = packed.saved
         if saved.device is None:  # no prefetch reached it: fetch now
             self.stats.late_fetches += 1
             self.note("late", saved.layer)
@@ -308,7 +328,7 @@ class ActivationOffload:
         if saved.ready is not None:
             self.backend.current_stream().wait_event(saved.ready)
         self.note("unpack", saved.layer)
-        return saved.device
+        return packed.on_device()
 
 
 def _first_tensor_needing_grad(output: Any) -> torch.Tensor | None:
@@ -317,20 +337,6 @@ def _first_tensor_needing_grad(output: Any) -> torch.Tensor | None:
         if isinstance(item, torch.Tensor) and item.requires_grad:
             return item
     return None
-
-
-def _dense(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor``'s elements fill their memory span exactly once (contiguous in some dimension order), so a
-    host buffer of the same size and strides holds it and a copy back recreates its layout -- kernels may pick
-    another algorithm for other strides, and the numbers must not change."""
-    expected = 1
-    for size, stride in sorted(zip(tensor.size(), tensor.stride(), strict=True), key=lambda item: item[1]):
-        if size == 1:
-            continue
-        if stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 def _mib(nbytes: int) -> float:

@@ -291,7 +291,7 @@ def _activation_offload(config: LoongForgeConfig, model: list[Any], decoder: Any
 
     chosen = offloaded_layer_indices(options, decoder.num_layers, config.source)
     offload = ActivationOffload(offload_targets(model, chosen), backend, options.min_bytes)
-    _say(rank, f"activation offload: {offload.num_layers} layer(s) on this rank, saved tensors of >= "
+    _say(rank, f"activation offload: {offload.num_layers} layer(s) on this rank, saved storages of >= "
                f"{options.min_bytes} bytes to host memory")
     return offload
 
