@@ -25,7 +25,8 @@ from loongforge.models.decoder_model import build_model
 from loongforge.models.llama import FLAVORS
 from loongforge.models.recompute import recompute_kwargs
 from loongforge.parallel.init import initialize_layout_independent
-from loongforge.train.activation_offload import ActivationOffload, check_offload, offload_targets
+from loongforge.train.activation_offload import ActivationOffload, offload_targets
+from loongforge.train.offload_settings import check_offload
 
 FLAVOR = FLAVORS["llama-debug"].with_overrides(num_layers=4)
 SEQ, BATCH, STEPS, MIN_BYTES = 32, 2, 3, 1024
@@ -209,3 +210,24 @@ def test_trainer_steps_are_unchanged_at_tp2(tmp_path):
     assert [(r["loss"], r["grad_norm"]) for r in rows] == [(r["loss"], r["grad_norm"]) for r in plain_rows]
     assert all(r["offload_moved_mib"] > 0 and r["offload_late_fetches"] == 0 for r in rows)
     assert all("offload_moved_mib" not in r for r in plain_rows)
+
+
+def test_planner_counts_offloaded_layers_as_a_two_layer_window():
+    """``loongforge plan`` / ``parallel: auto``: offloaded layers keep no activations on the device beyond a window
+    of two layers (the running one and the one being copied or prefetched), on the stages that hold them."""
+    from loongforge.planner.layouts import Candidate
+    from loongforge.planner.memory import Workload, estimate_memory, layer_activation_elements
+
+    flavor = FLAVORS["llama-debug"].with_overrides(num_layers=8)
+    cand = Candidate(tp=1, pp=1, dp=1, micro_batch_size=2)
+    plain = Workload(flavor, 256, "bf16", kernels="local")
+    full_layer = sum(layer_activation_elements(flavor, cand).values()) * 256 * 2 * 2  # tokens x bf16 bytes
+    kept = estimate_memory(plain, cand).terms["activations"]
+    for offloaded, saved_layers in ((range(8), 6), ((3, 5, 6), 1), ((4,), 0)):
+        workload = Workload(flavor, 256, "bf16", kernels="local", offloaded_layers=frozenset(offloaded))
+        assert estimate_memory(workload, cand).terms["activations"] == pytest.approx(kept - saved_layers * full_layer)
+    staged = Candidate(tp=1, pp=2, dp=1, micro_batch_size=2, num_microbatches=4)
+    late = Workload(flavor, 256, "bf16", kernels="local", offloaded_layers=frozenset(range(4, 8)))
+    memory = estimate_memory(late, staged)
+    assert memory.per_stage[1] < estimate_memory(plain, staged).per_stage[1]
+    assert memory.per_stage[0] == estimate_memory(plain, staged).per_stage[0]
