@@ -231,3 +231,28 @@ def test_planner_counts_offloaded_layers_as_a_two_layer_window():
     memory = estimate_memory(late, staged)
     assert memory.per_stage[1] < estimate_memory(plain, staged).per_stage[1]
     assert memory.per_stage[0] == estimate_memory(plain, staged).per_stage[0]
+
+
+def test_backends_give_the_offload_its_stream_and_host_buffers():
+    """The CPU backend's host buffer is a separate tensor of the asked layout; a ``torch.cuda``-style backend hands
+    out its module's current stream (what the copy stream waits on)."""
+    from loongforge.devices.base import DeviceModuleBackend
+    from loongforge.devices.cpu import CPUBackend
+
+    buffer = CPUBackend().host_empty_strided((3, 4), (1, 3), torch.float32)
+    assert (buffer.shape, buffer.stride(), buffer.dtype) == ((3, 4), (1, 3), torch.float32)
+
+    class Module:
+        stream = object()
+
+        def current_stream(self):
+            return self.stream
+
+    class Accelerator(DeviceModuleBackend):
+        name, device_type = "fake", "fake"
+        probe = manual_seed = supports = spec_provider = None
+
+        def device_module(self):
+            return Module()
+
+    assert Accelerator().current_stream() is Module.stream
