@@ -202,6 +202,7 @@ def _cli_rows(tmp_path, name, *overrides):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()], done.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_trainer_steps_are_unchanged_at_tp2(tmp_path):
     plain_rows, _ = _cli_rows(tmp_path, "plain")
