@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from loongforge.config.sections import INTERNAL, OTHER_KEYS
+from loongforge.config.sections import INTERNAL, OTHER_KEYS, ranged
 
 
 @dataclass
@@ -239,6 +239,28 @@ class SchedulerConfig:
 
 
 @dataclass
+class OffloadConfig:
+    """Activation offload (``training.offload_activations``): move what chosen decoder layers save for backward to
+    host memory during the forward pass and copy it back, ahead of use, in the backward pass.
+
+    Another way than recompute to trade for activation memory: recompute spends compute, offload spends
+    host-device bandwidth (on a side stream, overlapped with the next layer's compute) and host memory; the
+    numbers stay bit for bit the same. The storage under each saved tensor, when it holds at least ``min_bytes``
+    (parameters excepted), is copied into a page-locked host buffer as it is saved; its device memory is released
+    once the next offloaded layer has run its forward. When a layer's backward starts, the previous layer's tensors
+    are prefetched to the device (:mod:`loongforge.train.activation_offload`). Megatron's own layer offloading
+    needs Transformer Engine; this one works on every device backend. Not with ``training.compile`` nor full
+    ``model.recompute`` (which keeps only each layer's input); selective recompute combines with it.
+    """
+
+    #: Decoder layers to offload, 0-based over the whole model (each pipeline stage offloads the ones it holds),
+    #: or ``all``.
+    layers: Literal["all"] | list[int] = "all"
+    #: Smaller saved storages stay on the device (a copy costs more than it frees); megatron's default is 1 MiB.
+    min_bytes: int = ranged(1 << 20, low=0)
+
+
+@dataclass
 class TrainingConfig:
     """The loop: how many steps, batch sizes and numeric precision."""
 
@@ -255,6 +277,9 @@ class TrainingConfig:
     #: block compiled on its own: one compilation reused by every layer, so compile time stays short) or ``true``
     #: (the same blocks, plus the surrounding model where the engine can). Compile time is reported.
     compile: bool | Literal["regional"] = False
+    #: Offload chosen layers' saved activations to host memory (see :class:`OffloadConfig`); null keeps them on
+    #: the device.
+    offload_activations: OffloadConfig | None = None
     #: After training, generate this many tokens from ``sample_prompt`` (0 disables).
     sample_tokens: int = 0
     sample_prompt: str = "The "

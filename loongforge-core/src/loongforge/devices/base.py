@@ -98,6 +98,20 @@ class DeviceBackend(abc.ABC):
         """A new event with ``record()``, ``wait()``, ``synchronize()`` and ``query()``; no-ops without streams."""
         return NullStream()
 
+    def current_stream(self) -> Any:
+        """The stream the current device computes on, so that side-stream work can be ordered against it
+        (``side.wait_stream(backend.current_stream())``); backends without streams return a no-op stand-in."""
+        return NullStream()
+
+    def host_empty_strided(self, size: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised host tensor of ``size``/``stride`` to copy a device tensor into and back from
+        (activation offload). Accelerators return page-locked memory, without which their copies cannot run
+        asynchronously on a side stream; the default is ordinary host memory (on the CPU backend a separate buffer
+        in the same memory, so the offload path still copies and can be tested)."""
+        import torch
+
+        return torch.empty_strided(size, stride, dtype=dtype, device="cpu")
+
     # -- random numbers ------------------------------------------------------------------------------
 
     @abc.abstractmethod
@@ -259,6 +273,16 @@ class DeviceModuleBackend(DeviceBackend):
     def event(self) -> Any:
         """A new timing-enabled ``<module>.Event``."""
         return self.device_module().Event(enable_timing=True)
+
+    def current_stream(self) -> Any:
+        """``<module>.current_stream()``."""
+        return self.device_module().current_stream()
+
+    def host_empty_strided(self, size: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """Page-locked host memory (``pin_memory=True``): device copies from and to it run asynchronously."""
+        import torch
+
+        return torch.empty_strided(size, stride, dtype=dtype, device="cpu", pin_memory=True)
 
     def manual_seed(self, seed: int) -> None:
         """Seed the current device's default generator."""

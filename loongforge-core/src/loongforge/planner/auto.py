@@ -21,6 +21,7 @@ from loongforge.planner.hardware import ClusterSpec, device_facts, parse_bytes
 from loongforge.planner.layouts import SearchSpace
 from loongforge.planner.memory import Workload
 from loongforge.planner.planner import Plan, plan
+from loongforge.train.offload_settings import offloaded_layer_indices
 
 
 def cluster_from_options(options: Any, num_devices: int, facts: dict[str, Any]) -> ClusterSpec:
@@ -53,8 +54,11 @@ def workload_for(config: LoongForgeConfig, family: ModelFamily, kernels: str) ->
     if family.engine != "megatron" or decoder is None:
         raise ConfigError(f"{config.source}: model '{config.model.name}' is trained by the {family.engine} engine; "
                           "the planner sizes megatron layouts only")
+    offload = config.training.offload_activations
+    offloaded = (frozenset() if offload is None
+                 else offloaded_layer_indices(offload, decoder.num_layers, config.source))
     return Workload(decoder, config.data.seq_length, config.training.precision, kernels=kernels,
-                    components=tuple(family.planner_parts(config)), family=family)
+                    components=tuple(family.planner_parts(config)), family=family, offloaded_layers=offloaded)
 
 
 def search_space(config: LoongForgeConfig) -> SearchSpace:

@@ -19,7 +19,9 @@ shape than core's grouped-query decoder states its own numbers; this module only
 
 * ``activations`` -- what autograd keeps per layer and micro-batch (see :func:`layer_activation_elements`)
   times the layers of the stage times the micro-batches in flight (1F1B: ``pp - stage`` on stage
-  ``stage``; interleaving adds ``(pp - 1) / (pp * vpp)``), plus embedding/loss terms on the end stages.
+  ``stage``; interleaving adds ``(pp - 1) / (pp * vpp)``), plus embedding/loss terms on the end stages. Layers
+  of ``Workload.offloaded_layers`` keep nothing on the device but a window of two layers' worth (the one whose
+  forward runs and the one whose copy it overlaps; in backward, the one running and the one prefetched).
 * ``backward_peak`` -- transient tensors while one layer runs backward: its re-run activations when it was
   recomputed, plus gradient workspace in units of one layer's full activations (``transient_layers``).
 * ``fixed`` -- a constant (calibrated) for everything else.
@@ -65,6 +67,8 @@ class Workload:
     components: tuple[Any, ...] = ()
     #: The model family whose slots size the model (a composed model around ``flavor``); ``None``: ``flavor``.
     family: Any = None
+    #: Decoder layers (0-based) whose saved activations go to host memory (``training.offload_activations``).
+    offloaded_layers: frozenset[int] = frozenset()
 
     @property
     def model(self) -> Any:
@@ -200,6 +204,11 @@ def _stage_activations(workload: Workload, cand: Candidate, stage: int, coeffs: 
         kept = recomputed * terms.hidden_size * tokens * e / norm_split + (layers - recomputed) * full_layer
     else:
         kept = layers * full_layer
+    # Offloaded layers (never fully recomputed: train refuses the two together) leave the device, but a window.
+    offloaded = _offloaded_in_stage(workload, cand, stage) if rc.granularity != "full" else 0
+    per_kept_layer = selective if rc.granularity == "selective" else full_layer
+    kept -= offloaded * per_kept_layer
+    window = min(offloaded, 2) * per_kept_layer
     ends = 0.0
     vocab = padded_vocab(terms.vocab_size, cand.tp) / cand.tp
     if stage == 0:
@@ -207,7 +216,7 @@ def _stage_activations(workload: Workload, cand: Candidate, stage: int, coeffs: 
     if stage == cand.pp - 1:
         # final norm, the logits (plus their fp32 copy in bf16 runs) and the loss mask; labels are int64
         ends += tokens * ((3 * terms.hidden_size + 1) / norm_split * e + vocab * (e + (4 if e < 4 else 0)) + 9)
-    kept = (kept + ends) * _in_flight(cand, stage) * coeffs.activation_scale
+    kept = ((kept + ends) * _in_flight(cand, stage) + window) * coeffs.activation_scale
     # Backward re-runs the recomputed part of one layer (all of it for full recompute) and needs gradient
     # workspace; the loss's backward materialises the logits' gradient (fp32).
     if rc.granularity == "full":
@@ -223,6 +232,16 @@ def _stage_activations(workload: Workload, cand: Candidate, stage: int, coeffs: 
     if stage == cand.pp - 1:
         transient = max(transient, tokens * vocab * 4)
     return kept, transient
+
+
+def _offloaded_in_stage(workload: Workload, cand: Candidate, stage: int) -> int:
+    """How many of ``workload.offloaded_layers`` a rank of pipeline stage ``stage`` holds (megatron gives virtual
+    chunk ``c`` of stage ``s`` the layers of block ``c * pp + s``)."""
+    if not workload.offloaded_layers:
+        return 0
+    per_chunk = workload.terms().num_layers // (cand.pp * cand.vpp)
+    held = {(chunk * cand.pp + stage) * per_chunk + i for chunk in range(cand.vpp) for i in range(per_chunk)}
+    return len(held & workload.offloaded_layers)
 
 
 def estimate_memory(workload: Workload, cand: Candidate, coeffs: Coefficients | None = None) -> MemoryEstimate:

@@ -111,9 +111,12 @@ def _cheapest_fitting(
     """(fastest recompute choice that fits or None, the smallest-memory variant) for one layout."""
     layers_per_chunk = workload.terms().num_layers // (cand.pp * cand.vpp)
     choices = recompute_choices(workload.model, layers_per_chunk)
-    partial = [c for c in choices if c.granularity != "full"]
-    fitting = [ev for c in partial
-               if (ev := _evaluate(workload, replace(cand, recompute=c), cluster, mem, tcoef)).memory.total <= budget]
+    partial = [_evaluate(workload, replace(cand, recompute=c), cluster, mem, tcoef)
+               for c in choices if c.granularity != "full"]
+    fitting = [ev for ev in partial if ev.memory.total <= budget]
+    if workload.offloaded_layers:  # activation offload does not combine with full recompute (train refuses it)
+        fastest = min(fitting, key=lambda ev: (ev.time.total, ev.memory.total)) if fitting else None
+        return fastest, min(partial, key=lambda ev: ev.memory.total)
     lo, hi = 1, layers_per_chunk  # full recompute of the first k layers of a chunk: bisect the smallest k that fits
     smallest = _evaluate(workload, replace(cand, recompute=RecomputePlan("full", num_layers=hi)), cluster, mem, tcoef)
     if smallest.memory.total <= budget:

@@ -290,6 +290,9 @@ def _check_task_layout(config: LoongForgeConfig, world_size: int, host: PluginHo
         raise ConfigError(f"{where}: training.loss_normalization '{t.loss_normalization}' applies to token-level "
                           f"(megatron) models; model '{config.model.name}' trains a task whose loss is a mean over "
                           "samples (leave it at micro_batch)")
+    if t.offload_activations is not None:
+        raise ConfigError(f"{where}: training.offload_activations applies to megatron decoder layers; model "
+                          f"'{config.model.name}' trains a task (leave it unset)")
     name = "ddp" if config.parallel.strategy == "megatron" else config.parallel.strategy
     located = f"parallel.strategy in {where}"
     strategy = check_strategy(host.registry("strategy").load(name, where=located), name, "task", located,
@@ -328,6 +331,10 @@ def _check_megatron(config: LoongForgeConfig, world_size: int, family: ModelFami
         from loongforge.models.recompute import recompute_kwargs  # megatron's own checks come after process groups
 
         recompute_kwargs(config.model.recompute, decoder.num_layers // (layout.pp * layout.num_chunks), config.source)
+    from loongforge.train.offload_settings import check_offload
+
+    if (offload := check_offload(config, decoder.num_layers)) is not None:
+        lines.append(offload)
     if config.evaluation.tasks:
         from loongforge.evaluation.harness import check_evaluation_tasks
 

@@ -254,6 +254,7 @@ def _build_trainer(
     )
     if config.model.recompute is not None:
         _say(info.rank, f"activation recompute: {config.model.recompute}")
+    offload = _activation_offload(config, model, decoder, backend, info.rank)
     metadata = run_metadata(backend, reason, layout, info.world_size, config.model.name)
     if auto_decision is not None:  # what parallel: auto chose and why, next to the device choice
         metadata["parallel_auto"] = auto_decision
@@ -274,10 +275,26 @@ def _build_trainer(
         validation=validation,
         flops_per_step=_model_flops_per_step(config, flavor, backend, global_batch),
         score_tasks=_task_scorer(config, decoder, tokenizer),
+        offload=offload,
     )
     trainer = _trainer_for(engine, checkpoints, config, host, backend, info.rank)
     _resume(trainer, info.rank)
     return trainer
+
+
+def _activation_offload(config: LoongForgeConfig, model: list[Any], decoder: Any, backend: Any, rank: int) -> Any:
+    """``training.offload_activations`` installed on this rank's chosen decoder layers, or None."""
+    options = config.training.offload_activations
+    if options is None:
+        return None
+    from loongforge.train.activation_offload import ActivationOffload, offload_targets
+    from loongforge.train.offload_settings import offloaded_layer_indices
+
+    chosen = offloaded_layer_indices(options, decoder.num_layers, config.source)
+    offload = ActivationOffload(offload_targets(model, chosen), backend, options.min_bytes)
+    _say(rank, f"activation offload: {offload.num_layers} layer(s) on this rank, saved storages of >= "
+               f"{options.min_bytes} bytes to host memory")
+    return offload
 
 
 def _task_scorer(config: LoongForgeConfig, decoder: Any, tokenizer: Any) -> Any:

@@ -31,6 +31,7 @@ from loongforge.train.mtp_stats import collect_mtp_loss, discard_mtp_loss
 from loongforge.train.optim import fuse_cpu_adamw
 
 if TYPE_CHECKING:
+    from loongforge.train.activation_offload import ActivationOffload
     from loongforge.train.batches import ValidationSet
     from loongforge.train.checkpointing import RunCheckpoints
     from loongforge.train.health import StepHealth
@@ -88,7 +89,8 @@ class MegatronEngine(StepEngine):
     writes the after-training text sample (``None`` when there is none); ``validation`` is what :meth:`evaluate`
     reads (``None`` while ``evaluation.interval`` is 0); ``flops_per_step`` is the model's FLOP count of one step
     (:func:`~loongforge.train.throughput.model_flops_per_step`); ``score_tasks(chunk)``, when given
-    (``evaluation.tasks``), adds lm-eval's scores of the model to each evaluation.
+    (``evaluation.tasks``), adds lm-eval's scores of the model to each evaluation; ``offload``, when given
+    (``training.offload_activations``), is installed on the model's layers and adds its figures to each step's.
     """
 
     name: ClassVar[str] = "megatron"
@@ -97,7 +99,8 @@ class MegatronEngine(StepEngine):
                  num_microbatches: int, global_batch_size: int, checkpoints: RunCheckpoints,
                  extra_inputs: tuple[str, ...], sample: Callable[[Any], str | None],
                  validation: ValidationSet | None = None, flops_per_step: float | None = None,
-                 score_tasks: Callable[[Any], dict[str, float]] | None = None) -> None:
+                 score_tasks: Callable[[Any], dict[str, float]] | None = None,
+                 offload: ActivationOffload | None = None) -> None:
         self.config = config
         self.model = model
         self.optimizer = optimizer
@@ -111,6 +114,7 @@ class MegatronEngine(StepEngine):
         self._extra_inputs = extra_inputs
         self._validation = validation
         self._score_tasks = score_tasks
+        self.offload = offload
         self._forward_backward = get_forward_backward_func()
         self._dp_group = parallel_state.get_data_parallel_group()
         self._dp_rank = parallel_state.get_data_parallel_rank()
@@ -135,9 +139,10 @@ class MegatronEngine(StepEngine):
         layers, around = _compile_targets(model)
         self.compiled: CompileReport = compile_blocks(layers, config.training.compile, rest=around)
         # One micro-batch's activations by component, counted in the first step; not under training.compile, where
-        # the counting hooks would be part of what dynamo guards on and the blocks would compile again.
+        # the counting hooks would be part of what dynamo guards on and the blocks would compile again. Nor with
+        # offload, whose hooks inside the layers hide their saved tensors from the count (it reports its own).
         self._activations = FirstStepActivations(
-            None if self.compiled.enabled else [unwrap_model(chunk) for chunk in model])
+            None if self.compiled.enabled or offload else [unwrap_model(chunk) for chunk in model])
 
     # -- one step --------------------------------------------------------------------------------
 
@@ -269,6 +274,12 @@ class MegatronEngine(StepEngine):
             dist.all_reduce(total)
         return total.item()
 
+    @contextlib.contextmanager
+    def _saving(self) -> Iterator[None]:
+        """Around a training schedule: the first one's activation count, and the activation offload's passes."""
+        with self._activations.step(), self.offload.passes() if self.offload else contextlib.nullcontext():
+            yield
+
     def train_step(self, screen: StepHealth | None = None) -> StepResult:
         """One optimizer step over ``num_microbatches`` micro-batches; with a ``screen``, none when it finds the
         step bad (decided before ``optimizer.step()``, which would apply a NaN gradient)."""
@@ -276,7 +287,7 @@ class MegatronEngine(StepEngine):
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
         feed = self._train_feed()
-        with self._activations.step():
+        with self._saving():
             reduced = self._schedule(self._forward_step, feed, self.num_microbatches, forward_only=False)
         loss, numbers = self._step_numbers(reduced)
         bad = screen.screen(loss, self._gradient_sum) if screen is not None else None
@@ -325,7 +336,7 @@ class MegatronEngine(StepEngine):
 
     def _step_extra(self) -> dict[str, Any]:
         """The step's MoE numbers (the auxiliary loss for the metrics, tokens per expert for ``expert_tokens``), the
-        multi-token-prediction loss (``mtp_loss``) and,
+        multi-token-prediction loss (``mtp_loss``), the activation offload's figures (``offload_*``) and,
         with fp16's loss scaler, the scale the step ran with (it halves at an overflow, whose step is skipped)."""
         extra: dict[str, Any] = {}
         if self.config.training.precision == "fp16":
@@ -336,6 +347,8 @@ class MegatronEngine(StepEngine):
                 extra["moe_aux_loss"] = aux
         if self._mtp_blocks:
             extra["mtp_loss"] = collect_mtp_loss(self._mtp_blocks, self.num_microbatches)
+        if self.offload is not None:
+            extra.update(self.offload.take_metrics())
         return extra
 
     # -- checkpoints and the end of the run -----------------------------------------------------------

@@ -121,7 +121,7 @@ class PolicyGradientEngine(MegatronEngine):
             for chunk in self.model:
                 chunk.zero_grad_buffer()
             self.optimizer.zero_grad()
-            with self._activations.step(), self._replaying():
+            with self._saving(), self._replaying():
                 reduced = self._schedule(self._policy_step, self._feed(iter(group)), len(group), forward_only=False)
             update = self._update_numbers(reduced, len(group))
             losses.append(update.pop("loss"))
