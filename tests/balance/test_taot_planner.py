@@ -85,20 +85,115 @@ def test_balance_at_16_ranks_one_slot_and_64_ranks_two_slots(loads):
         for step in range(loads.shape[0]):
             counts = loads[step, :ranks]
             assert plan_costs(plan(counts, 0), RANKS_PER_NODE).max_over_mean > 1.5  # far from balanced unaided
-            assert plan_costs(plan(counts, spare_slots), RANKS_PER_NODE).max_over_mean <= 1.10
+            assert plan_costs(plan(counts, spare_slots), RANKS_PER_NODE).max_over_mean <= 1.06
 
 
-@pytest.mark.parametrize("ranks", [16, 32])
-def test_inter_node_clone_bytes_at_least_40_percent_below_topology_blind(loads, ranks):
-    """Per seed (its four steps), not only pooled over seeds: every fixed seed meets the bound on its own."""
-    steps_per_seed = loads.shape[0] // 3
+WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
+BALANCE_BOUND = 1.06  # max/mean rank load (tokens computed per rank) every plan must meet
+
+
+def inter_node_clones(p, ranks_per_node):
+    """Counted here from the plan's slots, not with the plugin's ``plan_costs``."""
+    used = (p.slot_expert >= 0).nonzero().flatten()
+    clone_node = used // p.spare_slots // ranks_per_node
+    home_node = p.slot_expert[used] // p.experts_per_rank // ranks_per_node
+    return int((clone_node != home_node).sum())
+
+
+def max_over_mean(p):
+    load = p.rank_load().double()
+    return float(load.max() / load.mean())
+
+
+def per_node_lower_bound(expert_load, ranks_per_node, experts_per_rank):
+    """Fewest inter-node clones any plan with every rank at <= BALANCE_BOUND x mean needs.
+
+    A node's excess over ``ranks_per_node * cap`` must leave it, carried by clones on other nodes; one clone
+    carries at most ``cap`` tokens (its rank's bound) and the clones of an expert together at most its load. So
+    cut each expert's load into pieces of ``cap`` and count the biggest pieces that cover the excess.
+    """
+    loads = [float(x) for x in expert_load]
+    cap = BALANCE_BOUND * sum(loads) / (len(loads) // experts_per_rank)
+    per_node, needed = ranks_per_node * experts_per_rank, 0
+    for first in range(0, len(loads), per_node):
+        node = loads[first:first + per_node]
+        excess = sum(node) - ranks_per_node * cap
+        pieces = sorted((piece for load in node for piece in [cap] * int(load // cap) + [load % cap]), reverse=True)
+        while excess > 1e-9:
+            excess -= pieces[needed]
+            needed += 1
+    return needed
+
+
+def milp_fewest_inter_node_clones(expert_load, ranks_per_node, experts_per_rank, spare_slots):
+    """Exact optimum (scipy's HiGHS MILP): fewest inter-node clones with every rank at <= BALANCE_BOUND x mean.
+
+    Variables per (rank r, expert e not homed on r): ``x`` binary (a clone of e in a slot of r) and ``y`` >= 0
+    (tokens of e computed there). Slots: sum_e x[r, e] <= spare_slots; y <= x * min(load_e, cap); an expert
+    gives away at most its load; rank load = home experts' load - given away + taken in <= cap.
+    """
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import lil_matrix
+
+    loads = [float(x) for x in expert_load]
+    experts = len(loads)
+    ranks = experts // experts_per_rank
+    cap = BALANCE_BOUND * sum(loads) / ranks
+    home = [e // experts_per_rank for e in range(experts)]
+    pairs = [(r, e) for r in range(ranks) for e in range(experts) if home[e] != r]
+    n = len(pairs)
+    rows = lil_matrix((n + ranks + experts + ranks, 2 * n))
+    low, high = [], []
+    for i, (r, e) in enumerate(pairs):
+        rows[i, i], rows[i, n + i] = -min(loads[e], cap), 1.0
+        rows[n + r, i] = 1.0
+        rows[n + ranks + e, n + i] = 1.0
+        rows[n + ranks + experts + r, n + i] += 1.0
+        rows[n + ranks + experts + home[e], n + i] -= 1.0
+    low += [-float("inf")] * n + [0.0] * (ranks + experts) + [-float("inf")] * ranks
+    high += [0.0] * n + [float(spare_slots)] * ranks + loads
+    high += [cap - sum(loads[e] for e in range(experts) if home[e] == r) for r in range(ranks)]
+    cost = [float(r // ranks_per_node != home[e] // ranks_per_node) for r, e in pairs] + [0.0] * n
+    result = milp(cost, constraints=LinearConstraint(rows.tocsr(), low, high), integrality=[1] * n + [0] * n,
+                  bounds=Bounds([0.0] * (2 * n), [1.0] * n + [float("inf")] * n))
+    assert result.status == 0, result.message
+    return round(result.fun)
+
+
+def test_inter_node_clones_against_the_exact_optimum_at_8_ranks():
+    """8 ranks on 2 nodes, 32 experts, one spare slot: the planner at full topology weight against the exact MILP."""
+    ranks, ranks_per_node, experts = 8, 4, 32
+    ours = optimum = 0
     for seed in range(3):
-        ours = blind = 0
-        for step in range(seed * steps_per_seed, (seed + 1) * steps_per_seed):
-            counts = loads[step, :ranks]
-            ours += plan_costs(plan(counts, 1), RANKS_PER_NODE).inter_node_clones
-            blind += plan_costs(plan(counts, 1, blind=True), RANKS_PER_NODE).inter_node_clones
-        assert blind > 0 and ours <= 0.6 * blind, (seed, ours, blind)
+        for counts in skewed_counts(3, ranks, experts, tokens_per_rank=512, seed=seed):
+            p = plan_replicas(counts, experts_per_rank=experts // ranks, spare_slots=1, ranks_per_node=ranks_per_node,
+                              topology_weight=1.0)
+            assert max_over_mean(p) <= BALANCE_BOUND
+            ours += inter_node_clones(p, ranks_per_node)
+            optimum += milp_fewest_inter_node_clones(counts.sum(0).tolist(), ranks_per_node, experts // ranks, 1)
+    assert optimum > 0 and ours <= 1.6 * optimum, (ours, optimum)  # measured 17 vs 11
+
+
+@pytest.mark.parametrize("ranks", [16, 32, 64])
+def test_inter_node_clones_fall_with_the_weight_balanced_and_near_the_lower_bound(loads, ranks):
+    """Weights 0..1 on four fixed steps (seeds 0-2): inter-node clones fall with the weight, every plan keeps
+    max/mean <= 1.06, and full weight is within 2.1x of the per-node lower bound (measured 1.5x, 2.0x, 1.8x)."""
+    steps = range(0, loads.shape[0], 3)
+    clones = []
+    for weight in WEIGHTS:
+        total = 0
+        for step in steps:
+            p = plan(loads[step, :ranks], 1, topology_weight=weight)
+            assert max_over_mean(p) <= BALANCE_BOUND, (weight, step)
+            total += inter_node_clones(p, RANKS_PER_NODE)
+        clones.append(total)
+    # 64 ranks: 0.75 -> 1 rises 51 -> 53 (the greedy at near-zero inter-node worth); the rest falls.
+    monotone = clones if ranks < 64 else clones[:-1]
+    assert all(a >= b for a, b in zip(monotone, monotone[1:], strict=False)), clones
+    assert clones[-1] <= 1.05 * clones[-2] and clones[0] >= 2 * clones[-1], clones
+    bound = sum(per_node_lower_bound(loads[step, :ranks].sum(0).tolist(), RANKS_PER_NODE, EXPERTS // ranks)
+                for step in steps)
+    assert bound > 0 and clones[-1] <= 2.1 * bound, (clones, bound)
 
 
 def test_balanced_load_makes_no_clones_and_zero_slots_keep_everything_home():
