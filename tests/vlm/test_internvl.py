@@ -96,7 +96,7 @@ def _batch(flavor):
     for width, height in IMAGES:
         pixels, grid = processor.image(Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)))
         tiles.append(torch.from_numpy(pixels))
-        text = torch.randint(0, 300, (9,), generator=gen).tolist()
+        text = torch.randint(0, 259, (9,), generator=gen).tolist()
         image = [flavor.image_token_id] * processor.num_tokens(grid)
         rows.append(text[:4] + [flavor.vision_start_token_id, *image, flavor.vision_end_token_id] + text[4:])
     assert [t.shape[0] for t in tiles] == [4, 1]

@@ -265,9 +265,10 @@ FLAVORS: dict[str, VLMFlavor] = {
     "vlm-tiny": VLMFlavor(encoder=SIGLIP_FLAVORS["siglip-tiny"], projector=MlpProjectorFlavor(merge=2),
                           foundation=LLAMA_FLAVORS["llama-debug"], image_token_id=259, vision_start_token_id=260,
                           vision_end_token_id=261),
-    # internvit-tiny (16px tiles) -> pixel shuffle -> the tiny Qwen2 decoder with plain RoPE: 4 tokens a tile.
+    # internvit-tiny (16px tiles) -> pixel shuffle -> the tiny Qwen2 decoder with plain RoPE: 4 tokens a tile. The
+    # byte-vision tokenizer's ids (259..261), so it trains on the shapes set as it stands.
     "internvl-tiny": _internvl("internvit-tiny", _qwen2_text(**{**_TINY_TEXT, "mrope_section": None}),
-                               image_token_id=380, vision_start_token_id=382, vision_end_token_id=383),
+                               image_token_id=259, vision_start_token_id=260, vision_end_token_id=261),
     # The published OpenGVLab/InternVL3-{1B,2B,8B}-hf config.json values: InternViT-300M in front of the Qwen2.5
     # 0.5B / 1.5B / 7B decoders with InternVL's 151674-token vocabulary and untied output layers.
     "internvl3-1b": _internvl("internvit-300m", _internvl3_text(num_layers=24, hidden_size=896, ffn_hidden_size=4864,
