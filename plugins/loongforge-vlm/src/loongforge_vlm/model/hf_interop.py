@@ -10,7 +10,8 @@ written; the published pre-v5 files (``visual.*``, ``model.*``) are read too.
 
 ``config.json`` <-> :class:`~loongforge_vlm.model.flavors.VLMFlavor`: the nested (transformers 5) and the flat
 published layout are read; a setting our model does not implement is a one-line :class:`ConfigError` naming the
-file and key.
+file and key. InternVL checkpoints (``InternVLForConditionalGeneration``) take the same entry points, which hand them
+to :mod:`loongforge_vlm.model.internvl_interop`.
 """
 
 from __future__ import annotations
