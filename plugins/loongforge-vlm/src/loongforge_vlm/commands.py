@@ -17,12 +17,13 @@ from loongforge.commands import CommandRegistry
 
 def claims_hf_vlm(source: str, *, trust_code: bool) -> bool:
     """A transformers directory of a vision-language architecture :mod:`loongforge_vlm.model.hf_interop` reads."""
+    from loongforge_vlm.model import internvl_interop
     from loongforge_vlm.model.hf_interop import ARCHITECTURES
 
     arch, model_type = hf_config_names(source)
     if arch is not None:
-        return arch in ARCHITECTURES
-    return model_type in {row[1] for row in ARCHITECTURES.values()}
+        return arch in ARCHITECTURES or arch == internvl_interop.ARCHITECTURE
+    return model_type in {row[1] for row in ARCHITECTURES.values()} | {internvl_interop.MODEL_TYPE}
 
 
 def claims_vlm_checkpoint(source: str, *, trust_code: bool) -> bool:
@@ -47,13 +48,13 @@ def configure_shapes(parser: argparse.ArgumentParser) -> None:
 
 def register_commands(commands: CommandRegistry) -> None:
     commands.add_handler("convert hf-to-mcore", "hf-vlm", claims=claims_hf_vlm,
-                         accepts="a transformers Qwen2-VL / Qwen2.5-VL / Qwen3-VL directory (config.json architectures "
-                                 "Qwen2VLForConditionalGeneration / Qwen2_5_VLForConditionalGeneration / "
-                                 "Qwen3VLForConditionalGeneration)",
+                         accepts="a transformers Qwen2-VL / Qwen2.5-VL / Qwen3-VL / InternVL directory (config.json "
+                                 "architectures Qwen2VLForConditionalGeneration / Qwen2_5_VLForConditionalGeneration "
+                                 "/ Qwen3VLForConditionalGeneration / InternVLForConditionalGeneration)",
                          configure="loongforge_vlm.convert:configure_hf_to_loongforge",
                          run="loongforge_vlm.convert:run_hf_to_loongforge")
     commands.add_handler("convert mcore-to-hf", "vlm-checkpoint", claims=claims_vlm_checkpoint,
-                         accepts="a LoongForge checkpoint of a Qwen2-VL / Qwen2.5-VL / Qwen3-VL model",
+                         accepts="a LoongForge checkpoint of a Qwen2-VL / Qwen2.5-VL / Qwen3-VL / InternVL model",
                          configure="loongforge_vlm.convert:configure_loongforge_to_hf",
                          run="loongforge_vlm.convert:run_loongforge_to_hf")
     commands.add_handler("eval", "vlm-vqa", claims=claims_vlm_checkpoint,

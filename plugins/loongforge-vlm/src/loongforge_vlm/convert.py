@@ -1,4 +1,5 @@
-"""Whole Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoints to and from LoongForge checkpoints, as ``loongforge convert``
+"""Whole Qwen2-VL / Qwen2.5-VL / Qwen3-VL / InternVL checkpoints to and from LoongForge checkpoints, as
+``loongforge convert``
 does for LLMs.
 
 ::
@@ -40,6 +41,11 @@ def registered_name(flavor: VLMFlavor, requested: str | None, where: str) -> str
     raise LoongForgeError(f"{where} matches no registered VLM flavor ({', '.join(FLAVORS)}); register a flavor for it")
 
 
+def vision_parts(vlm: torch.nn.Module) -> tuple[str, ...]:
+    """The composed model's vision modules: the encoder, and the projector when it is a separate one (InternVL)."""
+    return ("encoder",) if vlm.projector is None else ("encoder", "projector")
+
+
 def hf_to_loongforge(hf_dir: str | Path, out_dir: str | Path, *, model: str | None = None) -> str:
     """Convert a transformers ``*VLForConditionalGeneration`` directory to a model-only LoongForge checkpoint."""
     from loongforge.interop.hf_checkpoint import index_hf_tensors, load_hf_tensors
@@ -61,7 +67,9 @@ def hf_to_loongforge(hf_dir: str | Path, out_dir: str | Path, *, model: str | No
     config.model.name, config.training.precision = name, dtype
     with standalone_world() as backend:
         vlm = build_standalone(flavor, backend, dtype)
-        vlm.encoder.load_state_dict({k[len("encoder."):]: v for k, v in ours.items() if k.startswith("encoder.")})
+        for part in vision_parts(vlm):
+            getattr(vlm, part).load_state_dict({k[len(part) + 1:]: v for k, v in ours.items()
+                                                if k.startswith(part + ".")})
         load_full_state([vlm.language_model], {k[len("language_model."):]: v for k, v in ours.items()
                                                if k.startswith("language_model.")})
         write_model_checkpoint(
@@ -99,7 +107,7 @@ def loongforge_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_s
     flavor = resolve_family(config)
     if not isinstance(flavor, VLMFlavor) or flavor.hf_architecture is None:
         raise LoongForgeError(f"{path}: model '{model_label(config, flavor)}' has no Hugging Face VLM layout "
-                              "(Qwen2-VL / Qwen2.5-VL / Qwen3-VL flavors do)")
+                              "(Qwen2-VL / Qwen2.5-VL / Qwen3-VL / InternVL flavors do)")
     dtype = checkpoint_dtype(path, config)
     max_bytes = parse_size(max_shard_size)
     _, carry = hf_side_files(config, path)
@@ -108,7 +116,7 @@ def loongforge_to_hf(checkpoint: str | Path, out_dir: str | Path, *, max_shard_s
         vlm = build_standalone(flavor, backend, dtype)
         load_trained_weights(path, [vlm], config)  # a LoRA run: its adapters folded in
         language = gather_full_state([vlm.language_model])
-        state = {**{f"encoder.{k}": v for k, v in vlm.encoder.state_dict().items()},
+        state = {**{f"{part}.{k}": v for part in vision_parts(vlm) for k, v in getattr(vlm, part).state_dict().items()},
                  **{f"language_model.{k}": v for k, v in language.items()}}
     tensors = saved_layout(to_hf(state, flavor), flavor)  # file names as transformers' save_pretrained writes them
     write_hf_checkpoint(out_dir, tensors, hf_config_dict(flavor, dtype="bfloat16" if dtype == "bf16" else "float32"),

@@ -15,12 +15,13 @@ SUMMARY = "vision-language models: Qwen2/2.5/3-VL and SigLIP encoders, projector
 
 @hookimpl
 def loongforge_register_models(registry):
-    from loongforge_vlm.encoders import qwen_vit_flavors, siglip_flavors
+    from loongforge_vlm.encoders import internvit_flavors, qwen_vit_flavors, siglip_flavors
     from loongforge_vlm.model import flavors as vlm_flavors
     from loongforge_vlm.model.parts import VLMComposer, describe_composer
 
     families = ((qwen_vit_flavors.FLAVORS, qwen_vit_flavors.describe),
-                (siglip_flavors.SIGLIP_FLAVORS, siglip_flavors.describe))
+                (siglip_flavors.SIGLIP_FLAVORS, siglip_flavors.describe),
+                (internvit_flavors.INTERNVIT_FLAVORS, internvit_flavors.describe))
     for flavors, describe in families:
         for name, flavor in flavors.items():
             registry.register(name, flavor, description=describe(flavor))

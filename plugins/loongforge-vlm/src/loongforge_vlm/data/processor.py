@@ -37,6 +37,7 @@ from PIL import Image
 NORMALIZATIONS: dict[str, tuple[tuple[float, float, float], tuple[float, float, float]]] = {
     "clip": ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)),
     "siglip": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+    "internvl": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),  # ImageNet statistics
 }
 MAX_ASPECT_RATIO = 200
 
@@ -228,9 +229,14 @@ class FixedSizeProcessor:
 
 def processor_for(encoder: Any, *, merge_size: int | None = None, **overrides: Any) -> ImageProcessor:
     """The processor that feeds an encoder flavor: a Qwen ViT flavor (it has ``spatial_merge_size``) or a
-    fixed-size one (``image_size``; pass the projector's ``merge_size``). ``overrides`` go to the processor."""
+    fixed-size one (``image_size``; pass the projector's ``merge_size``), tiled when it has ``max_tiles``.
+    ``overrides`` go to the processor."""
     if hasattr(encoder, "spatial_merge_size"):
         return VisionProcessor.for_encoder(encoder, **overrides)
+    if hasattr(encoder, "max_tiles"):  # InternViT: dynamic tiling (loongforge_vlm.data.tiling)
+        from loongforge_vlm.data.tiling import TilingProcessor
+
+        return TilingProcessor.for_encoder(encoder, merge_size=merge_size or 1, **overrides)
     if hasattr(encoder, "image_size"):
         return FixedSizeProcessor(image_size=encoder.image_size, patch_size=encoder.patch_size,
                                   merge_size=merge_size or 1, **overrides)

@@ -23,6 +23,17 @@ from loongforge_vlm.encoders.siglip_flavors import SIGLIP_FLAVORS, SiglipFlavor,
 __all__ = ["SIGLIP_FLAVORS", "SiglipFlavor", "SiglipVisionEncoder", "from_hf_state_dict", "to_hf_state_dict"]
 
 
+def patchify(pixel_values: torch.Tensor, patch_size: int, grid: tuple[int, int]) -> torch.Tensor:
+    """``(B, C, H, W)`` -> ``(B, rows * cols, C*p*p)`` over the top-left ``grid`` of patches, each flattened
+    channel-major: a convolution with a ``p``-stride kernel is then one matmul (shared by the ViT towers)."""
+    batch, channels = pixel_values.shape[:2]
+    rows, cols = grid
+    p = patch_size
+    seen = pixel_values[:, :, :rows * p, :cols * p]
+    patches = seen.reshape(batch, channels, rows, p, cols, p).permute(0, 2, 4, 1, 3, 5)
+    return patches.reshape(batch, rows * cols, channels * p * p)
+
+
 class SiglipAttention(nn.Module):
     """Bidirectional multi-head self-attention over the patch tokens."""
 
@@ -100,12 +111,7 @@ class SiglipVisionEncoder(nn.Module):
         if pixel_values.dim() != 4 or pixel_values.shape[1] != self.flavor.in_channels:
             raise ValueError(f"siglip: expected pixel_values of shape (batch, {self.flavor.in_channels}, height, "
                              f"width), got {tuple(pixel_values.shape)}")
-        batch, channels, height, width = pixel_values.shape
-        rows, cols = self.grid(height, width)
-        p = self.flavor.patch_size
-        seen = pixel_values[:, :, :rows * p, :cols * p]
-        patches = seen.reshape(batch, channels, rows, p, cols, p).permute(0, 2, 4, 1, 3, 5)
-        return patches.reshape(batch, rows * cols, self.flavor.patch_dim)
+        return patchify(pixel_values, self.flavor.patch_size, self.grid(*pixel_values.shape[-2:]))
 
     def position_embeddings(self, rows: int, cols: int, interpolate: bool) -> torch.Tensor:
         """``(rows * cols, dim)``: the trained table, or its bicubic resize (align_corners=False) to another grid."""

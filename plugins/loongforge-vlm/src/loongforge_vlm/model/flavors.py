@@ -22,6 +22,8 @@ from loongforge.models.family import ModelFamily
 from loongforge.models.flavor import DecoderFlavor, replace_fields
 from loongforge.models.llama import FLAVORS as LLAMA_FLAVORS
 
+from loongforge_vlm.encoders.internvit_flavors import INTERNVIT_FLAVORS, InternViTFlavor
+from loongforge_vlm.encoders.internvit_flavors import num_params as internvit_num_params
 from loongforge_vlm.encoders.qwen_vit_flavors import FLAVORS as QWEN_VIT_FLAVORS
 from loongforge_vlm.encoders.qwen_vit_flavors import TITLES as QWEN_VIT_TITLES
 from loongforge_vlm.encoders.qwen_vit_flavors import QwenViTFlavor
@@ -35,10 +37,11 @@ from loongforge_vlm.model.part_options import PartOptions, parameter_groups
 class MlpProjectorFlavor:
     """The LLaVA-style projector (:class:`~loongforge_vlm.projectors.MlpProjector`) after an encoder without one:
     ``merge x merge`` patches concatenated, then ``Linear -> GELU -> Linear`` (hidden width ``hidden_dim``, by
-    default the backbone's width)."""
+    default the backbone's width); ``norm``: a LayerNorm on the merged tokens first (InternVL's projector)."""
 
     merge: int = 1
     hidden_dim: int | None = None
+    norm: bool = False
 
 
 #: The roles of a VLM's parts (``model: {encoder: ..., projector: ..., foundation: ...}``).
@@ -64,7 +67,7 @@ class VLMFlavor(ModelFamily):
     part_roles: ClassVar[tuple[str, ...]] = PART_ROLES
     extra_inputs: ClassVar[tuple[str, ...]] = EXTRA_INPUTS
 
-    encoder: QwenViTFlavor | SiglipFlavor
+    encoder: QwenViTFlavor | SiglipFlavor | InternViTFlavor
     foundation: DecoderFlavor
     image_token_id: int
     projector: MlpProjectorFlavor | None = None
@@ -210,7 +213,8 @@ def projector_shapes(flavor: VLMFlavor) -> dict[str, tuple[int, ...]]:
         return {}
     merged = flavor.encoder.dim * flavor.projector.merge ** 2
     hidden = flavor.projector.hidden_dim or flavor.foundation.hidden_size
-    return {"fc1.weight": (hidden, merged), "fc1.bias": (hidden,),
+    norm = {"norm.weight": (merged,), "norm.bias": (merged,)} if flavor.projector.norm else {}
+    return {**norm, "fc1.weight": (hidden, merged), "fc1.bias": (hidden,),
             "fc2.weight": (flavor.foundation.hidden_size, hidden), "fc2.bias": (flavor.foundation.hidden_size,)}
 
 
@@ -219,6 +223,8 @@ def num_params(flavor: VLMFlavor, *, include_embeddings: bool = True) -> int:
     ``include_embeddings=False`` leaves out the backbone's token embeddings and output layer."""
     encoder = flavor.encoder
     vision = qwen_vit_num_params(encoder) if isinstance(encoder, QwenViTFlavor) else siglip_num_params(encoder)
+    if isinstance(encoder, InternViTFlavor):
+        vision = internvit_num_params(encoder)
     projector = sum(math.prod(shape) for shape in projector_shapes(flavor).values())
     return vision + projector + flavor.foundation.num_params(include_embeddings=include_embeddings)
 
@@ -262,6 +268,22 @@ def _qwen3_vl(encoder: str, text: DecoderFlavor) -> VLMFlavor:
     # (Qwen3VLMoeForConditionalGeneration), which the conversion does not read, so convert refuses them in one line.
     architecture = None if text.num_experts else "Qwen3VLForConditionalGeneration"
     return VLMFlavor(encoder=QWEN_VIT_FLAVORS[encoder], foundation=text, hf_architecture=architecture, **_QWEN_TOKENS)
+
+
+#: InternVL's image-context, ``<img>`` and ``</img>`` token ids (its tokenizer's added tokens).
+INTERNVL_TOKENS = dict(image_token_id=151667, vision_start_token_id=151665, vision_end_token_id=151666)
+
+
+def _internvl3_text(**kw: Any) -> DecoderFlavor:
+    """A Qwen2.5 decoder as InternVL3 ships it: plain RoPE, InternVL's vocabulary, an untied output layer."""
+    return _qwen2_text(**{"mrope_section": None, "vocab_size": 151674, "max_position_embeddings": 32768, **kw})
+
+
+def _internvl(tower: str, text: DecoderFlavor, **tokens: int) -> VLMFlavor:
+    """InternViT -> 2x2 pixel shuffle -> LayerNorm -> ``Linear -> GELU -> Linear`` (at the text width) -> ``text``."""
+    return VLMFlavor(encoder=INTERNVIT_FLAVORS[tower], projector=MlpProjectorFlavor(merge=2, norm=True),
+                     foundation=text, hf_architecture="InternVLForConditionalGeneration",
+                     **{**INTERNVL_TOKENS, **tokens})
 
 
 #: A tiny Qwen2 text model for the Qwen VLM tiny flavors (4 heads in 2 query groups, so it splits over 2 TP
@@ -315,6 +337,19 @@ FLAVORS: dict[str, VLMFlavor] = {
     "vlm-tiny": VLMFlavor(encoder=SIGLIP_FLAVORS["siglip-tiny"], projector=MlpProjectorFlavor(merge=2),
                           foundation=LLAMA_FLAVORS["llama-debug"], image_token_id=259, vision_start_token_id=260,
                           vision_end_token_id=261),
+    # internvit-tiny (16px tiles) -> pixel shuffle -> the tiny Qwen2 decoder with plain RoPE: 4 tokens a tile. The
+    # byte-vision tokenizer's ids (259..261), so it trains on the shapes set as it stands.
+    "internvl-tiny": _internvl("internvit-tiny", _qwen2_text(**{**_TINY_TEXT, "mrope_section": None}),
+                               image_token_id=259, vision_start_token_id=260, vision_end_token_id=261),
+    # The published OpenGVLab/InternVL3-{1B,2B,8B}-hf config.json values: InternViT-300M in front of the Qwen2.5
+    # 0.5B / 1.5B / 7B decoders with InternVL's 151674-token vocabulary and untied output layers.
+    "internvl3-1b": _internvl("internvit-300m", _internvl3_text(num_layers=24, hidden_size=896, ffn_hidden_size=4864,
+                                                                num_attention_heads=14, num_query_groups=2)),
+    "internvl3-2b": _internvl("internvit-300m", _internvl3_text(num_layers=28, hidden_size=1536, ffn_hidden_size=8960,
+                                                                num_attention_heads=12, num_query_groups=2)),
+    "internvl3-8b": _internvl("internvit-300m", _internvl3_text(num_layers=28, hidden_size=3584,
+                                                                ffn_hidden_size=18944, num_attention_heads=28,
+                                                                num_query_groups=4)),
 }
 
 #: Hugging Face ids of the real flavors (registered as aliases: they name the whole VLM).
@@ -327,6 +362,9 @@ HF_IDS: dict[str, tuple[str, ...]] = {
     "qwen3-vl-8b": ("Qwen/Qwen3-VL-8B-Instruct",),
     "qwen3-vl-30b-a3b": ("Qwen/Qwen3-VL-30B-A3B-Instruct",),
     "qwen3-vl-235b-a22b": ("Qwen/Qwen3-VL-235B-A22B-Instruct",),
+    "internvl3-1b": ("OpenGVLab/InternVL3-1B-hf",),
+    "internvl3-2b": ("OpenGVLab/InternVL3-2B-hf",),
+    "internvl3-8b": ("OpenGVLab/InternVL3-8B-hf",),
 }
 
 
@@ -337,6 +375,8 @@ def describe(flavor: VLMFlavor) -> str:
     encoder = flavor.encoder
     if isinstance(encoder, QwenViTFlavor):
         vision = f"{QWEN_VIT_TITLES[encoder.family]} ViT + patch merger"
+    elif isinstance(encoder, InternViTFlavor):
+        vision = f"InternViT ({encoder.image_size}px tiles) + pixel-shuffle LN-MLP projector"
     else:
         vision = f"SigLIP + {flavor.projector.merge}x{flavor.projector.merge} MLP projector"  # type: ignore[union-attr]
     text = flavor.foundation

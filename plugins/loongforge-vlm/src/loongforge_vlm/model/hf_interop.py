@@ -13,7 +13,8 @@ store the experts transposed, which core's Qwen3-MoE adapter does not read.
 
 ``config.json`` <-> :class:`~loongforge_vlm.model.flavors.VLMFlavor`: the nested (transformers 5) and the flat
 published layout are read; a setting our model does not implement is a one-line :class:`ConfigError` naming the
-file and key.
+file and key. InternVL checkpoints (``InternVLForConditionalGeneration``) take the same entry points, which hand them
+to :mod:`loongforge_vlm.model.internvl_interop`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from loongforge.models.hf_adapter import hf_tensor_shapes, hf_to_megatron, megat
 from loongforge_vlm.encoders import qwen_vit_adapter
 from loongforge_vlm.encoders.qwen_vit_flavors import ACTIVATIONS as _VISION_ACT
 from loongforge_vlm.encoders.qwen_vit_flavors import QwenViTFlavor
+from loongforge_vlm.model import internvl_interop
 from loongforge_vlm.model.flavors import VLMFlavor
 
 #: ``architectures[0]`` -> (encoder family, ``model_type``).
@@ -136,8 +138,10 @@ def _text_flavor(text: Mapping[str, Any], tied: bool, where: str, prefix: str, f
 
 
 def flavor_from_hf_config(raw: Mapping[str, Any], *, where: str = "config.json") -> VLMFlavor:
-    """The flavor a Qwen2-VL / Qwen2.5-VL / Qwen3-VL ``config.json`` mapping describes (``where`` names it in
-    errors)."""
+    """The flavor a Qwen2-VL / Qwen2.5-VL / Qwen3-VL (or InternVL) ``config.json`` mapping describes (``where``
+    names it in errors)."""
+    if internvl_interop.claims(raw):
+        return internvl_interop.flavor_from_hf_config(raw, where=where)
     architecture, family = _family(raw, where)
     nested = isinstance(raw.get("text_config"), Mapping)
     text = raw["text_config"] if nested else raw
@@ -168,7 +172,9 @@ def read_hf_config(directory: str | Path) -> VLMFlavor:
 
 def hf_config_dict(flavor: VLMFlavor, dtype: str = "float32") -> dict[str, Any]:
     """The transformers 5 ``config.json`` of ``flavor`` (``Qwen2VLConfig(**d)`` / ``Qwen2_5_VLConfig(**d)`` /
-    ``Qwen3VLConfig(**d)``)."""
+    ``Qwen3VLConfig(**d)``; InternVL's is :func:`internvl_interop.hf_config_dict`'s)."""
+    if flavor.hf_architecture == internvl_interop.ARCHITECTURE:
+        return internvl_interop.hf_config_dict(flavor, dtype)
     if flavor.hf_architecture not in ARCHITECTURES or not isinstance(flavor.encoder, QwenViTFlavor):
         raise ConfigError(f"vlm flavor with architecture {flavor.hf_architecture!r} has no Hugging Face format; "
                           f"supported: {', '.join(ARCHITECTURES)}")
@@ -220,7 +226,9 @@ def _megatron_names(flavor: VLMFlavor) -> set[str]:
     return set(hf_to_megatron(shapes, text, padded_vocab_size=padded_vocab_size(text.vocab_size)))
 
 
-def _check_language(state: Mapping[str, torch.Tensor], flavor: VLMFlavor) -> None:
+def check_language_state(state: Mapping[str, torch.Tensor], flavor: VLMFlavor) -> None:
+    """The language model's transformers tensors (``model.*``, ``lm_head.weight``): every one present with its
+    shape, nothing else."""
     expected = hf_tensor_shapes(flavor.foundation)
     for name, shape in expected.items():
         if name not in state:
@@ -228,10 +236,25 @@ def _check_language(state: Mapping[str, torch.Tensor], flavor: VLMFlavor) -> Non
         if tuple(state[name].shape) != shape:
             raise LoongForgeError(f"transformers VLM state dict: '{name}' has shape {tuple(state[name].shape)}, "
                                   f"expected {shape}")
+    extra = sorted(set(state) - set(expected))
+    if extra:
+        raise LoongForgeError(f"transformers VLM state dict: '{extra[0]}' has no counterpart "
+                              f"({len(extra)} unexpected language-model tensor(s))")
+
+
+def check_megatron_names(state: Mapping[str, torch.Tensor], flavor: VLMFlavor) -> None:
+    """Our language model's tensors (megatron names, ``_extra_state`` left out): exactly the flavor's."""
+    expected = _megatron_names(flavor)
+    for problem, names in (("lacks", expected - set(state)), ("has unexpected", set(state) - expected)):
+        if names:
+            raise LoongForgeError(f"loongforge VLM state dict {problem} language-model tensor "
+                                  f"'language_model.{sorted(names)[0]}' ({len(names)} in all); is the flavor right?")
 
 
 def from_hf(state: Mapping[str, torch.Tensor], flavor: VLMFlavor) -> dict[str, torch.Tensor]:
     """A ``*VLForConditionalGeneration`` state dict (transformers 5 or published layout) -> ours."""
+    if flavor.hf_architecture == internvl_interop.ARCHITECTURE:
+        return internvl_interop.from_hf(state, flavor)
     legacy = not any(name.startswith(VISUAL) for name in state)
     visual, language = (_LEGACY_VISUAL, _LEGACY_LANGUAGE) if legacy else (VISUAL, LANGUAGE)
     text: dict[str, torch.Tensor] = {}
@@ -246,11 +269,7 @@ def from_hf(state: Mapping[str, torch.Tensor], flavor: VLMFlavor) -> dict[str, t
         else:
             raise LoongForgeError(f"transformers VLM state dict: '{name}' belongs to neither the vision tower "
                                   f"({visual}*) nor the language model ({language}*, {LM_HEAD})")
-    _check_language(text, flavor)
-    extra = sorted(set(text) - set(hf_tensor_shapes(flavor.foundation)))
-    if extra:
-        raise LoongForgeError(f"transformers VLM state dict: '{extra[0]}' has no counterpart "
-                              f"({len(extra)} unexpected language-model tensor(s))")
+    check_language_state(text, flavor)
     encoder = qwen_vit_adapter.from_hf(state, flavor.encoder, prefix=visual)
     vocab = padded_vocab_size(flavor.foundation.vocab_size)
     decoder = hf_to_megatron(text, flavor.foundation, padded_vocab_size=vocab)
@@ -261,6 +280,8 @@ def saved_layout(state: Mapping[str, torch.Tensor], flavor: VLMFlavor) -> dict[s
     """transformers 5 names -> the names in published checkpoint files (``visual.*``, ``model.*``), which is also
     what transformers 5's ``save_pretrained`` writes, so older and newer versions both read our exports. Qwen3-VL's
     published files keep the transformers 5 names."""
+    if any(name.startswith(internvl_interop.VISION) for name in state):
+        return internvl_interop.saved_layout(state)
     if flavor.encoder.family == "qwen3-vl":
         return dict(state)
     renamed = {}
@@ -275,6 +296,8 @@ def saved_layout(state: Mapping[str, torch.Tensor], flavor: VLMFlavor) -> dict[s
 
 def to_hf(state: Mapping[str, torch.Tensor], flavor: VLMFlavor) -> dict[str, torch.Tensor]:
     """Our state dict (``VisionLanguageModel.state_dict()``) -> transformers 5 names."""
+    if flavor.hf_architecture == internvl_interop.ARCHITECTURE:
+        return internvl_interop.to_hf(state, flavor)
     encoder, decoder = {}, {}
     for name, tensor in state.items():
         if name.endswith("_extra_state"):
@@ -285,11 +308,7 @@ def to_hf(state: Mapping[str, torch.Tensor], flavor: VLMFlavor) -> dict[str, tor
             decoder[name[len("language_model."):]] = tensor
         else:
             raise LoongForgeError(f"loongforge VLM state dict: '{name}' has no Hugging Face counterpart")
-    expected = _megatron_names(flavor)
-    for problem, names in (("lacks", expected - set(decoder)), ("has unexpected", set(decoder) - expected)):
-        if names:
-            raise LoongForgeError(f"loongforge VLM state dict {problem} language-model tensor "
-                                  f"'language_model.{sorted(names)[0]}' ({len(names)} in all); is the flavor right?")
+    check_megatron_names(decoder, flavor)
     out = qwen_vit_adapter.to_hf(encoder, flavor.encoder, prefix=VISUAL)
     for name, tensor in megatron_to_hf(decoder, flavor.foundation).items():
         out[LANGUAGE + name[len("model."):] if name.startswith("model.") else name] = tensor

@@ -18,12 +18,15 @@ from loongforge.errors import ConfigError
 from loongforge.models.family import ModelFamily
 from loongforge.models.flavor import DecoderFlavor
 
+from loongforge_vlm.encoders.internvit_flavors import InternViTFlavor
 from loongforge_vlm.encoders.qwen_vit_flavors import QwenViTFlavor
 from loongforge_vlm.encoders.siglip_flavors import SiglipFlavor
 from loongforge_vlm.model.flavors import PART_ROLES
 
 #: Projector names a config may use.
 PROJECTORS = ("mlp", "patch-merger")
+#: Encoder flavors a config may name as ``model.encoder``.
+ENCODER_KINDS = (QwenViTFlavor, SiglipFlavor, InternViTFlavor)
 #: Vision token ids of a model composed from parts alone: those of the ``byte-vision`` tokenizer.
 DEFAULT_TOKENS = dict(image_token_id=259, vision_start_token_id=260, vision_end_token_id=261)
 
@@ -81,7 +84,7 @@ def compose_parts(base: Any, parts: dict[str, Any], *, registry: Any, where: str
     options = {**dict(getattr(base, "part_options", ())), **{role: o for role, (_, o) in split.items() if o}}
     parts = {role: value for role, (value, _) in split.items() if value is not None}
     encoder = _named("encoder", parts["encoder"], getattr(base, "encoder", None), registry, where,
-                     (QwenViTFlavor, SiglipFlavor)) if "encoder" in parts else getattr(base, "encoder", None)
+                     ENCODER_KINDS) if "encoder" in parts else getattr(base, "encoder", None)
     foundation = _named("foundation", parts["foundation"], getattr(base, "foundation", None), registry, where,
                         (DecoderFlavor,)) if "foundation" in parts else getattr(base, "foundation", None)
     missing = [role for role, part in (("encoder", encoder), ("foundation", foundation)) if part is None]

@@ -29,13 +29,11 @@ Assumptions, for a sample carrying ``vision_tokens`` LLM tokens from images:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
+from loongforge_vlm.encoders.internvit_flavors import InternViTFlavor
 from loongforge_vlm.encoders.qwen_vit_flavors import QwenViTFlavor
-from loongforge_vlm.encoders.qwen_vit_flavors import num_params as qwen_vit_num_params
-from loongforge_vlm.encoders.siglip_flavors import num_params as siglip_num_params
 
 
 @dataclass(frozen=True)
@@ -63,6 +61,8 @@ class VisionPart:
     def description(self) -> str:
         """One line for ``loongforge plan``."""
         kind = f"{self.encoder.family} ViT" if self.qwen else "SigLIP + MLP projector"
+        if isinstance(self.encoder, InternViTFlavor):
+            kind = "InternViT + pixel-shuffle projector"
         return (f"{kind}, {self.params / 1e9:.3g}B params replicated over tp, {self.encoder.num_layers} layers "
                 f"d{self.encoder.dim}, {self.vision_tokens} vision tokens = {self.patches} patches per sample, "
                 f"recompute {'on' if self.flavor.encoder_recompute else 'off'}")
@@ -70,11 +70,9 @@ class VisionPart:
     @property
     def params(self) -> int:
         """Encoder + projector parameters (the model's own count; a Qwen ViT includes its patch merger)."""
-        from loongforge_vlm.model.flavors import projector_shapes
+        from loongforge_vlm.model.flavors import num_params
 
-        if self.qwen:
-            return qwen_vit_num_params(self.encoder)
-        return siglip_num_params(self.encoder) + sum(math.prod(s) for s in projector_shapes(self.flavor).values())
+        return num_params(self.flavor) - self.flavor.foundation.num_params()
 
     def param_count(self, candidate: Any) -> int:
         """Replicated on every rank of the first stage: tp does not divide it."""

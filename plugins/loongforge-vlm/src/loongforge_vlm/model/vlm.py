@@ -22,6 +22,7 @@ from megatron.core import tensor_parallel
 from megatron.core.transformer.module import MegatronModule
 from torch import nn
 
+from loongforge_vlm.encoders.internvit import InternViT, InternViTFlavor
 from loongforge_vlm.encoders.qwen_vit import QwenViT
 from loongforge_vlm.encoders.qwen_vit_flavors import QwenViTFlavor
 from loongforge_vlm.encoders.siglip import SiglipVisionEncoder
@@ -285,6 +286,7 @@ def _vision_parts(flavor: VLMFlavor) -> tuple[nn.Module, nn.Module | None]:
     """Freshly initialised encoder and (separate) projector."""
     if isinstance(flavor.encoder, QwenViTFlavor):
         return QwenViT(flavor.encoder), None
-    encoder, spec = SiglipVisionEncoder(flavor.encoder), flavor.projector
+    tower = InternViT if isinstance(flavor.encoder, InternViTFlavor) else SiglipVisionEncoder
+    encoder, spec = tower(flavor.encoder), flavor.projector
     return encoder, MlpProjector(flavor.encoder.dim, flavor.foundation.hidden_size, hidden_dim=spec.hidden_dim,
-                                 merge=spec.merge)
+                                 merge=spec.merge, norm=spec.norm)

@@ -3,7 +3,9 @@
 With ``merge > 1`` each ``merge x merge`` block of neighbouring patches on the encoder's row-major grid is
 first concatenated into one token (pixel-unshuffle), so the LLM sees ``merge ** 2`` times fewer image tokens,
 each carrying the features of the whole block. That is the cheap way to fit high-resolution encoders such as
-SigLIP-so400m (729 tokens at 384px) into a short LLM context.
+SigLIP-so400m (729 tokens at 384px) into a short LLM context. With ``norm`` the merged tokens are LayerNormed
+before ``fc1``: that is InternVL's projector, whose "pixel shuffle" (downsample ratio 0.5) concatenates each 2x2
+block in the same row-major order as :func:`merge_patches`.
 """
 
 from __future__ import annotations
@@ -31,15 +33,21 @@ def merge_patches(tokens: torch.Tensor, grid: tuple[int, int], merge: int) -> to
 
 
 class MlpProjector(nn.Module):
-    """``merge`` (optional) -> ``fc1 -> GELU -> fc2``; ``hidden_dim`` defaults to ``out_dim`` as in LLaVA-1.5."""
+    """``merge`` (optional) -> ``norm`` (optional) -> ``fc1 -> GELU -> fc2``; ``hidden_dim`` defaults to ``out_dim``
+    as in LLaVA-1.5 (and InternVL)."""
 
-    def __init__(self, in_dim: int, out_dim: int, *, hidden_dim: int | None = None, merge: int = 1) -> None:
+    #: transformers' InternVL projector norm is ``nn.LayerNorm``'s default.
+    NORM_EPS = 1e-5
+
+    def __init__(self, in_dim: int, out_dim: int, *, hidden_dim: int | None = None, merge: int = 1,
+                 norm: bool = False) -> None:
         super().__init__()
         if min(in_dim, out_dim, merge) <= 0 or (hidden_dim is not None and hidden_dim <= 0):
             raise ValueError(f"mlp projector: sizes must be positive, got in_dim={in_dim}, out_dim={out_dim}, "
                              f"hidden_dim={hidden_dim}, merge={merge}")
         self.merge = merge
         hidden = out_dim if hidden_dim is None else hidden_dim
+        self.norm = nn.LayerNorm(in_dim * merge * merge, eps=self.NORM_EPS) if norm else None
         self.fc1 = nn.Linear(in_dim * merge * merge, hidden)
         self.fc2 = nn.Linear(hidden, out_dim)
 
@@ -59,4 +67,6 @@ class MlpProjector(nn.Module):
                     raise ValueError(f"mlp projector: {tokens.shape[1]} tokens are not a square grid; pass grid=")
                 grid = (side, side)
             tokens = merge_patches(tokens, grid, self.merge)
+        if self.norm is not None:
+            tokens = self.norm(tokens)
         return self.fc2(nn.functional.gelu(self.fc1(tokens)))
