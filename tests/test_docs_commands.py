@@ -78,6 +78,9 @@ EXCLUDED: dict[str, dict[str, str]] = {
         "head=$(scontrol": CLUSTER,
         "srun torchrun": CLUSTER,
     },
+    "docs/long-context.md": {
+        "python benchmarks/cp_dynamic.py": SUITE,
+    },
     "docs/planner.md": {
         "loongforge plan CONFIG": SYNOPSIS,
         "python benchmarks/planner_calibration.py": SUITE,

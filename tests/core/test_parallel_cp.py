@@ -6,12 +6,17 @@ over dp*cp. Attention sees the whole sequence three ways: Ulysses at cp=2 (heads
 at cp=4 (K/V blocks around the ring: the model's 2 query groups do not divide by 4, which Ulysses refuses) and
 hybrid at cp=4 (Ulysses in pairs, a ring of 2 across them). Any of a wrong chunk order, wrong RoPE positions, a
 missing causal reorder, a wrong causal block or a loss/gradient scaled by cp moves the numbers far beyond 1e-5.
+
+Packed chat rows (``data.pack``) are split per sequence (docs/long-context.md) and compared with the packed
+single-process run (which tests/core/test_sft_packing.py ties to the unpacked samples): Ulysses cp=2, and ring
+cp=2 with dynamic CP on, whose threshold leaves some micro-batches whole and splits the others. A wrong chunk
+order of a sequence, positions not restarting per sequence, or attention across sequences breaks them.
 """
 
 from __future__ import annotations
 
 import pytest
-from test_parallel_parity import STEPS, assert_parity, reference, root, train  # noqa: F401 (fixtures)
+from test_parallel_parity import CONFIG, STEPS, assert_parity, reference, root, train  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -29,3 +34,28 @@ def test_cp_matches_single_process(root, reference, name):  # noqa: F811
     rows, stdout = train(root, name, *overrides, nproc=nproc)
     assert layout in stdout and f"world size {nproc}" in stdout
     assert_parity(rows, reference, range(1, STEPS + 1))
+
+
+PACKED_CONFIG = CONFIG.replace("data: {seq_length: 32}", "data: {dataset: shipped-chat, seq_length: 128, pack: true}") \
+    .replace("training: {", "training: {phase: sft, ")
+PACKED_MODES = {
+    "cp2-ulysses-packed": ["parallel.cp=2"],
+    "cp2-ring-packed-dynamic": ["parallel.cp=2", "parallel.cp_mode=ring", "parallel.dynamic_cp_threshold=100"],
+}
+
+
+@pytest.fixture(scope="module")
+def packed_reference(root):  # noqa: F811
+    rows, _ = train(root, "packed-single", config_text=PACKED_CONFIG)
+    assert rows[STEPS]["loss"] < rows[1]["loss"] - 0.05
+    return rows
+
+
+@pytest.mark.parametrize("name", list(PACKED_MODES))
+def test_packed_cp_matches_single_process(root, packed_reference, name):  # noqa: F811
+    rows, stdout = train(root, name, *PACKED_MODES[name], nproc=2, config_text=PACKED_CONFIG)
+    assert "world size 2" in stdout
+    assert_parity(rows, packed_reference, range(1, STEPS + 1))
+    if "dynamic" in name:  # 20 micro-batches per rank: some dealt whole, the others split
+        whole = sum(row["cp_whole_micro_batches"] for row in rows.values())
+        assert 0 < whole < 2 * STEPS, whole

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from loongforge.devices.ring_attention import ring_chunks
+from loongforge.devices.ring_attention import member_pieces, zigzag_pieces
 
 pytestmark = [pytest.mark.distributed]
 
@@ -24,12 +24,18 @@ WORKER = Path(__file__).with_name("ring_attention_worker.py")
 CASES = {"ring-cp4-gqa", "ring-cp4-mqa", "ring-cp2-causal", "ring-cp2-full", "hybrid-cp4-a2a2"}
 
 
+def _chunks(cp: int, a2a: int = 1) -> list[list[int]]:
+    return [[piece.chunk for piece in member] for member in member_pieces(zigzag_pieces(cp, 2), 2, a2a)]
+
+
 def test_ring_chunks_cover_the_sequence_in_load_balanced_pairs():
-    assert ring_chunks(2) == [[0, 3], [1, 2]]
-    assert ring_chunks(4) == [[0, 7], [1, 6], [2, 5], [3, 4]]
+    assert _chunks(2) == [[0, 3], [1, 2]]
+    assert _chunks(4) == [[0, 7], [1, 6], [2, 5], [3, 4]]
     # hybrid: member j gathers ranks 2j, 2j+1 (rank order), each holding its mirrored pair
-    assert ring_chunks(4, a2a=2) == [[0, 7, 1, 6], [2, 5, 3, 4]]
-    assert ring_chunks(4, a2a=4) == [[0, 7, 1, 6, 2, 5, 3, 4]]
+    assert _chunks(4, a2a=2) == [[0, 7, 1, 6], [2, 5, 3, 4]]
+    assert _chunks(4, a2a=4) == [[0, 7, 1, 6, 2, 5, 3, 4]]
+    # the pieces follow each other in the gathered row
+    assert [p.start for p in member_pieces(zigzag_pieces(4, 2), 2, 2)[1]] == [0, 1, 2, 3]
 
 
 def test_context_parallel_attention_matches_whole_sequence_sdpa():

@@ -158,6 +158,10 @@ class ParallelConfig:
     cp_mode: Literal["ulysses", "ring", "hybrid"] = "ulysses"
     #: ``cp_mode: hybrid`` only: ranks per Ulysses sub-group; divides cp, 1 < cp_a2a_size < cp.
     cp_a2a_size: int | None = None
+    #: Dynamic context parallelism for packed rows (``data.pack``, cp > 1): a micro-batch none of whose sequences is
+    #: longer than this many tokens is not split; its sequences are dealt whole to the cp ranks, which attend
+    #: without exchanging anything. 0 (default): every micro-batch is split per sequence. See docs/long-context.md.
+    dynamic_cp_threshold: int = 0
     #: Shard layer-norm/dropout activations over the tensor-parallel group (needs tp > 1).
     sequence_parallel: bool = False
     #: Shard optimizer state across data-parallel ranks (ZeRO-1).

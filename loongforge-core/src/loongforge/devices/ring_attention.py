@@ -9,9 +9,10 @@ their scores (online softmax, fp32). Works whatever the head count; costs cp-1 K
 Layout: rank ``r`` of ``cp`` holds chunks ``r`` and ``2*cp-1-r`` of ``2*cp`` equal chunks (megatron's
 ``get_batch_on_this_cp_rank``), so under a causal mask every rank does the same work. Attention runs per pair of
 a query chunk and a key chunk: an earlier key chunk is attended in full, the same chunk with a causal triangle,
-a later one is skipped. The functions take the chunk numbers each ring member holds, so the same code serves the
-hybrid mode, where a Ulysses all-to-all inside sub-groups first gathers ``2*a2a`` chunks per rank
-(:func:`ring_chunks`).
+a later one is skipped. The functions take the pieces each ring member holds (which chunk of which sequence, where
+in its row), so the same code serves the hybrid mode, where a Ulysses all-to-all inside sub-groups first gathers
+``2*a2a`` chunks per rank (:func:`member_pieces`), and packed rows, where every sequence is split on its own
+(:mod:`loongforge.parallel.sequence_pieces`) and only pieces of the same sequence attend to each other.
 
 Backward is written by hand, flash-attention style: from the saved inputs, the merged output and its
 log-sum-exp, each block's probabilities are recomputed, so memory stays linear in the sequence; K/V gradients
@@ -27,48 +28,54 @@ import torch
 import torch.distributed as dist
 
 from loongforge.devices import ulysses
+from loongforge.parallel.sequence_pieces import Piece
 
 
-def ring_chunks(cp: int, a2a: int = 1) -> list[list[int]]:
-    """The global chunk numbers (of ``2*cp``) each ring member holds, in its local order.
+def zigzag_pieces(cp: int, local_length: int) -> list[tuple[Piece, Piece]]:
+    """One sequence over ``cp`` ranks of ``local_length`` tokens: rank ``r`` holds chunks ``r`` and ``2*cp-1-r``."""
+    half = local_length // 2
+    return [(Piece(0, r, 0, half), Piece(0, 2 * cp - 1 - r, half, half)) for r in range(cp)]
 
-    Ring member ``j`` is the sub-group of context-parallel ranks ``j*a2a .. j*a2a+a2a-1``; after their Ulysses
-    all-to-all (rank order) each of them holds, for its heads, the chunks ``c`` and ``2*cp-1-c`` of every rank
-    ``c`` of the sub-group. ``a2a=1`` is plain ring attention.
-    """
-    members = []
-    for j in range(cp // a2a):
-        ranks = range(j * a2a, (j + 1) * a2a)
-        members.append([chunk for c in ranks for chunk in (c, 2 * cp - 1 - c)])
-    return members
+
+def member_pieces(rank_pieces: Sequence[Sequence[Piece]], local_length: int, a2a: int) -> list[tuple[Piece, ...]]:
+    """The pieces each ring member holds after the Ulysses all-to-all of its sub-group (``a2a`` consecutive cp
+    ranks, their rows of ``local_length`` concatenated in rank order); ``a2a=1``: the cp ranks' own."""
+    return [tuple(Piece(p.sequence, p.chunk, u * local_length + p.start, p.length)
+                  for u in range(a2a) for p in rank_pieces[j * a2a + u])
+            for j in range(len(rank_pieces) // a2a)]
 
 
 def context_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ring_group: Any,
-                               a2a_group: Any = None, *, causal: bool, scale: float) -> torch.Tensor:
+                               a2a_group: Any = None, *, causal: bool, scale: float,
+                               pieces: Sequence[Sequence[Piece]] | None = None) -> torch.Tensor:
     """Attention over a sequence split across the context-parallel ranks (``[s, b, n, d]`` in and out).
 
     Plain ring attention over ``ring_group`` (the whole cp group); hybrid when ``a2a_group`` is given: a Ulysses
     all-to-all over heads inside that sub-group, then the ring across the sub-groups (``ring_group`` holds one
-    rank of each, in sub-group order; see :func:`loongforge.parallel.context.hybrid_groups`).
+    rank of each, in sub-group order; see :func:`loongforge.parallel.context.hybrid_groups`). ``pieces`` (per cp
+    rank) lays out packed sequences; None: one sequence in ``2*cp`` chunks.
     """
     a2a = 1 if a2a_group is None else dist.get_world_size(a2a_group)
+    local_length = query.shape[0]
     if a2a > 1:
         query, key, value = (ulysses.seq_to_heads(t, a2a_group) for t in (query, key, value))
-    chunks = ring_chunks(a2a * dist.get_world_size(ring_group), a2a)
-    out = ring_attention(query, key, value, ring_group, chunks, causal, scale)
+    cp = a2a * dist.get_world_size(ring_group)
+    pieces = zigzag_pieces(cp, local_length) if pieces is None else pieces
+    out = ring_attention(query, key, value, ring_group, member_pieces(pieces, local_length, a2a), causal, scale)
     return out if a2a == 1 else ulysses.heads_to_seq(out, a2a_group)
 
 
 def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group: Any,
-                   chunks: Sequence[Sequence[int]], causal: bool, scale: float) -> torch.Tensor:
+                   pieces: Sequence[Sequence[Piece]], causal: bool, scale: float) -> torch.Tensor:
     """Exact attention of this rank's queries over the keys/values of every member of ``group``.
 
     ``query`` is megatron's ``[s, b, heads, d]``, ``key``/``value`` ``[s, b, groups, d]`` / ``[s, b, groups, dv]``
-    (``heads`` a multiple of ``groups``: query head ``n`` reads group ``n // (heads // groups)``); every rank's
-    local sequence is ``len(chunks[rank])`` equal chunks numbered ``chunks[rank]`` in the whole sequence.
-    ``causal=False`` attends to everything. Returns ``[s, b, heads, dv]`` in the query's dtype.
+    (``heads`` a multiple of ``groups``: query head ``n`` reads group ``n // (heads // groups)``); ``pieces[m]``
+    lays out member ``m``'s local sequence (which chunk of which sequence sits where; pieces of one sequence have
+    one length). ``causal=False`` attends to everything of the same sequence. Returns ``[s, b, heads, dv]`` in
+    the query's dtype.
     """
-    return _RingAttention.apply(query, key, value, group, tuple(map(tuple, chunks)), causal, scale)
+    return _RingAttention.apply(query, key, value, group, tuple(map(tuple, pieces)), causal, scale)
 
 
 def _relation(query_chunk: int, key_chunk: int, causal: bool) -> str | None:
@@ -78,13 +85,13 @@ def _relation(query_chunk: int, key_chunk: int, causal: bool) -> str | None:
     return "diagonal" if key_chunk == query_chunk else None
 
 
-def _pairs(query_chunks: Sequence[int], key_chunks: Sequence[int], length: int, causal: bool):
-    """``(query slice, key slice, diagonal)`` for every chunk pair that attends."""
-    for qi, qc in enumerate(query_chunks):
-        for ki, kc in enumerate(key_chunks):
-            kind = _relation(qc, kc, causal)
+def _pairs(query_pieces: Sequence[Piece], key_pieces: Sequence[Piece], causal: bool):
+    """``(query slice, key slice, diagonal)`` for every pair of pieces of one sequence that attends."""
+    for q in query_pieces:
+        for k in key_pieces:
+            kind = _relation(q.chunk, k.chunk, causal) if q.sequence == k.sequence else None
             if kind is not None:
-                yield slice(qi * length, (qi + 1) * length), slice(ki * length, (ki + 1) * length), kind == "diagonal"
+                yield slice(q.start, q.start + q.length), slice(k.start, k.start + k.length), kind == "diagonal"
 
 
 def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, diagonal: bool) -> torch.Tensor:
@@ -133,19 +140,18 @@ def _wait(requests: list[Any]) -> None:
 class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, group: Any,
-                chunks: tuple[tuple[int, ...], ...], causal: bool, scale: float) -> torch.Tensor:
+                pieces: tuple[tuple[Piece, ...], ...], causal: bool, scale: float) -> torch.Tensor:
         rank, size = dist.get_rank(group), dist.get_world_size(group)
         groups = key.shape[2]
         q = _to_blocks(query, groups, _compute_dtype(query))
         kv = [_to_blocks(key, groups, key.dtype), _to_blocks(value, groups, value.dtype)]  # [b, g, 1, s, d]
-        length = query.shape[0] // len(chunks[rank])
         out = q.new_zeros(*q.shape[:-1], value.shape[-1])
         lse = q.new_full(q.shape[:-1], float("-inf"))
         for step in range(size):
             source = (rank - step) % size
             incoming, requests = _shift(kv, group) if step < size - 1 else (kv, [])
             k, v = (t.to(q.dtype) for t in kv)
-            for qs, ks, diagonal in _pairs(chunks[rank], chunks[source], length, causal):
+            for qs, ks, diagonal in _pairs(pieces[rank], pieces[source], causal):
                 scores = _scores(q[..., qs, :], k[..., ks, :], scale, diagonal)
                 block_lse = torch.logsumexp(scores, dim=-1)
                 block_out = torch.matmul(torch.exp(scores - block_lse.unsqueeze(-1)), v[..., ks, :])
@@ -156,19 +162,18 @@ class _RingAttention(torch.autograd.Function):
             _wait(requests)
             kv = incoming
         ctx.save_for_backward(query, key, value, out, lse)
-        ctx.group, ctx.chunks, ctx.causal, ctx.scale = group, chunks, causal, scale
+        ctx.group, ctx.pieces, ctx.causal, ctx.scale = group, pieces, causal, scale
         return _from_blocks(out, query.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
         query, key, value, out, lse = ctx.saved_tensors
-        group, chunks, causal, scale = ctx.group, ctx.chunks, ctx.causal, ctx.scale
+        group, pieces, causal, scale = ctx.group, ctx.pieces, ctx.causal, ctx.scale
         rank, size = dist.get_rank(group), dist.get_world_size(group)
         groups = key.shape[2]
         dtype = _compute_dtype(query)
         q, dout = _to_blocks(query, groups, dtype), _to_blocks(grad_out, groups, dtype)
         kv = [_to_blocks(key, groups, key.dtype), _to_blocks(value, groups, value.dtype)]
-        length = query.shape[0] // len(chunks[rank])
         # Softmax backward: dS = P * (dP - rowsum(dO * O)), with P recomputed from the merged log-sum-exp.
         delta = (dout * out).sum(dim=-1)
         dq = torch.zeros_like(q)
@@ -178,7 +183,7 @@ class _RingAttention(torch.autograd.Function):
             source = (rank - step) % size
             incoming, requests = _shift(kv, group) if step < size - 1 else (kv, [])
             (k, v), (dk, dv) = (t.to(dtype) for t in kv), dkv
-            for qs, ks, diagonal in _pairs(chunks[rank], chunks[source], length, causal):
+            for qs, ks, diagonal in _pairs(pieces[rank], pieces[source], causal):
                 probs = torch.exp(_scores(q[..., qs, :], k[..., ks, :], scale, diagonal) - lse[..., qs].unsqueeze(-1))
                 dv[..., ks, :] += torch.matmul(probs.transpose(-1, -2), dout[..., qs, :]).sum(dim=2, keepdim=True)
                 dprobs = torch.matmul(dout[..., qs, :], v[..., ks, :].transpose(-1, -2))

@@ -23,8 +23,10 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.utils import is_layer_window_attention
 from megatron.core.utils import divide
 
+from loongforge.data.packing import block_causal_mask
 from loongforge.devices import ring_attention, ulysses
 from loongforge.errors import ConfigError
+from loongforge.parallel.sequence_pieces import SequencePieces
 
 #: ``enable_gqa`` appeared in torch 2.5; older torch gets K/V repeated explicitly.
 _SDPA_HAS_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
@@ -49,14 +51,16 @@ class SDPAttention(MegatronModule):
     all-to-all over heads (:mod:`loongforge.devices.ulysses`), ring attention (:mod:`loongforge.devices.ring_attention`)
     or both (Ulysses inside megatron's hierarchical cp sub-groups, a ring across them), as megatron's
     ``cp_comm_type`` says (``a2a`` or None, ``p2p`` or ``all_gather``, ``a2a+p2p``); causal and unmasked attention
-    only, and no attention dropout around a ring. Sliding-window attention
+    only, and no attention dropout around a ring. Packed rows under context parallelism come as
+    ``packed_seq_params`` :class:`~loongforge.parallel.sequence_pieces.SequencePieces` (every sequence split on
+    its own, or dealt whole to one rank): each token attends causally within its own sequence. Sliding-window attention
     follows megatron's ``window_size``/``window_attn_skip_freq`` (a band mask on the layers they select) and
     ``softcap`` ``c`` replaces the scaled scores ``s`` by ``c * tanh(s / c)`` before masking (Gemma-2; SDPA has no
     hook for it, so those layers compute the scores explicitly). ``num_splits`` (TE's flash-decoding split
     count) chooses how an exact result is computed, not what it is, so it is accepted and ignored. Not supported
     (raise at construction or call): non-vanilla softmax, recording the max attention logit (``qk_clip``,
-    ``log_max_attention_logit``), DeepSeek sparse attention (``experimental_attention_variant='dsa'``), THD
-    packed sequences (``packed_seq_params``), attention bias, explicit masks, sliding windows or soft-capping
+    ``log_max_attention_logit``), DeepSeek sparse attention (``experimental_attention_variant='dsa'``), megatron's
+    THD packed sequences (other ``packed_seq_params``), attention bias, explicit masks, sliding windows or soft-capping
     with context parallelism.
     """
 
@@ -150,8 +154,8 @@ class SDPAttention(MegatronModule):
         packed_seq_params: Any = None,
     ) -> torch.Tensor:
         """Attend ``query`` over ``key``/``value``; returns ``[sq, b, heads * v_channels]``."""
-        if packed_seq_params is not None:
-            raise NotImplementedError("SDPAttention does not support packed sequences")
+        if packed_seq_params is not None and not isinstance(packed_seq_params, SequencePieces):
+            raise NotImplementedError("SDPAttention does not support megatron's THD packed sequences")
         if attention_bias is not None:
             raise NotImplementedError("SDPAttention does not support attention bias")
         if query.shape[-1] != self.k_channels or key.shape[-1] != self.k_channels or value.shape[-1] != self.v_channels:
@@ -159,7 +163,9 @@ class SDPAttention(MegatronModule):
                              f"{self.v_channels} channels, got query {tuple(query.shape)}, key {tuple(key.shape)}, "
                              f"value {tuple(value.shape)}")
         mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
-        if self.cp_group is None:
+        if packed_seq_params is not None:
+            out = self._attend_pieces(query, key, value, attention_mask, mask_type, packed_seq_params)
+        elif self.cp_group is None:
             out = self._attend(query, key, value, attention_mask, mask_type)
         else:
             if attention_mask is not None:
@@ -167,6 +173,27 @@ class SDPAttention(MegatronModule):
             out = self._attend_context_parallel(query, key, value, mask_type)
         # [sq, b, n, dv] -> [sq, b, n * dv]
         return out.reshape(out.shape[0], out.shape[1], self.num_heads * self.v_channels)
+
+    def _attend_pieces(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       attention_mask: torch.Tensor | None, mask_type: AttnMaskType,
+                       pieces: SequencePieces) -> torch.Tensor:
+        """Causal attention within each sequence of a packed row laid out by ``pieces``; ``[sq, 1, n, dv]``."""
+        if attention_mask is not None or mask_type != AttnMaskType.causal:
+            raise NotImplementedError("SDPAttention: packed sequences (packed_seq_params) take causal attention "
+                                      f"without an explicit mask, got {mask_type}")
+        if not pieces.split:  # every sequence whole on this rank: local attention, no exchange
+            rank = 0 if self.cp_group is None else self.cp_group.rank()
+            return self._attend(query, key, value, block_causal_mask(pieces.segments(rank)[None]), mask_type)
+        if self.cp_group is None:
+            raise ValueError("SDPAttention: split packed sequences need context parallelism (cp > 1)")
+        if self.cp_mode == "ulysses":
+            order, segments = pieces.natural_order()
+            (query, key, value), restore = ulysses.gather_sequence((query, key, value), self.cp_group, order)
+            out = self._attend(query, key, value, block_causal_mask(segments[None]), mask_type)
+            return ulysses.scatter_sequence(out, restore, self.cp_group)
+        a2a_group, ring_group = self.hybrid_groups or (None, self.cp_group)
+        return ring_attention.context_parallel_attention(
+            query, key, value, ring_group, a2a_group, causal=True, scale=self.softmax_scale, pieces=pieces.pieces)
 
     def _attend_context_parallel(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask_type: AttnMaskType

@@ -89,11 +89,18 @@ def natural_order(total: int, cp: int, device: torch.device | None = None) -> to
     return torch.cat([slot[k] * chunk + within for k in range(2 * cp)])
 
 
-def gather_sequence(tensors: tuple[torch.Tensor, ...], group: Any) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Whole sequences in natural order for this rank's heads, and the index that undoes the reordering."""
+def gather_sequence(tensors: tuple[torch.Tensor, ...], group: Any,
+                    order: torch.Tensor | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Whole sequences in natural order for this rank's heads, and the index that undoes the reordering.
+
+    ``order`` puts the rank-ordered gathered rows in natural order (default: one sequence in ``2*cp`` zig-zag
+    chunks; packed rows pass their own, :meth:`~loongforge.parallel.sequence_pieces.SequencePieces.natural_order`).
+    """
     cp = dist.get_world_size(group)
     gathered = [seq_to_heads(t, group) for t in tensors]
-    order = natural_order(gathered[0].shape[0], cp, gathered[0].device)
+    if order is None:
+        order = natural_order(gathered[0].shape[0], cp, gathered[0].device)
+    order = order.to(gathered[0].device)
     return [t.index_select(0, order) for t in gathered], torch.argsort(order)
 
 

@@ -25,6 +25,7 @@ from loongforge.models.flavor import DecoderFlavor, flavor_num_params
 from loongforge.models.layer_spec import decoder_block_spec
 from loongforge.models.mrope import InterleavedMultimodalRotary
 from loongforge.models.rope import rope_inv_freq
+from loongforge.parallel.sequence_pieces import SequencePieces, per_token_rotary
 
 __all__ = ["DecoderSpec", "ParallelSettings", "build_model", "flavor_num_params", "padded_vocab_size",
            "transformer_config"]
@@ -258,7 +259,7 @@ def build_model(
     if position_embedding == "rope" and flavor.mrope_section is not None:
         position_embedding = "mrope"
     mtp_block = spec.mtp_block_spec(provider, config, vp_stage) if spec.mtp_block_spec is not None else None
-    model = (GPTModel if mtp_block is None else _MTPModel)(
+    model = (PackedRowsGPTModel if mtp_block is None else _MTPModel)(
         config=config,
         mtp_block_spec=mtp_block,
         transformer_layer_spec=decoder_block_spec(provider, config, flavor, vp_stage=vp_stage,
@@ -292,7 +293,24 @@ def build_model(
     return model
 
 
-class _MTPModel(GPTModel):
+class PackedRowsGPTModel(GPTModel):
+    """Megatron's ``GPTModel`` that also takes packed rows split over context-parallel ranks.
+
+    Such a row (``packed_seq_params`` :class:`~loongforge.parallel.sequence_pieces.SequencePieces`) holds pieces
+    of many sequences whose positions restart per sequence, so RoPE must rotate each token by its own position
+    (``position_ids``); megatron's table is laid out for one whole sequence per row. Nothing changes otherwise."""
+
+    def _preprocess(self, *args: Any, **kwargs: Any) -> tuple:
+        out = super()._preprocess(*args, **kwargs)
+        if not isinstance(kwargs.get("packed_seq_params"), SequencePieces) or out[1] is None:
+            return out
+        if self.position_embedding_type != "rope":
+            raise ConfigError(f"packed rows under context parallelism (data.pack with parallel.cp > 1) take rotary "
+                              f"or learned positions, not '{self.position_embedding_type}'; set data.pack: false")
+        return (out[0], per_token_rotary(self.rotary_pos_emb, kwargs["position_ids"]), *out[2:])
+
+
+class _MTPModel(PackedRowsGPTModel):
     """Megatron's ``GPTModel`` with multi-token-prediction blocks that also answers without labels.
 
     Megatron runs the blocks whenever the model holds them and needs labels to do so; the blocks only add a

@@ -54,7 +54,7 @@ def hybrid_groups(cp_groups: Sequence[Sequence[int]], a2a: int) -> tuple[Any, An
     In a cp group of ranks ``c_0 < c_1 < ...`` (cp rank = position), the Ulysses sub-groups are ``a2a``
     consecutive cp ranks and each ring group takes one rank of every sub-group at the same position, in
     sub-group order -- the layout megatron's ``hierarchical_context_parallel_sizes=[a2a, cp/a2a]`` builds, which
-    is what :func:`loongforge.devices.ring_attention.ring_chunks` assumes. ``dist.new_group`` is collective:
+    is what :func:`loongforge.devices.ring_attention.member_pieces` assumes. ``dist.new_group`` is collective:
     every rank must call this with the same ``cp_groups``.
     """
     rank, mine = dist.get_rank(), [None, None]

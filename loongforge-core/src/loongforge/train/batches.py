@@ -134,16 +134,25 @@ def split_dataset(dataset: Any, config: LoongForgeConfig) -> tuple[Any, Any]:
 
 
 def check_pack(config: LoongForgeConfig, decoder: Any, cp: int) -> None:
-    """``data.pack`` (rows packed from several samples, attended with a block-diagonal causal mask) against the
-    layout and the decoder's attention; one line naming the key. Shared by the pre-flight and the run."""
+    """``data.pack`` (rows packed from several samples, attended with a block-diagonal causal mask; under context
+    parallelism split per sequence, :mod:`loongforge.parallel.sequence_pieces`) and
+    ``parallel.dynamic_cp_threshold`` against the layout and the decoder's attention; one line naming the key.
+    Shared by the pre-flight and the run."""
+    parallel, where = config.parallel, config.source
+    if parallel.dynamic_cp_threshold < 0 or (parallel.dynamic_cp_threshold and not (config.data.pack and cp > 1)):
+        raise ConfigError(f"{where}: parallel.dynamic_cp_threshold ({parallel.dynamic_cp_threshold}) applies to "
+                          "packed rows (data.pack: true) with parallel.cp > 1 and must be >= 0; set it to 0")
     if not config.data.pack:
         return
-    if cp > 1:
-        raise ConfigError(f"{config.source}: data.pack (block-diagonal attention masks) does not support "
-                          "parallel.cp > 1 yet")
     if decoder.masked_attention_blocker is not None:
-        raise ConfigError(f"{config.source}: data.pack needs block-diagonal attention masks, which "
+        raise ConfigError(f"{where}: data.pack needs block-diagonal attention masks, which "
                           f"{decoder.masked_attention_blocker} does not take (causal only); set data.pack: false")
+    if cp > 1 and (parallel.pp > 1 or parallel.sequence_parallel or decoder.is_moe or decoder.position_embedding
+                   not in ("rope", "learned_absolute", "none") or decoder.mrope_section is not None):
+        raise ConfigError(f"{where}: data.pack with parallel.cp > 1 (rows re-laid per sequence, their length "
+                          "varying per micro-batch, padding tokens added) needs pp=1, no sequence_parallel, a dense "
+                          "decoder (the padding would reach MoE routers) and rotary or learned positions (not "
+                          "M-RoPE); change those or set data.pack: false")
 
 
 def validation_rows(host: Any, config: LoongForgeConfig, tokenizer: Any, held_out: Any, *, model: Any = None,

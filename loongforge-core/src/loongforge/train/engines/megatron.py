@@ -21,7 +21,8 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from loongforge.checkpoint.saver import unwrap_model
 from loongforge.config.schema import LoongForgeConfig
-from loongforge.parallel import context
+from loongforge.errors import ConfigError
+from loongforge.parallel import context, sequence_pieces
 from loongforge.parallel.chunk_feeds import chunk_feeds
 from loongforge.train.activation_memory import FirstStepActivations
 from loongforge.train.compile import CompileReport, compile_blocks
@@ -56,6 +57,20 @@ def _compile_targets(chunks: list[Any]) -> tuple[list[Any], list[Any]]:
         if model.post_process:  # the final norm is megatron's None where the stage has none
             rest += [part for part in (model.decoder.final_layernorm, model.output_layer) if part is not None]
     return layers, rest
+
+
+def _check_local_attention(chunks: list[Any]) -> None:
+    """Packed rows under context parallelism reach attention as :class:`~loongforge.parallel.sequence_pieces.
+    SequencePieces`, which core's local attention reads; another (Transformer Engine's) would attend across the
+    sequences of the flattened row, so it is refused in one line."""
+    from megatron.core.transformer.attention import Attention
+
+    from loongforge.devices.sdpa_attention import SDPAttention
+
+    for module in (m for chunk in chunks for m in chunk.modules() if isinstance(m, Attention)):
+        if not isinstance(module.core_attention, SDPAttention):
+            raise ConfigError(f"data.pack with parallel.cp > 1 runs on core's local attention (SDPAttention), not "
+                              f"{type(module.core_attention).__name__}; set data.pack: false or parallel.cp: 1")
 
 
 def _masked_mean_loss(loss_mask: torch.Tensor, per_token_loss: torch.Tensor) -> tuple[torch.Tensor, dict]:
@@ -126,6 +141,8 @@ class MegatronEngine(StepEngine):
         self._cp_size = parallel_state.get_context_parallel_world_size()
         self._cp_rank = parallel_state.get_context_parallel_rank()
         self._world_size = dist.get_world_size()
+        #: Packed micro-batches of this step that dynamic CP dealt whole (``parallel.dynamic_cp_threshold``).
+        self._whole_micro_batches = 0
         self._per_token = config.training.loss_normalization == "global_tokens"
         # The token count is all-reduced over data- and context-parallel ranks together (finalize_model_grads does).
         self._token_group = parallel_state.get_data_parallel_group(with_context_parallel=True)
@@ -134,6 +151,8 @@ class MegatronEngine(StepEngine):
         self._moe = MoEStats(model, model_config) if model_config.num_moe_experts else None
         #: Multi-token-prediction blocks (DecoderSpec.mtp_block_spec): their loss reads the loss mask too.
         self._mtp_blocks = getattr(model_config, "mtp_num_layers", None) or 0
+        if config.data.pack and self._cp_size > 1:
+            _check_local_attention(model)
         # The interleaved schedule wants one iterator per model chunk, all yielding the same micro-batches.
         self._data_iterator = self._feed(data)
         layers, around = _compile_targets(model)
@@ -155,7 +174,11 @@ class MegatronEngine(StepEngine):
     def _forward(self, batch: dict[str, Any], model: Any, *, token_sums: bool) -> tuple[torch.Tensor, Callable]:
         """The per-token loss of one micro-batch and the loss function the schedule applies to it
         (:meth:`_loss_func`)."""
-        if self._cp_size > 1:  # this rank's chunks of every sequence
+        if self._cp_size > 1 and self.config.data.pack:  # this rank's pieces of every packed sequence
+            batch = sequence_pieces.split_packed_for_rank(batch, self._cp_rank, self._cp_size,
+                                                          self.config.parallel.dynamic_cp_threshold)
+            self._whole_micro_batches += model.training and not batch["packed_seq_params"].split
+        elif self._cp_size > 1:  # this rank's chunks of every sequence
             batch = context.split_for_rank(batch, self._cp_rank, self._cp_size)
         return self._per_token_loss(batch, model), self._loss_func(batch, token_sums=token_sums)
 
@@ -175,6 +198,8 @@ class MegatronEngine(StepEngine):
         extra = {key: batch[key] for key in self._extra_inputs if key in batch}  # images, grids (VLMs)
         if self._mtp_blocks:
             extra["loss_mask"] = batch["loss_mask"]
+        if "packed_seq_params" in batch:
+            extra["packed_seq_params"] = batch["packed_seq_params"]
         return model(batch["tokens"], batch["position_ids"], batch.get("attention_mask"), labels=batch["labels"],
                      **extra)
 
@@ -336,8 +361,9 @@ class MegatronEngine(StepEngine):
 
     def _step_extra(self) -> dict[str, Any]:
         """The step's MoE numbers (the auxiliary loss for the metrics, tokens per expert for ``expert_tokens``), the
-        multi-token-prediction loss (``mtp_loss``), the activation offload's figures (``offload_*``) and,
-        with fp16's loss scaler, the scale the step ran with (it halves at an overflow, whose step is skipped)."""
+        multi-token-prediction loss (``mtp_loss``), the activation offload's figures (``offload_*``), the training
+        micro-batches dynamic CP did not split (``cp_whole_micro_batches``, this data-parallel rank's) and, with
+        fp16's loss scaler, the scale the step ran with (it halves at an overflow, whose step is skipped)."""
         extra: dict[str, Any] = {}
         if self.config.training.precision == "fp16":
             extra["loss_scale"] = float(self.optimizer.get_loss_scale())
@@ -349,6 +375,8 @@ class MegatronEngine(StepEngine):
             extra["mtp_loss"] = collect_mtp_loss(self._mtp_blocks, self.num_microbatches)
         if self.offload is not None:
             extra.update(self.offload.take_metrics())
+        if self.config.parallel.dynamic_cp_threshold and self._cp_size > 1:
+            extra["cp_whole_micro_batches"], self._whole_micro_batches = self._whole_micro_batches, 0
         return extra
 
     # -- checkpoints and the end of the run -----------------------------------------------------------
