@@ -39,6 +39,8 @@ def _named(role: str, value: Any, current: Any, registry: Any, where: str, kinds
     elif isinstance(value, dict):
         overrides = dict(value)
         name = overrides.pop("name", None)
+        if name is not None and not isinstance(name, str):
+            raise ConfigError(f"model.{role}.name in {where}: expected a registered name, got {name!r}")
         base = registry.load(name, where=location) if name is not None else current
         if base is None:
             raise ConfigError(f"{location}: a mapping without 'name' overrides the model's own {role}, "
