@@ -35,7 +35,8 @@ def test_options_become_settings(monkeypatch):
     ({"spare_slots": 0}, "spare_slots must be >= 1"),
     ({"spare_slots": "2"}, "'optimizations.taot.spare_slots' must be an integer, got '2'"),
     ({"ranks_per_node": 0}, "ranks_per_node must be >= 1"),
-    ({"topology_weight": -0.1}, "topology_weight must be a number >= 0"),
+    ({"topology_weight": -0.1}, r"topology_weight must be a number in \[0, 1\]"),
+    ({"topology_weight": 1.5}, r"topology_weight must be a number in \[0, 1\], got 1.5"),
     ({"topology_weight": True}, "'optimizations.taot.topology_weight' must be a number, got True"),
 ])
 def test_bad_options_are_config_errors(options, message):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from loongforge_balance.taot import plan_costs, plan_replicas
+from loongforge_balance.taot import candidate_plans, pick_plan, plan_costs, plan_replicas
 from loongforge_balance.taot.synthetic import skewed_counts
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -76,19 +76,19 @@ class _HostReads(TorchDispatchMode):
 
 def test_planner_never_reads_values_on_the_host(loads):
     with _HostReads() as mode:
-        plan(loads[0, :16], 2)
+        plan(loads[0, :16], 1)
     assert mode.reads == []
 
 
 def test_balance_at_16_ranks_one_slot_and_64_ranks_two_slots(loads):
     for ranks, spare_slots in [(16, 1), (64, 2)]:
-        for step in range(loads.shape[0]):
+        for step in range(0, loads.shape[0], 3):
             counts = loads[step, :ranks]
             assert plan_costs(plan(counts, 0), RANKS_PER_NODE).max_over_mean > 1.5  # far from balanced unaided
             assert plan_costs(plan(counts, spare_slots), RANKS_PER_NODE).max_over_mean <= 1.06
 
 
-WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
+WEIGHTS = tuple(i / 8 for i in range(9))
 BALANCE_BOUND = 1.06  # max/mean rank load (tokens computed per rank) every plan must meet
 
 
@@ -119,8 +119,10 @@ def per_node_lower_bound(expert_load, ranks_per_node, experts_per_rank):
         node = loads[first:first + per_node]
         excess = sum(node) - ranks_per_node * cap
         pieces = sorted((piece for load in node for piece in [cap] * int(load // cap) + [load % cap]), reverse=True)
-        while excess > 1e-9:
-            excess -= pieces[needed]
+        for piece in pieces:  # the node's biggest pieces, until they cover its excess
+            if excess <= 1e-9:
+                break
+            excess -= piece
             needed += 1
     return needed
 
@@ -160,40 +162,59 @@ def milp_fewest_inter_node_clones(expert_load, ranks_per_node, experts_per_rank,
     return round(result.fun)
 
 
-def test_inter_node_clones_against_the_exact_optimum_at_8_ranks():
-    """8 ranks on 2 nodes, 32 experts, one spare slot: the planner at full topology weight against the exact MILP."""
+def clones_by_weight(counts, ranks_per_node, spare_slots=1):
+    """Inter-node clones of the plan picked at each of WEIGHTS (the candidates do not depend on the weight, so they
+    are computed once); every picked plan must keep max/mean <= BALANCE_BOUND."""
+    ranks = counts.shape[0]
+    candidates = candidate_plans(counts, experts_per_rank=counts.shape[1] // ranks, spare_slots=spare_slots,
+                                 ranks_per_node=ranks_per_node)
+    clones = []
+    for weight in WEIGHTS:
+        p = pick_plan(candidates, ranks_per_node, weight)
+        assert max_over_mean(p) <= BALANCE_BOUND, weight
+        clones.append(inter_node_clones(p, ranks_per_node))
+    assert all(a >= b for a, b in zip(clones, clones[1:], strict=False)), clones  # never rises with the weight
+    return clones
+
+
+def test_inter_node_clones_within_1_2x_of_the_exact_optimum_at_8_ranks():
+    """8 ranks on 2 nodes, 32 experts, one spare slot, 9 loads (3 seeds): inter-node clones never rise with the
+    weight (0 -> 0.25 used to rise 23 -> 27 here) and at full weight are within 1.2x of the exact MILP optimum."""
     ranks, ranks_per_node, experts = 8, 4, 32
     ours = optimum = 0
     for seed in range(3):
         for counts in skewed_counts(3, ranks, experts, tokens_per_rank=512, seed=seed):
-            p = plan_replicas(counts, experts_per_rank=experts // ranks, spare_slots=1, ranks_per_node=ranks_per_node,
-                              topology_weight=1.0)
-            assert max_over_mean(p) <= BALANCE_BOUND
-            ours += inter_node_clones(p, ranks_per_node)
+            ours += clones_by_weight(counts, ranks_per_node)[-1]
             optimum += milp_fewest_inter_node_clones(counts.sum(0).tolist(), ranks_per_node, experts // ranks, 1)
-    assert optimum > 0 and ours <= 1.6 * optimum, (ours, optimum)  # measured 17 vs 11
+    assert optimum > 0 and ours <= 1.2 * optimum, (ours, optimum)  # measured 12 vs 11
+
+
+# Full weight over the per-node lower bound, as measured (16: 3 vs 2 clones, 32: 13 vs 10, 64: 41 vs 29). The exact
+# optimum sits between; at 32 ranks (MILP, minutes per load, not run here) it equals the bound: 10.
+LOWER_BOUND_RATIO = {16: 1.5, 32: 1.3, 64: 1.42}
 
 
 @pytest.mark.parametrize("ranks", [16, 32, 64])
 def test_inter_node_clones_fall_with_the_weight_balanced_and_near_the_lower_bound(loads, ranks):
-    """Weights 0..1 on four fixed steps (seeds 0-2): inter-node clones fall with the weight, every plan keeps
-    max/mean <= 1.06, and full weight is within 2.1x of the per-node lower bound (measured 1.5x, 2.0x, 1.8x)."""
+    """Weights 0..1 in steps of 1/8 on four fixed loads (seeds 0-2): per load, inter-node clones never rise with
+    the weight and every plan keeps max/mean <= 1.06; at full weight the total is within LOWER_BOUND_RATIO of the
+    per-node lower bound and far below the topology-blind plan's."""
     steps = range(0, loads.shape[0], 3)
-    clones = []
-    for weight in WEIGHTS:
-        total = 0
-        for step in steps:
-            p = plan(loads[step, :ranks], 1, topology_weight=weight)
-            assert max_over_mean(p) <= BALANCE_BOUND, (weight, step)
-            total += inter_node_clones(p, RANKS_PER_NODE)
-        clones.append(total)
-    # 64 ranks: 0.75 -> 1 rises 51 -> 53 (the greedy at near-zero inter-node worth); the rest falls.
-    monotone = clones if ranks < 64 else clones[:-1]
-    assert all(a >= b for a, b in zip(monotone, monotone[1:], strict=False)), clones
-    assert clones[-1] <= 1.05 * clones[-2] and clones[0] >= 2 * clones[-1], clones
+    per_step = [clones_by_weight(loads[step, :ranks], RANKS_PER_NODE) for step in steps]
+    blind, full = sum(c[0] for c in per_step), sum(c[-1] for c in per_step)
     bound = sum(per_node_lower_bound(loads[step, :ranks].sum(0).tolist(), RANKS_PER_NODE, EXPERTS // ranks)
                 for step in steps)
-    assert bound > 0 and clones[-1] <= 2.1 * bound, (clones, bound)
+    assert bound > 0 and full <= LOWER_BOUND_RATIO[ranks] * bound, (full, bound)
+    assert blind >= 2 * full, (blind, full)
+
+
+def test_plan_replicas_is_the_pick_among_the_candidates(loads):
+    counts = loads[3, :32]
+    candidates = candidate_plans(counts, experts_per_rank=4, spare_slots=1, ranks_per_node=RANKS_PER_NODE)
+    assert len(candidates) == 3
+    picked, planned = pick_plan(candidates, RANKS_PER_NODE, 0.5), plan(counts, 1)
+    for field in ("slot_expert", "slot_take", "home_keep"):
+        assert torch.equal(getattr(picked, field), getattr(planned, field))
 
 
 def test_balanced_load_makes_no_clones_and_zero_slots_keep_everything_home():
@@ -204,7 +225,10 @@ def test_balanced_load_makes_no_clones_and_zero_slots_keep_everything_home():
     assert unreplicated.slot_expert.numel() == 0 and torch.equal(unreplicated.home_keep, skewed)
 
 
-def test_rejects_counts_that_do_not_match_the_layout():
+def test_rejects_counts_that_do_not_match_the_layout_and_weights_outside_0_1():
     with pytest.raises(ValueError, match="128 experts; 16 ranks x 4"):
         plan_replicas(torch.zeros(16, 128, dtype=torch.int64), experts_per_rank=4, spare_slots=1,
                       ranks_per_node=8, topology_weight=0.5)
+    with pytest.raises(ValueError, match=r"topology_weight must be in \[0, 1\] \(got 1.5\)"):
+        plan_replicas(torch.zeros(16, 64, dtype=torch.int64), experts_per_rank=4, spare_slots=1,
+                      ranks_per_node=8, topology_weight=1.5)

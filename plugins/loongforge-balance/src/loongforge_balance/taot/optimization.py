@@ -39,8 +39,8 @@ class TAOTOptions:
             raise ConfigError(f"spare_slots must be >= 1 (spare expert slots per rank), got {self.spare_slots}")
         if self.ranks_per_node is not None and self.ranks_per_node < 1:
             raise ConfigError(f"ranks_per_node must be >= 1, got {self.ranks_per_node}")
-        if self.topology_weight < 0:
-            raise ConfigError(f"topology_weight must be a number >= 0, got {self.topology_weight}")
+        if not 0 <= self.topology_weight <= 1:
+            raise ConfigError(f"topology_weight must be a number in [0, 1], got {self.topology_weight}")
 
 
 class TAOTOptimization(Optimization):

@@ -8,26 +8,42 @@ slots on under-loaded ranks and reroutes the overflow tokens to the copies.
 Properties the execution relies on:
 
 - pure tensor arithmetic on int64 tensors (no ``.item()``, no ``.tolist()``, no data-dependent Python branch),
-  so it never waits for the device; the loop runs a fixed ``num_ranks * spare_slots`` times and an iteration
-  that finds nothing worth moving changes nothing;
-- deterministic: integer loads and first-index ``argmax`` tie-breaks, so every rank computes the same plan from
-  the same all-gathered counts and no plan has to be broadcast;
-- topology aware (``topology_weight > 0``), in two kinds of move, at most one slot filled per iteration:
-  first the *forced* inter-node moves: what a node holds above its ranks' capacity (``high`` each) cannot be
-  balanced inside it whatever the weight, so it leaves in the largest pieces (fewest inter-node clones) before
-  any intra-node move can spend the big experts on small local fixes; then water-filling, where a move to another
-  node counts ``1 - topology_weight`` times its tokens. Clones take their tokens first from source ranks on their
-  own node (fewer cross-node token copies). ``topology_weight=0`` is the topology-blind planner (no forced moves,
-  no discount).
+  so it never waits for the device; each greedy pass runs a fixed ``num_ranks * spare_slots`` iterations (an
+  iteration that finds nothing to move changes nothing, so later ones find nothing either);
+- deterministic: integer loads and first-index tie-breaks, so every rank computes the same plan from the same
+  all-gathered counts and no plan has to be broadcast;
+- balanced: a rank sheds only while above ``high`` (the exact mean times ``1 + RECEIVER_SLACK``, rounded down),
+  never below the mean, and a receiver is never filled above ``high``, so a plan the greedy completes has
+  max/mean <= 1.06.
 
-Greedy water-filling: repeatedly take the most loaded rank if it is above ``high``, and among (its home expert,
-receiver with a free slot) pairs the one that moves the most tokens (ties: the receiver left with the least room),
-where a move never takes the donor below the mean nor the receiver above ``high`` (the exact mean times
-``1 + RECEIVER_SLACK``, rounded down), so a balanced plan has max/mean <= 1.06. Ranks at or below ``high`` never
-shed: moving their few tokens would spend a slot that a hot rank needs.
+One greedy pass, one move (or two, see chains) per iteration, first of:
 
-Measured against independent references (tests/balance/test_taot_planner.py): inter-node clones within 1.6x of
-an exact MILP optimum at 8 ranks and within 2.1x of a per-node lower bound at 16-64 ranks; not yet within 1.2x.
+1. *forced inter-node move*: a node holding more than its ranks' capacity (``high`` each) must send the excess to
+   other nodes whatever the weight; its most loaded rank sends its largest piece, as much as takes it down to the
+   mean, to a rank on a node with room. Sending whole donors (not just the node's excess) leaves the node room to
+   balance the rest inside it; pieces are as large as a receiver takes, so few clones cross nodes;
+2. *intra-node move*: the most loaded rank above ``high`` that can shed inside its node does, to a receiver on its
+   node;
+3. *any move*: the same, anywhere (only when the node's slots or rooms ran out).
+
+A move is chosen bin-covering style: one that takes the donor down to ``high`` wins, going to the receiver it
+fits best (the least room left, so large rooms stay for large moves); if none does, the largest move.
+
+*Chains* (the third candidate below): a receiver of a forced move may take more than its room when it can pass
+the overflow on to one rank of its own node (one of its home experts, best fit) in the same iteration. The
+exact optimum does this (an inter-node piece lands on a rank that then sheds its own experts locally), and it
+lets one inter-node clone carry a whole donor's excess instead of two smaller ones.
+
+``topology_weight`` picks among three candidate plans, computed independently of the weight: topology-blind
+(the world seen as one node), node-aware, node-aware with chains. It keeps the plan minimising
+``(1 - w) * clones + w * inter-node clones`` among those meeting the balance bound (ties: that order). Because the
+candidates do not depend on ``w``, inter-node clones never rise with ``w``: if ``a`` is kept at ``w1`` and ``b``
+at ``w2 > w1``, adding the two optimality inequalities gives ``(w2 - w1) * (inter_b - inter_a) <= 0`` after
+dividing by ``1 - w`` (the exchange argument for a weighted sum over a fixed set).
+
+Measured against independent references (tests/balance/test_taot_planner.py) at full weight: an exact MILP
+(8 ranks: 12 vs 11 inter-node clones) and a per-node lower bound (16/32/64 ranks: 1.5x/1.4x/1.45x of the bound,
+which the exact optimum itself exceeds where the excess must leave in pieces smaller than a rank).
 """
 
 from __future__ import annotations
@@ -41,6 +57,10 @@ import torch
 #: filling strands the remainders and leaves donors at 1.1-1.2x the mean, while 6% headroom (the max/mean the
 #: plan promises) absorbs them.
 RECEIVER_SLACK = 0.06
+
+#: Move keys pack token counts into bit fields of one int64 (``_bin_covering_key``): a step may route at most this
+#: many (token, expert) pairs (a billion; 1024 ranks x 16k tokens x top-8 is 134M).
+TOKEN_LIMIT = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -103,17 +123,78 @@ def plan_replicas(
                          f"expected")
     if spare_slots < 0 or ranks_per_node < 1:
         raise ValueError(f"spare_slots must be >= 0 and ranks_per_node >= 1 (got {spare_slots}, {ranks_per_node})")
-    state = _PlanState(counts, experts_per_rank, spare_slots, ranks_per_node)
+    if not 0.0 <= topology_weight <= 1.0:
+        raise ValueError(f"topology_weight must be in [0, 1] (got {topology_weight})")
+    return pick_plan(candidate_plans(counts, experts_per_rank=experts_per_rank, spare_slots=spare_slots,
+                                     ranks_per_node=ranks_per_node), ranks_per_node, topology_weight)
+
+
+def candidate_plans(counts: torch.Tensor, *, experts_per_rank: int, spare_slots: int,
+                    ranks_per_node: int) -> list[ReplicaPlan]:
+    """The plans ``topology_weight`` chooses among (topology-blind, node-aware, node-aware with chains); none
+    depends on the weight, which is what makes inter-node clones monotone in it (module docstring)."""
+    counts = counts.to(torch.int64)
+    ranks = counts.shape[0]
+    blind = _greedy(counts, experts_per_rank, spare_slots, ranks, chains=False)
+    if ranks_per_node >= ranks:  # one node: topology changes nothing
+        return [blind]
+    return [blind] + [_greedy(counts, experts_per_rank, spare_slots, ranks_per_node, chains=chains)
+                      for chains in (False, True)]
+
+
+def pick_plan(candidates: list[ReplicaPlan], ranks_per_node: int, topology_weight: float) -> ReplicaPlan:
+    """The candidate minimising ``(1 - w) * clones + w * inter-node clones``, balanced ones first (first on ties).
+
+    Selected with ``torch.where``-style tensor ops, not a Python ``min``, so no value is read on the host.
+    """
+    ranks = candidates[0].num_ranks
+    high = _high(candidates[0].rank_load().sum(), ranks)
     scale = 1 << 10
-    discount = min(int(round(topology_weight * scale)), scale - 1)  # inter-node moves still rank by size
-    # Indices stay 1-element tensors: indexing with a 0-d tensor would call ``.item()`` (a device sync).
-    for _ in range(ranks * spare_slots):
-        move = _water_filling_move(state, scale, discount)
-        if topology_weight > 0:  # a config value, not data: no device sync
-            forced = _forced_inter_node_move(state)
-            move = tuple(torch.where(forced[2] > 0, f, m) for f, m in zip(forced, move, strict=True))
+    weight = int(round(topology_weight * scale))
+    scores = []
+    for plan in candidates:
+        used = plan.slot_expert >= 0
+        slot_node = torch.arange(used.shape[0], device=used.device) // max(plan.spare_slots, 1) // ranks_per_node
+        home_node = plan.slot_expert.clamp(min=0) // plan.experts_per_rank // ranks_per_node
+        inter = (used & (slot_node != home_node)).sum()
+        unbalanced = (plan.rank_load().max() > high).to(torch.int64)
+        scores.append(unbalanced * (scale * ranks * plan.spare_slots + 1) + (scale - weight) * used.sum()
+                      + weight * inter)
+    best = torch.argmin(torch.stack(scores)).view(1)  # first index among equal scores
+    fields = ("slot_expert", "slot_take", "home_keep")
+    picked = {f: torch.stack([getattr(p, f) for p in candidates]).index_select(0, best).squeeze(0) for f in fields}
+    return ReplicaPlan(**picked, experts_per_rank=candidates[0].experts_per_rank,
+                       spare_slots=candidates[0].spare_slots)
+
+
+def _high(total: torch.Tensor, ranks: int) -> torch.Tensor:
+    """The most a rank may hold: the exact mean times ``1 + RECEIVER_SLACK``, rounded down."""
+    return (total.to(torch.float64) * (1 + RECEIVER_SLACK) / ranks).to(torch.int64)
+
+Move = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (expert, receiver, amount), 1-element tensors
+
+
+def _greedy(counts: torch.Tensor, experts_per_rank: int, spare_slots: int, ranks_per_node: int, *,
+            chains: bool) -> ReplicaPlan:
+    """One greedy pass (module docstring): forced inter-node, then intra-node, then any move, one per iteration."""
+    state = _PlanState(counts, experts_per_rank, spare_slots, ranks_per_node)
+    one_node = ranks_per_node >= counts.shape[0]  # a config value, not data: no device sync
+    for _ in range(counts.shape[0] * spare_slots):
+        host = state.can_host()
+        local, anywhere = _shed_moves(state, host)
+        move = local if one_node else _first_nonempty(_forced_move(state, host, chains), local, anywhere)
         state.apply(*move)
+        if chains:  # a forced move beyond the receiver's room: the receiver passes the overflow on
+            state.apply(*_chain_move(state, move[1]))
     return ReplicaPlan(state.slot_expert, state.slot_take, state.keep, experts_per_rank, spare_slots)
+
+
+def _first_nonempty(*moves: Move) -> Move:
+    """The first move with a positive amount (the last one when none has)."""
+    chosen = moves[-1]
+    for move in reversed(moves[:-1]):
+        chosen = tuple(torch.where(move[2] > 0, m, c) for m, c in zip(move, chosen, strict=True))
+    return chosen
 
 
 class _PlanState:
@@ -124,7 +205,11 @@ class _PlanState:
         device = counts.device
         self.experts_per_rank, self.spare_slots = experts_per_rank, spare_slots
         self.nodes = node_of(ranks, ranks_per_node, device)
+        self.same_node = self.nodes.unsqueeze(1) == self.nodes.unsqueeze(0)  # [R, R]
         self.rank_ids = torch.arange(ranks, device=device)
+        # Row r: source ranks in the order a clone on r takes tokens from them: r's node first (fewer cross-node
+        # token copies), then by rank.
+        self.source_order = torch.argsort((~self.same_node).to(torch.int64) * ranks + self.rank_ids, dim=1)
         self.home_rank = torch.arange(experts, device=device) // experts_per_rank
         self.node_size = torch.zeros(-(-ranks // ranks_per_node), dtype=torch.int64, device=device).index_add_(
             0, self.nodes, torch.ones_like(self.nodes))
@@ -132,24 +217,29 @@ class _PlanState:
         self.home_load = counts.sum(dim=0)  # tokens still at each expert's home instance
         self.load = self.home_load.view(ranks, experts_per_rank).sum(dim=1)
         self.target = (self.load.sum() + ranks - 1) // ranks  # the mean, rounded up: donors shed down to it
-        # Rounded down, so a rank filled to ``high`` stays within ``1 + RECEIVER_SLACK`` times the exact mean.
-        self.high = (self.load.sum().to(torch.float64) * (1 + RECEIVER_SLACK) / ranks).to(torch.int64)
+        self.high = _high(self.load.sum(), ranks)
         self.free = torch.full((ranks,), spare_slots, dtype=torch.int64, device=device)
         self.has_clone = torch.zeros(ranks, experts, dtype=torch.bool, device=device)
         self.slot_expert = torch.full((ranks * spare_slots,), -1, dtype=torch.int64, device=device)
         self.slot_take = torch.zeros(ranks * spare_slots, ranks, dtype=torch.int64, device=device)
 
-    def node_load(self) -> torch.Tensor:
-        return torch.zeros_like(self.node_size).index_add_(0, self.nodes, self.load)
+    def room(self) -> torch.Tensor:
+        """What each rank can still receive: ``[R]``, 0 for a rank at ``high`` or without a free slot."""
+        return torch.where(self.free > 0, (self.high - self.load).clamp(min=0), 0)
+
+    def can_host(self) -> torch.Tensor:
+        """``[R, R, L]``: receiver ``r`` may take a new clone of donor ``d``'s ``l``-th expert."""
+        ranks, local = self.rank_ids.shape[0], self.experts_per_rank
+        cloned = self.has_clone.view(ranks, ranks, local)  # [receiver, donor, l]
+        return (self.room() > 0).view(ranks, 1, 1) & ~cloned & (self.rank_ids.view(-1, 1) != self.rank_ids).unsqueeze(2)
 
     def apply(self, expert: torch.Tensor, receiver: torch.Tensor, amount: torch.Tensor) -> None:
         """Clone ``expert`` into a free slot of ``receiver`` with ``amount`` tokens (nothing when it is 0)."""
         used = amount > 0
         donor = self.home_rank[expert]
-        take = _take_from_sources(self.keep[:, expert].squeeze(1), amount, self.nodes, self.nodes[receiver],
-                                  self.rank_ids.shape[0])
+        take = _take_from_sources(self.keep[:, expert].squeeze(1), amount, self.source_order[receiver].squeeze(0))
         spare = self.spare_slots
-        slot = receiver * spare + (spare - self.free[receiver]).clamp(max=spare - 1)
+        slot = receiver * spare + (spare - self.free[receiver]).clamp(min=0, max=spare - 1)
         self.slot_expert[slot] = torch.where(used, expert, self.slot_expert[slot])
         self.slot_take[slot] = torch.where(used.unsqueeze(1), take.unsqueeze(0), self.slot_take[slot])
         self.keep.index_add_(1, expert, -take.unsqueeze(1))
@@ -159,66 +249,92 @@ class _PlanState:
         self.has_clone[receiver, expert] = self.has_clone[receiver, expert] | used
 
 
-def _forced_inter_node_move(state: _PlanState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The largest move of load that must leave its node: (expert, receiver, amount), amount 0 when none is left.
-
-    A node holding more than its share (its ranks times the mean) cannot be balanced inside it, so that excess
-    crosses nodes whatever the weight. Moving it in the largest pieces (the biggest home load a donor above the
-    mean can shed, to the receiver with the most room on a node below its share) needs the fewest inter-node
-    clones; doing it before any intra-node move keeps the big experts for it (an intra-node move that clones
-    a big expert first leaves only small ones to carry the node's excess, hence more inter-node clones).
-    """
-    node_load = state.node_load()
-    share = state.node_size * state.high  # what the node's ranks can hold
-    node_excess = (node_load - share).clamp(min=0)
-    node_room = (share - node_load).clamp(min=0)
-    donor_excess = (state.load - state.target).clamp(min=0)
-    expert_node = state.nodes[state.home_rank]
-    give = torch.minimum(state.home_load, torch.minimum(donor_excess[state.home_rank], node_excess[expert_node]))
-    room = torch.minimum((state.high - state.load).clamp(min=0), node_room[state.nodes])
-    room = torch.where(state.free > 0, room, 0)
-    movable = torch.minimum(give.unsqueeze(1), room.unsqueeze(0))  # [E, R]
-    movable = torch.where((expert_node.unsqueeze(1) != state.nodes.unsqueeze(0)) & ~state.has_clone.t(), movable, 0)
-    best = _best_fit(movable, movable, room)
-    ranks = state.rank_ids.shape[0]
-    return best // ranks, best % ranks, movable.flatten()[best]
+def _shed_moves(state: _PlanState, host: torch.Tensor) -> tuple[Move, Move]:
+    """The best move of the most loaded rank above ``high`` that has one: inside its node, and anywhere."""
+    ranks, local = state.rank_ids.shape[0], state.experts_per_rank
+    need = state.load - state.high  # [R]: > 0 for donors
+    want = state.load - state.target
+    room = state.room()
+    pieces = torch.minimum(state.home_load.view(ranks, local), want.unsqueeze(1))  # [d, l]
+    amount = torch.minimum(pieces.unsqueeze(0), room.view(-1, 1, 1))  # [r, d, l]
+    valid = host & (need > 0).view(1, -1, 1) & (amount > 0)
+    keys = [state.load.view(1, -1, 1).expand_as(amount), _bin_covering_key(amount, need.view(1, -1, 1),
+                                                                         room.view(-1, 1, 1))]
+    moves = []
+    for allowed in (valid & state.same_node.unsqueeze(2), valid):
+        moves.append(_move_at(_lexicographic_first(allowed, keys), amount, allowed, local))
+    return moves[0], moves[1]
 
 
-def _water_filling_move(state: _PlanState, scale: int, discount: int) -> tuple[torch.Tensor, ...]:
-    """The best move off the most loaded rank: (expert, receiver, amount), amount 0 when none is worth making.
-
-    Among (its home expert, receiver with a free slot) pairs the one that moves the most tokens, where a move
-    never takes the donor below the mean nor the receiver above ``high``, and a move to another node counts
-    ``1 - topology_weight`` times its tokens.
-    """
+def _forced_move(state: _PlanState, host: torch.Tensor, chains: bool) -> Move:
+    """The most loaded rank of the node furthest above its capacity sends a piece to another node with room."""
     local = state.experts_per_rank
-    load = state.load
-    donor = torch.argmax(load).view(1)
-    donor_experts = donor * local + torch.arange(local, device=load.device)  # [L]
-    excess = torch.where(load[donor] > state.high, load[donor] - state.target, 0)  # [1]: only ranks above high shed
-    room = (state.high - load).clamp(min=0)  # [R]
-    movable = torch.minimum(state.home_load[donor_experts].unsqueeze(1), torch.minimum(excess, room).unsqueeze(0))
-    eligible = ((state.free > 0) & (state.rank_ids != donor)).unsqueeze(0) & ~state.has_clone[:, donor_experts].t()
-    movable = torch.where(eligible, movable, 0)  # [L, R]
-    worth = scale - discount * (state.nodes != state.nodes[donor]).to(torch.int64)  # [R]
-    score = torch.where(movable > 0, movable * worth, -1)
-    best = _best_fit(score, movable, room)
-    ranks = state.rank_ids.shape[0]
-    return donor * local + best // ranks, best % ranks, movable.flatten()[best]
+    node_load = torch.zeros_like(state.node_size).index_add_(0, state.nodes, state.load)
+    node_excess = node_load - state.node_size * state.high
+    worst_node = torch.argmax(node_excess)
+    donor = torch.argmax(torch.where(state.nodes == worst_node, state.load, -1)).view(1)
+    need, want = state.load[donor] - state.high, state.load[donor] - state.target
+    room = state.room()
+    reach = room + _chain_reach(state, host) if chains else room
+    reach = torch.minimum(reach, (-node_excess[state.nodes]).clamp(min=0))  # [R]
+    piece = torch.minimum(state.home_load[donor * local + torch.arange(local, device=room.device)], want)  # [l]
+    amount = torch.minimum(piece.unsqueeze(0), reach.unsqueeze(1)).unsqueeze(1)  # [r, 1, l]
+    receiving = (node_excess[state.nodes] < 0) & (state.nodes != worst_node) & (state.load < state.high)
+    valid = host[:, donor] & receiving.view(-1, 1, 1) & (amount > 0) & (node_excess.max() > 0)
+    key = _bin_covering_key(amount, need.view(1, 1, 1), reach.view(-1, 1, 1), fits=amount <= room.view(-1, 1, 1))
+    best = _lexicographic_first(valid, [key])
+    receiver, flat_l = best // local, best % local
+    return donor * local + flat_l, receiver, torch.where(valid.flatten()[best], amount.flatten()[best], 0)
 
 
-def _best_fit(score: torch.Tensor, movable: torch.Tensor, room: torch.Tensor) -> torch.Tensor:
-    """Flat index of the best ``[candidate, receiver]`` score; among equal scores, the receiver left with the
-    least room after the move (best fit), so that large rooms stay for the large moves still to come."""
-    left = room.unsqueeze(0) - movable
-    left = torch.where(score == score.max(), left, torch.iinfo(torch.int64).max)
-    return torch.argmin(left).view(1)
+def _chain_reach(state: _PlanState, host: torch.Tensor) -> torch.Tensor:
+    """``[R]``: the largest piece of one of its home experts a rank can pass on to one rank of its own node."""
+    ranks, local = state.rank_ids.shape[0], state.experts_per_rank
+    room = state.room()
+    amount = torch.minimum(state.home_load.view(1, ranks, local), room.view(-1, 1, 1))  # [r2, r, l]
+    valid = host & state.same_node.unsqueeze(2)
+    return torch.where(valid, amount, 0).amax(dim=(0, 2))
 
 
-def _take_from_sources(available: torch.Tensor, amount: torch.Tensor, nodes: torch.Tensor, node: torch.Tensor,
-                       ranks: int) -> torch.Tensor:
-    """``amount`` tokens out of ``available[s]``, taken from sources on ``node`` first, then by rank order."""
-    order = torch.argsort((nodes != node).to(torch.int64) * ranks + torch.arange(ranks, device=nodes.device))
+def _chain_move(state: _PlanState, receiver: torch.Tensor) -> Move:
+    """``receiver``'s overflow above ``high`` to one rank of its node (best fit); amount 0 when it has none."""
+    local = state.experts_per_rank
+    over = state.load[receiver] - state.high  # [1]
+    home = state.home_load[receiver * local + torch.arange(local, device=over.device)]  # [l]
+    room = state.room()
+    host = state.can_host()[:, receiver] & state.same_node[:, receiver].view(-1, 1, 1)  # [r2, 1, l]
+    valid = host & (home >= over).view(1, 1, -1) & (room >= over).view(-1, 1, 1) & (over > 0).view(1, 1, 1)
+    best = _lexicographic_first(valid, [-room.view(-1, 1, 1).expand_as(valid)])  # best fit: the least room
+    return receiver * local + best % local, best // local, torch.where(valid.flatten()[best], over, 0)
+
+
+def _bin_covering_key(amount: torch.Tensor, need: torch.Tensor, room: torch.Tensor,
+                      fits: torch.Tensor | None = None) -> torch.Tensor:
+    """One int64 key, larger is better: the move takes the donor to ``high``; if not, its size; then (forced
+    moves) whether it fits without a chain; then the least room left. Packed in bit fields, which holds while a
+    step routes fewer than ``TOKEN_LIMIT`` (token, expert) pairs."""
+    first = torch.where(amount >= need, TOKEN_LIMIT, amount)
+    fits = torch.zeros_like(amount) if fits is None else fits.to(torch.int64)
+    return (first * 2 + fits) * TOKEN_LIMIT + (TOKEN_LIMIT - 1 - (room - amount)).clamp(min=0)
+
+
+def _lexicographic_first(valid: torch.Tensor, keys: list[torch.Tensor]) -> torch.Tensor:
+    """Flat index (1-element tensor) of the valid entry with the largest keys in order; the first on full ties."""
+    chosen = valid
+    for key in keys:
+        masked = torch.where(chosen, key, torch.iinfo(torch.int64).min)
+        chosen = chosen & (masked == masked.max())
+    return torch.argmax(chosen.flatten().to(torch.int8)).view(1)
+
+
+def _move_at(best: torch.Tensor, amount: torch.Tensor, valid: torch.Tensor, local: int) -> Move:
+    """The ``[receiver, donor, l]`` entry ``best`` as a move; amount 0 when it is not valid."""
+    block = amount.shape[1] * local
+    receiver, expert = best // block, best % block
+    return expert, receiver, torch.where(valid.flatten()[best], amount.flatten()[best], 0)
+
+def _take_from_sources(available: torch.Tensor, amount: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """``amount`` tokens out of ``available[s]``, taken from the sources in ``order`` (own node first)."""
     sorted_available = available[order]
     before = torch.cumsum(sorted_available, dim=0) - sorted_available
     sorted_take = torch.minimum((amount - before).clamp(min=0), sorted_available)
