@@ -14,6 +14,7 @@ import contextlib
 import pytest
 import torch
 from loongforge.config.loader import load_config
+from loongforge.config.offload_settings import check_offload
 from loongforge.config.schema import RecomputeConfig
 from loongforge.errors import ConfigError
 from loongforge.models.decoder_model import build_model
@@ -21,7 +22,6 @@ from loongforge.models.llama import FLAVORS
 from loongforge.models.recompute import recompute_kwargs
 from loongforge.parallel.init import initialize_layout_independent
 from loongforge.train.activation_offload import ActivationOffload, offload_targets
-from loongforge.train.offload_settings import check_offload
 
 FLAVOR = FLAVORS["llama-debug"].with_overrides(num_layers=4)
 SEQ, BATCH, STEPS, MIN_BYTES = 32, 2, 3, 1024

@@ -13,6 +13,7 @@ import copy
 import dataclasses
 from typing import Any
 
+from loongforge.config.offload_settings import offloaded_layer_indices
 from loongforge.config.schema import LoongForgeConfig, RecomputeConfig
 from loongforge.errors import ConfigError
 from loongforge.models.family import ModelFamily
@@ -21,7 +22,6 @@ from loongforge.planner.hardware import ClusterSpec, device_facts, parse_bytes
 from loongforge.planner.layouts import SearchSpace
 from loongforge.planner.memory import Workload
 from loongforge.planner.planner import Plan, plan
-from loongforge.train.offload_settings import offloaded_layer_indices
 
 
 def cluster_from_options(options: Any, num_devices: int, facts: dict[str, Any]) -> ClusterSpec:

@@ -331,7 +331,7 @@ def _check_megatron(config: LoongForgeConfig, world_size: int, family: ModelFami
         from loongforge.models.recompute import recompute_kwargs  # megatron's own checks come after process groups
 
         recompute_kwargs(config.model.recompute, decoder.num_layers // (layout.pp * layout.num_chunks), config.source)
-    from loongforge.train.offload_settings import check_offload
+    from loongforge.config.offload_settings import check_offload
 
     if (offload := check_offload(config, decoder.num_layers)) is not None:
         lines.append(offload)

@@ -287,8 +287,8 @@ def _activation_offload(config: LoongForgeConfig, model: list[Any], decoder: Any
     options = config.training.offload_activations
     if options is None:
         return None
+    from loongforge.config.offload_settings import offloaded_layer_indices
     from loongforge.train.activation_offload import ActivationOffload, offload_targets
-    from loongforge.train.offload_settings import offloaded_layer_indices
 
     chosen = offloaded_layer_indices(options, decoder.num_layers, config.source)
     offload = ActivationOffload(offload_targets(model, chosen), backend, options.min_bytes)
