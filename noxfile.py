@@ -45,8 +45,12 @@ def tests(session: nox.Session) -> None:
     """The whole suite: core and every first-party plugin installed together."""
     _install_core(session, "test", "hf", "eval", *TRACKER_EXTRAS)
     _install_plugins(session, *PLUGINS)
-    # tests/slurm's jobs need the Slurm daemons that only ``nox -s slurm`` starts
-    session.run("pytest", "-q", "-ra", "--durations=15", "tests", "-m", "not slurm", *session.posargs)
+    # tests/slurm's jobs need the Slurm daemons that only ``nox -s slurm`` starts. Two pytest-xdist workers, each
+    # taking whole files (module fixtures are shared within a file): much of the suite is one busy core at a time
+    # (process start-up, imports, small models), so two files side by side fill both cores of a 2-core machine.
+    # ``nox -s tests -- -n 4`` on a larger one (a later -n wins), ``-n 0`` for one process.
+    session.run("pytest", "-q", "-ra", "--durations=15", "-n", "2", "--dist", "loadfile", "tests", "-m", "not slurm",
+                *session.posargs)
 
 
 @nox.session(python=PYTHON)
