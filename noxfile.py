@@ -49,8 +49,11 @@ def tests(session: nox.Session) -> None:
     # taking whole files (module fixtures are shared within a file): much of the suite is one busy core at a time
     # (process start-up, imports, small models), so two files side by side fill both cores of a 2-core machine.
     # ``nox -s tests -- -n 4`` on a larger one (a later -n wins), ``-n 0`` for one process.
-    session.run("pytest", "-q", "-ra", "--durations=15", "-n", "2", "--dist", "loadfile", "tests", "-m", "not slurm",
-                *session.posargs)
+    # Tests that pip-install into this environment run apart, afterwards: a package half-installed beside a running
+    # test would be discovered by its plugin loading.
+    session.run("pytest", "-q", "-ra", "--durations=15", "-n", "2", "--dist", "loadfile", "tests",
+                "-m", "not slurm and not venv_install", *session.posargs)
+    session.run("pytest", "-q", "-ra", "tests", "-m", "venv_install", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -15,6 +15,10 @@ import pytest
 from example_packages import installed_example as installed_example_package
 from example_packages import loongforge, pip
 
+# pip-installs into the running environment, which every other test's plugin discovery reads: run apart
+# from the parallel suite (nox -s tests runs these after it, in one process)
+pytestmark = pytest.mark.venv_install
+
 DIST = "loongforge-example-device"
 
 

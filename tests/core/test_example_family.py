@@ -24,6 +24,10 @@ from example_packages import installed_example
 from loongforge.cli import main
 from safetensors.torch import load_file
 
+# pip-installs into the running environment, which every other test's plugin discovery reads: run apart
+# from the parallel suite (nox -s tests runs these after it, in one process)
+pytestmark = pytest.mark.venv_install
+
 DIST = "loongforge-example-family"
 ARCH = "Olmo2ForCausalLM"
 #: A tiny OLMo-2 in transformers' own terms (not derived from the plugin): 4 query heads in 2 groups, so the
