@@ -14,8 +14,9 @@ What it shares with NVIDIA's GR00T N1.5/N1.6 (Isaac-GR00T's ``FlowmatchingAction
 - The DiT runs over [state token, learned future tokens, action tokens] (learned positions on the action tokens).
   Each block is AdaLayerNorm (scale/shift from the timestep embedding), attention and a GELU feed-forward; even
   blocks cross-attend from these tokens to the VL features only, odd blocks self-attend among them (N1.5's
-  interleaved self-attention). An AdaLN-modulated output norm and projection, then the per-embodiment decoder,
-  give the velocity of the action tokens.
+  interleaved self-attention). The cross-attention blocks take the image patches and the task text in turn
+  (N1.6's AlternateVLDiT; ``alternate_vl``), image first. An AdaLN-modulated output norm and projection, then the
+  per-embodiment decoder, give the velocity of the action tokens.
 
 Where it differs: GR00T's backbone is a 2B Eagle VLM (SigLIP, Qwen3 cut at a middle layer) fed by a tokenizer;
 here a small patch-embedding transformer with RMSNorm and GeGLU layers (Pi0's, imported from
@@ -50,6 +51,12 @@ def sinusoid(t: torch.Tensor, dim: int, *, shift: int = 0, cos_first: bool = Fal
     angle = t.double()[..., None] * torch.exp(-math.log(10000.0) * exponent)
     parts = (angle.cos(), angle.sin()) if cos_first else (angle.sin(), angle.cos())
     return torch.cat(parts, dim=-1).float()
+
+
+def _or_all(keys: torch.Tensor) -> torch.Tensor:
+    """``keys`` (B, N) with the rows that have no key opened entirely (attending to everything, padding included,
+    rather than to nothing, which softmax turns into NaN)."""
+    return keys | ~keys.any(dim=1, keepdim=True)
 
 
 class Attention(nn.Module):
@@ -212,31 +219,49 @@ class Gr00tPolicy(nn.Module):
         self.dit = nn.ModuleList(
             Block(d, flavor.dit_heads, flavor.dit_head_dim, flavor.mlp_ratio, flavor.eps,
                   context_dim=None if i % 2 else w, cond_dim=d) for i in range(flavor.dit_depth))
+        self.cross_blocks = sum(block.cross for block in self.dit)
         self.norm_out = AdaLayerNorm(d, d, flavor.eps)
         self.proj_out = nn.Linear(d, hid)
 
-    def encode(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """VL features (B, N, width) of [image patches of every camera, text bytes] and their validity (B, N).
+    def encode(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """VL features (B, N, width) of [image patches of every camera, text bytes], and the keys (B, N) booleans
+        each cross-attention block of the DiT may attend to, in block order (see :meth:`cross_attention_keys`).
 
         Depends on the observation only (never on actions or time), so sampling could compute it once.
         """
         tokens = inputs["tokens"]
         x = self.token_embed(tokens) + self.text_pos[:tokens.shape[1]]
-        valid = tokens != PAD
+        text = tokens != PAD
+        image = torch.zeros_like(text)
         if self.flavor.cameras:
             images = inputs["images"]
             batch, cameras = images.shape[:2]
             patches = self.patch_embed(images.flatten(0, 1) * 2 - 1).flatten(2).transpose(1, 2)  # SigLIP sees [-1, 1]
             patches = (patches.unflatten(0, (batch, cameras)) + self.image_pos[:cameras]).flatten(1, 2)
             x = torch.cat([patches, x], dim=1)
-            valid = torch.cat([valid.new_ones(patches.shape[:2]), valid], dim=1)
-        valid = valid | ~valid.any(dim=1, keepdim=True)  # an empty text without cameras: attend to the padding
+            image = torch.cat([text.new_ones(patches.shape[:2]), torch.zeros_like(text)], dim=1)
+            text = torch.cat([text.new_zeros(patches.shape[:2]), text], dim=1)
+        valid = _or_all(text | image)
         for layer in self.backbone:
             x = layer(x, valid)
         x = self.vlln(x)
         for layer in self.vl_layers:
             x = layer(x, key_valid=valid)
-        return x, valid
+        return x, self.cross_attention_keys(valid, image, text)
+
+    def cross_attention_keys(self, valid: torch.Tensor, image: torch.Tensor, text: torch.Tensor) -> list[torch.Tensor]:
+        """The VL keys of each cross-attention block: all valid ones, or with ``alternate_vl`` (GR00T N1.6's
+        AlternateVLDiT) the image patches in the 1st, 3rd ... cross-attention block and the text in the others.
+
+        Why: with image and text keys in one softmax the action head of ``gr00t-tiny`` never learned to read the
+        image (the task text, the same for every "reach the square" frame, took the attention; shuffling images
+        across frames left the actions unchanged). A block whose only keys are the patches must read the image.
+        Without cameras every block attends to the text.
+        """
+        if not (self.flavor.alternate_vl and self.flavor.cameras):
+            return [valid] * self.cross_blocks
+        text = _or_all(text)  # an empty task text: its blocks attend to every VL token, not to nothing
+        return [image if j % 2 == 0 else text for j in range(self.cross_blocks)]
 
     def condition(self, buckets: torch.Tensor) -> torch.Tensor:
         """The DiT's timestep embedding (B, dit_width) of integer timesteps (B,)."""
@@ -245,12 +270,12 @@ class Gr00tPolicy(nn.Module):
 
     def forward(self, inputs: dict[str, torch.Tensor], noisy_actions: torch.Tensor,
                 time: torch.Tensor) -> torch.Tensor:
-        features, valid = self.encode(inputs)
-        return self.denoise(features, valid, inputs["state"], inputs["embodiment"], noisy_actions, time)
+        features, keys = self.encode(inputs)
+        return self.denoise(features, keys, inputs["state"], inputs["embodiment"], noisy_actions, time)
 
-    def denoise(self, features: torch.Tensor, valid: torch.Tensor, state: torch.Tensor, embodiment: torch.Tensor,
-                noisy_actions: torch.Tensor, time: torch.Tensor) -> torch.Tensor:
-        """The velocity (B, H, max_action_dim) of ``noisy_actions`` given VL features from :meth:`encode`."""
+    def denoise(self, features: torch.Tensor, keys: list[torch.Tensor], state: torch.Tensor,
+                embodiment: torch.Tensor, noisy_actions: torch.Tensor, time: torch.Tensor) -> torch.Tensor:
+        """The velocity (B, H, max_action_dim) of ``noisy_actions`` given VL features and keys from :meth:`encode`."""
         batch, horizon = noisy_actions.shape[:2]
         if horizon > self.flavor.max_horizon:
             raise ValueError(f"an action chunk of {horizon} steps; the flavor has positions for "
@@ -262,7 +287,8 @@ class Gr00tPolicy(nn.Module):
             tokens.insert(1, self.future_tokens.expand(batch, -1, -1))
         x = torch.cat(tokens, dim=1)
         cond = self.condition(buckets)
+        cross_keys = iter(keys)
         for block in self.dit:
-            x = block(x, cond, features, valid) if block.cross else block(x, cond)
+            x = block(x, cond, features, next(cross_keys)) if block.cross else block(x, cond)
         out = self.proj_out(self.norm_out(x[:, -horizon:], cond))
         return self.action_decoder(out, embodiment)

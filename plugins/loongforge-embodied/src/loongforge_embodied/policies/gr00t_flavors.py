@@ -28,7 +28,9 @@ class Gr00tFlavor(PolicyFlavor):
     """One policy: a VL backbone (``width``, ``depth``; then ``vl_layers`` self-attention layers, GR00T's "vlln"
     adapter) and a DiT action head (``dit_heads`` x ``dit_head_dim`` wide, ``dit_depth`` blocks that alternate
     cross- and self-attention) between per-embodiment state/action encoders and action decoders of width
-    ``hidden``. States and actions are zero-padded to ``max_state_dim`` / ``max_action_dim``."""
+    ``hidden``. States and actions are zero-padded to ``max_state_dim`` / ``max_action_dim``. ``alternate_vl``
+    (N1.6's AlternateVLDiT) gives the cross-attention blocks the image patches and the text in turn; N1.5's joint
+    keys (``false``) left ``gr00t-tiny`` blind to its camera (see ``Gr00tPolicy.cross_attention_keys``)."""
 
     cameras: int = 1
     image_size: int = 16
@@ -46,6 +48,7 @@ class Gr00tFlavor(PolicyFlavor):
     dit_heads: int = 3               # DiT heads; the DiT's token width is dit_heads * dit_head_dim
     dit_head_dim: int = 16
     dit_depth: int = 4               # even blocks cross-attend to VL features, odd blocks self-attend
+    alternate_vl: bool = True        # cross-attention blocks take image, text, image ... keys (N1.6); False: all
     hidden: int = 64                 # DiT output width, state encoder / action decoder hidden width
     future_tokens: int = 0           # learned tokens between the state and the actions (GR00T N1.5: 32)
     time_channels: int = 32          # sinusoid channels of the DiT's timestep encoder (GR00T: 256)
