@@ -95,6 +95,14 @@ CHEAP = {
                                                "task.action_horizon=4", "task.eval={frames: 0}",
                                                "training.micro_batch_size=32", "optimizer.lr=1e-2"),
                                               metaworld_episodes=True),
+    "embodied-reach-fast.yaml": CheapRun(("model.overrides.depth=1", "task.held_out_episodes=1",
+                                          "task.action_horizon=4", "task.eval={frames: 0}",
+                                          "training.micro_batch_size=32", "optimizer.lr=1e-2"),
+                                         metaworld_episodes=True),
+    "embodied-reach-bins.yaml": CheapRun(("model.overrides.depth=1", "task.held_out_episodes=1",
+                                          "task.action_horizon=4", "task.eval={frames: 0}",
+                                          "training.micro_batch_size=32", "optimizer.lr=1e-2"),
+                                         metaworld_episodes=True),
 }
 
 

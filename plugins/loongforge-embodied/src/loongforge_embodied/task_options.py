@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from loongforge.config.sections import path_field, ranged
 from loongforge.errors import ConfigError
@@ -91,3 +92,29 @@ class PolicyTaskOptions:
             raise ConfigError(f"{source}: evaluation: task.held_out_episodes is 0, so no episode is held out; hold "
                               "some out or name a LeRobotDataset root in evaluation.data")
         return paths
+
+
+@dataclass(frozen=True)
+class ActionTokenizerOptions:
+    """``task.action_tokenizer`` of a token policy (``pi0-fast-*``): fitted on the training episodes' action chunks
+    when the run starts, or loaded from a directory ``loongforge fit-action-tokenizer --out`` (or a run) wrote."""
+
+    #: A registered kind: ``fast`` (Pi0-FAST), ``uniform-bins`` (OpenVLA), ``quantile-bins``.
+    kind: str = "fast"
+    #: The kind's options (``fast``: scale, vocab_size, normalization, clip; bins: bins, range).
+    options: dict[str, Any] = field(default_factory=dict)
+    #: A saved tokenizer directory; when set, ``kind`` and ``options`` are not used.
+    path: str | None = path_field()
+
+    def __post_init__(self) -> None:
+        from loongforge_embodied.action_tokens.base import make_options
+        from loongforge_embodied.action_tokens.registry import tokenizer_kind
+
+        make_options(self.kind, tokenizer_kind(self.kind, where="task.action_tokenizer.kind").options, self.options)
+
+
+@dataclass(frozen=True)
+class TokenPolicyTaskOptions(PolicyTaskOptions):
+    """``task:`` of a token policy: the policy task's options and the action tokenizer."""
+
+    action_tokenizer: ActionTokenizerOptions = field(default_factory=ActionTokenizerOptions)

@@ -55,8 +55,8 @@ from loongforge_embodied.policies.recompute import checkpoint_layers
 from loongforge_embodied.task_options import PolicyTaskOptions
 
 STATE, ACTION = "observation.state", "action"
-#: Batch keys that are targets or bookkeeping, not model inputs.
-NOT_INPUTS = ("actions", "action_is_pad", "index")
+#: Batch keys that are targets or bookkeeping, not model inputs (``action_ids``: a token policy's targets).
+NOT_INPUTS = ("actions", "action_is_pad", "index", "action_ids")
 
 
 class PolicyFrames:
@@ -113,7 +113,6 @@ class PolicyTask(TaskBase):
         self.synthetic = self.options.synthetic
         self.eval_options = self.options.eval
         self.flavor = flavor.with_overrides(**config.model.overrides) if config.model.overrides else flavor
-        self.flow = self.flavor.flow_matching()
         self.seed = config.run.seed
         self.output_dir = Path(config.run.output_dir)
         self.source = config.source
@@ -127,6 +126,11 @@ class PolicyTask(TaskBase):
         self.state_dim: int | None = None
         self.action_dim: int | None = None
         self.camera_keys: list[str] | None = None
+
+    @property
+    def flow(self) -> Any:
+        """The flavor's flow-matching convention (a task whose policy is not trained by flow matching never asks)."""
+        return self.flavor.flow_matching()
 
     # -- data ------------------------------------------------------------------------------------------------
     def _root(self) -> Path:
@@ -154,8 +158,14 @@ class PolicyTask(TaskBase):
         mode = self.options.normalization
         self._set_inference_state(self.train.stats(), {STATE: mode, ACTION: mode}, state_dim=self.train.state_dim,
                                   action_dim=self.train.action_dim, camera_keys=self.train.cameras)
+        self.fit_targets(root, train_episodes, self.train)
         self.train.items = [self.training_item(frame) for frame in self.train.frames]
         return self.train
+
+    def fit_targets(self, root: Path, episodes: list[int], frames: PolicyFrames) -> None:
+        """Called once the training frames are read and the normaliser is set, before the items are made: where a
+        task fits what its targets need from the training split (a token policy's action tokenizer). Flow matching
+        needs nothing more."""
 
     def _set_inference_state(self, stats: dict[str, dict[str, np.ndarray]], modes: dict[str, str], *,
                              state_dim: int, action_dim: int, camera_keys: list[str]) -> None:

@@ -4,6 +4,7 @@ round trip."""
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,3 +108,25 @@ def measure_round_trip(tokenizer: ActionTokenizer, chunks: np.ndarray) -> RoundT
                      in_range=float(mask.mean()), max_error_all=error.max(axis=(0, 1)), chunks=len(chunks),
                      values_per_chunk=horizon * dims, tokens_per_chunk=float(np.mean(lengths)))
 
+
+
+def tokenizer_files(tokenizer: ActionTokenizer) -> dict[str, str]:
+    """The files :meth:`ActionTokenizer.save` writes, by name, as text: how a policy keeps its tokenizer inside a
+    checkpoint's state (plain strings load with ``torch.load(weights_only=True)``)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save(Path(tmp))
+        return {path.name: path.read_text() for path in sorted(Path(tmp).iterdir())}
+
+
+def tokenizer_from_files(files: dict[str, str], *, where: str) -> ActionTokenizer:
+    """The tokenizer :func:`tokenizer_files` gave ``files``; a malformed one is one line naming ``where``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, text in files.items():
+            if Path(name).name != name:
+                raise ActionTokenizerError(f"{where}: the saved action tokenizer names a file outside its directory: "
+                                           f"{name!r}")
+            (Path(tmp) / name).write_text(text)
+        try:
+            return load_action_tokenizer(tmp)
+        except ActionTokenizerError as err:
+            raise ActionTokenizerError(f"{where}: {str(err).replace(tmp, '<saved tokenizer>')}") from None

@@ -91,12 +91,12 @@ def _residual(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None) -> to
     return x + y if gate is None else x + y * gate
 
 
-def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
     """(B, N, heads*d) -> (B, heads, N, d)."""
     return x.unflatten(-1, (heads, -1)).transpose(1, 2)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary embedding (half-split pairs) of (B, heads, N, d) with (B, 1, N, d/2) angles."""
     a, b = x.chunk(2, dim=-1)
     return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
@@ -112,7 +112,7 @@ class VisionLayer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h, _ = self.stream.norm1(x)
-        q, k, v = (_heads(t, self.heads) for t in self.stream.qkv(h).chunk(3, dim=-1))
+        q, k, v = (split_heads(t, self.heads) for t in self.stream.qkv(h).chunk(3, dim=-1))
         attended = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2)
         return self.stream.finish(x, attended, None, None)
 
@@ -131,8 +131,8 @@ class JointLayer(nn.Module):
         hp, gate_p = self.prefix.norm1(prefix)
         hs, gate_s = self.expert.norm1(suffix, cond)
         qkv = torch.cat([self.prefix.qkv(hp), self.expert.qkv(hs)], dim=1)
-        q, k, v = (_heads(t, self.heads) for t in qkv.chunk(3, dim=-1))
-        q, k = _rotate(q, *rope), _rotate(k, *rope)
+        q, k, v = (split_heads(t, self.heads) for t in qkv.chunk(3, dim=-1))
+        q, k = rotate(q, *rope), rotate(k, *rope)
         attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).flatten(2)
         n_prefix = prefix.shape[1]
         suffix = self.expert.finish(suffix, attended[:, n_prefix:], gate_s, cond)
@@ -163,12 +163,42 @@ def positions(prefix_valid: torch.Tensor, suffix_len: int) -> torch.Tensor:
     return torch.cat([prefix_pos.clamp(min=0), suffix_pos], dim=1)
 
 
+def rope_angles(flavor: Any, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cosines and sines (B, 1, N, head_dim / 2) of rotary positions ``pos`` (B, N) (``flavor.rope_theta``)."""
+    half = flavor.head_dim // 2
+    inv = flavor.rope_theta ** (-torch.arange(half, dtype=torch.float64, device=pos.device) / half)
+    angle = (pos.double()[..., None] * inv)[:, None]
+    return angle.cos().to(dtype), angle.sin().to(dtype)
+
+
 def time_embedding(t: torch.Tensor, dim: int, min_period: float = 4e-3, max_period: float = 4.0) -> torch.Tensor:
     """Pi0's sinusoidal embedding of flow time in [0, 1] (periods from ``min_period`` to ``max_period``)."""
     fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=torch.float64, device=t.device)
     period = min_period * (max_period / min_period) ** fraction
     angle = t.double()[:, None] * (2 * math.pi / period)[None]
     return torch.cat([angle.sin(), angle.cos()], dim=-1).to(t.dtype)
+
+
+def build_image_tower(module: nn.Module, flavor: Any) -> None:
+    """Give ``module`` the image tower (when ``flavor.cameras`` > 0): ``patch_embed``, ``image_pos`` and the
+    ``vision`` layers -- attributes, not a submodule, so every policy that has one keeps the same parameter names."""
+    if flavor.cameras:
+        w = flavor.width
+        module.patch_embed = nn.Conv2d(3, w, flavor.patch_size, stride=flavor.patch_size)
+        module.image_pos = nn.Parameter(torch.randn(flavor.cameras, flavor.patches, w) * 0.02)
+        module.vision = nn.ModuleList(VisionLayer(flavor) for _ in range(flavor.vision_depth))
+
+
+def embed_images(module: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """(B, cameras * patches, width) image tokens of (B, cameras, 3, S, S) images in [0, 1], through the tower
+    :func:`build_image_tower` gave ``module``."""
+    batch, cameras = images.shape[:2]
+    x = module.patch_embed(images.flatten(0, 1) * 2 - 1).flatten(2).transpose(1, 2)  # SigLIP sees [-1, 1]
+    x = x.unflatten(0, (batch, cameras)) + module.image_pos[:cameras]
+    x = x.flatten(0, 1)
+    for layer in module.vision:
+        x = layer(x)
+    return x.unflatten(0, (batch, cameras)).flatten(1, 2)
 
 
 class JointPolicy(nn.Module):
@@ -183,12 +213,8 @@ class JointPolicy(nn.Module):
     def __init__(self, flavor: Any, *, vocab: int, expert_cond: int | None) -> None:
         super().__init__()
         self.flavor = flavor
-        w = flavor.width
-        if flavor.cameras:
-            self.patch_embed = nn.Conv2d(3, w, flavor.patch_size, stride=flavor.patch_size)
-            self.image_pos = nn.Parameter(torch.randn(flavor.cameras, flavor.patches, w) * 0.02)
-            self.vision = nn.ModuleList(VisionLayer(flavor) for _ in range(flavor.vision_depth))
-        self.token_embed = nn.Embedding(vocab, w)
+        build_image_tower(self, flavor)
+        self.token_embed = nn.Embedding(vocab, flavor.width)
         self.layers = nn.ModuleList(JointLayer(flavor, last=i == flavor.depth - 1, expert_cond=expert_cond)
                                     for i in range(flavor.depth))
 
@@ -198,14 +224,7 @@ class JointPolicy(nn.Module):
         text = self.token_embed(tokens) * math.sqrt(self.flavor.width)  # Gemma scales its embeddings
         if not self.flavor.cameras:
             return text, tokens != 0
-        images = inputs["images"]
-        batch, cameras = images.shape[:2]
-        x = self.patch_embed(images.flatten(0, 1) * 2 - 1).flatten(2).transpose(1, 2)  # SigLIP sees [-1, 1]
-        x = x.unflatten(0, (batch, cameras)) + self.image_pos[:cameras]
-        x = x.flatten(0, 1)
-        for layer in self.vision:
-            x = layer(x)
-        image_tokens = x.unflatten(0, (batch, cameras)).flatten(1, 2)
+        image_tokens = embed_images(self, inputs["images"])
         valid = torch.cat([tokens.new_ones(image_tokens.shape[:2], dtype=torch.bool), tokens != 0], dim=1)
         return torch.cat([image_tokens, text], dim=1), valid
 
@@ -213,13 +232,8 @@ class JointPolicy(nn.Module):
             cond: torch.Tensor | None) -> torch.Tensor:
         """The joint layers over ``[prefix, suffix]``; returns the suffix stream (B, len(suffix_blocks), expert)."""
         mask = joint_mask(valid, suffix_blocks)
-        angles = self._rope(positions(valid, suffix.shape[1]), prefix.dtype)
+        angles = rope_angles(self.flavor, positions(valid, suffix.shape[1]), prefix.dtype)
         for layer in self.layers:
             prefix, suffix = layer(prefix, suffix, cond, mask, angles)
         return suffix
 
-    def _rope(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        half = self.flavor.head_dim // 2
-        inv = self.flavor.rope_theta ** (-torch.arange(half, dtype=torch.float64, device=pos.device) / half)
-        angle = (pos.double()[..., None] * inv)[:, None]
-        return angle.cos().to(dtype), angle.sin().to(dtype)

@@ -1,0 +1,120 @@
+"""``Pi0FastFlavor``: the sizes of one autoregressive (action-token) policy, Pi0-FAST-style or OpenVLA-style, and its
+named flavors.
+
+Torch-free, because the plugin's collector hook registers these objects and ``loongforge list`` must stay instant.
+One family serves both token heads: what differs between Pi0-FAST (a few FAST tokens per chunk, ended by an
+end-of-actions token) and OpenVLA (one 256-bin token per action value) is the action tokenizer, which is a task option
+(``task.action_tokenizer``), not an architecture (see :mod:`~loongforge_embodied.policies.pi0_fast`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from loongforge.errors import ConfigError
+
+from loongforge_embodied.policies.flavor_base import PolicyFlavor
+from loongforge_embodied.policies.flavors import TEXT_VOCAB
+from loongforge_embodied.task_options import TokenPolicyTaskOptions
+
+#: Ids after the action tokens: the start-of-actions and end-of-actions markers.
+MARKERS = 2
+
+
+@dataclass(frozen=True)
+class Pi0FastFlavor(PolicyFlavor):
+    """A single transformer stream (Pi0-FAST has no action expert) over [images, task bytes, state token, action
+    tokens]. Its vocabulary is the byte ids, then ``action_vocab`` action ids (the largest tokenizer it can take:
+    FAST's default 1024, or 256 bins), then the two markers. ``max_state_dim`` / ``max_action_dim`` bound the data's
+    widths as for the flow-matching policies."""
+
+    kind: ClassVar[str] = "pi0-fast"
+    task_options: ClassVar[type | None] = TokenPolicyTaskOptions
+    width: int = 64
+    depth: int = 2                   # layers over the whole sequence
+    vision_depth: int = 1            # image-only layers before them
+    heads: int = 4
+    head_dim: int = 16
+    mlp_ratio: int = 4
+    image_size: int = 16
+    patch_size: int = 4
+    cameras: int = 1
+    text_len: int = 32               # task bytes kept (longer texts are cut)
+    max_state_dim: int = 8
+    max_action_dim: int = 8
+    action_vocab: int = 1024         # action token ids the embedding and the head hold
+    rope_theta: float = 10000.0
+    eps: float = 1e-6
+
+    POSITIVE: ClassVar[tuple[str, ...]] = ("width", "depth", "heads", "head_dim", "mlp_ratio", "text_len",
+                                           "max_state_dim", "max_action_dim", "action_vocab")
+    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("vision_depth", "cameras")
+
+    def __post_init__(self) -> None:
+        self.check_sizes()
+        if self.head_dim % 2:
+            raise ConfigError(f"{self.kind} flavor: head_dim {self.head_dim} must be even (rotary embedding)")
+
+    @property
+    def vocab_size(self) -> int:
+        """Padding and bytes, the action ids, the two markers."""
+        return TEXT_VOCAB + self.action_vocab + MARKERS
+
+    def build_policy(self) -> Any:
+        from loongforge_embodied.policies.pi0_fast import Pi0FastPolicy
+
+        return Pi0FastPolicy(self)
+
+    def frame_inputs(self, task: str, state: Any) -> dict[str, Any]:
+        """``{"tokens": task bytes, "state": the normalised state zero-padded to max_state_dim}`` (Pi0's)."""
+        from loongforge_embodied.policies.prompt import padded_state, text_tokens
+
+        return {"tokens": text_tokens(task, self.text_len), "state": padded_state(state, self.max_state_dim)}
+
+    def make_task(self, config: Any) -> Any:
+        from loongforge_embodied.token_task import TokenPolicyTask
+
+        return TokenPolicyTask(self, config)
+
+    def check_task(self, config: Any, options: TokenPolicyTaskOptions) -> list[str]:
+        """The data, as for every policy, and a saved ``task.action_tokenizer.path`` opened and held to the
+        flavor's action vocabulary."""
+        lines = super().check_task(config, options)
+        if options.action_tokenizer.path is not None:
+            from loongforge_embodied.action_tokens.registry import load_action_tokenizer
+
+            tokenizer = load_action_tokenizer(options.action_tokenizer.path)
+            self.check_vocab(tokenizer.vocab_size, f"task.action_tokenizer.path {options.action_tokenizer.path}")
+            lines.append(f"task.action_tokenizer: {tokenizer.kind}, {tokenizer.vocab_size} ids")
+        return lines
+
+    def check_vocab(self, vocab: int, what: str) -> None:
+        """A one-line :class:`ConfigError` when a tokenizer has more ids than the flavor's ``action_vocab``."""
+        if vocab > self.action_vocab:
+            raise ConfigError(f"{what}: the tokenizer has {vocab} ids, the flavor holds {self.action_vocab} "
+                              "(raise model.overrides.action_vocab)")
+
+    def num_params(self) -> int:
+        """Parameter count, computed from the sizes (``loongforge list`` must not build the model)."""
+        w, a, hidden = self.width, self.heads * self.head_dim, self.mlp_ratio * self.width
+        layer = 2 * w + 3 * w * a + a * w + 3 * w * hidden  # two norms, qkv, out, gated MLP
+        vision = 0
+        if self.cameras:
+            vision = 3 * self.patch_size ** 2 * w + w + self.cameras * self.patches * w + self.vision_depth * layer
+        # embedding, state projection, layers, final norm, head
+        return vision + self.vocab_size * w + (self.max_state_dim * w + w) + self.depth * layer + w + w * \
+            self.vocab_size
+
+    def describe(self) -> str:
+        """One line for ``loongforge list``."""
+        return (f"Pi0-FAST-style autoregressive VLA policy (action tokens: FAST or bins), "
+                f"{self.num_params() / 1e6:.2f}M params, {self.depth} layers, width {self.width}, {self.heads} heads "
+                f"x {self.head_dim}, {self.action_vocab} action ids, {self.inputs_summary()}")
+
+
+FLAVORS: dict[str, Pi0FastFlavor] = {
+    "pi0-fast-tiny": Pi0FastFlavor(),
+    "pi0-fast-small": Pi0FastFlavor(width=128, depth=4, vision_depth=2, heads=4, head_dim=32, image_size=32,
+                                    text_len=48, max_state_dim=32, max_action_dim=32),
+}
