@@ -49,10 +49,10 @@ STARTS_FROM = {"dpo-tiny.yaml": "sft-tiny.yaml", "grpo-tiny.yaml": "sft-tiny.yam
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
 def test_every_recipe_checks_ok(recipe, capsys, tmp_path):
-    # The Meta-World recipe trains on a LeRobot dataset its collect command writes (see the recipe's header); check
+    # The Meta-World recipes train on a LeRobot dataset their collect command writes (see each recipe's header); check
     # reports it missing (test_a_missing_data_directory_is_one_line), opens it, and accepts the recipe once it is one.
     overrides = []
-    if recipe.name == Path(METAWORLD).name:
+    if "data/metaworld/" in recipe.read_text():
         from loongforge_embodied.data.synthetic import write_synthetic_dataset
 
         root, _ = write_synthetic_dataset(tmp_path / "dataset", version="v3.0")

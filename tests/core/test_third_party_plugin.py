@@ -41,13 +41,14 @@ def loongforge_register_models(registry):
 FLAVORS = '''
 from loongforge.models.flavor import DecoderFlavor
 
-# pip-installs into the running environment, which every other test's plugin discovery reads: run apart
-# from the parallel suite (nox -s tests runs these after it, in one process)
-pytestmark = pytest.mark.venv_install
-
 NANO = DecoderFlavor(family="llama", num_layers=1, hidden_size=32, ffn_hidden_size=64, num_attention_heads=2,
                      num_query_groups=1, vocab_size=264, max_position_embeddings=64)
 '''
+
+
+# pip-installs into the running environment, which every other test's plugin discovery reads: run apart
+# from the parallel suite (nox -s tests runs these after it, in one process)
+pytestmark = pytest.mark.venv_install
 
 
 def loongforge(*args, cwd=None):
