@@ -460,7 +460,7 @@ def test_registry_names_the_family_and_its_architectures():
     assert isinstance(archs.load("deepseek_v3"), DeepSeekHFReader) and archs.load("kimi_k2").architecture == V3
     assert archs.load(V2).architecture == V2
     description = models.entry("deepseek-v3").description
-    assert "671.0B params (37.6B active)" in description and "3 dense + 256 experts" in description
+    assert "671.03B params (37.55B active)" in description and "3 dense + 256 experts" in description
     assert "4/8 groups" in description and "MTP 1" in description
 
 

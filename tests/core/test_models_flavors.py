@@ -66,7 +66,7 @@ def test_register_builtin_models_with_hf_aliases():
     assert registry.load("Qwen/Qwen3-0.6B") is all_flavors()["qwen3-0.6b"]
     assert registry.load("meta-llama/Meta-Llama-3-8B") is all_flavors()["llama3-8b"]
     description = registry.entry("qwen3-0.6b").description
-    assert description == "qwen3 decoder, 596.0M params, 28 layers, d1024, 16/8 heads, qk-norm, tied"
+    assert description == "qwen3 decoder, 596.05M params, 28 layers, d1024, 16/8 heads, qk-norm, tied"
 
 
 def test_decoder_flavor_is_plain_data():

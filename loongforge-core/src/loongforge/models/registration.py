@@ -6,6 +6,7 @@ from typing import Any
 
 from loongforge.models import gemma, gpt2, llama, moe, neox, phi, qwen
 from loongforge.models.flavor import DecoderFlavor, flavor_num_params
+from loongforge.models.listing import size_label
 
 _TABLES = (llama, qwen, moe, gpt2, neox, phi, gemma)
 
@@ -18,7 +19,7 @@ def all_flavors() -> dict[str, DecoderFlavor]:
 def describe(flavor: DecoderFlavor) -> str:
     """One line for listings: family, size and the switches that distinguish it."""
     count = flavor_num_params(flavor)
-    size = f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.1f}M"
+    size = size_label(count)
     extras = [s for s, on in (("qkv-bias", flavor.add_qkv_bias), ("qk-norm", flavor.qk_layernorm),
                              ("biases", flavor.add_bias_linear), ("LayerNorm", flavor.normalization == "LayerNorm"),
                              (flavor.residual.replace("_", "-") + " residual", flavor.residual != "sequential"),

@@ -7,6 +7,7 @@ from typing import Any
 
 from loongforge.models.deepseek.flavor import DeepSeekFlavor
 from loongforge.models.deepseek.flavors import FLAVORS, HF_IDS, V2, V3, V32
+from loongforge.models.listing import size_label
 
 
 def describe(flavor: DeepSeekFlavor) -> str:
@@ -15,12 +16,8 @@ def describe(flavor: DeepSeekFlavor) -> str:
 
     total = deepseek_num_params(flavor, include_mtp=False)
     active = deepseek_num_params(flavor, include_mtp=False, active=True)
-
-    def size(count: int) -> str:
-        return f"{count / 1e9:.1f}B" if count >= 1e9 else f"{count / 1e6:.2f}M"
-
-    parts = [f"{flavor.family} decoder", f"{size(total)} params ({size(active)} active)", f"{flavor.num_layers} layers",
-             f"d{flavor.hidden_size}", f"MLA {flavor.num_attention_heads} heads"]
+    parts = [f"{flavor.family} decoder", f"{size_label(total)} params ({size_label(active)} active)",
+             f"{flavor.num_layers} layers", f"d{flavor.hidden_size}", f"MLA {flavor.num_attention_heads} heads"]
     if flavor.num_experts is not None:
         routing = f"{flavor.moe_score_function} top-{flavor.moe_router_topk}"
         if flavor.moe_router_num_groups:
@@ -33,7 +30,7 @@ def describe(flavor: DeepSeekFlavor) -> str:
     if flavor.is_dsa:
         parts.append(f"sparse attention (top-{flavor.index_topk} keys)")
     if flavor.mtp_num_layers:
-        parts.append(f"MTP {flavor.mtp_num_layers} (+{size(deepseek_num_params(flavor) - total)})")
+        parts.append(f"MTP {flavor.mtp_num_layers} (+{size_label(deepseek_num_params(flavor) - total)})")
     return ", ".join(parts)
 
 

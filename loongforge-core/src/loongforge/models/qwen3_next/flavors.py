@@ -26,6 +26,7 @@ from typing import Any
 
 from loongforge.errors import ConfigError
 from loongforge.models.flavor import DecoderFlavor
+from loongforge.models.listing import size_label
 
 #: ``Qwen3NextFlavor.layer_types`` values (transformers' names).
 LAYER_KINDS: tuple[str, ...] = ("linear_attention", "full_attention")
@@ -185,15 +186,11 @@ HF_IDS: dict[str, tuple[str, ...]] = {
 def describe(flavor: Qwen3NextFlavor) -> str:
     """One line for ``loongforge list models``."""
     total, active = flavor.num_params(), flavor.num_params(active=True, include_embeddings=False)
-
-    def size(count: int) -> str:
-        return f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.1f}M"
-
     kinds = flavor.layer_kinds
-    parts = [f"{flavor.family} hybrid decoder", f"{size(total)} params", f"{flavor.num_layers} layers "
+    parts = [f"{flavor.family} hybrid decoder", f"{size_label(total)} params", f"{flavor.num_layers} layers "
              f"({kinds.count('linear_attention')} Gated DeltaNet, {kinds.count('full_attention')} gated attention)",
              f"d{flavor.hidden_size}", f"{flavor.num_attention_heads}/{flavor.num_query_groups} heads"]
     if flavor.num_experts is not None:
         parts.append(f"{flavor.num_experts} experts (top-{flavor.moe_router_topk}, "
-                     f"{size(active)} active non-embedding)")
+                     f"{size_label(active)} active non-embedding)")
     return ", ".join(parts)

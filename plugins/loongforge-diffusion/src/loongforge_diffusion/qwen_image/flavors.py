@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 from loongforge.errors import ConfigError
 from loongforge.models.family import ModelFamily
 from loongforge.models.flavor import replace_fields
+from loongforge.models.listing import size_label
 
 from loongforge_diffusion.options import QwenImageTaskOptions
 
@@ -160,7 +161,7 @@ HF_IDS: dict[str, tuple[str, ...]] = {
 def describe(flavor: QwenImageFlavor) -> str:
     """One line for ``loongforge list``."""
     count = num_params(flavor)
-    size = f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.2f}M"
+    size = size_label(count)
     axes = "/".join(map(str, flavor.axes_dims))
     return (f"Qwen-Image MMDiT (text-to-image), {size} params, {flavor.num_layers} double-stream layers, "
             f"d{flavor.dim}, {flavor.num_heads} heads of {flavor.head_dim}, RoPE axes {axes}")

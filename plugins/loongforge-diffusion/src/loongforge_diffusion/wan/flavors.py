@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from loongforge.errors import ConfigError
 from loongforge.models.family import ModelFamily
 from loongforge.models.flavor import replace_fields
+from loongforge.models.listing import size_label
 
 from loongforge_diffusion.options import WanTaskOptions
 
@@ -174,7 +175,7 @@ HF_IDS: dict[str, tuple[str, ...]] = {
 def describe(flavor: WanFlavor) -> str:
     """One line for ``loongforge list``."""
     count = num_params(flavor)
-    size = f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.2f}M"
+    size = size_label(count)
     each = "" if flavor.expert_boundary is None else f"2 experts (split at sigma {flavor.expert_boundary}) of "
     parts = [f"Wan {flavor.version} {flavor.task.upper()} DiT", f"{each}{size} params", f"{flavor.num_layers} layers",
              f"d{flavor.dim}", f"{flavor.num_heads} heads"]

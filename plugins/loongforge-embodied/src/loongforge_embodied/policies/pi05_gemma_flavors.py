@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from loongforge.errors import ConfigError
+from loongforge.models.listing import size_label
 
 from loongforge_embodied.policies.flavor_base import PolicyFlavor
 from loongforge_embodied.policies.flavors import TEXT_VOCAB
@@ -110,7 +111,7 @@ class Pi05GemmaFlavor(PolicyFlavor):
     def describe(self) -> str:
         """One line for ``loongforge list``."""
         count = self.num_params()
-        size = f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.2f}M"
+        size = size_label(count)
         return (f"Pi0.5 (PaliGemma-exact: SigLIP + Gemma + Gemma action expert, adaRMS), {size} params, "
                 f"{self.depth} layers, width {self.width} / expert {self.expert_width}, {self.heads} heads x "
                 f"{self.head_dim} ({self.kv_heads} kv), {self.inputs_summary()} at {self.image_size}px")

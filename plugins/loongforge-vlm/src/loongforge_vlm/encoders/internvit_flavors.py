@@ -18,6 +18,7 @@ from typing import Any
 
 from loongforge.errors import ConfigError
 from loongforge.models.flavor import replace_fields
+from loongforge.models.listing import size_label
 
 #: Normalisation layers the tower can use (transformers' ``norm_type``).
 NORMS = ("layer_norm", "rms_norm")
@@ -159,7 +160,7 @@ SOURCES: dict[str, str] = {"internvit-300m": "OpenGVLab/InternViT-300M-448px-V2_
 def describe(flavor: InternViTFlavor) -> str:
     """One line for ``loongforge list``."""
     count = num_params(flavor)
-    size = f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.2f}M"
+    size = size_label(count)
     return (f"InternViT vision encoder, {size} params, {flavor.num_layers} layers, d{flavor.dim}, "
             f"{flavor.num_heads} heads, {flavor.image_size}px tiles of {flavor.patch_size}px patches, "
             f"{flavor.min_tiles}-{flavor.max_tiles} tiles{' + thumbnail' if flavor.thumbnail else ''}")

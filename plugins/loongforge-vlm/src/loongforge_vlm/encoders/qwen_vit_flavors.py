@@ -20,6 +20,7 @@ from typing import Any
 
 from loongforge.errors import ConfigError
 from loongforge.models.flavor import replace_fields
+from loongforge.models.listing import size_label
 
 #: Encoder families: Qwen2-VL's ViT, Qwen2.5-VL's windowed one and Qwen3-VL's DeepStack one.
 FAMILIES: tuple[str, ...] = ("qwen2-vl", "qwen2.5-vl", "qwen3-vl")
@@ -227,7 +228,7 @@ TITLES: dict[str, str] = {"qwen2-vl": "Qwen2-VL", "qwen2.5-vl": "Qwen2.5-VL", "q
 def describe(flavor: QwenViTFlavor) -> str:
     """One line for ``loongforge list``."""
     count = num_params(flavor)
-    size = f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.2f}M"
+    size = size_label(count)
     parts = [f"{TITLES[flavor.family]} vision encoder + patch merger", f"{size} params", f"{flavor.num_layers} layers",
              f"d{flavor.dim}", f"{flavor.num_heads} heads", f"out {flavor.out_dim}"]
     if flavor.windowed:

@@ -17,6 +17,7 @@ from typing import Any
 
 from loongforge.errors import ConfigError
 from loongforge.models.flavor import replace_fields
+from loongforge.models.listing import size_label
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,6 @@ SOURCES: dict[str, str] = {"siglip-so400m-patch14-384": "google/siglip-so400m-pa
 def describe(flavor: SiglipFlavor) -> str:
     """One line for ``loongforge list``."""
     count = num_params(flavor)
-    size = f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.2f}M"
+    size = size_label(count)
     return (f"SigLIP vision encoder, {size} params, {flavor.num_layers} layers, d{flavor.dim}, "
             f"{flavor.num_heads} heads, patch {flavor.patch_size}, {flavor.image_size}px")

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 from loongforge.errors import ConfigError
 from loongforge.models.family import ModelFamily
 from loongforge.models.flavor import DecoderFlavor, replace_fields
+from loongforge.models.listing import size_label
 from loongforge.models.llama import FLAVORS as LLAMA_FLAVORS
 
 from loongforge_vlm.encoders.internvit_flavors import INTERNVIT_FLAVORS, InternViTFlavor
@@ -371,7 +372,7 @@ HF_IDS: dict[str, tuple[str, ...]] = {
 def describe(flavor: VLMFlavor) -> str:
     """One line for ``loongforge list``."""
     count = num_params(flavor)
-    size = f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.2f}M"
+    size = size_label(count)
     encoder = flavor.encoder
     if isinstance(encoder, QwenViTFlavor):
         vision = f"{QWEN_VIT_TITLES[encoder.family]} ViT + patch merger"
