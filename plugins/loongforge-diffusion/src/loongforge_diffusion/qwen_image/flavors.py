@@ -12,14 +12,13 @@ listings is computed rather than typed in, and so the diffusers converter can ch
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from loongforge.errors import ConfigError
 from loongforge.models.family import ModelFamily
 from loongforge.models.flavor import replace_fields
-from loongforge.models.listing import size_label
+from loongforge.models.listing import count_of_shapes, size_label
 
 from loongforge_diffusion.options import QwenImageTaskOptions
 
@@ -143,7 +142,7 @@ def parameter_shapes(flavor: QwenImageFlavor) -> dict[str, tuple[int, ...]]:
 
 
 def num_params(flavor: QwenImageFlavor) -> int:
-    return sum(math.prod(shape) for shape in parameter_shapes(flavor).values())
+    return count_of_shapes(parameter_shapes(flavor))
 
 
 FLAVORS: dict[str, QwenImageFlavor] = {

@@ -11,14 +11,13 @@ settings live here because they decide how many LLM tokens an image becomes, so 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from loongforge.errors import ConfigError
 from loongforge.models.flavor import replace_fields
-from loongforge.models.listing import size_label
+from loongforge.models.listing import count_of_shapes, size_label
 
 #: Normalisation layers the tower can use (transformers' ``norm_type``).
 NORMS = ("layer_norm", "rms_norm")
@@ -141,7 +140,7 @@ def parameter_shapes(flavor: InternViTFlavor) -> dict[str, tuple[int, ...]]:
 
 def num_params(flavor: InternViTFlavor) -> int:
     """Parameter count, computed from the shapes so listings need no torch."""
-    return sum(math.prod(shape) for shape in parameter_shapes(flavor).values())
+    return count_of_shapes(parameter_shapes(flavor))
 
 
 INTERNVIT_FLAVORS: dict[str, InternViTFlavor] = {

@@ -20,7 +20,7 @@ from typing import Any
 
 from loongforge.errors import ConfigError
 from loongforge.models.flavor import replace_fields
-from loongforge.models.listing import size_label
+from loongforge.models.listing import count_of_shapes, size_label
 
 #: Encoder families: Qwen2-VL's ViT, Qwen2.5-VL's windowed one and Qwen3-VL's DeepStack one.
 FAMILIES: tuple[str, ...] = ("qwen2-vl", "qwen2.5-vl", "qwen3-vl")
@@ -178,7 +178,7 @@ def parameter_shapes(flavor: QwenViTFlavor) -> dict[str, tuple[int, ...]]:
 
 def num_params(flavor: QwenViTFlavor) -> int:
     """Parameter count, computed from the shapes so listings need no torch."""
-    return sum(math.prod(shape) for shape in parameter_shapes(flavor).values())
+    return count_of_shapes(parameter_shapes(flavor))
 
 
 _QWEN2_VL = dict(family="qwen2-vl", dim=1280, ffn_dim=5120, num_heads=16, num_layers=32)

@@ -10,14 +10,13 @@ LLM the patch tokens, not one pooled vector.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from loongforge.errors import ConfigError
 from loongforge.models.flavor import replace_fields
-from loongforge.models.listing import size_label
+from loongforge.models.listing import count_of_shapes, size_label
 
 
 @dataclass(frozen=True)
@@ -125,7 +124,7 @@ def parameter_shapes(flavor: SiglipFlavor) -> dict[str, tuple[int, ...]]:
 
 def num_params(flavor: SiglipFlavor) -> int:
     """Parameter count, computed from the shapes so listings need no torch."""
-    return sum(math.prod(shape) for shape in parameter_shapes(flavor).values())
+    return count_of_shapes(parameter_shapes(flavor))
 
 
 SIGLIP_FLAVORS: dict[str, SiglipFlavor] = {

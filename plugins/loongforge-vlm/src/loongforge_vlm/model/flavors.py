@@ -13,14 +13,13 @@ Qwen/Qwen3-VL-2B/8B/30B-A3B/235B-A22B-Instruct.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from loongforge.errors import ConfigError
 from loongforge.models.family import ModelFamily
 from loongforge.models.flavor import DecoderFlavor, replace_fields
-from loongforge.models.listing import size_label
+from loongforge.models.listing import count_of_shapes, size_label
 from loongforge.models.llama import FLAVORS as LLAMA_FLAVORS
 
 from loongforge_vlm.encoders.internvit_flavors import INTERNVIT_FLAVORS, InternViTFlavor
@@ -226,7 +225,7 @@ def num_params(flavor: VLMFlavor, *, include_embeddings: bool = True) -> int:
     vision = qwen_vit_num_params(encoder) if isinstance(encoder, QwenViTFlavor) else siglip_num_params(encoder)
     if isinstance(encoder, InternViTFlavor):
         vision = internvit_num_params(encoder)
-    projector = sum(math.prod(shape) for shape in projector_shapes(flavor).values())
+    projector = count_of_shapes(projector_shapes(flavor))
     return vision + projector + flavor.foundation.num_params(include_embeddings=include_embeddings)
 
 
