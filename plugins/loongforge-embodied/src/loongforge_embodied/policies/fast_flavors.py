@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from loongforge.errors import ConfigError
+from loongforge.models.listing import size_label
 
-from loongforge_embodied.policies.flavor_base import PolicyFlavor
+from loongforge_embodied.policies.flavor_base import StreamSizes
 from loongforge_embodied.policies.flavors import TEXT_VOCAB
 from loongforge_embodied.task_options import TokenPolicyTaskOptions
 
@@ -23,7 +24,7 @@ MARKERS = 2
 
 
 @dataclass(frozen=True)
-class Pi0FastFlavor(PolicyFlavor):
+class Pi0FastFlavor(StreamSizes):
     """A single transformer stream (Pi0-FAST has no action expert) over [images, task bytes, state token, action
     tokens]. Its vocabulary is the byte ids, then ``action_vocab`` action ids (the largest tokenizer it can take:
     FAST's default 1024, or 256 bins), then the two markers. ``max_state_dim`` / ``max_action_dim`` bound the data's
@@ -31,30 +32,9 @@ class Pi0FastFlavor(PolicyFlavor):
 
     kind: ClassVar[str] = "pi0-fast"
     task_options: ClassVar[type | None] = TokenPolicyTaskOptions
-    width: int = 64
-    depth: int = 2                   # layers over the whole sequence
-    vision_depth: int = 1            # image-only layers before them
-    heads: int = 4
-    head_dim: int = 16
-    mlp_ratio: int = 4
-    image_size: int = 16
-    patch_size: int = 4
-    cameras: int = 1
-    text_len: int = 32               # task bytes kept (longer texts are cut)
-    max_state_dim: int = 8
-    max_action_dim: int = 8
     action_vocab: int = 1024         # action token ids the embedding and the head hold
-    rope_theta: float = 10000.0
-    eps: float = 1e-6
 
-    POSITIVE: ClassVar[tuple[str, ...]] = ("width", "depth", "heads", "head_dim", "mlp_ratio", "text_len",
-                                           "max_state_dim", "max_action_dim", "action_vocab")
-    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("vision_depth", "cameras")
-
-    def __post_init__(self) -> None:
-        self.check_sizes()
-        if self.head_dim % 2:
-            raise ConfigError(f"{self.kind} flavor: head_dim {self.head_dim} must be even (rotary embedding)")
+    POSITIVE: ClassVar[tuple[str, ...]] = (*StreamSizes.POSITIVE, "action_vocab")
 
     @property
     def vocab_size(self) -> int:
@@ -109,7 +89,7 @@ class Pi0FastFlavor(PolicyFlavor):
     def describe(self) -> str:
         """One line for ``loongforge list``."""
         return (f"Pi0-FAST-style autoregressive VLA policy (action tokens: FAST or bins), "
-                f"{self.num_params() / 1e6:.2f}M params, {self.depth} layers, width {self.width}, {self.heads} heads "
+                f"{size_label(self.num_params())} params, {self.depth} layers, width {self.width}, {self.heads} heads "
                 f"x {self.head_dim}, {self.action_vocab} action ids, {self.inputs_summary()}")
 
 

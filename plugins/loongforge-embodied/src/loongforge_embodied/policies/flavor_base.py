@@ -9,6 +9,7 @@ dataclass that also derives from :class:`PolicyFlavor`, names itself in ``kind``
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from loongforge.errors import ConfigError
@@ -77,3 +78,34 @@ class PolicyFlavor(ModelFamily):
         from loongforge_embodied.train_task import PolicyTask
 
         return PolicyTask(self, config)
+
+
+@dataclass(frozen=True)
+class StreamSizes(PolicyFlavor):
+    """The sizes of a policy built on one transformer stream over [images, task bytes, state, actions]: the
+    flow-matching Pi0/Pi0.5 policies (which add an action expert's width) and the action-token ones (which add an
+    action vocabulary) share them, and the rotary check that comes with ``head_dim``."""
+
+    width: int = 64                  # the stream's (the VLM's) width
+    depth: int = 2                   # layers over the whole sequence
+    vision_depth: int = 1            # image-only layers before them
+    heads: int = 4
+    head_dim: int = 16
+    mlp_ratio: int = 4
+    image_size: int = 16
+    patch_size: int = 4
+    cameras: int = 1
+    text_len: int = 32               # task bytes kept (longer texts are cut)
+    max_state_dim: int = 8
+    max_action_dim: int = 8
+    rope_theta: float = 10000.0
+    eps: float = 1e-6
+
+    POSITIVE: ClassVar[tuple[str, ...]] = ("width", "depth", "heads", "head_dim", "mlp_ratio", "text_len",
+                                           "max_state_dim", "max_action_dim")
+    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("vision_depth", "cameras")
+
+    def __post_init__(self) -> None:
+        self.check_sizes()
+        if self.head_dim % 2:
+            raise ConfigError(f"{self.kind} flavor: head_dim {self.head_dim} must be even (rotary embedding)")

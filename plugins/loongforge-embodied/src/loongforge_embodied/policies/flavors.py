@@ -14,46 +14,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from loongforge.errors import ConfigError
+from loongforge.models.listing import size_label
 
-from loongforge_embodied.policies.flavor_base import PolicyFlavor
+from loongforge_embodied.policies.flavor_base import StreamSizes
 
 #: Byte-token vocabulary: padding + 256 byte values (see ``prompt.vocab_size``).
 TEXT_VOCAB = 1 + 256
 
 
 @dataclass(frozen=True)
-class PaliSizes(PolicyFlavor):
+class PaliSizes(StreamSizes):
     """What Pi0 and Pi0.5 share. Both streams share the attention geometry (``heads`` x ``head_dim``), as Pi0's
     PaliGemma and action expert do, and differ in width; states and actions are zero-padded to ``max_state_dim`` /
     ``max_action_dim`` (Pi0 pads to 32) so one model fits robots with fewer dimensions. ``cameras: 0`` is a
     state-only policy (no image tokens)."""
 
     kind: ClassVar[str] = "pali"
-    width: int = 64                  # prefix stream (the VLM's) width
-    expert_width: int = 32           # action expert width
-    depth: int = 2                   # joint layers (prefix + expert weights each)
-    vision_depth: int = 1            # image-only layers before the joint ones
-    heads: int = 4
-    head_dim: int = 16
-    mlp_ratio: int = 4
-    image_size: int = 16
-    patch_size: int = 4
-    cameras: int = 1
-    text_len: int = 32               # task bytes kept (longer texts are cut)
-    max_state_dim: int = 8
-    max_action_dim: int = 8
-    rope_theta: float = 10000.0
-    eps: float = 1e-6
+    expert_width: int = 32           # action expert width (the stream's is ``width``)
 
-    POSITIVE: ClassVar[tuple[str, ...]] = ("width", "expert_width", "depth", "heads", "head_dim", "mlp_ratio",
-                                           "text_len", "max_state_dim", "max_action_dim")
-    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("vision_depth", "cameras")
-
-    def __post_init__(self) -> None:
-        self.check_sizes()
-        if self.head_dim % 2:
-            raise ConfigError(f"{self.kind} flavor: head_dim {self.head_dim} must be even (rotary embedding)")
+    POSITIVE: ClassVar[tuple[str, ...]] = (*StreamSizes.POSITIVE, "expert_width")
 
     def flow_matching(self) -> Any:
         """Pi0's convention (time 1 = noise, Beta(1.5, 1) times, velocity ``noise - actions``), for both."""
@@ -79,7 +58,7 @@ class PaliSizes(PolicyFlavor):
         return vision + vocab * w + layers
 
     def _describe(self, what: str) -> str:
-        return (f"{what} VLA policy (flow matching), {self.num_params() / 1e6:.2f}M params, {self.depth} joint "
+        return (f"{what} VLA policy (flow matching), {size_label(self.num_params())} params, {self.depth} joint "
                 f"layers, width {self.width} / expert {self.expert_width}, {self.heads} heads x {self.head_dim}, "
                 f"{self.inputs_summary()}")
 

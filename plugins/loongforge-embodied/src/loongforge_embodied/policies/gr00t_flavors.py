@@ -16,6 +16,7 @@ from types import ModuleType
 from typing import Any, ClassVar
 
 from loongforge.errors import ConfigError
+from loongforge.models.listing import size_label
 
 from loongforge_embodied.policies.flavor_base import PolicyFlavor
 
@@ -112,7 +113,7 @@ class Gr00tFlavor(PolicyFlavor):
 
     def describe(self) -> str:
         """One line for ``loongforge list``."""
-        return (f"GR00T-N1.6-style VLA policy (DiT flow matching), {self.num_params() / 1e6:.2f}M params, VL width "
+        return (f"GR00T-N1.6-style VLA policy (DiT flow matching), {size_label(self.num_params())} params, VL width "
                 f"{self.width} x {self.depth}+{self.vl_layers} layers, DiT {self.dit_depth} blocks of "
                 f"{self.dit_heads} heads x {self.dit_head_dim}, {self.embodiments} embodiments, "
                 f"{self.inputs_summary()}")
