@@ -13,31 +13,27 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from loongforge.errors import ConfigError
-from loongforge.models.flavor import replace_fields
 from loongforge.models.listing import count_of_shapes, size_label
+
+from loongforge_vlm.encoders.vit_sizes import ViTSizes
 
 #: Normalisation layers the tower can use (transformers' ``norm_type``).
 NORMS = ("layer_norm", "rms_norm")
 
 
 @dataclass(frozen=True)
-class InternViTFlavor:
+class InternViTFlavor(ViTSizes):
     """One InternViT tower. ``norm`` is ``layer_norm`` or ``rms_norm`` (block norms), ``qk_norm`` an RMSNorm over the
     whole query and key projections, ``qkv_bias`` biases on them. Tiles must be ``image_size`` square (the position
     table is not interpolated: InternVL never feeds another size); ``max_tiles=1`` turns tiling off (one resized
     square per image)."""
 
-    dim: int
-    ffn_dim: int
-    num_heads: int
-    num_layers: int
-    patch_size: int
-    image_size: int
-    in_channels: int = 3
-    eps: float = 1e-6
+    kind: ClassVar[str] = "internvit"
+    POSITIVE: ClassVar[tuple[str, ...]] = (*ViTSizes.POSITIVE, "min_tiles", "max_tiles")
+
     norm: str = "layer_norm"
     qk_norm: bool = False
     qkv_bias: bool = True
@@ -47,12 +43,7 @@ class InternViTFlavor:
     thumbnail: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("dim", "ffn_dim", "num_heads", "num_layers", "patch_size", "image_size", "in_channels",
-                     "min_tiles", "max_tiles"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"internvit flavor: {name} must be positive, got {getattr(self, name)}")
-        if self.dim % self.num_heads:
-            raise ConfigError(f"internvit flavor: dim ({self.dim}) is not divisible by num_heads ({self.num_heads})")
+        super().__post_init__()
         if self.image_size % self.patch_size:
             raise ConfigError(f"internvit flavor: image_size ({self.image_size}) is not a multiple of patch_size "
                               f"({self.patch_size})")
@@ -62,27 +53,9 @@ class InternViTFlavor:
             raise ConfigError(f"internvit flavor: min_tiles ({self.min_tiles}) exceeds max_tiles ({self.max_tiles})")
 
     @property
-    def head_dim(self) -> int:
-        return self.dim // self.num_heads
-
-    @property
-    def grid_size(self) -> int:
-        """Patches per side of one tile."""
-        return self.image_size // self.patch_size
-
-    @property
     def num_positions(self) -> int:
-        """Rows of the position table: the CLS token's, then one per patch."""
+        """Rows of the position table: the CLS token's, then one per patch of a tile."""
         return self.grid_size ** 2 + 1
-
-    @property
-    def patch_dim(self) -> int:
-        """Length of one flattened patch (channel-major, like the convolution kernel)."""
-        return self.in_channels * self.patch_size ** 2
-
-    def with_overrides(self, **overrides: Any) -> InternViTFlavor:
-        """A copy with some fields changed (``max_tiles=6``); unknown names are errors."""
-        return replace_fields(self, overrides, what="internvit flavor")
 
     def to_hf_config(self) -> dict[str, Any]:
         """Keyword arguments of transformers' ``InternVLVisionConfig`` for the same tower (the tiling settings belong

@@ -12,15 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from loongforge.errors import ConfigError
-from loongforge.models.flavor import replace_fields
 from loongforge.models.listing import count_of_shapes, size_label
+
+from loongforge_vlm.encoders.vit_sizes import ViTSizes
 
 
 @dataclass(frozen=True)
-class SiglipFlavor:
+class SiglipFlavor(ViTSizes):
     """One SigLIP vision tower: a pre-LN ViT with learned positions, GELU(tanh) MLPs and a final LayerNorm.
 
     ``image_size`` is the resolution the position table was trained for; other resolutions interpolate it.
@@ -28,46 +29,18 @@ class SiglipFlavor:
     ``image_size % patch_size`` rows and columns are not seen (so400m: 384px -> 27x27 patches of 14px).
     """
 
-    dim: int
-    ffn_dim: int
-    num_heads: int
-    num_layers: int
-    patch_size: int
-    image_size: int
-    in_channels: int = 3
-    eps: float = 1e-6
+    kind: ClassVar[str] = "siglip"
 
     def __post_init__(self) -> None:
-        for name in ("dim", "ffn_dim", "num_heads", "num_layers", "patch_size", "image_size", "in_channels"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"siglip flavor: {name} must be positive, got {getattr(self, name)}")
-        if self.dim % self.num_heads:
-            raise ConfigError(f"siglip flavor: dim ({self.dim}) is not divisible by num_heads ({self.num_heads})")
+        super().__post_init__()
         if self.image_size < self.patch_size:
             raise ConfigError(f"siglip flavor: image_size ({self.image_size}) is smaller than patch_size "
                               f"({self.patch_size})")
 
     @property
-    def head_dim(self) -> int:
-        return self.dim // self.num_heads
-
-    @property
-    def grid_size(self) -> int:
-        """Whole patches per side at ``image_size``; the position table is ``grid_size ** 2`` rows."""
-        return self.image_size // self.patch_size
-
-    @property
     def num_positions(self) -> int:
+        """Rows of the position table, one per whole patch (``grid_size ** 2``)."""
         return self.grid_size ** 2
-
-    @property
-    def patch_dim(self) -> int:
-        """Length of one flattened patch (channels x patch_size x patch_size, channel-major like the conv)."""
-        return self.in_channels * self.patch_size ** 2
-
-    def with_overrides(self, **overrides: Any) -> SiglipFlavor:
-        """A copy with some fields changed (``num_layers=2`` for a smoke run); unknown names are errors."""
-        return replace_fields(self, overrides, what="siglip flavor")
 
     def to_hf_config(self) -> dict[str, Any]:
         """Keyword arguments of transformers' ``SiglipVisionConfig`` describing the same tower (no pooling head)."""
