@@ -19,7 +19,15 @@ from loongforge_embodied.data.rlds import RLDSDataset
 from loongforge_embodied.data.rlds_keys import KEY_MAPS
 from loongforge_embodied.data.rlds_mixture import frame_targets, materialise
 from loongforge_embodied.data.tfrecord import crc32c, masked_crc32c
-from rlds_wire import crc32c_bitwise, fractal_episodes, write_tfds
+from rlds_wire import (
+    TEXT_KEY,
+    crc32c_bitwise,
+    episode_features,
+    example_bytes,
+    fractal_episodes,
+    tfrecord_bytes,
+    write_tfds,
+)
 
 SHARD_0 = "fractal_tiny-train.tfrecord-00000-of-00002"
 
@@ -127,13 +135,21 @@ def test_steps_out_of_order_are_refused(tmp_path):
     episodes = fractal_episodes(lengths=(4,))
     root = write_tfds(tmp_path / "src", episodes, shards=((0,),))
     shard = next(root.glob("*.tfrecord-*"))
-    from rlds_wire import episode_features, example_bytes, tfrecord_bytes
-
     features = episode_features(episodes[0])
     features["steps/is_first"] = features["steps/is_first"][::-1].copy()  # steps recorded last-first
     shard.write_bytes(tfrecord_bytes([example_bytes(features)]))
     with pytest.raises(ValueError, match=r"episode 0: 'steps/is_first' is set at steps \[3\], expected only step 0"):
         list(RLDSDataset(root, KEY_MAPS["fractal"]))
+
+
+def test_the_first_steps_instruction_is_the_task(tmp_path):
+    """Some sets change or blank the text on later steps; the episode's task is what step 0 says."""
+    episodes = fractal_episodes(lengths=(3,))
+    root = write_tfds(tmp_path / "src", episodes, shards=((0,),))
+    features = episode_features(episodes[0])
+    features[TEXT_KEY] = [b"stack the cups", b"", b"done"]
+    next(root.glob("*.tfrecord-*")).write_bytes(tfrecord_bytes([example_bytes(features)]))
+    assert [ep.instruction for ep in RLDSDataset(root, KEY_MAPS["fractal"])] == ["stack the cups"]
 
 
 def test_mixture_weights_share_the_frames_and_feed_check_and_train(tmp_path, capsys):

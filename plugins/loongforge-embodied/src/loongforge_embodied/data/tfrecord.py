@@ -12,7 +12,8 @@ the read with one line naming the file and the record, not a protobuf traceback 
 No CRC-32C package is installed with the plugin (``google-crc32c`` and ``crc32c`` are native extensions), so the
 checksum is the standard reflected table-driven CRC-32C below: 256 precomputed remainders of the reversed
 Castagnoli polynomial ``0x82F63B78``, one table lookup per byte. It is pure Python, a few MB/s: fine for checking
-and converting small sets, the bottleneck on large ones.
+and converting small sets, the bottleneck on large ones. A shard is read whole before its records are checked
+(TFDS shards of OXE sets are tens to hundreds of MB).
 """
 
 from __future__ import annotations
