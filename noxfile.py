@@ -15,8 +15,8 @@ PYTHON = "3.11"
 TORCH = "torch==2.13.0"
 PLUGINS = ("cuda", "xpu", "vlm", "diffusion", "embodied", "balance")
 #: Plugin extras the tests need: reference implementations (diffusion's ``test``), the Meta-World simulator and
-#: the policy server's websocket/msgpack stack (embodied's ``sim`` and ``serve``).
-TEST_EXTRAS = {"diffusion": "[test]", "embodied": "[sim,serve]"}
+#: the policy server's websocket/msgpack stack and the RLDS reader's protobuf (embodied's ``sim``, ``serve``, ``rlds``).
+TEST_EXTRAS = {"diffusion": "[test]", "embodied": "[sim,serve,rlds]"}
 
 
 #: Core's optional trackers and ``loongforge plot``, which tests/core/test_trackers.py and test_plot.py run for real.
@@ -91,10 +91,11 @@ def tests_plugin(session: nox.Session, plugin: str) -> None:
 
 #: LeRobot 0.4.4's Pi0.5 and what it needs, without lerobot's own pins (its torch<2.11 cap and extras): its
 #: ``lerobot.datasets`` imports torchvision, and PyPI's torchvision 0.29.1 only imports beside torch 2.14.1.
+#: protobuf: our RLDS reader (embodied's ``rlds`` extra), whose conversion LeRobot's reader reads back.
 LEROBOT_PARITY = ("torch==2.14.1", "torchvision==0.29.1", "transformers>=4.57.1,<5", "huggingface-hub>=0.34.2,<0.36",
                   "datasets>=4.0,<5", "draccus==0.10.0", "einops>=0.8,<0.9", "diffusers<0.36", "pyserial", "deepdiff",
                   "termcolor", "jsonlines", "accelerate", "imageio", "av", "pillow", "pluggy", "pyyaml", "safetensors",
-                  "numpy", "importlib-metadata", "pytest")
+                  "numpy", "importlib-metadata", "pytest", "protobuf>=4.21")
 
 
 def _install_lerobot(session: nox.Session, *extra: str) -> None:
@@ -107,8 +108,9 @@ def _install_lerobot(session: nox.Session, *extra: str) -> None:
 
 @nox.session(python=PYTHON)
 def lerobot_parity(session: nox.Session) -> None:
-    """Pi0.5 parity with LeRobot 0.4.4's PI05Pytorch (parity/lerobot/README.md): its own venv, because LeRobot
-    needs transformers 4.x and the main suite runs transformers 5."""
+    """Pi0.5 parity with LeRobot 0.4.4's PI05Pytorch, and RLDS sets converted to LeRobot v3.0 read by LeRobot's own
+    LeRobotDataset (parity/lerobot/README.md): its own venv, because LeRobot needs transformers 4.x and the main suite
+    runs transformers 5."""
     _install_lerobot(session)
     session.run("pytest", "-q", "-s", "parity/lerobot", *session.posargs)
 

@@ -59,6 +59,46 @@ def test_unknown_convert_source_is_one_line_listing_every_handler(register_plugi
     assert "hf-model (loongforge-core): a Hugging Face directory whose config.json architecture" in err
 
 
+class HelloToText:
+    """An in-process plugin adding a conversion direction core does not know, with one handler."""
+
+    def __init__(self) -> None:
+        self.hello = Hello()
+
+    @hookimpl
+    def loongforge_register_commands(self, commands):
+        commands.add_conversion("hello-to-text", help="*.hello files -> text", source="a *.hello file")
+        commands.add_handler("convert hello-to-text", "hello-files", accepts="a *.hello file",
+                             claims=lambda source, trust_code: source.endswith(".hello"),
+                             configure=self.hello.configure, run=self.hello.run)
+
+
+def test_a_plugin_adds_a_conversion_direction(register_plugin, capsys, tmp_path):
+    plugin = register_plugin(HelloToText(), "hello-to-text")
+    source = str(tmp_path / "a.hello")
+    assert main(["convert", "hello-to-text", source, str(tmp_path / "out"), "--name", "file"]) == 7
+    assert (plugin.hello.ran[0].source, plugin.hello.ran[0].name) == (source, "file")
+    with pytest.raises(SystemExit):
+        main(["convert", "--help"])
+    assert "*.hello files -> text [<in-process>]" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("direction", ["hf-to-mcore", "hello-to-text"])
+def test_a_conversion_direction_taken_twice_fails_naming_both(register_plugin, capsys, direction):
+    class Clash:
+        @hookimpl
+        def loongforge_register_commands(self, commands):
+            commands.add_conversion(direction, help="again", source="anything")
+
+    if direction == "hello-to-text":
+        register_plugin(HelloToText(), "hello-to-text")
+    register_plugin(Clash(), "clash")
+    assert main(["plugins"]) == 2
+    owner = "loongforge-core" if direction == "hf-to-mcore" else "<in-process>"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"conversion 'convert {direction}' registered twice: by {owner} and by " in err
+
+
 def test_duplicate_command_names_fail_naming_both_providers(register_plugin, capsys):
     class Clash:
         @hookimpl

@@ -37,7 +37,7 @@ def test_the_reference_covers_every_command_generator_and_handler(regenerated):
         assert f"\n## `loongforge {command.name}`\n" in regenerated, command.name
     for generator in commands.generators():
         assert f"\n### `loongforge make-data {generator.name}`\n" in regenerated, generator.name
-    for point in cli_reference.DISPATCH_POINTS:
+    for point in commands.points():
         for handler in commands.handlers(point):
             assert f"\n#### handler `{handler.name}` ({handler.provider})\n" in regenerated, (point, handler.name)
     assert "| `--nproc NPROC` | start this many local processes (as torchrun would) |" in regenerated

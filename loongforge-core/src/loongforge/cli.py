@@ -135,15 +135,17 @@ def _configure_preprocess(prep: argparse.ArgumentParser) -> None:
 
 def _configure_convert(convert: argparse.ArgumentParser) -> None:
     direction = convert.add_subparsers(dest="direction", required=True, metavar="DIRECTION")
+    commands = get_host().commands()
+    added = [(c.direction, f"{c.help} [{c.provider}]") for c in commands.conversions()]
     for name, what in (("hf-to-mcore", "another framework's checkpoint -> model-only LoongForge checkpoint"),
-                       ("mcore-to-hf", "LoongForge checkpoint (any tp/pp) -> another framework's format")):
+                       ("mcore-to-hf", "LoongForge checkpoint (any tp/pp) -> another framework's format"), *added):
         point = f"convert {name}"
         sub = direction.add_parser(name, help=what, description=f"{what}. {_handlers_text(point)}",
                                    epilog="Options after SOURCE OUT belong to the handler that claims SOURCE "
                                           f"(loongforge {point} SOURCE OUT --help shows them).")
         add_trust_code_option(sub)
         _show_handler_options(sub, point)
-        sub.add_argument("source", help=DISPATCH_POINTS[point])
+        sub.add_argument("source", help=commands.points()[point])
         sub.add_argument("out", help="new output directory (or file, where the handler writes one)")
         sub.add_argument("options", nargs=argparse.REMAINDER, help="the claiming handler's options")
 
@@ -241,7 +243,8 @@ def register_core_commands(commands: CommandRegistry) -> None:
                  configure=_configure_check, run=_cmd_check)
     commands.add("preprocess", help="tokenize text/jsonl/parquet into a Megatron-LM .bin/.idx dataset",
                  configure=_configure_preprocess, run=_cmd_preprocess)
-    commands.add("convert", help="convert checkpoints to and from LoongForge (the handler claiming the source)",
+    commands.add("convert", help="convert checkpoints to and from LoongForge, and what plugins add (the handler "
+                                 "claiming the source)",
                  configure=_configure_convert, run=_cmd_convert)
     commands.add("eval", help="evaluate a checkpoint (the evaluator of its model)", configure=_configure_eval,
                  run=_cmd_eval)

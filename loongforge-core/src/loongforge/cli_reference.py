@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from loongforge.cli import full_parser
-from loongforge.commands import DISPATCH_POINTS, Handler
+from loongforge.commands import Handler
 from loongforge.plugins import get_host
 
 #: Where usage lines wrap (argparse would otherwise follow the terminal's width).
@@ -116,9 +116,10 @@ def reference() -> str:
     subcommands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     for command in commands.commands():
         lines += _section(subcommands.choices[command.name], f"loongforge {command.name}", command.help, 2)
-        for point in (p for p in DISPATCH_POINTS if p.split()[0] == command.name):
+        points = commands.points()
+        for point in (p for p in points if p.split()[0] == command.name):
             handlers = commands.handlers(point)
-            lines += [f"### Handlers of `{point}`", "", _cell(f"SOURCE is {DISPATCH_POINTS[point]}; the first handler "
+            lines += [f"### Handlers of `{point}`", "", _cell(f"SOURCE is {points[point]}; the first handler "
                                                               "(in this order) that claims it runs."), ""]
             for handler in handlers:
                 lines += _handler_section(handler, 4)

@@ -44,7 +44,8 @@ class Claims(Protocol):
 #: A callable, or its ``"package.module:attribute"`` import path (imported when used).
 Lazy = Callable | str
 
-#: Dispatch points core's commands choose handlers at: point -> what the source argument is.
+#: Dispatch points core's commands choose handlers at: point -> what the source argument is (plugins add conversion
+#: directions with :meth:`CommandRegistry.add_conversion`; :meth:`CommandRegistry.points` has them all).
 DISPATCH_POINTS: dict[str, str] = {
     "convert hf-to-mcore": "a checkpoint of another framework, converted into a LoongForge checkpoint",
     "convert mcore-to-hf": "a LoongForge checkpoint, converted into another framework's format",
@@ -111,6 +112,16 @@ class Handler:
         return int(_resolve(self.run_target)(args) or 0)
 
 
+@dataclass(frozen=True)
+class Conversion:
+    """A direction a plugin added to ``loongforge convert`` (:meth:`CommandRegistry.add_conversion`)."""
+
+    direction: str
+    help: str
+    source: str
+    provider: str
+
+
 class CommandRegistry:
     """What ``loongforge_register_commands(commands)`` receives; ``current_provider`` is set by the plugin host
     while each plugin's implementation runs, so entries record their distribution."""
@@ -120,6 +131,8 @@ class CommandRegistry:
         self._commands: dict[str, Command] = {}
         self._handlers: dict[tuple[str, str], Handler] = {}
         self._generators: dict[str, Command] = {}  # make-data generators: commands one level down
+        self._points: dict[str, str] = dict(DISPATCH_POINTS)
+        self._conversions: dict[str, Conversion] = {}  # directions plugins add to ``loongforge convert``
 
     def add(self, name: str, *, help: str, configure: Lazy = _no_options, run: Lazy) -> None:
         """Add ``loongforge NAME``; a name already taken raises, naming both providers."""
@@ -138,14 +151,39 @@ class CommandRegistry:
 
         ``accepts`` is the line the refusal of an unclaimed source shows for this handler.
         """
-        if point not in DISPATCH_POINTS:
+        if point not in self._points:
             raise LoongForgeError(f"{self.current_provider}: unknown dispatch point {point!r}; known: "
-                                  f"{', '.join(DISPATCH_POINTS)}")
+                                  f"{', '.join(self._points)}")
         owner = self._handlers.get((point, name))
         if owner is not None:
             raise DuplicateComponentError(f"'{point}' handler '{name}' registered twice: by {owner.provider} and "
                                           f"by {self.current_provider}")
         self._handlers[(point, name)] = Handler(point, name, accepts, self.current_provider, claims, configure, run)
+
+    def add_conversion(self, direction: str, *, help: str, source: str) -> None:
+        """Add ``loongforge convert DIRECTION SOURCE OUT``: a conversion core does not know (a plugin's data format,
+        say), dispatched like core's directions to the handlers added with ``add_handler(f"convert {direction}",
+        ...)``. ``source`` says what SOURCE is (its help, and the reference's); a direction taken twice raises."""
+        if not direction or direction != direction.strip().lower() or " " in direction or direction.startswith("-"):
+            raise LoongForgeError(f"{self.current_provider}: conversion direction {direction!r} must be one "
+                                  "lower-case word")
+        point = f"convert {direction}"
+        if point in self._points:
+            owner = self._conversions.get(direction)
+            raise DuplicateComponentError(f"conversion '{point}' registered twice: by "
+                                          f"{owner.provider if owner else 'loongforge-core'} and by "
+                                          f"{self.current_provider}")
+        self._points[point] = source
+        self._conversions[direction] = Conversion(direction, help, source, self.current_provider)
+
+    def conversions(self) -> list[Conversion]:
+        """The conversion directions plugins added, in registration order."""
+        return list(self._conversions.values())
+
+    def points(self) -> dict[str, str]:
+        """Every dispatch point -- core's :data:`DISPATCH_POINTS` and the conversions plugins added -- with what its
+        source argument is."""
+        return dict(self._points)
 
     def add_generator(self, name: str, *, help: str, run: Lazy, configure: Lazy = _no_options) -> None:
         """Add ``loongforge make-data NAME``: a dataset generator; its ``configure`` must stay torch-free at import

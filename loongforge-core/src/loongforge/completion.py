@@ -79,9 +79,7 @@ def command_tree(parser: argparse.ArgumentParser, path: tuple[str, ...] = (), he
 def add_handler_options(tree: Node, registry: Any) -> None:
     """Give each dispatch point's node the options of every handler registered there (``registry``: the plugin
     host's :class:`~loongforge.commands.CommandRegistry`), once each."""
-    from loongforge.commands import DISPATCH_POINTS
-
-    for point in DISPATCH_POINTS:
+    for point in registry.points():
         node = tree
         for word in point.split():
             node = node.children.get(word, node)

@@ -9,8 +9,11 @@
   (``ws://host:port``) or of uniform random actions (``random``) (:mod:`.sim.evaluate`);
 - ``loongforge convert``: Pi0.5 weights from LeRobot / OpenPI safetensors into ours, and back
   (:mod:`.convert_lerobot`);
+- ``loongforge convert rlds-to-lerobot SOURCE OUT``: RLDS / Open X-Embodiment episodes (TFDS TFRecord shards) as a
+  LeRobotDataset v3.0 (:mod:`.data.rlds_lerobot`), a conversion direction this plugin adds to core's ``convert``;
 - ``loongforge make-data synthetic-episodes ROOT``: a small synthetic LeRobotDataset with camera videos
-  (:mod:`.data.synthetic`), for demos and tests without downloads.
+  (:mod:`.data.synthetic`), for demos and tests without downloads; ``synthetic-rlds ROOT`` the same kind of
+  episodes as a TFDS RLDS set (:mod:`.data.rlds_writer`).
 
 Torch-free and simulator-free: ``loongforge eval`` and ``convert`` ask every plugin's claims about a source, so the
 claims here read only a checkpoint's saved config or a safetensors header, and ``make-data`` sets up every
@@ -77,6 +80,13 @@ def claims_ours(source: str, *, trust_code: bool) -> bool:
     return "flavor" in safetensors_header(source).get("__metadata__", {})
 
 
+def claims_rlds(source: str, *, trust_code: bool) -> bool:
+    """A TFDS dataset directory: ``dataset_info.json`` beside ``*.tfrecord-*`` shards (the names
+    :mod:`loongforge_embodied.data.rlds` reads)."""
+    path = Path(source).expanduser()
+    return (path / "dataset_info.json").is_file() and any(path.glob("*.tfrecord-*"))
+
+
 def _positive_int(text: str) -> int:
     """An argparse ``type``: an integer above zero."""
     try:
@@ -121,6 +131,15 @@ def register_commands(commands: CommandRegistry) -> None:
                          accepts="our Pi0.5 safetensors (written by the LeRobot import, flavor in its metadata)",
                          configure=f"{module}.convert_lerobot:configure_to_lerobot",
                          run=f"{module}.convert_lerobot:run_to_lerobot")
+    commands.add_conversion("rlds-to-lerobot", help="RLDS / Open X-Embodiment episodes (a TFDS dataset directory) -> "
+                                                    "LeRobotDataset v3.0", source="a TFDS RLDS dataset directory "
+                                                    "(dataset_info.json and *.tfrecord-* shards)")
+    commands.add_handler("convert rlds-to-lerobot", "rlds-tfrecord", claims=claims_rlds,
+                         accepts="a TFDS dataset directory: dataset_info.json beside *.tfrecord-NNNNN-of-NNNNN shards",
+                         configure=f"{module}.data.rlds_lerobot:configure", run=f"{module}.data.rlds_lerobot:run")
+    commands.add_generator("synthetic-rlds", help="a small synthetic RLDS dataset in TFDS format (TFRecord shards of "
+                                                  "tf.train.Example episodes, PNG frames)",
+                           configure=f"{module}.data.rlds_writer:configure", run=f"{module}.data.rlds_writer:run")
     commands.add_generator("synthetic-episodes", help="a small synthetic LeRobotDataset (states, actions, camera "
                                                       "videos of a moving square)",
                            configure=f"{module}.commands:configure_synthetic_episodes",

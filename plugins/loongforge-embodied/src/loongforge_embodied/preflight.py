@@ -7,8 +7,9 @@ does not have, states or actions wider than the flavor pads to, fewer training f
 episode for an evaluation -- and each of those used to surface only after the model was built. Here the reader checks
 the whole set (metadata, data files, columns, stats, every video opening) with the action horizon, the first
 training frame is read as training reads it (its action chunk, its cameras decoded), and the training and held-out
-frames are held to the batch. The synthetic reach set (``task.data: null``) is written by the run itself, so only its
-known layout is held to the flavor.
+frames are held to the batch. An RLDS mixture spec is read and written as its LeRobot set first (into the
+run's ``output_dir/data``, where training then finds it). The synthetic reach set (``task.data: null``) is written
+by the run itself, so only its known layout is held to the flavor.
 Numpy, pyarrow and PyAV only: no torch, no model.
 """
 
@@ -27,7 +28,7 @@ def check_policy_task(flavor: Any, config: Any, options: Any) -> list[str]:
         return _check_synthetic(flavor, config, options)
     from loongforge_embodied.data.lerobot_dataset import LeRobotDataset
 
-    root = Path(options.data).expanduser()
+    root = options.data_root(config.run.output_dir)  # an RLDS mixture spec is written as a LeRobot set here
     dataset = LeRobotDataset(root, action_horizon=options.action_horizon)
     opened, named = dataset.check_videos()
     train, held_out = options.split([ep.index for ep in dataset.episodes], root, config.source)

@@ -43,7 +43,8 @@ class EvalOptions:
 class PolicyTaskOptions:
     """``task:`` of a policy flavor (see :mod:`loongforge_embodied.train_task` for what each option does)."""
 
-    #: A LeRobotDataset root (v2.1/v3.0); null writes the synthetic reach set.
+    #: A LeRobotDataset root (v2.1/v3.0), or an RLDS mixture spec (``*.yaml``, :mod:`.data.rlds_mixture`); null
+    #: writes the synthetic reach set.
     data: str | None = path_field()
     synthetic: SyntheticOptions = field(default_factory=SyntheticOptions)
     #: The last episodes: never trained on, used by the evaluation.
@@ -63,6 +64,14 @@ class PolicyTaskOptions:
 
         if self.normalization not in MODES:
             raise ConfigError(f"normalization '{self.normalization}' is unknown; choose one of {', '.join(MODES)}")
+
+    def data_root(self, output_dir: Path | str) -> Path:
+        """``data`` (set) as a LeRobotDataset root: the root itself, or the LeRobot set an RLDS mixture spec is
+        written to (once) under ``output_dir/data``."""
+        from loongforge_embodied.data.rlds_mixture import is_mixture_spec, materialise
+
+        data = Path(self.data).expanduser()
+        return materialise(data, Path(output_dir) / "data") if is_mixture_spec(data) else data
 
     def split(self, episodes: list[int], root: Path | str, source: str) -> tuple[list[int], list[int]]:
         """``episodes`` (a dataset's indices, in order) as (training, held-out): the last ``held_out_episodes``

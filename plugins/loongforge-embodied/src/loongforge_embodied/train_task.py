@@ -9,7 +9,8 @@ images: prompt ids, a padded state, ...) and ``flow_matching()`` (its time conve
 A run config names a flavor (``model: pi05-tiny``) and puts the policy options under ``task:``::
 
     task:
-      data: null                 # a LeRobotDataset root (v2.1/v3.0); null writes the synthetic reach set
+      data: null                 # a LeRobotDataset root (v2.1/v3.0) or an RLDS mixture spec (*.yaml); null writes
+                                 # the synthetic reach set
       synthetic: {episodes: 64, length: 20, seed: 0}   # its size, when data is null
       held_out_episodes: 8       # the last episodes: never trained on, used by the evaluation
       action_horizon: 10         # action chunk length H
@@ -135,7 +136,7 @@ class PolicyTask(TaskBase):
     # -- data ------------------------------------------------------------------------------------------------
     def _root(self) -> Path:
         if self.options.data is not None:
-            return Path(self.options.data).expanduser()
+            return self.options.data_root(self.output_dir)
         s = self.synthetic
         name = f"reach-{s.episodes}x{s.length}-{self.flavor.image_size}px-seed{s.seed}"
         return write_reach_dataset(self.output_dir / "data" / name, episodes=s.episodes, length=s.length,

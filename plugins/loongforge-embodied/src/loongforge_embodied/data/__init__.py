@@ -1,4 +1,4 @@
-"""Robot-learning data: LeRobotDataset v2.1/v3.0 reading and writing, stats, normalisation, prefetch.
+"""Robot-learning data: LeRobotDataset v2.1/v3.0 reading and writing, RLDS reading, stats, normalisation, prefetch.
 
 Importing this package is free (no numpy, pyarrow or PyAV): the names below load from their submodules on
 first use, so plugin registration stays light. Modules:
@@ -13,6 +13,10 @@ first use, so plugin registration stays light. Modules:
 - :mod:`~loongforge_embodied.data.prefetch`: ``BatchPrefetcher`` (seeded order, background threads)
 - :mod:`~loongforge_embodied.data.synthetic`: tiny generated episodes/datasets for tests and demos
 - :mod:`~loongforge_embodied.data.kind`: the ``lerobot`` dataset kind a config names
+- :mod:`~loongforge_embodied.data.rlds`: ``RLDSDataset``, TFDS RLDS / Open X-Embodiment episodes without TensorFlow
+  (:mod:`~loongforge_embodied.data.tfrecord` framing and CRCs, :mod:`~loongforge_embodied.data.tf_example` parsing,
+  :mod:`~loongforge_embodied.data.rlds_keys` key maps, :mod:`~loongforge_embodied.data.rlds_lerobot` conversion,
+  :mod:`~loongforge_embodied.data.rlds_mixture` weighted mixtures, :mod:`~loongforge_embodied.data.rlds_writer`)
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ _EXPORTS = {
     "Normalizer": "normalize",
     "synthetic_episodes": "synthetic",
     "write_synthetic_dataset": "synthetic",
+    "RLDSDataset": "rlds",
+    "RLDSKeyMap": "rlds_keys",
+    "KEY_MAPS": "rlds_keys",
     "BatchPrefetcher": "prefetch",
     "collate": "prefetch",
 }

@@ -9,7 +9,9 @@ images inside the parquet (``VideoOptions(codec="png")``).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import os
+import shutil
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,6 +79,21 @@ def write_lerobot_dataset(
         _write_v30(root, episodes, tables, stats, tasks, fps, video, episodes_per_file, chunks_size)
     info = _info(episodes, version, fps, video, len(tasks), chunks_size, robot_type)
     _write_json(root / fmt.INFO_PATH, info)
+    return root
+
+
+def write_once(root: str | Path, write: Callable[[Path], object]) -> Path:
+    """``write(tmp)`` a dataset into a private directory beside ``root``, then rename it into place: safe when
+    several ranks race to write the same derived set (the losers drop theirs); returns ``root``."""
+    root = Path(root)
+    tmp = root.with_name(f"{root.name}.tmp-{os.getpid()}")
+    write(tmp)
+    try:
+        os.rename(tmp, root)
+    except OSError:
+        if not (root / fmt.INFO_PATH).is_file():
+            raise
+        shutil.rmtree(tmp)
     return root
 
 

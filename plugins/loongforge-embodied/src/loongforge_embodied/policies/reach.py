@@ -10,13 +10,11 @@ whether a policy learned it rather than memorised frames. The demo set of the Le
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 
-from loongforge_embodied.data.lerobot_writer import EpisodeData, VideoOptions, write_lerobot_dataset
+from loongforge_embodied.data.lerobot_writer import EpisodeData, VideoOptions, write_lerobot_dataset, write_once
 
 TASKS = ("reach the red square", "go back to the centre")
 CAMERA = "observation.images.top"
@@ -58,12 +56,5 @@ def write_reach_dataset(root: str | Path, *, episodes: int, length: int = 20, im
         return root
     rng = np.random.default_rng(seed)
     data = [reach_episode(i, rng, length=length, image_size=image_size, gain=gain) for i in range(episodes)]
-    tmp = root.with_name(f"{root.name}.tmp-{os.getpid()}")
-    write_lerobot_dataset(tmp, data, fps=fps, version="v3.0", video=VideoOptions(codec="png"))
-    try:
-        os.rename(tmp, root)
-    except OSError:
-        if not (root / "meta" / "info.json").is_file():
-            raise
-        shutil.rmtree(tmp)
-    return root
+    return write_once(root, lambda tmp: write_lerobot_dataset(tmp, data, fps=fps, version="v3.0",
+                                                              video=VideoOptions(codec="png")))
