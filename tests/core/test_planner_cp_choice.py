@@ -56,6 +56,15 @@ def test_ring_when_heads_do_not_divide_tp_times_cp(tmp_path):
     assert "cp2:ring" in result.best.describe(result.workload)
 
 
+def test_hybrid_at_every_a2a_size_next_to_the_ring(tmp_path):
+    """At cp=4 llama-tiny's two K/V groups do not split four ways (no Ulysses) but do split over a2a=2: the ring and
+    hybrid with two Ulysses sub-groups are both layouts of their own."""
+    _workload, result = _plan(_config(tmp_path, GQA), devices=4)
+    at_cp4 = {(ev.candidate.cp_mode, ev.candidate.cp_a2a_size) for ev in result.ranked
+              if ev.candidate.cp == 4 and ev.candidate.tp == 1}
+    assert at_cp4 == {("ring", None), ("hybrid", 2)}
+
+
 def _hand_cp_seconds(mode: str, cluster: ClusterSpec, seq: int, q: int, kv: int, attention_flops: float) -> float:
     """Context-parallel exchange of one layer at cp=2, tp=1, fp32, recomputed from the description: Ulysses moves
     half of (q, k, v, out) each way; the ring sends its K/V block once each way, hidden behind half the attention
