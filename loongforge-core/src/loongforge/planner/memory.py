@@ -19,9 +19,10 @@ shape than core's grouped-query decoder states its own numbers; this module only
 
 * ``activations`` -- what autograd keeps per layer and micro-batch (see :func:`layer_activation_elements`)
   times the layers of the stage times the micro-batches in flight (1F1B: ``pp - stage`` on stage
-  ``stage``; interleaving adds ``(pp - 1) / (pp * vpp)``), plus embedding/loss terms on the end stages. Layers
-  of ``Workload.offloaded_layers`` keep nothing on the device but a window of two layers' worth (the one whose
-  forward runs and the one whose copy it overlaps; in backward, the one running and the one prefetched).
+  ``stage``; interleaving adds ``(pp - 1) / (pp * vpp)``), plus embedding/loss terms on the end stages. Offloaded
+  layers (``Workload.offloaded_layers`` or the candidate's ``offload_layers``) keep nothing on the device but a
+  window (:func:`_offload_window`): the last offloaded layer's tensors, whose release waits for a next offloaded
+  layer, and -- only when every layer after it is offloaded too -- the one its backward prefetches.
 * ``backward_peak`` -- transient tensors while one layer runs backward: its re-run activations when it was
   recomputed, plus gradient workspace in units of one layer's full activations (``transient_layers``).
 * context-parallel attention (``Candidate.cp_mode``): Ulysses gathers the whole sequence for ``1/cp`` of the heads,
@@ -247,10 +248,11 @@ def _stage_activations(workload: Workload, cand: Candidate, stage: int,
     else:
         kept = layers * full_layer
     # Offloaded layers (never fully recomputed: train refuses the two together) leave the device, but a window.
-    offloaded = _offloaded_in_stage(workload, cand, stage) if rc.granularity != "full" else 0
+    positions = _offloaded_in_stage(workload, cand, stage) if rc.granularity != "full" else []
+    offloaded = len(positions)
     per_kept_layer = offloaded_bytes_per_layer(workload, cand) if offloaded else 0.0
     kept -= offloaded * per_kept_layer
-    window = min(offloaded, 2) * per_kept_layer
+    window = _offload_window(positions, layers) * per_kept_layer
     host = offloaded * per_kept_layer * _in_flight(cand, stage) * coeffs.activation_scale
     ends = 0.0
     vocab = padded_vocab(terms.vocab_size, cand.tp) / cand.tp
@@ -277,17 +279,30 @@ def _stage_activations(workload: Workload, cand: Candidate, stage: int,
     return kept, transient, host
 
 
-def _offloaded_in_stage(workload: Workload, cand: Candidate, stage: int) -> int:
-    """How many offloaded layers -- the candidate's choice (:meth:`Candidate.offloaded_layers`), else
-    ``workload.offloaded_layers`` -- a rank of pipeline stage ``stage`` holds (megatron gives virtual chunk ``c`` of
-    stage ``s`` the layers of block ``c * pp + s``)."""
-    if cand.offload_layers:
-        return min(cand.offload_layers, workload.terms().num_layers // (cand.pp * cand.vpp)) * cand.vpp
-    if not workload.offloaded_layers:
-        return 0
+def _offloaded_in_stage(workload: Workload, cand: Candidate, stage: int) -> list[int]:
+    """Positions, in the forward order of a rank of pipeline stage ``stage`` (its chunks' layers one after another), of
+    the offloaded layers it holds: the candidate's choice (:meth:`Candidate.offloaded_layers`), else
+    ``workload.offloaded_layers`` (megatron gives virtual chunk ``c`` of stage ``s`` the layers of block
+    ``c * pp + s``)."""
     per_chunk = workload.terms().num_layers // (cand.pp * cand.vpp)
-    held = {(chunk * cand.pp + stage) * per_chunk + i for chunk in range(cand.vpp) for i in range(per_chunk)}
-    return len(held & workload.offloaded_layers)
+    chosen = (cand.offloaded_layers(workload.terms().num_layers) if cand.offload_layers
+              else workload.offloaded_layers)
+    held = [(chunk * cand.pp + stage) * per_chunk + i for chunk in range(cand.vpp) for i in range(per_chunk)]
+    return [position for position, layer in enumerate(held) if layer in chosen]
+
+
+def _offload_window(positions: list[int], layers: int) -> int:
+    """Offloaded layers whose tensors are on the device at the peak, next to the layers that are not offloaded.
+
+    A layer's originals are released when the *next* offloaded layer finishes its forward, so the last one's stay:
+    one layer at the end of the forward. In the backward, when that last offloaded layer ``j`` starts, it and the
+    prefetched layer before it (if offloaded) are on the device, but the layers after ``j`` have already freed
+    theirs: the window is two layers only when nothing after ``j`` was kept (everything offloaded to the end)."""
+    if not positions:
+        return 0
+    last = positions[-1]
+    kept_after = layers - 1 - last - sum(1 for p in positions if p > last)
+    return max(1, 1 + (last - 1 in positions) - kept_after)
 
 
 def estimate_memory(workload: Workload, cand: Candidate, coeffs: Coefficients | None = None) -> MemoryEstimate:
