@@ -32,7 +32,8 @@ def test_cpu_backend_answers_with_the_hosts_share(host):
     assert facts == {"device_memory": 16 * GIB, "ranks_per_node": 4, "device_flops": 15e9,  # 2 cores / 4 ranks
                      "intra_node_bandwidth": CPU_DEFAULTS["intra_node_bandwidth"],
                      "inter_node_bandwidth": CPU_DEFAULTS["inter_node_bandwidth"],
-                     "latency": CPU_DEFAULTS["latency"], "name": "cpu"}
+                     "latency": CPU_DEFAULTS["latency"], "host_bandwidth": CPU_DEFAULTS["host_bandwidth"],
+                     "name": "cpu"}
 
 
 def test_one_process_per_core_keeps_the_full_cpu_figure(monkeypatch):

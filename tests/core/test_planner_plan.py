@@ -123,7 +123,7 @@ def test_plan_command(tmp_path, capsys):
                       "training: {precision: bf16, global_batch_size: 128}\n")
     assert main(["plan", str(config), "--devices", "64", "--device-memory", "80GiB", "--ranks-per-node", "8"]) == 0
     out = capsys.readouterr().out
-    assert "tp4 pp4 vpp5 cp2 dp2" in out and "Rejected" in out and "exceeds memory" in out
+    assert "tp4 pp4 vpp5 cp2:ulysses dp2" in out and "Rejected" in out and "exceeds memory" in out
     assert main(["plan", str(config), "--devices", "8", "--device-memory", "80GiB"]) == 2
     captured = capsys.readouterr()
     assert "smallest device count that works at 80 GiB: 20" in captured.err

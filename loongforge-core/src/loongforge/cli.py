@@ -99,11 +99,17 @@ def _configure_plan(planner: argparse.ArgumentParser) -> None:
                          help="GB/s per device inside a node (default: the backend's; 450 with --device-memory)")
     planner.add_argument("--inter-node-gbps", type=float,
                          help="GB/s per device across nodes (default: the backend's; 50 with --device-memory)")
+    planner.add_argument("--host-gbps", type=float,
+                         help="GB/s per device to and from host memory, for activation offload (default: the "
+                              "backend's; 25 with --device-memory)")
     planner.add_argument("--kernels", choices=("te", "local"), default="te",
                          help="activation profile: te (CUDA with Transformer Engine) or local (CPU build)")
     planner.add_argument("--margin", type=float, help="share of memory kept free (default 0.1)")
     planner.add_argument("--calibration", help="calibration file (benchmarks/planner_calibration.py --write)")
     planner.add_argument("--top", type=int, default=5, help="layouts to show (default 5)")
+    planner.add_argument("--write", metavar="FILE",
+                         help="write the config with the best layout filled in (parallel sizes, cp_mode, batch cut, "
+                              "recompute, offload) as YAML, runnable with train --nproc DEVICES")
 
 
 def _configure_check(check: argparse.ArgumentParser) -> None:

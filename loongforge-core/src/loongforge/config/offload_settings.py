@@ -14,9 +14,12 @@ __all__ = ["check_offload", "offloaded_layer_indices"]
 def offloaded_layer_indices(options: Any, num_layers: int, source: str = "config") -> frozenset[int]:
     """The 0-based decoder layers ``training.offload_activations`` names, checked against the model's
     ``num_layers`` (a one-line :class:`ConfigError` naming the key otherwise)."""
+    key = f"{source}: training.offload_activations.layers"
     if options.layers == "all":
         return frozenset(range(num_layers))
-    key = f"{source}: training.offload_activations.layers"
+    if options.layers == "auto":
+        raise ConfigError(f"{key} is auto: the planner chooses the layers, so it needs parallel: auto (or a config "
+                          "written by loongforge plan --write)")
     bad = [index for index in options.layers if not 0 <= index < num_layers]
     if bad:
         raise ConfigError(f"{key} must be layer indices in [0, {num_layers - 1}] (the model has {num_layers} "
@@ -33,6 +36,8 @@ def check_offload(config: Any, num_layers: int) -> str | None:
     if options is None:
         return None
     where = f"{config.source}: training.offload_activations"
+    if options.layers == "auto" and config.parallel.auto:
+        return "activation offload: the planner chooses the layers (the first k of each stage, where memory needs it)"
     layers = offloaded_layer_indices(options, num_layers, config.source)
     if config.training.compile:
         raise ConfigError(f"{where} does not combine with training.compile (its hooks run Python for every saved "

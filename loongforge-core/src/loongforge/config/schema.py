@@ -126,6 +126,8 @@ class PlannerConfig:
     #: Per-device collective bandwidth in GB/s inside a node and across nodes.
     intra_node_gbps: float | None = None
     inter_node_gbps: float | None = None
+    #: Per-device copy rate to and from host memory in GB/s (activation offload's link; default: the backend's).
+    host_gbps: float | None = None
     #: Share of device memory left free for fragmentation and the runtime.
     margin: float = 0.1
     #: A calibration file written by ``benchmarks/planner_calibration.py``.
@@ -154,8 +156,9 @@ class ParallelConfig:
     #: ``ulysses``: all-to-all over heads (whole sequences per head group; heads and query groups divisible by
     #: tp*cp); ``ring``: K/V blocks passed around the cp ranks (any head count); ``hybrid``: Ulysses inside
     #: sub-groups of ``cp_a2a_size`` ranks, a ring across them (heads and query groups divisible by
-    #: tp*cp_a2a_size). See docs/parallelism.md.
-    cp_mode: Literal["ulysses", "ring", "hybrid"] = "ulysses"
+    #: tp*cp_a2a_size). See docs/parallelism.md. ``auto``: the planner chooses the mode and a2a size with the
+    #: layout (``parallel: auto`` or ``loongforge plan --write``; a fixed layout must name one). See docs/planner.md.
+    cp_mode: Literal["ulysses", "ring", "hybrid", "auto"] = "ulysses"
     #: ``cp_mode: hybrid`` only: ranks per Ulysses sub-group; divides cp, 1 < cp_a2a_size < cp.
     cp_a2a_size: int | None = None
     #: Dynamic context parallelism for packed rows (``data.pack``, cp > 1): a micro-batch none of whose sequences is
@@ -258,8 +261,9 @@ class OffloadConfig:
     """
 
     #: Decoder layers to offload, 0-based over the whole model (each pipeline stage offloads the ones it holds),
-    #: or ``all``.
-    layers: Literal["all"] | list[int] = "all"
+    #: ``all``, or ``auto``: the planner offloads the first k layers of each stage where memory needs it and
+    #: nothing otherwise (``parallel: auto`` or ``loongforge plan --write``). See docs/planner.md.
+    layers: Literal["all", "auto"] | list[int] = "all"
     #: Smaller saved storages stay on the device (a copy costs more than it frees); megatron's default is 1 MiB.
     min_bytes: int = ranged(1 << 20, low=0)
 

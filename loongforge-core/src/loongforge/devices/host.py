@@ -11,7 +11,8 @@ from typing import Any
 #: A CPU "device": a process on a shared host; memory bandwidth stands in for the link (gloo over shared
 #: memory/TCP loopback), and the throughput figure is what fp32 matmuls achieve per process with a core to
 #: itself (:func:`cpu_device_flops` shares it out when processes outnumber cores).
-CPU_DEFAULTS = {"device_flops": 30e9, "intra_node_bandwidth": 2e9, "inter_node_bandwidth": 1e9, "latency": 2e-4}
+CPU_DEFAULTS = {"device_flops": 30e9, "intra_node_bandwidth": 2e9, "inter_node_bandwidth": 1e9, "latency": 2e-4,
+                "host_bandwidth": 4e9}
 
 
 def cpu_device_flops(processes: int, cores: int) -> float:

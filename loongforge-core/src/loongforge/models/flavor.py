@@ -347,7 +347,7 @@ class DecoderFlavor(ModelFamily):
             num_layers=self.num_layers, hidden_size=h, vocab_size=self.vocab_size, params=tuple(params),
             activations=tuple(activations), flops=tuple(flops), tie_word_embeddings=self.tie_word_embeddings,
             num_experts=self.num_experts, moe_router_topk=self.moe_router_topk if self.num_experts else 0,
-            context_parallel_width=2 * q + 2 * kv,
+            context_parallel_width=2 * q + 2 * kv, attention_heads=n, query_width=q, kv_width=kv,
             selective_recompute=SELECTIVE_CHOICES_MOE if self.num_experts else SELECTIVE_CHOICES_DENSE)
 
     @property

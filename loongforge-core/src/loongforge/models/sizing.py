@@ -95,6 +95,12 @@ class DecoderTerms:
     #: Elements per token and layer that context-parallel attention exchanges (queries, keys, values and their
     #: gradients: ``2 q + 2 kv`` for grouped-query attention).
     context_parallel_width: float = 0.0
+    #: Query heads and the per-token query and key/value widths of attention (all heads, before any split): a
+    #: ring materialises a score block per query head and pair of sequence chunks, and moves K/V blocks (0: the
+    #: family states none; the planner then sizes context-parallel modes alike).
+    attention_heads: int = 0
+    query_width: float = 0.0
+    kv_width: float = 0.0
     #: The selective-recompute module sets the planner may choose, cheapest first (empty: none, only full recompute).
     selective_recompute: tuple[tuple[str, ...], ...] = ()
 

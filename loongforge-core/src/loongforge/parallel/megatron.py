@@ -131,6 +131,9 @@ class MegatronStrategy(ParallelStrategy):
         """``hybrid`` needs a Ulysses sub-group size that splits cp into at least two sub-groups of >= 2 ranks; the
         size means nothing for the other modes."""
         a2a = parallel.cp_a2a_size
+        if parallel.cp_mode == "auto":
+            raise ConfigError(f"{source}: parallel.cp_mode auto is the planner's to choose: set parallel: auto, or "
+                              "write a config with loongforge plan --write")
         if parallel.cp_mode != "hybrid":
             if a2a is not None:
                 raise ConfigError(f"{source}: parallel.cp_a2a_size is for parallel.cp_mode: hybrid, not "

@@ -37,6 +37,8 @@ def cluster_from_options(options: Any, num_devices: int, facts: dict[str, Any]) 
         values["intra_node_bandwidth"] = options.intra_node_gbps * 1e9
     if options.inter_node_gbps is not None:
         values["inter_node_bandwidth"] = options.inter_node_gbps * 1e9
+    if options.host_gbps is not None:
+        values["host_bandwidth"] = options.host_gbps * 1e9
     known = set(ClusterSpec.__dataclass_fields__)
     values = {k: v for k, v in values.items() if k in known and k != "num_devices"}
     if "device_memory" not in values:
@@ -55,7 +57,7 @@ def workload_for(config: LoongForgeConfig, family: ModelFamily, kernels: str) ->
         raise ConfigError(f"{config.source}: model '{config.model.name}' is trained by the {family.engine} engine; "
                           "the planner sizes megatron layouts only")
     offload = config.training.offload_activations
-    offloaded = (frozenset() if offload is None
+    offloaded = (frozenset() if offload is None or offload.layers == "auto"
                  else offloaded_layer_indices(offload, decoder.num_layers, config.source))
     return Workload(decoder, config.data.seq_length, config.training.precision, kernels=kernels,
                     components=tuple(family.planner_parts(config)), family=family, offloaded_layers=offloaded)
@@ -64,11 +66,13 @@ def workload_for(config: LoongForgeConfig, family: ModelFamily, kernels: str) ->
 def search_space(config: LoongForgeConfig) -> SearchSpace:
     """Keep the config's global batch (then the micro-batch size is the planner's to pick); without one, keep
     its micro-batch size (the global batch follows dp, as for a fixed layout). The context-parallel mode is the
-    config's."""
+    config's (``auto``: the planner's), and so is activation offload (``layers: auto``: the planner's)."""
     gbs = config.training.global_batch_size
+    offload = config.training.offload_activations
     return SearchSpace(global_batch_size=gbs, micro_batch_size=None if gbs else config.training.micro_batch_size,
                        max_cp=1 if config.data.pack else 8, cp_mode=config.parallel.cp_mode,
-                       cp_a2a_size=config.parallel.cp_a2a_size)
+                       cp_a2a_size=config.parallel.cp_a2a_size,
+                       choose_offload=offload is not None and offload.layers == "auto")
 
 
 def kernels_of(backend: Any) -> str:
@@ -88,7 +92,8 @@ def plan_for_run(config: LoongForgeConfig, flavor: ModelFamily, backend: Any, wo
 
 
 def apply_plan(config: LoongForgeConfig, result: Plan) -> LoongForgeConfig:
-    """A copy of ``config`` with the best layout of ``result`` written into it (``auto`` switched off)."""
+    """A copy of ``config`` with the best layout of ``result`` written into it (``auto`` switched off): the parallel
+    sizes with the context-parallel mode, the batch cut, recompute and (where the planner chose it) offload."""
     best = result.best.candidate
     resolved = copy.deepcopy(config)
     resolved.parallel = dataclasses.replace(resolved.parallel, auto=False, **best.parallel_config())
@@ -96,4 +101,8 @@ def apply_plan(config: LoongForgeConfig, result: Plan) -> LoongForgeConfig:
     resolved.training.global_batch_size = best.micro_batch_size * best.num_microbatches * best.dp
     recompute = best.recompute.as_config()
     resolved.model.recompute = RecomputeConfig(**recompute) if recompute else None
+    offload = config.training.offload_activations
+    if offload is not None and offload.layers == "auto":  # the planner's choice: the layers, or none
+        layers = sorted(best.offloaded_layers(result.workload.terms().num_layers))
+        resolved.training.offload_activations = dataclasses.replace(offload, layers=layers) if layers else None
     return resolved

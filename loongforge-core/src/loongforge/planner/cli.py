@@ -38,7 +38,8 @@ def plan_command(args: argparse.Namespace) -> int:
     options = config.parallel.planner
     flags = {"device_memory": args.device_memory, "ranks_per_node": args.ranks_per_node,
              "device_tflops": args.device_tflops, "intra_node_gbps": args.intra_node_gbps,
-             "inter_node_gbps": args.inter_node_gbps, "calibration": args.calibration, "margin": args.margin}
+             "inter_node_gbps": args.inter_node_gbps, "host_gbps": args.host_gbps, "calibration": args.calibration,
+             "margin": args.margin}
     options = dataclasses.replace(options, **{k: v for k, v in flags.items() if v is not None})
     facts = GPU_FACTS if options.device_memory is not None else machine_facts(config, args.devices)
     cluster = cluster_from_options(options, args.devices, facts)
@@ -49,7 +50,22 @@ def plan_command(args: argparse.Namespace) -> int:
     print_plan(result, top=args.top)
     if not result.ranked:
         raise ConfigError(result.infeasible_message())
+    if args.write:
+        write_planned_config(config, result, args.write)
+        print(f"wrote {args.write}: loongforge train {args.write} --nproc {args.devices}")
     return 0
+
+
+def write_planned_config(config: Any, result: Any, path: str) -> None:
+    """``config`` with the plan's best layout applied (:func:`~loongforge.planner.auto.apply_plan`), as YAML: what
+    ``loongforge check``/``train`` load back with nothing left for the planner to choose."""
+    import yaml
+
+    from loongforge.config.loader import config_to_dict
+    from loongforge.planner.auto import apply_plan
+
+    with open(path, "w", encoding="utf-8") as out:
+        yaml.safe_dump(config_to_dict(apply_plan(config, result)), out, sort_keys=False)
 
 
 def machine_facts(config: Any, num_devices: int) -> dict[str, Any]:

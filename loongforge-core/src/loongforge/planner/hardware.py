@@ -59,7 +59,9 @@ class ClusterSpec:
 
     ``device_flops`` is the *achieved* dense matmul throughput of one device in the training precision
     (FLOP/s); ``intra_node_bandwidth``/``inter_node_bandwidth`` are per-device bus bandwidths (bytes/s) of
-    collectives inside a node and across nodes; ``latency`` is a per-collective fixed cost (s).
+    collectives inside a node and across nodes; ``latency`` is a per-collective fixed cost (s);
+    ``host_bandwidth`` is one device's copy rate to and from host memory (bytes/s each way), what activation offload
+    moves over (PCIe Gen4 x16 achieves ~25 GB/s).
     """
 
     num_devices: int
@@ -69,6 +71,7 @@ class ClusterSpec:
     intra_node_bandwidth: float = 450e9
     inter_node_bandwidth: float = 50e9
     latency: float = 20e-6
+    host_bandwidth: float = 25e9
     name: str = "gpu"
 
     def __post_init__(self) -> None:

@@ -109,6 +109,13 @@ class Candidate:
     micro_batch_size: int = 1
     num_microbatches: int = 1
     recompute: RecomputePlan = field(default_factory=RecomputePlan)
+    #: How attention exchanges a context-parallel sequence (``parallel.cp_mode``; meaningless at cp=1) and, for
+    #: ``hybrid``, the Ulysses sub-group size.
+    cp_mode: str = "ulysses"
+    cp_a2a_size: int | None = None
+    #: Activation offload: the first ``offload_layers`` layers of every model chunk of a stage move what they save
+    #: for backward to host memory (``training.offload_activations``; 0: none).
+    offload_layers: int = 0
 
     @property
     def world_size(self) -> int:
@@ -117,20 +124,32 @@ class Candidate:
     def describe(self, num_layers: int) -> str:
         parts = [f"tp{self.tp}", f"pp{self.pp}"]
         parts += [f"vpp{self.vpp}"] if self.vpp > 1 else []
-        parts += [f"cp{self.cp}"] if self.cp > 1 else []
+        parts += [f"cp{self.cp}:{self.cp_mode}" + (str(self.cp_a2a_size) if self.cp_mode == "hybrid" else "")
+                  ] if self.cp > 1 else []
         parts += [f"ep{self.ep}"] if self.ep > 1 else []
         parts += [f"etp{self.etp}"] if self.etp != self.tp else []
         parts += [f"dp{self.dp}", f"mbs{self.micro_batch_size}x{self.num_microbatches}"]
         parts += ["sp"] if self.sequence_parallel else []
         parts += ["distopt"] if self.distributed_optimizer else []
         parts += [f"rc:{self.recompute.describe(num_layers // (self.pp * self.vpp))}"]
+        parts += [f"offload:{self.offload_layers}/{num_layers // (self.pp * self.vpp)}"] if self.offload_layers else []
         return " ".join(parts)
 
     def parallel_config(self) -> dict[str, Any]:
         """The ``parallel`` config mapping for this layout (``dp`` follows from the world size)."""
+        hybrid = self.cp > 1 and self.cp_mode == "hybrid"
         return {"tp": self.tp, "pp": self.pp, "vpp": self.vpp if self.vpp > 1 else None, "cp": self.cp,
+                "cp_mode": self.cp_mode if self.cp > 1 else "ulysses",
+                "cp_a2a_size": self.cp_a2a_size if hybrid else None,
                 "ep": self.ep, "etp": self.etp, "sequence_parallel": self.sequence_parallel,
                 "distributed_optimizer": self.distributed_optimizer}
+
+    def offloaded_layers(self, num_layers: int) -> frozenset[int]:
+        """The 0-based global decoder layers ``offload_layers`` names: the first of every model chunk of every stage
+        (megatron gives virtual chunk ``c`` of stage ``s`` the layers of block ``c * pp + s``)."""
+        per_chunk = num_layers // (self.pp * self.vpp)
+        return frozenset(block * per_chunk + i for block in range(self.pp * self.vpp)
+                         for i in range(min(self.offload_layers, per_chunk)))
 
 
 @dataclass(frozen=True)
@@ -142,10 +161,14 @@ class SearchSpace:
     micro_batch_size: int | None = None
     global_batch_size: int | None = None
     max_cp: int = 8
-    #: The config's ``parallel.cp_mode`` and ``cp_a2a_size``: the planner varies cp, not how attention exchanges
-    #: the sequence (a ring accepts any head count; hybrid needs cp a multiple of cp_a2a_size, above it).
+    #: The config's ``parallel.cp_mode`` and ``cp_a2a_size`` (a ring accepts any head count; hybrid needs cp a
+    #: multiple of cp_a2a_size, above it), or ``auto``: every mode the model allows at each cp -- Ulysses, the
+    #: ring, hybrid at every a2a size -- is a layout of its own, compared by memory and time.
     cp_mode: str = "ulysses"
     cp_a2a_size: int | None = None
+    #: Whether the planner may offload the first k layers of a stage (``training.offload_activations.layers:
+    #: auto``), like it chooses recompute; False keeps the workload's own offloaded layers.
+    choose_offload: bool = False
     try_vpp: bool = True
     #: Whether layouts without the distributed optimizer are compared too (it never costs time in the model).
     allow_plain_optimizer: bool = False
@@ -187,31 +210,40 @@ def enumerate_layouts(
             for cp in _divisors(num_devices // (tp * pp)):
                 if cp > space.max_cp:
                     continue
-                if cp > 1:
-                    why = _cp_mode_problem(cp, space) or layout_problem(flavor, tp, pp, cp, **_cp_mode(space))
-                    if why is None and seq_length % (2 * cp * tp):
-                        why = "cp does not divide heads per tp rank or the sequence"
-                    if why is not None:
-                        rejected[why] += 1
-                        continue
+                if cp > 1 and seq_length % (2 * cp * tp):
+                    rejected["cp does not divide heads per tp rank or the sequence"] += 1
+                    continue
                 dp = num_devices // (tp * pp * cp)
-                yield from _experts_and_batches(flavor, tp, pp, cp, dp, space, rejected)
+                for mode in _cp_modes(flavor, tp, pp, cp, space, rejected):
+                    yield from _experts_and_batches(flavor, tp, pp, cp, dp, space, rejected, mode)
 
 
-def _cp_mode(space: SearchSpace) -> dict[str, Any]:
-    return {"cp_mode": space.cp_mode, "cp_a2a_size": space.cp_a2a_size}
-
-
-def _cp_mode_problem(cp: int, space: SearchSpace) -> str | None:
-    """Hybrid context parallelism needs at least two Ulysses sub-groups of ``cp_a2a_size`` ranks."""
-    a2a = space.cp_a2a_size
-    if space.cp_mode == "hybrid" and (a2a is None or cp % a2a or cp <= a2a):
-        return "cp is not a multiple of cp_a2a_size above it"
-    return None
+def _cp_modes(flavor: Any, tp: int, pp: int, cp: int, space: SearchSpace,
+              rejected: Counter) -> list[dict[str, Any]]:
+    """The ``cp_mode``/``cp_a2a_size`` settings to try at this cp: the config's, or (``auto``) Ulysses, the ring and
+    hybrid at every a2a size that splits cp into sub-groups of >= 2 ranks -- each kept when the model allows it."""
+    if cp == 1:
+        return [{"cp_mode": "ulysses", "cp_a2a_size": None}]
+    if space.cp_mode != "auto":
+        options = [{"cp_mode": space.cp_mode, "cp_a2a_size": space.cp_a2a_size}]
+    else:
+        options = [{"cp_mode": "ulysses", "cp_a2a_size": None}, {"cp_mode": "ring", "cp_a2a_size": None}]
+        options += [{"cp_mode": "hybrid", "cp_a2a_size": a2a} for a2a in _divisors(cp) if 1 < a2a < cp]
+    kept = []
+    for option in options:
+        a2a = option["cp_a2a_size"]
+        why = ("cp is not a multiple of cp_a2a_size above it"
+               if option["cp_mode"] == "hybrid" and (a2a is None or cp % a2a or cp <= a2a)
+               else layout_problem(flavor, tp, pp, cp, **option))
+        if why is not None:
+            rejected[why] += 1
+            continue
+        kept.append(option)
+    return kept
 
 
 def _experts_and_batches(
-    flavor: Any, tp: int, pp: int, cp: int, dp: int, space: SearchSpace, rejected: Counter
+    flavor: Any, tp: int, pp: int, cp: int, dp: int, space: SearchSpace, rejected: Counter, mode: dict[str, Any]
 ) -> Iterator[Candidate]:
     experts = decoder_terms(flavor).num_experts
     expert_choices = [(1, tp)]
@@ -220,7 +252,7 @@ def _experts_and_batches(
         for ep in _divisors(experts):
             for etp in sorted({1, tp}):
                 why = (EXPERT_RANKS if (tp * cp * dp) % (ep * etp)
-                       else layout_problem(flavor, tp, pp, cp, ep, etp, **_cp_mode(space)))
+                       else layout_problem(flavor, tp, pp, cp, ep, etp, **mode))
                 if why is not None:
                     rejected[why] += 1
                     continue
@@ -233,7 +265,7 @@ def _experts_and_batches(
     for ep, etp in expert_choices:
         vpp_choices = [1] + ([v for v in (2, 4, 5, 8)
                               if pp > 1
-                              and layout_problem(flavor, tp, pp, cp, ep, etp, v, **_cp_mode(space)) is None]
+                              and layout_problem(flavor, tp, pp, cp, ep, etp, v, **mode) is None]
                              if space.try_vpp else [])
         for mbs, num_micro in _batch_cuts(dp, space, rejected):
             for vpp in vpp_choices:
@@ -244,7 +276,7 @@ def _experts_and_batches(
                     for distopt in dist_opt:
                         yield Candidate(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, sequence_parallel=sp,
                                         distributed_optimizer=distopt, micro_batch_size=mbs,
-                                        num_microbatches=num_micro)
+                                        num_microbatches=num_micro, **mode)
 
 
 def _batch_cuts(dp: int, space: SearchSpace, rejected: Counter) -> Iterator[tuple[int, int]]:

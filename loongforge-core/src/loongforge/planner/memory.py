@@ -19,11 +19,20 @@ shape than core's grouped-query decoder states its own numbers; this module only
 
 * ``activations`` -- what autograd keeps per layer and micro-batch (see :func:`layer_activation_elements`)
   times the layers of the stage times the micro-batches in flight (1F1B: ``pp - stage`` on stage
-  ``stage``; interleaving adds ``(pp - 1) / (pp * vpp)``), plus embedding/loss terms on the end stages. Layers
-  of ``Workload.offloaded_layers`` keep nothing on the device but a window of two layers' worth (the one whose
-  forward runs and the one whose copy it overlaps; in backward, the one running and the one prefetched).
+  ``stage``; interleaving adds ``(pp - 1) / (pp * vpp)``), plus embedding/loss terms on the end stages. Offloaded
+  layers (``Workload.offloaded_layers`` or the candidate's ``offload_layers``) keep nothing on the device but a
+  window (:func:`_offload_window`): the last offloaded layer's tensors, whose release waits for a next offloaded
+  layer, and -- only when every layer after it is offloaded too -- the one its backward prefetches.
 * ``backward_peak`` -- transient tensors while one layer runs backward: its re-run activations when it was
   recomputed, plus gradient workspace in units of one layer's full activations (``transient_layers``).
+* context-parallel attention (``Candidate.cp_mode``): Ulysses gathers the whole sequence for ``1/cp`` of the heads,
+  so its rank keeps as many attention elements as without cp for its ``1/cp`` of the tokens (the default count).
+  A ring (and the ring level of ``hybrid``, over ``cp / cp_a2a_size`` members each holding ``cp_a2a_size`` ranks'
+  tokens for ``1/cp_a2a_size`` of the heads) keeps its merged output in fp32 (an extra ``4 - e`` bytes per query
+  element in 16-bit runs), and its backward holds, per pair of sequence chunks (``seq / 2cp`` tokens each), four
+  fp32 score blocks per head (probabilities, their gradient, the difference and the score gradient) next to fp32
+  copies of the queries, output gradient and query gradient, the K/V block held and the one in flight, and the
+  K/V gradients held and shifted (:func:`ring_attention_bytes`) -- added to ``backward_peak``.
 * ``fixed`` -- a constant (calibrated) for everything else.
 * one term per model part outside the decoder (``Workload.components``, e.g. a VLM's ``vision`` encoder and
   projector), on the first stage only: its weights, fp32 gradients, optimizer state (sharded by the
@@ -166,6 +175,9 @@ class MemoryEstimate:
     terms: dict[str, float]
     stage: int
     per_stage: list[float] = field(default_factory=list)
+    #: Offloaded activations the worst stage holds in host memory at the peak (not in ``total``: the device's
+    #: peak; on the CPU backend host and device are one memory, so a measured CPU peak is ``total + host_bytes``).
+    host_bytes: float = 0.0
 
     @property
     def total(self) -> float:
@@ -182,8 +194,38 @@ def _in_flight(cand: Candidate, stage: int) -> float:
     return in_flight
 
 
-def _stage_activations(workload: Workload, cand: Candidate, stage: int, coeffs: Coefficients) -> tuple[float, float]:
-    """(kept activations, backward transient) in bytes for a rank of ``stage``."""
+def ring_attention_bytes(workload: Workload, cand: Candidate) -> tuple[float, float]:
+    """(extra bytes a ring keeps per layer and micro-batch, bytes its backward holds at once) on one rank; (0, 0)
+    for Ulysses, cp=1 or a family that states no attention shape. See the module docstring."""
+    terms, e = workload.terms(), workload.param_bytes
+    if cand.cp == 1 or cand.cp_mode == "ulysses" or not terms.attention_heads:
+        return 0.0, 0.0
+    a2a = cand.cp_a2a_size if cand.cp_mode == "hybrid" and cand.cp_a2a_size else 1
+    tokens = workload.seq_length * cand.micro_batch_size / cand.cp  # this rank's; a member holds a2a x as many
+    split = cand.tp * a2a  # the heads of a ring member
+    query = tokens * a2a * terms.query_width / split
+    kv = tokens * a2a * terms.kv_width / split
+    chunk = workload.seq_length / (2 * cand.cp)
+    scores = cand.micro_batch_size * terms.attention_heads / split * chunk * chunk * 4
+    kept = query * max(0, 4 - e)
+    transient = 4 * scores + 3 * query * 4 + 2 * 2 * kv * e + 2 * 2 * kv * 4
+    return kept, transient
+
+
+def offloaded_bytes_per_layer(workload: Workload, cand: Candidate) -> float:
+    """Bytes one layer keeps for backward per micro-batch with ``cand``'s recompute (what offloading it moves each
+    way; full recompute does not combine with offload)."""
+    terms = workload.terms()
+    modules = cand.recompute.modules if cand.recompute.granularity == "selective" else ()
+    tokens = workload.seq_length * cand.micro_batch_size / cand.cp
+    elements = sum(terms.layer_activation_elements(cand.tp, cand.etp, cand.sequence_parallel, modules).values())
+    ring_kept = 0.0 if "core_attn" in modules else ring_attention_bytes(workload, cand)[0]
+    return elements * tokens * workload.param_bytes + ring_kept
+
+
+def _stage_activations(workload: Workload, cand: Candidate, stage: int,
+                       coeffs: Coefficients) -> tuple[float, float, float]:
+    """(kept activations, backward transient, offloaded to host) in bytes for a rank of ``stage``."""
     terms, e = workload.terms(), workload.param_bytes
     tokens = workload.seq_length * cand.micro_batch_size / cand.cp
     norm_split = cand.tp if cand.sequence_parallel else 1
@@ -193,11 +235,12 @@ def _stage_activations(workload: Workload, cand: Candidate, stage: int, coeffs: 
 
     # RoPE keeps no per-layer tables: TE's fused kernel and the CPU build's one-pass RoPE
     # (loongforge.devices.megatron_cpu.rope) share one cos/sin pair across the layers of a forward pass.
-    full_layer = per_layer(()) * tokens * e
+    ring_kept, ring_transient = ring_attention_bytes(workload, cand)
+    full_layer = per_layer(()) * tokens * e + ring_kept
     rc = cand.recompute
     layers = terms.num_layers // cand.pp
     if rc.granularity == "selective":
-        selective = per_layer(rc.modules) * tokens * e
+        selective = per_layer(rc.modules) * tokens * e + (0.0 if "core_attn" in rc.modules else ring_kept)
         kept = selective * layers
     elif rc.granularity == "full":
         recomputed = min(rc.num_layers, layers // cand.vpp) * cand.vpp
@@ -205,10 +248,12 @@ def _stage_activations(workload: Workload, cand: Candidate, stage: int, coeffs: 
     else:
         kept = layers * full_layer
     # Offloaded layers (never fully recomputed: train refuses the two together) leave the device, but a window.
-    offloaded = _offloaded_in_stage(workload, cand, stage) if rc.granularity != "full" else 0
-    per_kept_layer = selective if rc.granularity == "selective" else full_layer
+    positions = _offloaded_in_stage(workload, cand, stage) if rc.granularity != "full" else []
+    offloaded = len(positions)
+    per_kept_layer = offloaded_bytes_per_layer(workload, cand) if offloaded else 0.0
     kept -= offloaded * per_kept_layer
-    window = min(offloaded, 2) * per_kept_layer
+    window = _offload_window(positions, layers) * per_kept_layer
+    host = offloaded * per_kept_layer * _in_flight(cand, stage) * coeffs.activation_scale
     ends = 0.0
     vocab = padded_vocab(terms.vocab_size, cand.tp) / cand.tp
     if stage == 0:
@@ -228,20 +273,36 @@ def _stage_activations(workload: Workload, cand: Candidate, stage: int, coeffs: 
     else:
         rematerialized = 0.0
     workspace = coeffs.transient_layers + (coeffs.sp_transient_layers if cand.sequence_parallel else 0.0)
-    transient = (rematerialized + workspace * full_layer) * coeffs.activation_scale
+    transient = (rematerialized + workspace * full_layer + ring_transient) * coeffs.activation_scale
     if stage == cand.pp - 1:
         transient = max(transient, tokens * vocab * 4)
-    return kept, transient
+    return kept, transient, host
 
 
-def _offloaded_in_stage(workload: Workload, cand: Candidate, stage: int) -> int:
-    """How many of ``workload.offloaded_layers`` a rank of pipeline stage ``stage`` holds (megatron gives virtual
-    chunk ``c`` of stage ``s`` the layers of block ``c * pp + s``)."""
-    if not workload.offloaded_layers:
-        return 0
+def _offloaded_in_stage(workload: Workload, cand: Candidate, stage: int) -> list[int]:
+    """Positions, in the forward order of a rank of pipeline stage ``stage`` (its chunks' layers one after another), of
+    the offloaded layers it holds: the candidate's choice (:meth:`Candidate.offloaded_layers`), else
+    ``workload.offloaded_layers`` (megatron gives virtual chunk ``c`` of stage ``s`` the layers of block
+    ``c * pp + s``)."""
     per_chunk = workload.terms().num_layers // (cand.pp * cand.vpp)
-    held = {(chunk * cand.pp + stage) * per_chunk + i for chunk in range(cand.vpp) for i in range(per_chunk)}
-    return len(held & workload.offloaded_layers)
+    chosen = (cand.offloaded_layers(workload.terms().num_layers) if cand.offload_layers
+              else workload.offloaded_layers)
+    held = [(chunk * cand.pp + stage) * per_chunk + i for chunk in range(cand.vpp) for i in range(per_chunk)]
+    return [position for position, layer in enumerate(held) if layer in chosen]
+
+
+def _offload_window(positions: list[int], layers: int) -> int:
+    """Offloaded layers whose tensors are on the device at the peak, next to the layers that are not offloaded.
+
+    A layer's originals are released when the *next* offloaded layer finishes its forward, so the last one's stay:
+    one layer at the end of the forward. In the backward, when that last offloaded layer ``j`` starts, it and the
+    prefetched layer before it (if offloaded) are on the device, but the layers after ``j`` have already freed
+    theirs: the window is two layers only when nothing after ``j`` was kept (everything offloaded to the end)."""
+    if not positions:
+        return 0
+    last = positions[-1]
+    kept_after = layers - 1 - last - sum(1 for p in positions if p > last)
+    return max(1, 1 + (last - 1 in positions) - kept_after)
 
 
 def estimate_memory(workload: Workload, cand: Candidate, coeffs: Coefficients | None = None) -> MemoryEstimate:
@@ -255,7 +316,7 @@ def estimate_memory(workload: Workload, cand: Candidate, coeffs: Coefficients | 
         dense_shard = cand.dp * cand.cp if cand.distributed_optimizer else 1
         expert_shard = max(1, cand.dp * cand.cp * cand.tp // (cand.ep * cand.etp)) if cand.distributed_optimizer else 1
         state = 8 + (4 if e < 4 else 0)  # Adam m and v, fp32 master for 16-bit parameters
-        kept, transient = _stage_activations(workload, cand, stage, coeffs)
+        kept, transient, host = _stage_activations(workload, cand, stage, coeffs)
         largest = padded_vocab(model.vocab_size, cand.tp) * model.hidden_size / cand.tp
         terms = {
             "weights": params * e,
@@ -275,7 +336,7 @@ def estimate_memory(workload: Workload, cand: Candidate, coeffs: Coefficients | 
         total = sum(terms.values())
         per_stage.append(total)
         if best is None or total > best.total:
-            best = MemoryEstimate(terms=terms, stage=stage)
+            best = MemoryEstimate(terms=terms, stage=stage, host_bytes=host)
     assert best is not None
     best.per_stage = per_stage
     return best

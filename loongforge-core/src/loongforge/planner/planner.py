@@ -2,7 +2,10 @@
 
 For each buildable layout (:func:`~loongforge.planner.layouts.enumerate_layouts`) the cheapest recompute
 that fits is chosen: none, then the selective module sets, then full recompute of as few layers per stage
-as memory requires (found by bisection: memory falls and time rises with every recomputed layer). Layouts
+as memory requires (found by bisection: memory falls and time rises with every recomputed layer). When the
+search space lets it choose activation offload (``SearchSpace.choose_offload``), offloading the first k layers of
+each stage is one more way to fit, next to each non-full recompute choice, with the smallest k that fits (bisection
+again); at equal predicted time fewer offloaded layers win, so offload is chosen only where it is needed. Layouts
 that do not fit even with every layer recomputed are rejected and counted; when nothing fits, the plan
 says how many devices (at this memory) or how much memory per device (at this count) would.
 """
@@ -10,6 +13,7 @@ says how many devices (at this memory) or how much memory per device (at this co
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -85,6 +89,8 @@ class Plan:
             "micro_batch_size": cand.micro_batch_size,
             "num_microbatches": cand.num_microbatches,
             "recompute": cand.recompute.as_config(),
+            "offload_layers": sorted(cand.offloaded_layers(self.workload.terms().num_layers))
+            if cand.offload_layers else None,
             "predicted_peak_bytes": int(best.memory.total),
             "predicted_memory_terms": {k: int(v) for k, v in best.memory.terms.items()},
             "predicted_step_seconds": best.time.total,
@@ -104,35 +110,58 @@ def _evaluate(workload: Workload, cand: Candidate, cluster: ClusterSpec, mem: Co
     return Evaluated(cand, estimate_memory(workload, cand, mem), estimate_time(workload, cand, cluster, tcoef))
 
 
+def _rank_key(ev: Evaluated) -> tuple[float, int, float]:
+    """Faster first; at equal time fewer offloaded layers (host traffic for nothing), then less memory."""
+    return ev.time.total, ev.candidate.offload_layers, ev.memory.total
+
+
+def _fewest_that_fit(variant: Callable[[int], Evaluated], most: int, budget: float) -> Evaluated | None:
+    """``variant(k)`` for the smallest k in 1..``most`` that fits ``budget`` (memory falls as k grows: bisection),
+    or None when even ``most`` does not."""
+    if most < 1 or variant(most).memory.total > budget:
+        return None
+    lo, hi = 1, most
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if variant(mid).memory.total <= budget:
+            hi = mid
+        else:
+            lo = mid + 1
+    return variant(lo)
+
+
 def _cheapest_fitting(
     workload: Workload, cand: Candidate, cluster: ClusterSpec, budget: float, mem: Coefficients,
-    tcoef: TimeCoefficients,
+    tcoef: TimeCoefficients, choose_offload: bool = False,
 ) -> tuple[Evaluated | None, Evaluated]:
-    """(fastest recompute choice that fits or None, the smallest-memory variant) for one layout."""
+    """(fastest recompute/offload choice that fits or None, the smallest-memory variant) for one layout."""
     layers_per_chunk = workload.terms().num_layers // (cand.pp * cand.vpp)
     choices = recompute_choices(workload.model, layers_per_chunk)
     partial = [_evaluate(workload, replace(cand, recompute=c), cluster, mem, tcoef)
                for c in choices if c.granularity != "full"]
     fitting = [ev for ev in partial if ev.memory.total <= budget]
     if workload.offloaded_layers:  # activation offload does not combine with full recompute (train refuses it)
-        fastest = min(fitting, key=lambda ev: (ev.time.total, ev.memory.total)) if fitting else None
+        fastest = min(fitting, key=_rank_key) if fitting else None
         return fastest, min(partial, key=lambda ev: ev.memory.total)
-    lo, hi = 1, layers_per_chunk  # full recompute of the first k layers of a chunk: bisect the smallest k that fits
-    smallest = _evaluate(workload, replace(cand, recompute=RecomputePlan("full", num_layers=hi)), cluster, mem, tcoef)
-    if smallest.memory.total <= budget:
-        while lo < hi:
-            mid = (lo + hi) // 2
-            ev = _evaluate(workload, replace(cand, recompute=RecomputePlan("full", num_layers=mid)), cluster, mem,
-                           tcoef)
-            if ev.memory.total <= budget:
-                hi = mid
-            else:
-                lo = mid + 1
-        fitting.append(_evaluate(workload, replace(cand, recompute=RecomputePlan("full", num_layers=lo)), cluster,
-                                 mem, tcoef))
+    variants = [ev for ev in partial]
+    if choose_offload:  # the first k layers of every chunk offloaded, next to each non-full recompute choice
+        for ev in partial:
+            offloaded = _fewest_that_fit(
+                lambda k, c=ev.candidate: _evaluate(workload, replace(c, offload_layers=k), cluster, mem, tcoef),
+                layers_per_chunk, budget)
+            fitting += [offloaded] if offloaded is not None else []
+        variants.append(_evaluate(workload, replace(cand, offload_layers=layers_per_chunk, recompute=min(
+            partial, key=lambda ev: ev.memory.total).candidate.recompute), cluster, mem, tcoef))
+    # full recompute of the first k layers of a chunk: the smallest k that fits
+    smallest = _evaluate(workload, replace(cand, recompute=RecomputePlan("full", num_layers=layers_per_chunk)),
+                         cluster, mem, tcoef)
+    full = _fewest_that_fit(lambda k: _evaluate(workload, replace(cand, recompute=RecomputePlan("full", num_layers=k)),
+                                                cluster, mem, tcoef), layers_per_chunk, budget)
+    fitting += [full] if full is not None else []
+    smallest = min([smallest, *variants], key=lambda ev: ev.memory.total)
     if not fitting:
         return None, smallest
-    return min(fitting, key=lambda ev: (ev.time.total, ev.memory.total)), smallest
+    return min(fitting, key=_rank_key), smallest
 
 
 def plan(
@@ -153,13 +182,13 @@ def plan(
     ranked, misses = [], []
     for cand in enumerate_layouts(workload.model, cluster.num_devices, workload.seq_length, cluster.node_size,
                                   space, rejected):
-        best, smallest = _cheapest_fitting(workload, cand, cluster, budget, mem, tcoef)
+        best, smallest = _cheapest_fitting(workload, cand, cluster, budget, mem, tcoef, space.choose_offload)
         if best is None:
-            rejected["exceeds memory even with full recompute"] += 1
+            rejected["exceeds memory even with full recompute" + (" or offload" if space.choose_offload else "")] += 1
             misses.append(smallest)
         else:
             ranked.append(best)
-    ranked.sort(key=lambda ev: (ev.time.total, ev.memory.total))
+    ranked.sort(key=_rank_key)
     misses.sort(key=lambda ev: ev.memory.total)
     result = Plan(workload, cluster, ranked, rejected, margin, near_misses=misses[:3])
     if not ranked and search_minimum:
@@ -171,12 +200,14 @@ def plan(
 
 def _fits_somewhere(workload: Workload, cluster: ClusterSpec, space: SearchSpace, mem: Coefficients,
                     budget: float) -> bool:
-    """Whether any layout fits with every layer recomputed (the least memory a layout can take)."""
+    """Whether any layout fits with every layer recomputed or (when the planner may choose it) offloaded -- the
+    least memory a layout can take."""
     for cand in enumerate_layouts(workload.model, cluster.num_devices, workload.seq_length, cluster.node_size,
                                   space, Counter()):
         layers_per_chunk = workload.terms().num_layers // (cand.pp * cand.vpp)
-        full = replace(cand, recompute=RecomputePlan("full", num_layers=layers_per_chunk))
-        if estimate_memory(workload, full, mem).total <= budget:
+        leanest = [replace(cand, recompute=RecomputePlan("full", num_layers=layers_per_chunk))]
+        leanest += [replace(cand, offload_layers=layers_per_chunk)] if space.choose_offload else []
+        if any(estimate_memory(workload, lean, mem).total <= budget for lean in leanest):
             return True
     return False
 

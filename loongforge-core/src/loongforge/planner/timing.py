@@ -6,7 +6,11 @@
   their FLOPs per sample, undivided, to the first stage;
 * ``bubble`` -- the 1F1B pipeline's idle share, ``(pp - 1) / (m * vpp)`` of the compute;
 * ``tp_comm`` -- four all-reduces (or all-gather + reduce-scatter with sequence parallelism) of the layer
-  activations per layer and micro-batch; ``cp_comm`` -- the all-to-alls of context-parallel attention;
+  activations per layer and micro-batch; ``cp_comm`` -- context-parallel attention's exchange
+  (:func:`context_parallel_seconds`: Ulysses' four all-to-alls of q/k/v/out each way, the ring's ``r - 1`` K/V hops
+  each way beyond the block compute they overlap plus its ``r`` K/V-gradient hops, hybrid both at their sizes);
+  ``offload`` -- activation offload's host copies not hidden behind the compute of a layer
+  (:func:`offload_seconds`);
   ``ep_comm`` -- the MoE dispatch/combine all-to-alls; ``pp_comm`` -- stage-boundary sends;
   ``dp_comm`` -- the gradient reduce-scatter and parameter all-gather (all-reduce without the distributed
   optimizer), not overlapped (our trainer reduces after backward);
@@ -88,6 +92,72 @@ def _ring(
     return coeffs.comm_scale * (factor * (ranks - 1) / ranks * size / bandwidth + cluster.latency)
 
 
+def _p2p(size: float, cluster: ClusterSpec, span: int, coeffs: TimeCoefficients) -> float:
+    """Seconds for one point-to-point send of ``size`` bytes between ranks of a group spanning ``span`` ranks."""
+    bandwidth = cluster.intra_node_bandwidth if span <= cluster.node_size else cluster.inter_node_bandwidth
+    return coeffs.comm_scale * (size / bandwidth + cluster.latency)
+
+
+def _attention_seconds(workload: Workload, cand: Candidate, cluster: ClusterSpec, coeffs: TimeCoefficients) -> float:
+    """Forward seconds of one layer's core attention (the score and value products) for one micro-batch on a rank."""
+    terms = workload.terms()
+    per_token = terms.layer_forward_flops(workload.seq_length, cand.tp, cand.etp, modules=("core_attn",))
+    tokens = workload.seq_length * cand.micro_batch_size / cand.cp
+    return per_token * tokens / cand.tp / (cluster.device_flops * coeffs.flops_scale)
+
+
+def context_parallel_seconds(workload: Workload, cand: Candidate, cluster: ClusterSpec,
+                             coeffs: TimeCoefficients) -> float:
+    """Exposed seconds of context-parallel attention's exchange for one layer and micro-batch, forward + backward.
+
+    Ulysses over ``n`` ranks (all of cp, or ``cp_a2a_size`` for hybrid): four all-to-alls (q, k, v, out) forward and
+    four back. A ring of ``r`` members (cp, or ``cp / cp_a2a_size``): each pass sends the K/V block ``r - 1`` times,
+    each hop overlapping one ``1/r`` share of the attention compute (the backward's twice the forward's), so only
+    what a hop takes beyond its share shows; the backward then passes the K/V gradients (fp32) ``r`` times, waited on.
+    """
+    if cand.cp == 1:
+        return 0.0
+    terms, e = workload.terms(), workload.param_bytes
+    tokens = workload.seq_length * cand.micro_batch_size / cand.cp
+    a2a = {"ulysses": cand.cp, "ring": 1, "hybrid": cand.cp_a2a_size or 1}[cand.cp_mode]
+    ring = cand.cp // a2a
+    exchanged = tokens * terms.context_parallel_width * e / cand.tp  # q, k, v and out of this rank's tokens
+    seconds = 2 * _ring(exchanged, a2a, cluster, cand.tp * a2a, False, coeffs)
+    if ring > 1:
+        kv = tokens * 2 * terms.kv_width / cand.tp  # a member's K/V block: the same bytes whatever a2a
+        hop, share = _p2p(kv * e, cluster, cand.tp * cand.cp, coeffs), _attention_seconds(workload, cand, cluster,
+                                                                                         coeffs) / ring
+        seconds += (ring - 1) * (max(0.0, hop - share) + max(0.0, hop - 2 * share))
+        seconds += ring * _p2p(kv * 4, cluster, cand.tp * cand.cp, coeffs)
+    return seconds
+
+
+def offload_seconds(workload: Workload, cand: Candidate, cluster: ClusterSpec, coeffs: TimeCoefficients) -> float:
+    """Exposed seconds of activation offload per step on a rank: each offloaded layer's saved tensors go to host memory
+    while the next layer runs forward and come back while the layer after it runs backward (twice the forward);
+    what a copy takes beyond that compute shows, for every micro-batch."""
+    from loongforge.planner.memory import offloaded_bytes_per_layer
+
+    layers = _offloaded_count(workload, cand)
+    if not layers:
+        return 0.0
+    copy = offloaded_bytes_per_layer(workload, cand) / cluster.host_bandwidth
+    base, _extra = flops_per_token(workload, cand, coeffs.narrow_width)
+    terms = workload.terms()
+    tokens = workload.seq_length * cand.micro_batch_size / (cand.cp * cand.tp)
+    forward = (base / 3 - terms.output_forward_flops(cand.tp, coeffs.narrow_width)) / terms.num_layers * tokens / (
+        cluster.device_flops * coeffs.flops_scale)
+    return cand.num_microbatches * layers * (max(0.0, copy - forward) + max(0.0, copy - 2 * forward))
+
+
+def _offloaded_count(workload: Workload, cand: Candidate) -> int:
+    """Offloaded layers on the busiest stage (the candidate's choice, else the workload's, spread over the stages)."""
+    per_chunk = workload.terms().num_layers // (cand.pp * cand.vpp)
+    if cand.offload_layers:
+        return min(cand.offload_layers, per_chunk) * cand.vpp
+    return -(-len(workload.offloaded_layers) // cand.pp)
+
+
 def estimate_time(
     workload: Workload, cand: Candidate, cluster: ClusterSpec, coeffs: TimeCoefficients | None = None
 ) -> TimeEstimate:
@@ -122,8 +192,8 @@ def estimate_time(
     tp_span = cand.tp
     per_layer_tp = 4 * _ring(act, cand.tp, cluster, tp_span, True, coeffs)
     terms["tp_comm"] = per_layer_tp * layers * m * (1 + rc_fraction / 2)
-    cp_bytes = tokens_mb * f.context_parallel_width * e / cand.tp
-    terms["cp_comm"] = 2 * _ring(cp_bytes, cand.cp, cluster, cand.tp * cand.cp, False, coeffs) * layers * m
+    terms["cp_comm"] = context_parallel_seconds(workload, cand, cluster, coeffs) * layers * m
+    terms["offload"] = offload_seconds(workload, cand, cluster, coeffs)
     if f.num_experts:
         a2a = tokens_mb * f.moe_router_topk * f.hidden_size * e / (cand.tp if cand.sequence_parallel else 1)
         terms["ep_comm"] = 4 * _ring(a2a, cand.ep, cluster, cand.ep * cand.etp, False, coeffs) * layers * m
