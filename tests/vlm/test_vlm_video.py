@@ -106,8 +106,8 @@ def test_images_and_a_video_in_one_batch_match_transformers(world, name):
     extra = {"second_per_grid_ts": torch.tensor([SECONDS_PER_PATCH])} if flavor.tokens_per_second else {}
     with torch.no_grad():
         expected = reference(**batch, **extra).logits
-        actual = ours(batch["input_ids"], attention_mask=batch["attention_mask"],
-                      **{k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask", "mm_token_type_ids")},
+        media = {k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask", "mm_token_type_ids")}
+        actual = ours(batch["input_ids"], attention_mask=batch["attention_mask"], **media,
                       **extra)[..., :flavor.foundation.vocab_size]
     keep = batch["attention_mask"].bool()
     assert expected[keep].std() > 0.5  # O(1) logits: the tolerance below means something

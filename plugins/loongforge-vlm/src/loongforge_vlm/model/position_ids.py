@@ -4,13 +4,13 @@ M-RoPE gives every token a (temporal, height, width) position. Text tokens carry
 three rows. A run of image or video placeholder tokens is laid out on its merged grid: frame ``f``, row ``r``,
 column ``c`` gets ``(start + f * interval, start + r, start + c)``, where ``start`` is the running index and
 ``interval`` is 1 for images and Qwen2.5-VL's ``tokens_per_second * seconds_per_grid`` for videos; the text
-after it resumes at ``start + max(rows, columns)``. Qwen3-VL writes each video frame group as its own run, after a text
-timestamp (``<1.5 seconds>``): with ``timestamped_videos`` every ``(t, h, w)`` video row counts as ``t`` images of
-``(1, h, w)``, so a frame's time reaches the model through its timestamp's text, not its temporal index. Padding (``attention_mask == 0``) is skipped and gets
-position 0, so left and right padding give the real tokens the positions of the unpadded sample. The same
-rule as transformers' ``Qwen2VLModel.get_rope_index`` / ``Qwen2_5_VLModel.get_rope_index`` /
-``Qwen3VLModel.get_rope_index``; placeholder runs
-are matched to the ``grid_thw`` rows in order, across the whole batch.
+after it resumes at ``start + max(rows, columns)``. Qwen3-VL writes each video frame group as its own run after
+a text timestamp (``<1.5 seconds>``): with ``timestamped_videos`` every ``(t, h, w)`` video row counts as ``t``
+images of ``(1, h, w)``, so a frame's time reaches the model through its timestamp's text, not its temporal
+index. Padding (``attention_mask == 0``) is skipped and gets position 0, so left and right padding give the
+real tokens the positions of the unpadded sample. The same rule as transformers' ``Qwen2VLModel.get_rope_index``
+/ ``Qwen2_5_VLModel.get_rope_index`` / ``Qwen3VLModel.get_rope_index``; placeholder runs are matched to the
+``grid_thw`` rows in order, across the whole batch.
 """
 
 from __future__ import annotations
