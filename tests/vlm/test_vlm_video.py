@@ -114,3 +114,77 @@ def test_images_and_a_video_in_one_batch_match_transformers(world, name):
     diff = (actual - expected)[keep].abs().max().item()
     print(f"{name}: max abs logit diff {diff:.3g} over {int(keep.sum())} tokens")
     assert diff <= 1e-4
+
+
+# -- video pixels and frame sampling against transformers' own code -----------------------------------------------
+# transformers' Qwen video processors import torchvision at module level, which does not import beside this CPU
+# torch (docs FACTS). Their frame sampling and patch layout are plain torch/numpy methods, so those methods are
+# compiled here from transformers' installed source files, unchanged, and run on their own.
+
+
+def _transformers_method(module: str, cls: str, method: str):
+    """``cls.method`` of transformers' ``module`` (a dotted path under transformers.models), compiled from its source
+    without importing the module."""
+    import ast
+    import math
+    from pathlib import Path
+
+    import numpy as np
+    from transformers.video_utils import VideoMetadata
+
+    path = Path(transformers.__file__).parent / "models" / (module.replace(".", "/") + ".py")
+    tree = ast.parse(path.read_text())
+    node = next(n for c in tree.body if isinstance(c, ast.ClassDef) and c.name == cls for n in c.body
+                if isinstance(n, ast.FunctionDef) and n.name == method)
+    node.decorator_list = []
+    namespace = {"torch": torch, "np": np, "math": math, "VideoMetadata": VideoMetadata}
+    exec(compile(ast.Module([node], []), str(path), "exec"), namespace)
+    return namespace[method]
+
+
+@pytest.mark.parametrize(("rule", "total", "source_fps", "fps", "num_frames"), [
+    ("qwen2", 30, 10.0, 2.0, None), ("qwen2", 37, 24.0, 3.0, None), ("qwen2", 9, 25.0, 2.0, None),
+    ("qwen2", 50, 10.0, 1.5, None), ("qwen3", 50, 10.0, 1.5, None),
+    ("qwen2", 41, 30.0, None, 7), ("qwen3", 30, 10.0, 2.0, None), ("qwen3", 47, 24.0, 3.0, None),
+    ("qwen3", 5, 25.0, 2.0, None), ("qwen3", 41, 30.0, None, 7)])
+def test_frame_sampling_equals_transformers(rule, total, source_fps, fps, num_frames):
+    from types import SimpleNamespace
+
+    from loongforge_vlm.data.video import FrameSampling, sample_indices
+    from transformers.video_utils import VideoMetadata
+
+    owner = "qwen2_vl.video_processing_qwen2_vl" if rule == "qwen2" else "qwen3_vl.video_processing_qwen3_vl"
+    cls = "Qwen2VLVideoProcessor" if rule == "qwen2" else "Qwen3VLVideoProcessor"
+    sample = _transformers_method(owner, cls, "sample_frames")
+    defaults = SimpleNamespace(num_frames=None, fps=None, temporal_patch_size=2, min_frames=4, max_frames=768)
+    metadata = VideoMetadata(total_num_frames=total, fps=source_fps)
+    expected = [int(i) for i in sample(defaults, metadata, num_frames=num_frames, fps=fps if num_frames is None
+                                       else None)]
+    sampling = FrameSampling(fps=fps or 2.0, num_frames=num_frames, rule=rule)
+    assert sample_indices(total, source_fps, sampling, 2) == expected
+
+
+def test_video_rows_and_timestamps_equal_transformers():
+    """Three frames (an odd count: the last repeats to fill the second temporal patch), resized and normalised as
+    images are (tests/vlm/test_vlm_data_processor.py compares those with transformers), then laid out in patch rows:
+    transformers' ``Qwen2VLVideoProcessor.patchify`` must give the same rows; Qwen3-VL's text times of the sampled
+    frames equal its processor's ``_calculate_timestamps``."""
+    import numpy as np
+    from loongforge_vlm.data.processor import VisionProcessor, normalized_pixels, smart_resize
+    from loongforge_vlm.data.video import patch_times
+    from PIL import Image
+    from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
+
+    generator = np.random.default_rng(0)
+    frames = [Image.fromarray(generator.integers(0, 256, (37, 50, 3), dtype=np.uint8)) for _ in range(3)]
+    ours = VisionProcessor(patch_size=4, merge_size=2, min_pixels=8 * 8, max_pixels=32 * 48)
+    rows, grid = ours.video(frames)
+    height, width = smart_resize(37, 50, 8, ours.min_pixels, ours.max_pixels)
+    normalized = np.stack([normalized_pixels(f, width, height, "clip") for f in frames])  # [T, H, W, C]
+    patchify = _transformers_method("qwen2_vl.video_processing_qwen2_vl", "Qwen2VLVideoProcessor", "patchify")
+    videos = torch.from_numpy(normalized).permute(0, 3, 1, 2)[None].contiguous()  # [B, T, C, H, W]
+    theirs, t, h, w = patchify(None, videos, patch_size=4, merge_size=2, temporal_patch_size=2)
+    assert grid == (t, h, w) == (2, height // 4, width // 4)
+    assert np.array_equal(rows, theirs[0].numpy())
+    indices = [0, 3, 6, 9, 13]
+    assert patch_times(indices, 10.0, 2) == Qwen3VLProcessor._calculate_timestamps(None, indices, 10.0, 2)
