@@ -188,3 +188,105 @@ def test_video_rows_and_timestamps_equal_transformers():
     assert np.array_equal(rows, theirs[0].numpy())
     indices = [0, 3, 6, 9, 13]
     assert patch_times(indices, 10.0, 2) == Qwen3VLProcessor._calculate_timestamps(None, indices, 10.0, 2)
+
+
+# -- the video field of a record: files, GIFs, frame directories; errors; training ------------------------------
+
+
+def _square_frames(count: int, seed: int, size: int = 32) -> list:
+    """A white square moving right (seed even) or left across a dark frame."""
+    import numpy as np
+    from PIL import Image
+
+    frames = []
+    for k in range(count):
+        pixels = np.full((size, size, 3), 20, dtype=np.uint8)
+        x = 2 + 3 * k if seed % 2 == 0 else size - 10 - 3 * k
+        pixels[12:20, x:x + 8] = 255
+        frames.append(Image.fromarray(pixels))
+    return frames
+
+
+def _gif(frames, duration_ms: int) -> bytes:
+    import io
+
+    out = io.BytesIO()
+    frames[0].save(out, format="GIF", save_all=True, append_images=frames[1:], duration=duration_ms, loop=0)
+    return out.getvalue()
+
+
+def _mp4(frames, fps: int) -> bytes:
+    import io
+
+    import av
+    import numpy as np
+
+    out = io.BytesIO()
+    with av.open(out, mode="w", format="mp4") as container:
+        stream = container.add_stream("mpeg4", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = frames[0].width, frames[0].height, "yuv420p"
+        for frame in frames:
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(np.asarray(frame), format="rgb24")))
+        container.mux(stream.encode())
+    return out.getvalue()
+
+
+def _ask(answer: str) -> list[dict]:
+    return [{"role": "user", "content": "<image>Which way does <video> move?"}, {"role": "assistant",
+                                                                                 "content": answer}]
+
+
+def test_video_files_gifs_and_frame_directories(tmp_path):
+    """The same 8 frames as a GIF (10 fps from its durations), an mp4 clip (PyAV) and a frame directory give the
+    frames sampled at ``fps``; ``num_frames`` keeps evenly spaced ones; Qwen3-VL's text gets a time per temporal
+    patch and the model's tokens per patch. A missing file and a too-short clip are skipped with one line that
+    names the sample and the file."""
+    import io
+
+    import numpy as np
+    from loongforge.data.errors import DataError
+    from loongforge_vlm.data.dataset import VisionChatDataset
+    from loongforge_vlm.data.kind import byte_tokenizer_for, processor_for_vlm
+    from loongforge_vlm.data.sources import JsonlSource
+    from loongforge_vlm.data.tokens import VisionByteTokenizer
+    from vlm_data_helpers import png, write_jsonl
+
+    frames = _square_frames(8, 0)
+    files = {"still.png": png(32, 32, 1), "clip.gif": _gif(frames, 100), "clip.mp4": _mp4(frames, 10),
+             "short.gif": _gif(frames[:1], 100)}
+    for k, frame in enumerate(frames):
+        buffer = io.BytesIO()
+        frame.save(buffer, format="PNG")
+        files[f"frames/{k:02d}.png"] = buffer.getvalue()
+    path = write_jsonl(tmp_path / "v.jsonl", [
+        {"image": "still.png", "video": "clip.gif", "fps": 5, "messages": _ask("right")},   # 8 frames at 10 fps -> 4
+        {"image": "still.png", "videos": ["clip.mp4"], "fps": 5, "messages": _ask("right")},
+        {"image": "still.png", "video": "frames", "fps": 10, "num_frames": 4, "messages": _ask("right")},
+        {"image": "still.png", "video": "missing.gif", "messages": _ask("right")},
+        ], files)
+    processor = processor_for_vlm(FLAVORS["qwen2-vl-tiny"], min_pixels=16 * 16, max_pixels=32 * 32)
+    dataset = VisionChatDataset([JsonlSource(path)], VisionByteTokenizer(), processor)
+    assert len(dataset) == 3 and dataset.skipped.counts == {"corrupt": 1}
+    assert dataset.skipped.first["corrupt"] == f"{tmp_path / 'missing.gif'}: cannot be read (FileNotFoundError)"
+    short = write_jsonl(tmp_path / "short.jsonl", [{"image": "still.png", "video": "short.gif", "messages": _ask("r")}], {})
+    with pytest.raises(DataError) as error:
+        VisionChatDataset([JsonlSource(short)], VisionByteTokenizer(), processor, strict=True)
+    assert str(error.value).startswith(f"{tmp_path / 'short.gif'}: has 1 frame(s), too few to sample 2 (whole "
+                                       f"temporal patches of 2) (a video of {short} line 1)")
+    assert "\n" not in str(error.value)
+    gif, mp4, folder = (dataset[i] for i in range(3))
+    expected, grid = processor.video([frames[i] for i in (0, 2, 4, 6)])  # 8 frames at 10 fps, sampled at 5 fps
+    assert gif.video_grid_thw.tolist() == folder.video_grid_thw.tolist() == [list(grid)] == [[2, 8, 8]]
+    assert np.array_equal(gif.pixel_values_videos, expected)
+    assert np.array_equal(folder.pixel_values_videos, expected)  # num_frames 4 of 8: the same frames
+    assert np.abs(mp4.pixel_values_videos - expected).mean() < 0.1  # lossy codec, same frames
+    assert gif.second_per_grid_ts.tolist() == pytest.approx([0.4])  # 2 frames 0.2 s apart per temporal patch
+    assert gif.ids.tolist().count(VisionByteTokenizer().vision_tokens.video_pad) == 2 * 8 * 8 // 4
+
+    qwen3 = FLAVORS["qwen3-vl-tiny"]
+    stamped = VisionChatDataset([JsonlSource(path)], byte_tokenizer_for(qwen3),
+                                processor_for_vlm(qwen3, min_pixels=16 * 16, max_pixels=32 * 32))
+    text = bytes(i for i in stamped[0].ids.tolist() if i < 256).decode()
+    # Qwen3-VL's rule keeps frames 0, 2, 5, 7 of 8 (linspace): temporal patches at 0.1 s and 0.6 s
+    assert "Which way does <0.1 seconds><0.6 seconds> move?" in text
+    assert stamped[0].ids.tolist().count(qwen3.video_token_id) == 2 * 8 * 8 // 4

@@ -94,7 +94,7 @@ class Media:
                                lambda name: decode_image(source, index, name, full=full),
                                lambda name: source.listing(index, name), sampling, tp) for video in self.videos]
         except VideoError as exc:
-            raise SampleProblem("corrupt", exc.where, exc.reason) from None
+            raise SampleProblem("corrupt", exc.where, f"{exc.reason} (a video of {source.where(index)})") from None
 
     def load(self, processor: ImageProcessor, source: Any, index: int, *, verified: bool) -> dict[str, np.ndarray]:
         """The pixel fields of a :class:`VisionSample`. An image that was read when the dataset was indexed and is

@@ -73,7 +73,7 @@ def sample_indices(total: int, source_fps: float, sampling: FrameSampling, tempo
         count = min(max(total / source_fps * sampling.fps, sampling.min_frames), most, total)
         count = math.floor(count / tp) * tp
     if not 0 < count <= total:
-        raise ValueError(f"has {total} frames, too few to sample {max(count, tp)} (whole temporal patches of {tp})")
+        raise ValueError(f"has {total} frame(s), too few to sample {max(count, tp)} (whole temporal patches of {tp})")
     return np.arange(0, total, total / count).astype(np.int32)[:count].tolist()
 
 
