@@ -29,7 +29,12 @@ def reference_model(flavor: VLMFlavor, seed: int = 0):
     """A random fp32 transformers VLM with weights of a wide spread (its own init is too small to expose a
     mis-mapped head, bias, norm or rotary section)."""
     model_class = getattr(transformers, flavor.hf_architecture)
-    model = model_class(hf_config(flavor)).float().eval()
+    return perturbed(model_class(hf_config(flavor)), seed)
+
+
+def perturbed(model, seed: int = 0):
+    """``model`` in fp32 eval mode with every weight redrawn at a wide spread (see :func:`reference_model`)."""
+    model = model.float().eval()
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():

@@ -15,7 +15,7 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -27,10 +27,11 @@ from loongforge.data.tokenizers import Tokenizer
 from PIL import Image, UnidentifiedImageError
 
 from loongforge_vlm.data.processor import ImageProcessor, VisionProcessor
-from loongforge_vlm.data.records import RecordError, parse_record
+from loongforge_vlm.data.records import RecordError, Video, parse_record
 from loongforge_vlm.data.skips import SkipReport
 from loongforge_vlm.data.sources import MediaError
-from loongforge_vlm.data.tokens import count_markers, tokenize_multimodal, vision_token_ids
+from loongforge_vlm.data.tokens import count_markers, timestamp_videos, tokenize_multimodal, vision_token_ids
+from loongforge_vlm.data.video import FrameSampling, SampledVideo, VideoError, load_video
 
 logger = logging.getLogger(__name__)
 
@@ -61,37 +62,54 @@ class SampleProblem(Exception):
 
 @dataclass(frozen=True)
 class Media:
-    """A record's images (names) and videos (frame names, sampled at ``fps``), read through its source.
+    """A record's images (names) and videos (files, frame directories or frame names, sampled by ``sampling``),
+    read through its source.
 
     Shared by the conversation and pair kinds: indexing counts each one's LLM tokens (:meth:`token_counts`,
     decoding every frame), loading turns them into a sample's pixel fields (:meth:`load`)."""
 
     images: tuple[str, ...]
-    videos: tuple[tuple[str, ...], ...]
-    fps: float
+    videos: tuple[Video, ...]
+    sampling: FrameSampling = FrameSampling()
 
     def token_counts(self, processor: ImageProcessor, source: Any, index: int, *,
                      full: bool = True) -> tuple[list[int], list[int]]:
         """LLM tokens of each image and each video, in order (every frame decoded fully unless ``full`` is
-        false); raises :class:`SampleProblem` for an unreadable image."""
-        images = [processor.num_tokens(_grid(processor, source, index, [name], full)) for name in self.images]
-        videos = [processor.num_tokens(_grid(processor, source, index, frames, full)) for frames in self.videos]
-        return images, videos
+        false); raises :class:`SampleProblem` for an unreadable image or video."""
+        sampled = self.sampled_videos(processor, source, index, full=full)
+        return self.image_tokens(processor, source, index, full=full), video_tokens(processor, sampled)
+
+    def image_tokens(self, processor: ImageProcessor, source: Any, index: int, *, full: bool = True) -> list[int]:
+        """LLM tokens of each image."""
+        return [processor.num_tokens(_grid(processor, source, index, name, full)) for name in self.images]
+
+    def sampled_videos(self, processor: ImageProcessor, source: Any, index: int, *,
+                       full: bool = True) -> list[SampledVideo]:
+        """Each video's kept frames and times (:mod:`loongforge_vlm.data.video`); a video that cannot be read or
+        has too few frames is a ``corrupt`` :class:`SampleProblem` naming it."""
+        sampling = replace(self.sampling, rule=getattr(processor, "frame_sampling", "qwen2"))
+        tp = getattr(processor, "temporal_patch_size", 1)
+        try:
+            return [load_video(video, lambda name: _read(source, index, name),
+                               lambda name: decode_image(source, index, name, full=full),
+                               lambda name: source.listing(index, name), sampling, tp) for video in self.videos]
+        except VideoError as exc:
+            raise SampleProblem("corrupt", exc.where, f"{exc.reason} (a video of {source.where(index)})") from None
 
     def load(self, processor: ImageProcessor, source: Any, index: int, *, verified: bool) -> dict[str, np.ndarray]:
         """The pixel fields of a :class:`VisionSample`. An image that was read when the dataset was indexed and is
         unreadable now stops the run in one line (``verified``: it was decoded fully then, not only its header)."""
         try:
             images = [processor.image(decode_image(source, index, name)[1]) for name in self.images]
-            videos = [processor.video([decode_image(source, index, n)[1] for n in frames]) for frames in self.videos]
+            sampled = self.sampled_videos(processor, source, index)
         except SampleProblem as problem:
             checked = "decoded" if verified else "had a readable header (verify_images=False)"
             raise DataError(f"{problem.where}: {problem.detail} (it {checked} when the dataset was indexed)") from None
+        videos = [processor.video(video.frames) for video in sampled]
         shape = processor.pixel_shape
         return {"pixel_values": _rows(images, shape), "image_grid_thw": _grids(images),
                 "pixel_values_videos": _rows(videos, shape), "video_grid_thw": _grids(videos),
-                "second_per_grid_ts": np.full(len(videos), getattr(processor, "temporal_patch_size", 1) / self.fps,
-                                              dtype=np.float32)}
+                "second_per_grid_ts": np.asarray([v.seconds_per_patch for v in sampled], dtype=np.float32)}
 
 
 @dataclass(frozen=True)
@@ -149,11 +167,17 @@ class VisionChatDataset(SampleDataset):
         if (marked_images, marked_videos) != (len(images), len(record.videos)):
             raise SampleProblem("mismatch", where, f"{marked_images} image and {marked_videos} video placeholder(s) "
                                 f"for {len(images)} image(s) and {len(record.videos)} video(s)")
-        media = Media(tuple(images), tuple(tuple(v) for v in record.videos), record.fps)
-        image_tokens, video_tokens = media.token_counts(self.processor, source, index, full=self.verify_images)
+        media = Media(tuple(images), tuple(record.videos), record.sampling)
+        image_tokens = media.image_tokens(self.processor, source, index, full=self.verify_images)
+        sampled = media.sampled_videos(self.processor, source, index, full=self.verify_images)
+        per_video = video_tokens(self.processor, sampled)
+        messages = record.messages
+        if sampled and getattr(self.processor, "timestamped_videos", False):  # one run per temporal patch
+            messages = timestamp_videos(messages, [video.times for video in sampled])
+            per_video = [count // len(video.times) for count, video in zip(per_video, sampled, strict=True)
+                         for _ in video.times]
         try:
-            chat = tokenize_multimodal(record.messages, self.tokenizer, self._template, image_tokens, video_tokens,
-                                       where)
+            chat = tokenize_multimodal(messages, self.tokenizer, self._template, image_tokens, per_video, where)
         except DataError as exc:
             raise SampleProblem("malformed", where, str(exc).removeprefix(f"{where}: ")) from None
         return _Entry(source_index, index, where, chat, media)
@@ -175,18 +199,32 @@ class VisionChatDataset(SampleDataset):
         return split_rows(self, data.seq_length, pack=data.pack, valid_fraction=data.valid_fraction)
 
 
-def _grid(processor: ImageProcessor, source: Any, index: int, frames: Sequence[str],
-          full: bool) -> tuple[int, int, int]:
-    """Patch grid of an image (one frame) or video, after decoding every frame (fully unless ``full`` is false)."""
-    decoded = [decode_image(source, index, name, full=full) for name in frames]
-    sizes = {image.size for _, image in decoded}
-    if len(sizes) != 1:
-        raise SampleProblem("corrupt", decoded[0][0], f"video frames differ in size: {sorted(sizes)}")
-    width, height = sizes.pop()
+def _grid(processor: ImageProcessor, source: Any, index: int, name: str, full: bool) -> tuple[int, int, int]:
+    """Patch grid of an image, after decoding it (fully unless ``full`` is false)."""
+    where, image = decode_image(source, index, name, full=full)
     try:
-        return processor.grid(width, height, len(frames))
+        return processor.grid(*image.size)
     except ValueError as exc:
-        raise SampleProblem("corrupt", decoded[0][0], str(exc)) from None
+        raise SampleProblem("corrupt", where, str(exc)) from None
+
+
+def video_tokens(processor: ImageProcessor, sampled: Sequence[SampledVideo]) -> list[int]:
+    """LLM tokens of each sampled video."""
+    counts = []
+    for video in sampled:
+        try:
+            counts.append(processor.num_tokens(processor.grid(*video.frames[0].size, len(video.frames))))
+        except ValueError as exc:
+            raise SampleProblem("corrupt", video.where, str(exc)) from None
+    return counts
+
+
+def _read(source: Any, index: int, name: str) -> tuple[str, bytes]:
+    """A media file's location and bytes; a missing or unreadable one is a ``corrupt`` :class:`SampleProblem`."""
+    try:
+        return source.media(index, name)
+    except MediaError as exc:
+        raise SampleProblem("corrupt", exc.where, exc.reason) from None
 
 
 def decode_image(source: Any, index: int, name: str, *, full: bool = True) -> tuple[str, Image.Image]:

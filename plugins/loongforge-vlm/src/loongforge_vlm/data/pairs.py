@@ -73,7 +73,7 @@ def lift_media(raw: Any, default_images: Sequence[str] = ()) -> PairMedia:
     :class:`~loongforge_vlm.data.records.RecordError` (without the location)."""
     if not isinstance(raw, dict):
         raise RecordError("expected an object with prompt, chosen, rejected and an image")
-    images, videos, fps = parse_media(raw)
+    images, videos, sampling = parse_media(raw)
     part_images: list[str] = []
     part_videos: list[list[str]] = []
     prompt = raw.get("prompt")
@@ -88,7 +88,7 @@ def lift_media(raw: Any, default_images: Sequence[str] = ()) -> PairMedia:
     if isinstance(prompt, list) and count_markers([m for m in prompt if isinstance(m, dict)
                                                    and isinstance(m.get("content"), str)]) == (0, 0):
         prompt = _media_first(prompt, len(images), len(videos))
-    return PairMedia({**raw, "prompt": prompt}, Media(tuple(images), tuple(tuple(v) for v in videos), fps))
+    return PairMedia({**raw, "prompt": prompt}, Media(tuple(images), tuple(videos), sampling))
 
 
 def _media_first(prompt: list[Any], images: int, videos: int) -> list[Any]:

@@ -104,8 +104,9 @@ def normalized_pixels(image: Image.Image, width: int, height: int, normalization
 class VisionProcessor:
     """Settings of one vision tower's input; defaults are Qwen2-VL's image processor.
 
-    ``normalization`` names an entry of :data:`NORMALIZATIONS`. Build one that matches an encoder flavor with
-    :meth:`for_encoder`.
+    ``normalization`` names an entry of :data:`NORMALIZATIONS`. ``frame_sampling`` is the rule videos are sampled
+    with and ``timestamped_videos`` whether the text carries each temporal patch's time (Qwen3-VL: ``qwen3``,
+    true; see :mod:`loongforge_vlm.data.video`). Build one that matches an encoder flavor with :meth:`for_encoder`.
     """
 
     patch_size: int = 14
@@ -114,6 +115,8 @@ class VisionProcessor:
     min_pixels: int = 56 * 56
     max_pixels: int = 28 * 28 * 1280
     normalization: str = "clip"
+    frame_sampling: str = "qwen2"
+    timestamped_videos: bool = False
 
     def __post_init__(self) -> None:
         if self.normalization not in NORMALIZATIONS:
@@ -127,7 +130,8 @@ class VisionProcessor:
     def for_encoder(cls, flavor, **overrides) -> VisionProcessor:
         """The processor for a Qwen ViT flavor (``patch_size``, ``temporal_patch_size``, ``spatial_merge_size``)."""
         settings = {"patch_size": flavor.patch_size, "temporal_patch_size": flavor.temporal_patch_size,
-                    "merge_size": flavor.spatial_merge_size}
+                    "merge_size": flavor.spatial_merge_size, "timestamped_videos": flavor.timestamped_videos,
+                    "frame_sampling": "qwen3" if flavor.timestamped_videos else "qwen2"}
         return cls(**{**settings, **overrides})
 
     @property

@@ -8,8 +8,9 @@ key (the member path up to the first dot of its file name), ``key.json`` holds t
 the name after that dot (``jpg``, ``0.png``) is how the record's ``images`` refer to a member; without an
 ``images`` list, a sample's images are its image members in name order.
 
-A source has a ``name`` and answers four questions: ``where(i)``, ``raw(i) -> JSON value``,
-``media(i, name) -> (where, bytes)`` and ``default_images(i)``; ``where`` strings (``data.jsonl line 17``,
+A source has a ``name`` and answers five questions: ``where(i)``, ``raw(i) -> JSON value``,
+``media(i, name) -> (where, bytes)``, ``default_images(i)`` and ``listing(i, name)`` (a directory's frame images,
+for videos given as a directory; ``None`` when ``name`` is none); ``where`` strings (``data.jsonl line 17``,
 ``shards/00001.tar:abc.jpg``) are what warnings and errors print.
 """
 
@@ -104,6 +105,13 @@ class JsonlSource:
     def default_images(self, index: int) -> list[str]:
         return []
 
+    def listing(self, index: int, name: str) -> list[str] | None:
+        folder = self.path.parent / name
+        if not folder.is_dir():
+            return None
+        return [f"{name.rstrip('/')}/{p.name}" for p in sorted(folder.iterdir())
+                if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS]
+
 
 class WebDatasetSource:
     """Samples of WebDataset tar shards, in shard order and then member order."""
@@ -174,6 +182,9 @@ class WebDatasetSource:
         _, key, _ = self._samples[index]
         prefix = key.rpartition("/")[2] + "."
         return self._read(index, name[len(prefix):] if name.startswith(prefix) else name)
+
+    def listing(self, index: int, name: str) -> list[str] | None:
+        return None  # a shard sample has no directories: give a video as a file or a frame list
 
     def default_images(self, index: int) -> list[str]:
         return sorted(ext for ext in self._samples[index][2] if f".{ext}".lower().endswith(IMAGE_EXTENSIONS))

@@ -116,6 +116,19 @@ def count_markers(messages: Sequence[Message]) -> tuple[int, int]:
     return text.count(IMAGE_MARKER), text.count(VIDEO_MARKER)
 
 
+def timestamp_videos(messages: Sequence[Message], times: Sequence[Sequence[float]]) -> list[Message]:
+    """The messages with the ``k``-th video marker written as Qwen3-VL's processor writes video ``k``: for each
+    temporal patch its time, ``<1.5 seconds>``, then a marker of its own (so each patch's tokens form one run)."""
+    pending = iter(times)
+
+    def expand(match: re.Match) -> str:
+        if match.group(0) != VIDEO_MARKER:
+            return match.group(0)
+        return "".join(f"<{t:.1f} seconds>{VIDEO_MARKER}" for t in next(pending))
+
+    return [{**m, "content": _MARKERS.sub(expand, m["content"])} for m in messages]
+
+
 def tokenize_multimodal(messages: Sequence[Message], tokenizer: Tokenizer, template: ChatTemplate,
                         image_tokens: Sequence[int], video_tokens: Sequence[int], where: str) -> ChatSample:
     """Token ids and reply mask of a conversation whose messages hold image/video markers.

@@ -94,6 +94,12 @@ class QwenViTFlavor:
                               f"blocks in 0..{self.num_layers - 1}")
 
     @property
+    def timestamped_videos(self) -> bool:
+        """Whether the text marks each video frame group with its time (Qwen3-VL: ``<0.5 seconds>`` before every
+        group's vision tokens) instead of spacing the groups' temporal positions by their time."""
+        return self.family == "qwen3-vl"
+
+    @property
     def head_dim(self) -> int:
         return self.dim // self.num_heads
 

@@ -116,6 +116,12 @@ class VLMFlavor(ModelFamily):
         """How many of the first decoder layers receive DeepStack features (Qwen3-VL encoders; else 0)."""
         return len(getattr(self.encoder, "deepstack_layers", ()))
     @property
+    def timestamped_videos(self) -> bool:
+        """Whether videos reach the text frame group by frame group after timestamps (a Qwen3-VL encoder); see
+        :mod:`loongforge_vlm.model.position_ids`."""
+        return getattr(self.encoder, "timestamped_videos", False)
+
+    @property
     def uses_mrope(self) -> bool:
         """Whether the backbone takes ``(3, batch, seq)`` multimodal position ids."""
         return self.foundation.mrope_section is not None

@@ -4,10 +4,13 @@ M-RoPE gives every token a (temporal, height, width) position. Text tokens carry
 three rows. A run of image or video placeholder tokens is laid out on its merged grid: frame ``f``, row ``r``,
 column ``c`` gets ``(start + f * interval, start + r, start + c)``, where ``start`` is the running index and
 ``interval`` is 1 for images and Qwen2.5-VL's ``tokens_per_second * seconds_per_grid`` for videos; the text
-after it resumes at ``start + max(rows, columns)``. Padding (``attention_mask == 0``) is skipped and gets
-position 0, so left and right padding give the real tokens the positions of the unpadded sample. The same
-rule as transformers' ``Qwen2VLModel.get_rope_index`` / ``Qwen2_5_VLModel.get_rope_index``; placeholder runs
-are matched to the ``grid_thw`` rows in order, across the whole batch.
+after it resumes at ``start + max(rows, columns)``. Qwen3-VL writes each video frame group as its own run after
+a text timestamp (``<1.5 seconds>``): with ``timestamped_videos`` every ``(t, h, w)`` video row counts as ``t``
+images of ``(1, h, w)``, so a frame's time reaches the model through its timestamp's text, not its temporal
+index. Padding (``attention_mask == 0``) is skipped and gets position 0, so left and right padding give the
+real tokens the positions of the unpadded sample. The same rule as transformers' ``Qwen2VLModel.get_rope_index``
+/ ``Qwen2_5_VLModel.get_rope_index`` / ``Qwen3VLModel.get_rope_index``; placeholder runs are matched to the
+``grid_thw`` rows in order, across the whole batch.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ def mrope_position_ids(
     attention_mask: torch.Tensor | None = None,
     second_per_grid_ts: torch.Tensor | list[float] | None = None,
     tokens_per_second: float | None = None,
+    timestamped_videos: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(position_ids (3, B, S), deltas (B, 1))`` for ``input_ids`` ``(B, S)``.
 
@@ -75,6 +79,9 @@ def mrope_position_ids(
     a run whose length is not a whole number of images is an error naming the sample.
     """
     batch, length = input_ids.shape
+    if timestamped_videos and video_grid_thw is not None:  # one (1, h, w) grid per frame group
+        video_grid_thw = video_grid_thw.repeat_interleave(video_grid_thw[:, 0], dim=0)
+        video_grid_thw[:, 0] = 1
     videos = 0 if video_grid_thw is None else video_grid_thw.shape[0]
     intervals: list[torch.Tensor] = []
     if tokens_per_second is not None:  # multiplied in float32, as the reference does

@@ -203,7 +203,7 @@ class VisionLanguageModel(MegatronModule):
             input_ids, spatial_merge_size=self.flavor.spatial_merge_size, image_token_id=self.flavor.image_token_id,
             video_token_id=self.flavor.video_token_id, image_grid_thw=image_grid_thw, video_grid_thw=video_grid_thw,
             attention_mask=padding, second_per_grid_ts=second_per_grid_ts,
-            tokens_per_second=self.flavor.tokens_per_second,
+            tokens_per_second=self.flavor.tokens_per_second, timestamped_videos=self.flavor.timestamped_videos,
         )[0]
 
     def forward(
