@@ -114,8 +114,8 @@ class ExpertResidency:
         buffers = self._host[name]
         for key, slot, tensor in list(self._slots(name)):
             host = buffers.get(key)
-            if host is tensor:
-                continue
+            if _same(host, tensor):
+                continue  # already waiting there
             if host is None or host.shape != tensor.shape or host.dtype != tensor.dtype:
                 host = buffers[key] = self.backend.host_empty_strided(tuple(tensor.shape), tuple(tensor.stride()),
                                                                       tensor.dtype)
@@ -129,7 +129,7 @@ class ExpertResidency:
         buffers = self._host[name]
         for key, slot, tensor in list(self._slots(name)):
             home = self._home(key)
-            if buffers.get(key) is not tensor and tensor.device == home:
+            if not _same(buffers.get(key), tensor) and tensor.device == home:
                 continue  # already where it works (never moved, or created there since)
             placed = torch.empty_strided(tuple(tensor.shape), tuple(tensor.stride()), dtype=tensor.dtype,
                                          device=home)
@@ -143,6 +143,11 @@ class ExpertResidency:
             if not (self.optimizer.defaults.get("fused") or self.optimizer.defaults.get("capturable")):
                 return torch.device("cpu")
         return self.device
+
+
+def _same(host: torch.Tensor | None, tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is ``host`` (by memory: ``param.data`` is a new tensor object at every access)."""
+    return host is not None and host.data_ptr() == tensor.data_ptr() and host.device == tensor.device
 
 
 def _point(slot: Slot, tensor: torch.Tensor) -> None:
