@@ -36,10 +36,10 @@ Slot = tuple[Any, Any]
 class ExpertResidency:
     """Keeps one of ``experts`` (name -> module) on ``device``; see the module docstring.
 
-    :param backend: the device backend whose ``host_empty_strided`` gives the host buffers.
     The experts may come from anywhere (built on the host): the first is moved onto the device, the others into
     host buffers, so the device never holds two.
 
+    :param backend: the device backend whose ``host_empty_strided`` gives the host buffers.
     :param extra: ``extra(name)`` gives further per-expert tensors to move with it (its EMA shadows), a dict whose
         values are replaced in place, or ``None`` when it has none yet.
     """
@@ -63,8 +63,8 @@ class ExpertResidency:
                 self._move_out(name)
             else:
                 self._move_in(name)
-        self._hooks = [module.register_forward_pre_hook(lambda _module, _args, name=name: self.serve(name))
-                       for name, module in experts.items()]
+        for name, module in experts.items():  # sampling, validation: whatever runs an expert makes it resident
+            module.register_forward_pre_hook(lambda _module, _args, name=name: self.serve(name))
 
     def use_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Move ``optimizer``'s state of each expert's parameters with them from now on."""
@@ -85,17 +85,6 @@ class ExpertResidency:
         for name in self.experts:
             if name != self.resident:
                 self._move_out(name)
-
-    def close(self) -> None:
-        """Remove the hooks and bring every expert onto the device."""
-        for handle in self._hooks:
-            handle.remove()
-        for name in self.experts:
-            self._move_in(name)
-
-    def host_buffers(self, name: str) -> list[torch.Tensor]:
-        """The host buffers of expert ``name`` (what its tensors point at while it waits)."""
-        return list(self._host[name].values())
 
     def _slots(self, name: str) -> Iterator[tuple[Any, Slot, torch.Tensor]]:
         """``(key, slot, tensor)`` of everything that moves with expert ``name``."""
