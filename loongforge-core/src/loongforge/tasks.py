@@ -76,6 +76,21 @@ class TaskBase:
     def after_step(self, model: Any) -> None:
         """Called after each optimizer step (EMA updates and the like); the default does nothing."""
 
+    def place_model(self, model: Any, backend: Any, device: Any) -> Any:
+        """Put what :meth:`~Task.build_model` made on ``device`` (``backend``'s, a
+        :class:`~loongforge.devices.base.DeviceBackend`) and return it; called once, before any parallel wrapping.
+
+        The default: ``model.to(device)``. A task whose model does not fit the device whole but uses one part at a
+        time (Wan 2.2's two experts) puts only the part in use there and keeps the rest in host memory (through the
+        backend's ``host_empty_strided``), moving the parts in and out as it uses them; such a task refuses
+        ``parallel.strategy`` wrappers, which hold views of the parameters a move would leave behind."""
+        return model.to(device)
+
+    def use_optimizer(self, optimizer: Any) -> None:
+        """Called once the engine has built the optimizer over the placed model, before a checkpoint is loaded into
+        either: a task that moves parts of its model in and out of the device (:meth:`place_model`) moves their
+        optimizer state with them. The default does nothing."""
+
     def repeated_blocks(self, model: Any) -> list[Any]:
         """The repeated blocks of ``model`` (what :meth:`~Task.build_model` made) that ``training.compile:
         regional`` compiles one by one (:func:`loongforge.train.compile.compile_blocks`): identical blocks share one

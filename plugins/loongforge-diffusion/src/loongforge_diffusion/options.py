@@ -8,6 +8,7 @@ config's ``task:`` against them before a run starts (unknown keys with did-you-m
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from loongforge.config.sections import path_field, ranged
 from loongforge.errors import ConfigError
@@ -110,6 +111,14 @@ class WanTaskOptions:
     lora: WanLoRAOptions | None = None
     ema: EMAOptions | None = None
     recompute: bool = False
+    #: Wan 2.2 A14B (a flavor with ``expert_boundary``): ``both`` experts on the device, or ``one``: only the expert
+    #: serving the current noise level, the other in host memory with its optimizer state and EMA average
+    #: (:mod:`loongforge_diffusion.wan.residency`; one process only).
+    experts_resident: Literal["both", "one"] = "both"
+    #: Wan 2.2 A14B training: the steps of each window of this many train the experts the steps' own draws pick, but
+    #: grouped (high first in odd windows, low first in even ones), so that the expert changes at most once per
+    #: window and ``experts_resident: one`` swaps that rarely; 1 trains each step's draw in place.
+    expert_window: int = ranged(1, low=1)
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,12 @@ class ExpertEMA:
     def after_step(self, model: torch.nn.Module, expert: str) -> None:
         self.parts[expert].after_step(getattr(model, "module", model).expert(expert))
 
+    def shadows(self, expert: str) -> dict[str, torch.Tensor] | None:
+        """``expert``'s averaged weights by name (the dict itself, whose values a one-resident run moves between the
+        device and host memory with the expert), or ``None`` before its first average."""
+        ema = self.parts[expert].ema
+        return None if ema is None else ema.shadow
+
     def state_dict(self) -> dict[str, Any]:
         averages = {name: state["ema"] for name, part in self.parts.items() if (state := part.state_dict())}
         return {"ema_experts": averages} if averages else {}

@@ -76,10 +76,11 @@ from loongforge_diffusion.scoring import score_videos
 from loongforge_diffusion.task import DiffusionTask
 from loongforge_diffusion.training import flavor_of, flow_matching_step
 from loongforge_diffusion.wan.checkpoint import load_wan_checkpoint
-from loongforge_diffusion.wan.experts import EXPERTS, WanExperts, choose_expert, expert_state_dict
+from loongforge_diffusion.wan.experts import EXPERTS, WanExperts, choose_grouped_expert, expert_state_dict
 from loongforge_diffusion.wan.flavors import WanFlavor
 from loongforge_diffusion.wan.lora import apply_lora
 from loongforge_diffusion.wan.model import WanModel
+from loongforge_diffusion.wan.residency import ExpertResidency
 
 
 class WanRunTask(TaskBase):
@@ -102,6 +103,11 @@ class WanRunTask(TaskBase):
         self.experts = self.flavor.expert_boundary is not None
         self.trained_expert: str | None = None
         self.ema = ExpertEMA(self.options.ema, EXPERTS) if self.experts else EMAOption(self.options.ema)
+        if self.options.experts_resident == "one" and not self.experts:
+            raise ConfigError(f"{config.source}: task.experts_resident: one needs a two-expert flavor (one with "
+                              f"expert_boundary, Wan 2.2 A14B); '{config.model.name}' is one DiT")
+        #: ``task.experts_resident: one``: which expert is on the device (set by ``place_model``).
+        self.residency: ExpertResidency | None = None
         self.task = DiffusionTask(objective=self.options.flow_matching, context_dropout=self.options.context_dropout,
                                   seed=config.run.seed)
         #: Training steps taken (with the sample index, it seeds each sample's noise).
@@ -148,6 +154,25 @@ class WanRunTask(TaskBase):
                 apply_lora(dit, rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout, targets=lora.targets)
         return model
 
+    def place_model(self, model: torch.nn.Module, backend: Any, device: Any) -> torch.nn.Module:
+        """``task.experts_resident: one``: the high-noise expert on ``device``, the low-noise one in host memory
+        (:class:`~loongforge_diffusion.wan.residency.ExpertResidency` swaps them as they serve); else all of it."""
+        if self.options.experts_resident == "both":
+            return model.to(device)
+        import torch.distributed as dist
+
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            raise ConfigError(f"{self.source}: task.experts_resident: one runs on one process (a data-parallel "
+                              "wrapper holds views of the parameters a swap moves); use both")
+        self.residency = ExpertResidency({name: model.expert(name) for name in EXPERTS}, backend, device,
+                                         extra=self.ema.shadows)
+        return model
+
+    def use_optimizer(self, optimizer: Any) -> None:
+        """The waiting expert's AdamW moments wait in host memory with it (``task.experts_resident: one``)."""
+        if self.residency is not None:
+            self.residency.use_optimizer(optimizer)
+
     def after_step(self, model: torch.nn.Module) -> None:
         """After each optimizer step: update the EMA of the trained weights (``task.ema``)."""
         if self.experts:
@@ -186,8 +211,11 @@ class WanRunTask(TaskBase):
         generators = sample_generators(self.task.seed, self.steps, batch["index"])
         objective = self.task.objective
         if self.experts:
-            self.trained_expert, objective = choose_expert(objective, self.flavor.expert_boundary, self.task.seed,
-                                                           self.steps)
+            self.trained_expert, objective = choose_grouped_expert(objective, self.flavor.expert_boundary,
+                                                                   self.task.seed, self.steps,
+                                                                   self.options.expert_window)
+            if self.residency is not None:  # before the step, not in its forward: the step's storages are settled
+                self.residency.serve(self.trained_expert)
         return self._loss(model, batch, generators, self.task.context_dropout, objective)
 
     def validation_loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor],
@@ -210,6 +238,8 @@ class WanRunTask(TaskBase):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.steps = int(state["steps"])
         self.ema.load_state_dict(state)
+        if self.residency is not None:  # the engine loaded the checkpoint into the model and optimizer just before
+            self.residency.settle()
 
     def finish(self, model: torch.nn.Module, output_dir: Path, media: MediaLog) -> dict[str, Any]:
         """Sample held-out captions (a data seed never trained on), write GIFs, score them."""

@@ -189,7 +189,7 @@ class TaskEngine(StepEngine):
         torch.manual_seed(config.run.seed)  # the same initial weights on every rank
         random.seed(config.run.seed)  # and the same streams in every run: a checkpoint records them all
         np.random.seed(config.run.seed)
-        model = host.modify_model(task.build_model().to(self.device), config)
+        model = host.modify_model(task.place_model(task.build_model(), backend, self.device), config)
         #: Parameter count of the whole model, taken before a strategy shards it.
         self.num_params = sum(p.numel() for p in model.parameters())
         self.param_names = [name for name, p in model.named_parameters() if p.requires_grad]
@@ -216,6 +216,7 @@ class TaskEngine(StepEngine):
         adamw = dict(lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, weight_decay=opt.weight_decay,
                      fused=fused_adamw_applies(params))
         self.optimizer = strategy.optimizer(params, **adamw) if strategy else torch.optim.AdamW(params, **adamw)
+        task.use_optimizer(self.optimizer)
         self._saves = CheckpointWriter(background=config.checkpoint.async_save)
 
     def _compile(self, model: nn.Module) -> CompileReport:

@@ -85,14 +85,40 @@ def choose_expert(objective: FlowMatchingConfig, boundary: float, seed: int,
     expert. A ``sigma_range`` inside one expert's levels trains that expert alone (Wan-AI trains the experts in
     separate runs; this is how one run does it).
     """
-    low, high = objective.sigma_range
-    ranges = {"high": (max(low, boundary), high), "low": (low, min(high, below(boundary)))}
+    ranges = _expert_ranges(objective, boundary)
     masses = {name: sigma_mass(objective, *bounds) if bounds[0] < bounds[1] else 0.0
               for name, bounds in ranges.items()}
     generator = torch.Generator().manual_seed(sample_seed(seed, step, _EXPERT_DRAW_INDEX))
     draw = float(torch.rand((), generator=generator, dtype=torch.float64))
     name = "high" if draw * (masses["high"] + masses["low"]) < masses["high"] else "low"
     return name, replace(objective, sigma_range=ranges[name])
+
+
+def choose_grouped_expert(objective: FlowMatchingConfig, boundary: float, seed: int, step: int,
+                          window: int) -> tuple[str, FlowMatchingConfig]:
+    """:func:`choose_expert` with the steps grouped by expert in windows of ``window`` steps (``task.expert_window``).
+
+    Each window trains each expert on as many steps as the steps' own draws give it, the high expert's steps first in
+    the 1st, 3rd, ... window and last in the others, so the expert changes at most once per window (and not at the
+    border between windows): a one-resident run (``task.experts_resident: one``) swaps at most once per window. Over a
+    window the experts are trained exactly as often as without grouping; only the order inside it changes. A pure
+    function of ``(seed, step)``, so resume and data-parallel ranks agree."""
+    if window == 1:
+        return choose_expert(objective, boundary, seed, step)
+    number, position = divmod(step - 1, window)
+    first = number * window + 1
+    high = sum(choose_expert(objective, boundary, seed, s)[0] == "high" for s in range(first, first + window))
+    if number % 2 == 0:
+        name = "high" if position < high else "low"
+    else:
+        name = "low" if position < window - high else "high"
+    return name, replace(objective, sigma_range=_expert_ranges(objective, boundary)[name])
+
+
+def _expert_ranges(objective: FlowMatchingConfig, boundary: float) -> dict[str, tuple[float, float]]:
+    """Each expert's part of the objective's noise levels."""
+    low, high = objective.sigma_range
+    return {"high": (max(low, boundary), high), "low": (low, min(high, below(boundary)))}
 
 
 def below(boundary: float) -> float:
