@@ -195,6 +195,10 @@ def _configure_generate(gen: argparse.ArgumentParser) -> None:
                      help="sampling seed (default 0); every prompt samples from its own stream seeded with it, so "
                           "a prompt's text does not depend on the prompts batched with it")
     gen.add_argument("--tokenizer", help="override the checkpoint's tokenizer: byte or hf:/dir")
+    for kind in ("image", "video"):
+        gen.add_argument(f"--{kind}", action="append", default=[], metavar="PATH",
+                         help=f"{kind} file given to every prompt (repeat for several, in order), for models whose "
+                              f"family reads {kind}s; the family places it in the text (see the model's guide)")
     add_trust_code_option(gen)
 
 
@@ -504,6 +508,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         args.checkpoint, prompts, tokens=args.tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, seed=args.seed, tokenizer=args.tokenizer, trust_code=args.trust_code, chat=args.chat,
         system=args.system, ignore_eos=args.ignore_eos, use_cache=not args.no_kv_cache,
+        media={"image": args.image, "video": args.video},
     )
     for index, completion in enumerate(completions):
         if args.jsonl:

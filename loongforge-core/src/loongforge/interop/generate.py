@@ -13,12 +13,17 @@ prompt is rendered with the tokenizer's chat template (:mod:`loongforge.data.cha
 reply is the completion. Decoding shows its progress per token position of the batch (:mod:`loongforge.progress`)
 on standard error, since standard output is the completions; reading a Hugging Face directory's weights shows
 it per tensor. A batch that stops early (every prompt at end-of-text) ends its display short of the total.
+
+Media files (``--image PATH``, ``--video PATH``) go with every prompt. Core reads none of them: the model's family
+declares the kinds it reads (:attr:`~loongforge.models.family.ModelFamily.media_kinds`) and makes the prompts ready
+(:meth:`~loongforge.models.family.ModelFamily.media_prompts`: placeholders expanded, forward inputs, positions);
+a family that declares none is refused in one line naming the model.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +75,7 @@ def complete_from_checkpoint(
     system: str | None = None,
     ignore_eos: bool = False,
     use_cache: bool = True,
+    media: Mapping[str, Sequence[str | Path]] | None = None,
 ) -> list[Completion]:
     """What the model in ``path`` writes after each prompt, the prompts decoded as one batch with a KV cache
     (:mod:`loongforge.models.generate`; greedy unless ``temperature > 0``).
@@ -77,11 +83,13 @@ def complete_from_checkpoint(
     ``chat`` renders each prompt with the tokenizer's chat template (:func:`chat_prompt_text`); ``ignore_eos``
     writes all ``tokens`` ids even past the end-of-text id; ``use_cache=False`` recomputes the whole context each
     token. ``trust_code`` lets a ``pkg.module:attr`` model name in a LoongForge checkpoint's config import its module.
+    ``media`` maps a kind of file (``image``) to paths given to every prompt, read by the model's family.
     """
     from loongforge.interop.mcore_checkpoint import HF_SOURCE
     from loongforge.interop.world import standalone_world
     from loongforge.models.chunks import build_standalone
     from loongforge.models.generate import generate_batch
+    from loongforge.models.media import MediaRequest
 
     if tokens < 0:
         raise InteropError(f"the number of new tokens must be >= 0, got {tokens}")
@@ -91,8 +99,17 @@ def complete_from_checkpoint(
     path, family, is_hf = source.path, source.family, source.is_hf
     spec, tok = source_tokenizer(source, tokenizer)
     decoder = family.decoder
-    texts = [chat_prompt_text(tok, prompt, system) if chat else _plain_prompt(prompt) for prompt in prompts]
-    encoded = [tok.encode(text) for text in texts]
+    render: Callable[[Prompt], str] = (lambda prompt: chat_prompt_text(tok, prompt, system)) if chat else _plain_prompt
+    files = _media_files(source, media or {})
+    prepared = None
+    if files:
+        model_dir = path if is_hf else path / HF_SOURCE
+        prepared = family.media_prompts(MediaRequest(prompts, files, render, tok, model_dir if model_dir.is_dir()
+                                                     else None))
+        texts, encoded = prepared.texts, prepared.ids
+    else:
+        texts = [render(prompt) for prompt in prompts]
+        encoded = [tok.encode(text) for text in texts]
     for number, (text, ids) in enumerate(zip(texts, encoded, strict=True), 1):
         if not ids:
             raise InteropError(f"prompt {number} ({text!r}) has no tokens")
@@ -105,10 +122,28 @@ def complete_from_checkpoint(
                 model, encoded, tokens, vocab_size=tok.vocab_size,
                 max_positions=decoder.max_position_embeddings, temperature=temperature, top_k=top_k, top_p=top_p,
                 seed=seed, stop_ids=() if ignore_eos else stop_ids(path if is_hf else path / HF_SOURCE, spec, tok),
-                use_cache=use_cache,
+                use_cache=use_cache, media=prepared,
                 on_step=lambda writing: progress.advance(note=f"{writing} of {len(encoded)} prompts writing"),
             )
     return [Completion(text, ids, tok.decode(ids)) for text, ids in zip(texts, new, strict=True)]
+
+
+def _media_files(source: ModelSource, media: Mapping[str, Sequence[str | Path]]) -> dict[str, list[Path]]:
+    """``media`` as existing paths by kind, each kind one the model's family reads (else one line naming the model
+    and the kind); kinds without files are left out."""
+    from loongforge.resolve import model_label
+
+    files = {kind: [Path(item).expanduser() for item in paths] for kind, paths in media.items() if paths}
+    family = source.family
+    name = model_label(source.config, family) if source.config is not None else family.family_name
+    for kind, paths in files.items():
+        if kind not in family.media_kinds:
+            reads = ", ".join(family.media_kinds) or "text only"
+            raise InteropError(f"{source.path}: model '{name}' takes no {kind} input (it reads {reads})")
+        for item in paths:
+            if not item.is_file():
+                raise InteropError(f"{kind} file {item} does not exist")
+    return files
 
 
 def source_tokenizer(source: ModelSource, override: str | None = None) -> tuple[str, Any]:

@@ -40,8 +40,12 @@ BIN = "pytorch_model.bin"
 BIN_INDEX = "pytorch_model.bin.index.json"
 #: Files besides weights, config.json and the tokenizer that a converted directory keeps.
 GENERATION_FILES = ("generation_config.json",)
-#: Everything a converted directory keeps from its source: the tokenizer (files or descriptor) and generation files.
-CARRIED_FILES = (*TOKENIZER_FILES, DESCRIPTOR, *GENERATION_FILES)
+#: transformers' processor settings (a vision model's image sizes and normalisation), read by a family that takes
+#: media files (``loongforge generate --image``) and by transformers' ``AutoProcessor`` after an export.
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
+#: Everything a converted directory keeps from its source: the tokenizer (files or descriptor), generation and
+#: processor files.
+CARRIED_FILES = (*TOKENIZER_FILES, DESCRIPTOR, *GENERATION_FILES, *PROCESSOR_FILES)
 #: Buffers some older checkpoints saved (RoPE frequencies, GPT-2's causal-mask ``attn.bias``/``attn.masked_bias``);
 #: recomputed from config.json, never weights.
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")

@@ -52,8 +52,10 @@ def _full_name(local_name: str, layer_numbers: dict[str, int], piece: ShardedTen
 def _pieces(chunk: Any) -> Iterator[tuple[str, str, ShardedTensor | ShardedTensorFactory, list[ShardedTensor]]]:
     """``(local name, full name, entry, placed pieces)`` for every tensor entry of ``chunk``'s sharded state."""
     model = unwrap_model(chunk)
-    layer_numbers = {str(i): layer.layer_number - 1 for i, layer in enumerate(model.decoder.layers)}
+    layer_numbers: dict[str, int] = {}  # read only where names are the decoder's own (a composed model's are nested)
     for local_name, entry in model.sharded_state_dict().items():
+        if not layer_numbers and local_name.startswith(_LAYERS):
+            layer_numbers = {str(i): layer.layer_number - 1 for i, layer in enumerate(model.decoder.layers)}
         if isinstance(entry, ShardedTensorFactory):
             built = entry.build()
             pieces = list(built) if isinstance(built, list) else [built]

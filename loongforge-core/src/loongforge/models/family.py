@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from loongforge.config.schema import LoongForgeConfig
     from loongforge.models.chunks import ChunkBuild
     from loongforge.models.flavor import DecoderFlavor
+    from loongforge.models.media import MediaPrompts, MediaRequest
     from loongforge.models.parameter_groups import ParameterGroup
     from loongforge.models.sizing import DecoderTerms, LayoutProblem
     from loongforge.parallel.megatron import Layout
@@ -173,6 +174,10 @@ class ModelFamily:
     #: composes this model; the one registered family with this set and :attr:`part_roles` covering the given
     #: roles is chosen (a VLM plugin's bare ``vlm`` composition).
     default_composition: ClassVar[bool] = False
+    #: Kinds of media file generation can give this model beside its text (``loongforge generate --image PATH``
+    #: gives kind ``"image"``), read by :meth:`media_prompts`. Empty: text only, and a file of any kind is refused
+    #: in one line naming the model.
+    media_kinds: ClassVar[tuple[str, ...]] = ()
 
     @property
     def family_name(self) -> str:
@@ -277,6 +282,16 @@ class ModelFamily:
         engine's optimizer and schedule: a composed model's per-part options. Default ``()``: every parameter
         follows ``optimizer:``. (The task engine's single AdamW group does not read them yet.)"""
         return ()
+
+    def media_prompts(self, request: MediaRequest) -> MediaPrompts:
+        """Megatron engine: the prompts of ``request`` (:class:`loongforge.models.media.MediaRequest`) made ready
+        for generation with its media files, each of a kind in :attr:`media_kinds`: token ids with the media
+        placeholders expanded, the forward inputs that carry the files, and the positions of the prompts and of the
+        tokens after them (:class:`loongforge.models.media.MediaPrompts`). Where the files go in the text is the
+        family's choice (a placeholder the prompt holds, else before the text). An unreadable file raises a
+        one-line :class:`~loongforge.errors.LoongForgeError` naming it. Core calls this only with kinds the family
+        declares, so the default is never reached by a text-only model."""
+        raise ConfigError(f"model {self.family_name} declares media kinds {self.media_kinds} but reads none")
 
     def check_task(self, config: LoongForgeConfig, options: Any) -> list[str]:
         """Task engine: the pre-flight of what the typed ``task:`` ``options`` name (a dataset, a checkpoint), run by

@@ -6,13 +6,21 @@ own static-batching inference path: a :class:`~megatron.core.inference.contexts.
 as ``inference_context`` makes each attention layer keep its keys and values, so after the prompt (the prefill)
 every step feeds one token per prompt. It runs on CPU unmodified under the CPU backend's patches (the cache
 buffers are allocated in ``megatron.core.transformer.attention``, which already sees the CPU view of ``torch``).
-Models outside that path -- a composed model (a VLM) whose forward takes no inference context, M-RoPE (its
-rotary table comes from the current positions only, so megatron cannot slice it for a cached step), a
-sequence-parallel training model (one token cannot be split over ranks; its recomputed contexts are left-padded
-to a multiple of the tensor-parallel size) -- recompute the whole context each token, which gives the same
-tokens, only slower (``use_cache=False`` forces that path). Once a context outgrows the model's maximum
-positions, the cache is dropped and each step recomputes the last ``max_positions`` tokens, as it always did
-without a cache.
+A composed model (a VLM) decodes through the cache of the ``GPTModel`` it runs when it says so
+(:class:`ComposedDecoder`). M-RoPE is cached too, with one difference: megatron computes its rotary table from the
+position ids it is given, and the cached attention rotates every cached key by that table's first rows each step,
+so a cached M-RoPE step is given the positions of the whole context (only its new tokens). Models outside that
+path -- a sequence-parallel training model (one token cannot be split over ranks; its recomputed contexts are
+left-padded to a multiple of the tensor-parallel size), attention that keeps no cache -- recompute the whole
+context each token, which gives the same tokens, only slower (``use_cache=False`` forces that path). Once a
+context outgrows the model's maximum positions, the cache is dropped and each step recomputes the last
+``max_positions`` tokens, as it always did without a cache.
+
+**Media.** Prompts a family prepared with media files (:class:`loongforge.models.media.MediaPrompts`) bring the
+forward inputs that carry the files, given to the prefill only (and to every recomputation without a cache), and
+their own positions: each prompt's (with several axes for M-RoPE), then for each new token its index among the
+prompt's real tokens plus the prompt's offset (M-RoPE's rope delta), as transformers places it. Such a context
+cannot slide (it would cut placeholders off their features), so prompts and new tokens must fit the positions.
 
 **Batches.** Prompts of different lengths are left-padded into one batch. An explicit attention mask hides the
 padding from every real token (a padded query sees itself only, so its row stays finite and cannot poison the
@@ -31,15 +39,28 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
 
 from loongforge.errors import LoongForgeError
+from loongforge.models.media import MediaPrompts
 
-#: Position-embedding kinds whose cached steps megatron's static inference path computes exactly.
-_CACHEABLE_POSITIONS = ("rope", "learned_absolute", "none")
+#: Position-embedding kinds whose cached steps megatron's static inference path computes exactly (``mrope`` given
+#: the whole context's positions, see the module docstring).
+_CACHEABLE_POSITIONS = ("rope", "learned_absolute", "none", "mrope")
+
+
+@runtime_checkable
+class ComposedDecoder(Protocol):
+    """A model that runs a megatron ``GPTModel`` after stages of its own (a VLM's vision tower writing into the
+    embeddings) and decodes with that model's KV cache: its forward takes the ``GPTModel``'s ``inference_context``
+    and ``runtime_gather_output`` keywords and passes them on, and it runs only its text stages on tokens given
+    without media inputs (a cached step)."""
+
+    def kv_cache_decoder(self) -> Any:
+        """The ``GPTModel`` whose attention layers hold the cache."""
 
 
 def gather_vocab(logits: torch.Tensor) -> torch.Tensor:
@@ -87,13 +108,26 @@ def _next_token(logits: torch.Tensor, temperature: float, top_k: int, uniform: f
     return pick(probs, uniform)
 
 
-def supports_kv_cache(model: Any) -> bool:
-    """Whether ``model`` decodes through megatron's static inference path (see the module docstring)."""
+def _language_model(model: Any) -> Any:
+    """The ``GPTModel`` that ``model`` decodes through: itself, or a composed model's; ``None`` otherwise."""
     from megatron.core.models.gpt import GPTModel
 
-    return (isinstance(model, GPTModel) and model.position_embedding_type in _CACHEABLE_POSITIONS
-            and not model.config.sequence_parallel
+    decoder = model.kv_cache_decoder() if isinstance(model, ComposedDecoder) else model
+    return decoder if isinstance(decoder, GPTModel) else None
+
+
+def supports_kv_cache(model: Any) -> bool:
+    """Whether ``model`` decodes through megatron's static inference path (see the module docstring)."""
+    decoder = _language_model(model)
+    return (decoder is not None and decoder.position_embedding_type in _CACHEABLE_POSITIONS
+            and not decoder.config.sequence_parallel
             and all(getattr(module, "supports_kv_cache", True) for module in model.modules()))
+
+
+def _multi_axis_rope(model: Any) -> bool:
+    """Whether ``model`` rotates by M-RoPE's three position axes."""
+    decoder = _language_model(model)
+    return decoder is not None and decoder.position_embedding_type == "mrope"
 
 
 def _sequence_parallel_size(model: Any) -> int:
@@ -151,15 +185,28 @@ class _Context:
     """The growing, left-padded token batch and, while it lasts, the model's KV cache over it."""
 
     def __init__(self, model: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, max_positions: int,
-                 use_cache: bool, device: torch.device) -> None:
-        prompts = [list(prompt)[-max_positions:] for prompt in prompts]
+                 use_cache: bool, device: torch.device, media: MediaPrompts | None = None) -> None:
+        if media is None:
+            prompts = [list(prompt)[-max_positions:] for prompt in prompts]
+        elif _sequence_parallel_size(model) > 1:
+            raise LoongForgeError("prompts with media are decoded without sequence parallelism")
+        elif max(map(len, prompts)) + max_new_tokens > max_positions:
+            raise LoongForgeError(f"a prompt of {max(map(len, prompts))} tokens with its media and {max_new_tokens} "
+                                  f"new tokens exceed the model's {max_positions} positions: ask for fewer tokens")
         width = max(len(prompt) for prompt in prompts)
         self.tokens = torch.zeros(len(prompts), width, dtype=torch.long, device=device)
         self.real = torch.zeros(len(prompts), width, dtype=torch.bool, device=device)
         for row, prompt in enumerate(prompts):
             self.tokens[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
             self.real[row, width - len(prompt):] = True
-        self.model, self.max_positions = model, max_positions
+        self.model, self.max_positions, self.prompt_width = model, max_positions, width
+        #: Forward inputs of the prompts' media (the prefill's), their positions ``(axes, b, width)`` and offsets.
+        self.inputs: dict[str, Any] = {} if media is None else dict(media.inputs)
+        self.prompt_positions = None if media is None else _prompt_positions(media, width, device)
+        self.offsets = None
+        if media is not None and media.position_offsets:
+            self.offsets = torch.tensor(media.position_offsets, dtype=torch.long, device=device).unsqueeze(1)
+        self.multi_axis = _multi_axis_rope(model)
         #: Sequence parallelism splits the sequence over the tensor-parallel ranks: recomputed contexts are
         #: left-padded (masked) to a multiple of their number.
         self.sequence_multiple = _sequence_parallel_size(model)
@@ -170,6 +217,21 @@ class _Context:
 
             self.cache = StaticInferenceContext(len(prompts), min(max_positions, width + max_new_tokens))
 
+    def positions(self, real: torch.Tensor) -> torch.Tensor:
+        """Position ids of the columns of ``real`` (the whole context, or without media its sliding window):
+        ``(b, s)``, or ``(axes, b, s)`` for media prompts with several axes or an M-RoPE model (text: equal axes)."""
+        ids = _positions(real)
+        if self.offsets is not None:  # tokens after the prompts sit past their media
+            after = torch.arange(ids.shape[1], device=ids.device) >= self.prompt_width
+            ids = ids + self.offsets * after
+        if self.prompt_positions is None and not self.multi_axis:
+            return ids
+        axes = 3 if self.prompt_positions is None else self.prompt_positions.shape[0]
+        ids = ids.unsqueeze(0).repeat(axes, 1, 1)
+        if self.prompt_positions is not None:
+            ids[:, :, :self.prompt_width] = self.prompt_positions
+        return ids
+
     def last_logits(self) -> torch.Tensor:
         """``[b, padded vocab]`` logits of the token after each row's context."""
         if self.cache is not None and self.tokens.shape[1] > self.cache.max_sequence_length:
@@ -177,13 +239,16 @@ class _Context:
         if self.cache is None:
             tokens, real = self.tokens[:, -self.max_positions:], self.real[:, -self.max_positions:]
             pad = -tokens.shape[1] % self.sequence_multiple
+            positions = F.pad(self.positions(real), (pad, 0))
             tokens, real = F.pad(tokens, (pad, 0)), F.pad(real, (pad, 0))
-            logits = self.model(tokens, _positions(real), _attention_mask(real, real.shape[1]))
+            logits = self.model(tokens, positions, _attention_mask(real, real.shape[1]), **self.inputs)
             return gather_vocab(logits)[:, -1]
         new = self.tokens.shape[1] - self.cached
+        positions = self.positions(self.real)
         logits = self.model(
-            self.tokens[:, self.cached:], _positions(self.real)[:, self.cached:], _attention_mask(self.real, new),
-            inference_context=self.cache, runtime_gather_output=True,
+            self.tokens[:, self.cached:], positions if self.multi_axis else positions[..., self.cached:],
+            _attention_mask(self.real, new), inference_context=self.cache, runtime_gather_output=True,
+            **(self.inputs if self.cached == 0 else {}),
         )
         self.cache.increment_sequence_len_offset(new)
         self.cached += new
@@ -194,6 +259,20 @@ class _Context:
         device = self.tokens.device
         self.tokens = torch.cat([self.tokens, torch.tensor(column, device=device).unsqueeze(1)], dim=1)
         self.real = torch.cat([self.real, torch.tensor(real, device=device).unsqueeze(1)], dim=1)
+
+
+def _prompt_positions(media: MediaPrompts, width: int, device: torch.device) -> torch.Tensor | None:
+    """``(axes, b, width)`` position ids of the left-padded prompts from each prompt's own (padding: 0)."""
+    if media.positions is None:
+        return None
+    axes = {int(p.shape[0]) for p in media.positions}
+    if len(axes) != 1 or any(p.shape[-1] != len(ids) for p, ids in zip(media.positions, media.ids, strict=True)):
+        raise LoongForgeError("media prompts: every prompt's positions must be (axes, its length) with one number of "
+                              f"axes, got {[tuple(p.shape) for p in media.positions]}")
+    out = torch.zeros(axes.pop(), len(media.ids), width, dtype=torch.long, device=device)
+    for row, positions in enumerate(media.positions):
+        out[:, row, width - positions.shape[-1]:] = positions.to(device)
+    return out
 
 
 @dataclass
@@ -224,6 +303,7 @@ def sample_batch(
     use_cache: bool = True,
     on_step: Callable[[int], None] | None = None,
     uniforms: Sequence[Sequence[float]] | None = None,
+    media: MediaPrompts | None = None,
 ) -> Sampled:
     """Extend each prompt by up to ``max_new_tokens`` ids (one number, or one per prompt).
 
@@ -235,6 +315,8 @@ def sample_batch(
     longer than ``max_positions`` keep their last ``max_positions`` ids. ``use_cache=False`` recomputes the whole
     context every token. ``seed`` seeds every prompt's generator, or one seed per prompt; ``uniforms``, when given,
     replaces the generators: the ``k``-th token sampled for prompt ``r`` is picked by the draw ``uniforms[r][k]``.
+    ``media``: what a family made of the prompts with media files (:class:`~loongforge.models.media.MediaPrompts`,
+    whose ``ids`` are ``prompts``): their forward inputs and positions.
     """
     from megatron.core import parallel_state
 
@@ -247,7 +329,7 @@ def sample_batch(
     generators = [torch.Generator(device="cpu").manual_seed(s) for s in seeds]
     was_training = model.training
     model.eval()
-    context = _Context(model, prompts, max(limits), max_positions, use_cache, next(model.parameters()).device)
+    context = _Context(model, prompts, max(limits), max_positions, use_cache, next(model.parameters()).device, media)
     out = Sampled([[] for _ in prompts], [[] for _ in prompts], [None] * len(prompts))
     live = [limit > 0 for limit in limits]
     try:

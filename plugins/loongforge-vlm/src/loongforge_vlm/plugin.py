@@ -45,6 +45,13 @@ def loongforge_register_datasets(registry):
 
 
 @hookimpl
+def loongforge_register_hf_architectures(registry):
+    from loongforge_vlm.model.hf_adapter import register_hf_architectures
+
+    register_hf_architectures(registry)
+
+
+@hookimpl
 def loongforge_register_tokenizers(registry):
     registry.register("byte-vision", "loongforge_vlm.data.tokens:VisionByteTokenizer",
                       description="byte tokenizer + vision tokens (image pad 259, start 260, end 261, video pad 262)")

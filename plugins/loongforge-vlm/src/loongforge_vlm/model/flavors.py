@@ -66,6 +66,7 @@ class VLMFlavor(ModelFamily):
 
     part_roles: ClassVar[tuple[str, ...]] = PART_ROLES
     extra_inputs: ClassVar[tuple[str, ...]] = EXTRA_INPUTS
+    media_kinds: ClassVar[tuple[str, ...]] = ("image",)
 
     encoder: QwenViTFlavor | SiglipFlavor | InternViTFlavor
     foundation: DecoderFlavor
@@ -170,6 +171,23 @@ class VLMFlavor(ModelFamily):
         from loongforge_vlm.model.replay import replay_batch
 
         return replay_batch(self, batch, generator)
+
+    def hf_adapter(self) -> Any:
+        """The Hugging Face tensors and ``config.json`` of a flavor with a transformers counterpart
+        (:mod:`loongforge_vlm.model.hf_adapter`), so core reads its directories (``generate``, ``diff``); ``None``
+        for a composed one."""
+        from loongforge_vlm.model.hf_adapter import ARCHITECTURES, INTERNVL_ARCHITECTURE, VLMHFAdapter
+
+        if self.hf_architecture not in (*ARCHITECTURES, INTERNVL_ARCHITECTURE) or self.foundation.num_experts:
+            return None
+        return VLMHFAdapter(self)
+
+    def media_prompts(self, request: Any) -> Any:
+        """Prompts with images for ``loongforge generate --image`` (:mod:`loongforge_vlm.model.media_prompts`): the
+        processor's pixels, the placeholders expanded with this model's token ids, M-RoPE positions and deltas."""
+        from loongforge_vlm.model.media_prompts import media_prompts
+
+        return media_prompts(self, request)
 
     def reference_implementation(self) -> Any:
         """transformers' own model of a flavor with a Hugging Face layout (Qwen2-VL, Qwen2.5-VL), for ``loongforge

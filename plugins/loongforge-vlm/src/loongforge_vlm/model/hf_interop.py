@@ -36,13 +36,8 @@ from loongforge_vlm.encoders.qwen_vit_flavors import ACTIVATIONS as _VISION_ACT
 from loongforge_vlm.encoders.qwen_vit_flavors import QwenViTFlavor
 from loongforge_vlm.model import internvl_interop
 from loongforge_vlm.model.flavors import VLMFlavor
+from loongforge_vlm.model.hf_adapter import ARCHITECTURES
 
-#: ``architectures[0]`` -> (encoder family, ``model_type``).
-ARCHITECTURES: dict[str, tuple[str, str]] = {
-    "Qwen2VLForConditionalGeneration": ("qwen2-vl", "qwen2_vl"),
-    "Qwen2_5_VLForConditionalGeneration": ("qwen2.5-vl", "qwen2_5_vl"),
-    "Qwen3VLForConditionalGeneration": ("qwen3-vl", "qwen3_vl"),
-}
 #: The core decoder family (and its transformers class) of each encoder family's language model.
 _TEXT_FAMILIES = {"qwen2-vl": ("qwen2", "Qwen2ForCausalLM"), "qwen2.5-vl": ("qwen2", "Qwen2ForCausalLM"),
                   "qwen3-vl": ("qwen3", "Qwen3ForCausalLM")}

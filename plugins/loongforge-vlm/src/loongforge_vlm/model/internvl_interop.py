@@ -31,8 +31,9 @@ from loongforge.models.hf_layouts import FAMILIES
 from loongforge_vlm.encoders import internvit
 from loongforge_vlm.encoders.internvit_flavors import InternViTFlavor
 from loongforge_vlm.model.flavors import INTERNVL_TOKENS, MlpProjectorFlavor, VLMFlavor
+from loongforge_vlm.model.hf_adapter import INTERNVL_ARCHITECTURE, INTERNVL_MODEL_TYPE
 
-ARCHITECTURE, MODEL_TYPE = "InternVLForConditionalGeneration", "internvl"
+ARCHITECTURE, MODEL_TYPE = INTERNVL_ARCHITECTURE, INTERNVL_MODEL_TYPE
 #: transformers 5 prefixes (in memory) and the saved ones, per part.
 VISION, PROJECTOR, LANGUAGE, LM_HEAD = ("model.vision_tower.", "model.multi_modal_projector.",
                                         "model.language_model.", "lm_head.weight")

@@ -127,6 +127,11 @@ class VisionLanguageModel(MegatronModule):
         last pipeline stage."""
         return self.language_model.shared_embedding_or_output_weight()
 
+    def kv_cache_decoder(self) -> Any:
+        """The backbone, whose attention keeps the KV cache when core decodes this model
+        (:class:`loongforge.models.generate.ComposedDecoder`)."""
+        return self.language_model
+
     def set_input_tensor(self, input_tensor: Any) -> None:
         """Megatron's pipeline schedule hands the previous stage's activations in here."""
         self.language_model.set_input_tensor(input_tensor)
@@ -143,11 +148,14 @@ class VisionLanguageModel(MegatronModule):
         return list(self.projector(self.encoder(pixel_values), (rows, cols)).unbind(0)), []
 
     def _scatter(self, embeddings: torch.Tensor, input_ids: torch.Tensor, token_id: int, kind: str,
-                 features: list[torch.Tensor], deepstack: list[torch.Tensor], residuals: list[torch.Tensor]
-                 ) -> torch.Tensor:
-        """``embeddings`` ``(B, S, H)`` with the features written into the ``token_id`` positions, in order; the
-        DeepStack features are written into the same positions of ``residuals`` (one ``(B, S, H)`` per level)."""
+                 features: list[torch.Tensor], deepstack: list[torch.Tensor], residuals: list[torch.Tensor],
+                 media_columns: int | None = None) -> torch.Tensor:
+        """``embeddings`` ``(B, S, H)`` with the features written into the ``token_id`` positions (of the first
+        ``media_columns`` columns, when given), in order; the DeepStack features are written into the same positions
+        of ``residuals`` (one ``(B, S, H)`` per level)."""
         mask = input_ids == token_id
+        if media_columns is not None:
+            mask[:, media_columns:] = False
         _check_counts(kind, mask.sum(-1).tolist(), [f.shape[0] for f in features])
         flat = torch.cat(features).to(embeddings.dtype)
         for level, level_features in enumerate(deepstack):
@@ -156,7 +164,8 @@ class VisionLanguageModel(MegatronModule):
 
     def embed(self, input_ids: torch.Tensor, *, pixel_values: torch.Tensor | None = None,
               image_grid_thw: torch.Tensor | None = None, pixel_values_videos: torch.Tensor | None = None,
-              video_grid_thw: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+              video_grid_thw: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+              media_columns: int | None = None) -> torch.Tensor:
         """The decoder input ``[S, B, H]`` (this rank's sequence slice under sequence parallelism).
 
         ``position_ids (B, S)`` reach a foundation that learns absolute positions (GPT-2): its embedding adds them
@@ -173,13 +182,13 @@ class VisionLanguageModel(MegatronModule):
         if pixel_values is not None:
             features, deepstack = self._vision_features(pixel_values, image_grid_thw)
             embeddings = self._scatter(embeddings, input_ids, self.flavor.image_token_id, "image", features,
-                                       deepstack, residuals)
+                                       deepstack, residuals, media_columns)
         if pixel_values_videos is not None:
             if self.flavor.video_token_id is None:
                 raise LoongForgeError("this model has no video token (flavor.video_token_id is None)")
             features, deepstack = self._vision_features(pixel_values_videos, video_grid_thw)
             embeddings = self._scatter(embeddings, input_ids, self.flavor.video_token_id, "video", features,
-                                       deepstack, residuals)
+                                       deepstack, residuals, media_columns)
         if self.deepstack is not None:
             has_vision = pixel_values is not None or pixel_values_videos is not None
             self.deepstack.residuals = [self._decoder_layout(r) for r in residuals] if has_vision else None
@@ -219,6 +228,9 @@ class VisionLanguageModel(MegatronModule):
         video_grid_thw: torch.Tensor | None = None,
         second_per_grid_ts: torch.Tensor | None = None,
         loss_mask: torch.Tensor | None = None,
+        inference_context: Any = None,
+        runtime_gather_output: bool | None = None,
+        media_columns: int | None = None,
     ) -> torch.Tensor:
         """Logits ``(B, S, vocab)``, or the per-token loss ``(B, S)`` when ``labels`` are given.
 
@@ -229,6 +241,12 @@ class VisionLanguageModel(MegatronModule):
         encoders take the processor's ``pixel_values`` ``(patches, patch_dim)`` with ``image_grid_thw``; a
         SigLIP encoder takes ``(images, C, H, W)``. ``position_ids`` default to :meth:`position_ids`; an M-RoPE
         model also accepts ``(B, S)`` ids for text-only batches (all three rows equal).
+
+        ``inference_context`` and ``runtime_gather_output`` reach the backbone's KV-cache decoding (core's
+        :mod:`loongforge.models.generate`): the prefill brings the vision inputs, each cached step only new text
+        tokens, and an M-RoPE step the positions of the whole context (megatron rotates the cached keys by them).
+        ``media_columns``: only the first that many columns hold placeholders (a generated context recomputed
+        without a cache: a token written after the prompts is text even when it is a placeholder id).
         """
         mask = attention_mask
         if attention_mask is not None and attention_mask.ndim == 2:
@@ -246,8 +264,10 @@ class VisionLanguageModel(MegatronModule):
         if self.language_model.pre_process:
             decoder_input = self.embed(input_ids, pixel_values=pixel_values, image_grid_thw=image_grid_thw,
                                        pixel_values_videos=pixel_values_videos, video_grid_thw=video_grid_thw,
-                                       position_ids=position_ids)
+                                       position_ids=position_ids, media_columns=media_columns)
         extra = {} if loss_mask is None else {"loss_mask": loss_mask}
+        if inference_context is not None:
+            extra.update(inference_context=inference_context, runtime_gather_output=runtime_gather_output)
         return self.language_model(input_ids, position_ids, mask, decoder_input=decoder_input, labels=labels,
                                    **extra)
 
