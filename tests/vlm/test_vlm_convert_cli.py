@@ -58,5 +58,5 @@ def test_bad_inputs_are_one_line_and_write_nothing(tmp_path, capsys):
     assert main(["convert", "mcore-to-hf", str(tmp_path / "hf"), str(tmp_path / "out")]) == 2  # not a checkpoint
     err = capsys.readouterr().err  # no converter claims an HF directory as a LoongForge checkpoint
     assert err.count("\n") == 1 and f"no registered handler claims '{tmp_path / 'hf'}'" in err, err
-    assert "vlm-checkpoint (loongforge-vlm): a LoongForge checkpoint of a Qwen2-VL" in err
+    assert "hf-exportable-checkpoint (loongforge-core): a LoongForge checkpoint" in err
     assert not (tmp_path / "out").exists()

@@ -1,29 +1,20 @@
-"""What the ``vlm`` plugin adds to the ``loongforge`` command line: Qwen2-VL / Qwen2.5-VL / Qwen3-VL conversion
-both ways (``loongforge convert``), VQA evaluation of a VLM checkpoint (``loongforge eval``), the synthetic shapes
-set (``loongforge make-data shapes``) and preference pairs on shapes images (``loongforge make-data shapes-pairs``).
+"""What the ``vlm`` plugin adds to the ``loongforge`` command line: VQA evaluation of a VLM checkpoint (``loongforge
+eval``), the synthetic shapes set (``loongforge make-data shapes``) and preference pairs on shapes images
+(``loongforge make-data shapes-pairs``). Conversion both ways needs nothing here: the family registers its Hugging
+Face reader and adapter (:mod:`loongforge_vlm.model.hf_adapter`), so core's ``loongforge convert`` handlers, like
+``generate``, ``diff`` and ``model.load: hf:``, read and write VLM directories.
 
-Torch-free: the claims read ``config.json`` or a checkpoint's saved config; the converters, the evaluator and the
-generator are registered by import path and load when they run. The generator's options are set up here, because
-every generator's are whenever ``make-data`` is parsed, and the drawing module imports numpy and Pillow.
+Torch-free: the claim reads a checkpoint's saved config; the evaluator and the generators are registered by import
+path and load when they run. The generator's options are set up here, because every generator's are whenever
+``make-data`` is parsed, and the drawing module imports numpy and Pillow.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from loongforge.claims import checkpoint_model, hf_config_names
+from loongforge.claims import checkpoint_model
 from loongforge.commands import CommandRegistry
-
-
-def claims_hf_vlm(source: str, *, trust_code: bool) -> bool:
-    """A transformers directory of a vision-language architecture :mod:`loongforge_vlm.model.hf_interop` reads."""
-    from loongforge_vlm.model import internvl_interop
-    from loongforge_vlm.model.hf_interop import ARCHITECTURES
-
-    arch, model_type = hf_config_names(source)
-    if arch is not None:
-        return arch in ARCHITECTURES or arch == internvl_interop.ARCHITECTURE
-    return model_type in {row[1] for row in ARCHITECTURES.values()} | {internvl_interop.MODEL_TYPE}
 
 
 def claims_vlm_checkpoint(source: str, *, trust_code: bool) -> bool:
@@ -47,16 +38,6 @@ def configure_shapes(parser: argparse.ArgumentParser) -> None:
 
 
 def register_commands(commands: CommandRegistry) -> None:
-    commands.add_handler("convert hf-to-mcore", "hf-vlm", claims=claims_hf_vlm,
-                         accepts="a transformers Qwen2-VL / Qwen2.5-VL / Qwen3-VL / InternVL directory (config.json "
-                                 "architectures Qwen2VLForConditionalGeneration / Qwen2_5_VLForConditionalGeneration "
-                                 "/ Qwen3VLForConditionalGeneration / InternVLForConditionalGeneration)",
-                         configure="loongforge_vlm.convert:configure_hf_to_loongforge",
-                         run="loongforge_vlm.convert:run_hf_to_loongforge")
-    commands.add_handler("convert mcore-to-hf", "vlm-checkpoint", claims=claims_vlm_checkpoint,
-                         accepts="a LoongForge checkpoint of a Qwen2-VL / Qwen2.5-VL / Qwen3-VL / InternVL model",
-                         configure="loongforge_vlm.convert:configure_loongforge_to_hf",
-                         run="loongforge_vlm.convert:run_loongforge_to_hf")
     commands.add_handler("eval", "vlm-vqa", claims=claims_vlm_checkpoint,
                          accepts="a LoongForge checkpoint of a vision-language model (held-out VQA accuracy)",
                          configure="loongforge_vlm.evaluate:configure", run="loongforge_vlm.evaluate:run")
