@@ -1,7 +1,7 @@
 """The ModelFamilySuite for the composed VLM: ``vlm-tiny`` (SigLIP-tiny + MLP projector + llama-debug) builds
 through the one builder with the device's layers, trains a step on an image-text batch (every vision and text
-weight gets a gradient), saves and loads, and continues text deterministically. It declares no Hugging Face
-adapter (the plugin's own ``loongforge_vlm.convert`` converts Qwen2-VL layouts)."""
+weight gets a gradient), saves and loads, and continues text deterministically. A composed VLM has no Hugging Face
+layout, so it declares no adapter (the Qwen-VL and InternVL flavors do: tests/vlm/test_vlm_convert*.py)."""
 
 from __future__ import annotations
 
