@@ -144,3 +144,25 @@ def test_processor_for_encoder_flavors():
     assert processor_for(SIGLIP_FLAVORS["siglip-tiny"], merge_size=2) == FixedSizeProcessor(32, 4, 2)
     with pytest.raises(ValueError, match="no image processor for encoder flavor int"):
         processor_for(3)
+
+
+@pytest.mark.parametrize(("encoder", "reference"), [
+    ("qwen2-vl-vit-tiny", "OPENAI_CLIP"), ("qwen2.5-vl-vit-tiny", "OPENAI_CLIP"),
+    ("qwen3-vl-vit-tiny", "IMAGENET_STANDARD")])
+def test_each_qwen_tower_normalises_with_its_release_statistics(encoder, reference):
+    """Qwen2-VL / Qwen2.5-VL ship CLIP's mean and std, Qwen3-VL 0.5 and 0.5 (the defaults of transformers'
+    Qwen3-VL video processor, and the published preprocessor_config.json): the values are transformers' constants."""
+    from loongforge_vlm.encoders.qwen_vit_flavors import FLAVORS as QWEN_VIT_FLAVORS
+    from transformers.image_utils import (
+        IMAGENET_STANDARD_MEAN,
+        IMAGENET_STANDARD_STD,
+        OPENAI_CLIP_MEAN,
+        OPENAI_CLIP_STD,
+    )
+
+    expected = {"OPENAI_CLIP": (OPENAI_CLIP_MEAN, OPENAI_CLIP_STD),
+                "IMAGENET_STANDARD": (IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD)}[reference]
+    processor = VisionProcessor.for_encoder(QWEN_VIT_FLAVORS[encoder])
+    mean, std = NORMALIZATIONS[processor.normalization]
+    np.testing.assert_allclose(mean, expected[0], rtol=0, atol=1e-7)
+    np.testing.assert_allclose(std, expected[1], rtol=0, atol=1e-7)

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import numpy as np
 from PIL import Image
 
-#: Per-channel (mean, std) of the towers' pre-training; Qwen ViTs use CLIP's.
+#: Per-channel (mean, std) of the towers' pre-training: Qwen2-VL / Qwen2.5-VL use CLIP's, SigLIP and Qwen3-VL 0.5.
 NORMALIZATIONS: dict[str, tuple[tuple[float, float, float], tuple[float, float, float]]] = {
     "clip": ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)),
     "siglip": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
@@ -131,7 +131,8 @@ class VisionProcessor:
         """The processor for a Qwen ViT flavor (``patch_size``, ``temporal_patch_size``, ``spatial_merge_size``)."""
         settings = {"patch_size": flavor.patch_size, "temporal_patch_size": flavor.temporal_patch_size,
                     "merge_size": flavor.spatial_merge_size, "timestamped_videos": flavor.timestamped_videos,
-                    "frame_sampling": "qwen3" if flavor.timestamped_videos else "qwen2"}
+                    "frame_sampling": "qwen3" if flavor.timestamped_videos else "qwen2",
+                    "normalization": flavor.pixel_normalization}
         return cls(**{**settings, **overrides})
 
     @property

@@ -100,6 +100,13 @@ class QwenViTFlavor:
         return self.family == "qwen3-vl"
 
     @property
+    def pixel_normalization(self) -> str:
+        """The per-channel statistics its processor normalises with (a key of
+        :data:`loongforge_vlm.data.processor.NORMALIZATIONS`): CLIP's for Qwen2-VL and Qwen2.5-VL, mean = std = 0.5
+        for Qwen3-VL (its published ``preprocessor_config.json`` and transformers' video processor)."""
+        return "siglip" if self.family == "qwen3-vl" else "clip"
+
+    @property
     def head_dim(self) -> int:
         return self.dim // self.num_heads
 
