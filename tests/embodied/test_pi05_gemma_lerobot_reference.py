@@ -50,8 +50,11 @@ def test_reference_is_lerobot_with_the_conversions_names():
                 *(f"{last}.mlp.{p}" for p in ("gate_proj", "up_proj", "down_proj"))}
     owners = {name.rpartition(".")[0] for name in state}
     assert owners - {pair.ours for pair in pairs} == unpaired
-    for i in range(FLAVOR.depth):  # per layer: both streams' MLPs, the expert's adaptive norms
-        assert {f"layers.{i}.expert.mlp", f"layers.{i}.expert.input_layernorm.dense"} <= {p.ours for p in pairs}
+    for i in range(FLAVOR.depth):  # per layer: the expert's MLP and adaptive norms (their outputs, not only their
+        expert = f"layers.{i}.expert"  # projections: a wrong epsilon shows in the norm's output alone)
+        assert {f"{expert}.mlp", f"{expert}.input_layernorm", f"{expert}.post_attention_layernorm",
+                f"{expert}.input_layernorm.dense"} <= {p.ours for p in pairs}
+    assert "expert_norm" in {p.ours for p in pairs}
     assert {f"vision.blocks.{i}" for i in range(FLAVOR.vision_depth)} <= {p.ours for p in pairs}
 
 

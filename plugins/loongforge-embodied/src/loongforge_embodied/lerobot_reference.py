@@ -13,11 +13,11 @@ under LeRobot's names, where our policy computes differently.
   ``PI05Pytorch.forward`` (images from [0, 1] to [-1, 1] per camera, as ``PI05Policy`` prepares them) and returns
   the velocity ``action_out_proj`` computed there.
 - Names: parameters through :func:`~loongforge_embodied.convert_lerobot.to_lerobot`; module pairs read off the
-  conversion's name map (:func:`~loongforge_embodied.convert_lerobot.name_map`), plus each SigLIP block and each
-  Gemma MLP. Our modules that no output reads (the last layer's prefix queries and MLP, the LM's final norm:
-  :meth:`Pi05GemmaPolicy.unused`) pair nothing: LeRobot computes them, we do not. LeRobot runs the vision tower
-  once per camera, we once over all cameras: with more than one camera the tower's outputs pair nothing (its
-  parameters and gradients still compare).
+  conversion's name map (:func:`~loongforge_embodied.convert_lerobot.name_map`), plus each SigLIP block, each
+  Gemma MLP and the expert's adaptive norms (whose parameters belong to their projection). Our modules that no
+  output reads (the last layer's prefix queries and MLP, the LM's final norm: :meth:`Pi05GemmaPolicy.unused`) pair
+  nothing: LeRobot computes them, we do not. LeRobot runs the vision tower once per camera, we once over all
+  cameras: with more than one camera the tower's outputs pair nothing (its parameters and gradients still compare).
 
 LeRobot 0.4.4's Pi0.5 also needs its patched transformers (a git branch: adaptive RMSNorm, gated residuals); it is
 the caller's to provide it (``parity/lerobot`` installs a stand-in, see its README). Everything from LeRobot is
@@ -41,8 +41,8 @@ from loongforge_embodied.policies.pi05_gemma_flavors import Pi05GemmaFlavor
 
 #: ``compute_layer_complete`` reshapes the joint attention's output with ``1 * 8 * head_dim``.
 LEROBOT_HEADS = 8
-#: LeRobot's camera modules and ours compute alike only in layout: a convolution's output (B, d, h, w) where our
-#: patch embedding gives (B, patches, d).
+#: Ours and LeRobot's compute the same numbers in another layout: SigLIP's patch convolution gives (B, d, h, w),
+#: our patch embedding (a linear over flattened patches) (B, patches, d).
 _UNPAIRED = ("vision.patch_embed",)
 
 
@@ -159,8 +159,8 @@ class LeRobotPi05:
         return batch["task"].validation_loss(_CalledAsOurs(model.model), batch["batch"], batch["generators"])
 
     def module_pairs(self) -> tuple[ModulePair, ...]:
-        """Each of our modules that is one LeRobot module renamed, each SigLIP block and Gemma MLP; none for what
-        only LeRobot computes (see the module docstring)."""
+        """Each of our modules that is one LeRobot module renamed, each SigLIP block, Gemma MLP and adaptive norm;
+        none for what only LeRobot computes (see the module docstring)."""
         f = self.flavor
         names = name_map(f)
         pairs = [*module_pairs_from_parameters(names)]
@@ -169,6 +169,10 @@ class LeRobotPi05:
         pairs += [ModulePair(f"layers.{i}.{stream}.mlp", f"{LEROBOT_PREFIX}{layers}{i}.mlp")
                   for i in range(f.depth) for stream, layers in (("prefix", _LM + "layers."),
                                                                  ("expert", _EXPERT + "layers."))]
+        # the adaptive norms hold no parameter of their own (their projection does), so the map does not name them
+        pairs += [ModulePair(f"layers.{i}.expert.{norm}", f"{LEROBOT_PREFIX}{_EXPERT}layers.{i}.{norm}")
+                  for i in range(f.depth) for norm in ("input_layernorm", "post_attention_layernorm")]
+        pairs.append(ModulePair("expert_norm", f"{LEROBOT_PREFIX}{_EXPERT}norm"))
         skipped = set(_UNPAIRED) | _not_run(f)
         if f.cameras > 1:
             skipped |= {"vision", "projector"}
