@@ -5,7 +5,9 @@ itself runs in ``parity/lerobot`` (``test_pi05_diff_reference.py``); nothing her
 
 from __future__ import annotations
 
+import pytest
 import torch
+from loongforge.errors import InteropError
 from loongforge_embodied.convert_lerobot import to_lerobot
 from loongforge_embodied.policies.pi05_gemma_flavors import FLAVORS
 
@@ -63,3 +65,13 @@ def test_several_cameras_leave_the_vision_tower_unpaired():
     pairs = FLAVOR.with_overrides(cameras=2).reference_implementation().module_pairs()
     assert not [pair for pair in pairs if pair.ours.startswith(("vision", "projector"))]
     assert "action_in_proj" in {pair.ours for pair in pairs}
+
+
+def test_what_lerobot_cannot_build_is_refused_in_one_line(tmp_path):
+    """LeRobot reshapes attention outputs with 8 heads; a directory without LeRobot's two files is not its policy
+    (both refused before LeRobot is imported, so this runs without it)."""
+    with pytest.raises(InteropError, match="runs 8 query heads, the checkpoint's flavor has 4"):
+        FLAVOR.with_overrides(heads=4).reference_implementation().load(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(InteropError, match="not a LeRobot policy directory"):
+        FLAVOR.reference_implementation().load(tmp_path)

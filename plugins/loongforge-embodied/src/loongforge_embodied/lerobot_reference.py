@@ -125,10 +125,6 @@ class LeRobotPi05:
         float32), the policy built at the flavor's sizes, ``model.safetensors`` loaded into it; every tensor but the
         two heads Pi0.5 never reads must be there (LeRobot's ``from_pretrained`` would warn and go on with random
         weights). Those heads are then removed, as our conversion drops them, so parameters compare one to one."""
-        from lerobot.configs.policies import PreTrainedConfig
-        from lerobot.policies.pi05 import modeling_pi05
-        from safetensors.torch import load_file
-
         path = Path(path)
         if self.flavor.heads != LEROBOT_HEADS:
             raise InteropError(f"{path}: LeRobot's Pi0.5 runs {LEROBOT_HEADS} query heads, the checkpoint's flavor "
@@ -136,6 +132,10 @@ class LeRobotPi05:
         weights = path / "model.safetensors"
         if not (path / "config.json").is_file() or not weights.is_file():
             raise InteropError(f"{path}: not a LeRobot policy directory (config.json and model.safetensors)")
+        from lerobot.configs.policies import PreTrainedConfig
+        from lerobot.policies.pi05 import modeling_pi05
+        from safetensors.torch import load_file
+
         config = PreTrainedConfig.from_pretrained(str(path))
         config.device, config.dtype = "cpu", "float32"
         with _at_flavor_sizes(modeling_pi05, self.flavor):
