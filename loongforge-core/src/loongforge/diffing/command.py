@@ -70,8 +70,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top", type=int, default=8, help="largest differences listed per kind (default 8)")
     parser.add_argument("--reference", choices=("A", "B"), type=str.upper,
                         help="run that side (a Hugging Face directory) in the library its family comes from "
-                             "(transformers for LLMs and Qwen VLMs, diffusers for DiTs) and compare module by "
-                             "module under that library's names")
+                             "(transformers for LLMs and Qwen VLMs, diffusers for DiTs, LeRobot for the "
+                             "PaliGemma-exact Pi0.5) and compare module by module under that library's names")
     for side in ("a", "b"):
         parser.add_argument(f"--device-{side}", metavar="NAME",
                             help=f"replay RUN_{side.upper()} on this device backend (a registered name or an import "

@@ -1,8 +1,8 @@
 """Tensor by tensor comparison of two :class:`~loongforge.diffing.trace.Trace` s, and of two runs' metrics.
 
 A difference is relative to the first side's largest magnitude (``max |a - b| / max |a|``), so one tolerance
-serves weights, activations and gradients of any scale; a tensor only one side has, or of another shape, differs
-infinitely.
+serves weights, activations and gradients of any scale (a gradient at least against a round-off floor, see
+:data:`GRADIENT_FLOOR`); a tensor only one side has, or of another shape, differs infinitely.
 """
 
 from __future__ import annotations
@@ -16,6 +16,10 @@ import torch
 
 #: :attr:`Difference.kind` values, in the order a step computes them.
 PARAMETER, OUTPUT, GRADIENT = "parameter", "forward output", "gradient"
+#: A gradient is measured against at least this fraction of its model's largest gradient: below that it is fp32
+#: round-off, which differs between implementations (an attention key bias's gradient is zero in exact arithmetic,
+#: softmax ignoring a constant per query, and two implementations compute different ~1e-13 residues of it).
+GRADIENT_FLOOR = 1e-6
 
 
 @dataclass(frozen=True)
@@ -35,7 +39,9 @@ class Difference:
         return f"{self.kind} of {self.name}: max abs {self.max_abs:.3g}, relative {self.rel:.3g}"
 
 
-def tensor_difference(kind: str, name: str, a: torch.Tensor | None, b: torch.Tensor | None) -> Difference:
+def tensor_difference(kind: str, name: str, a: torch.Tensor | None, b: torch.Tensor | None, *,
+                      floor: float = 0.0) -> Difference:
+    """``b`` against ``a``, relative to ``a``'s largest magnitude or ``floor``, whichever is larger."""
     if a is None or b is None:
         return Difference(kind, name, math.inf, math.inf, f"only in run {'A' if b is None else 'B'}")
     if a.shape != b.shape and a.squeeze().shape == b.squeeze().shape:  # a unit axis one side keeps: same values
@@ -45,16 +51,19 @@ def tensor_difference(kind: str, name: str, a: torch.Tensor | None, b: torch.Ten
     if a.numel() == 0:
         return Difference(kind, name, 0.0, 0.0)
     gap = (a - b).abs().max().item()
-    scale = a.abs().max().item()
+    scale = max(a.abs().max().item(), floor)
     if math.isnan(gap):
         return Difference(kind, name, math.nan, math.inf, "not finite on one side")
     return Difference(kind, name, gap, gap / scale if scale > 0 else (0.0 if gap == 0 else math.inf))
 
 
 def compare_tensors(kind: str, a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[Difference]:
-    """Every tensor of ``a`` (in its order), then those only ``b`` has."""
+    """Every tensor of ``a`` (in its order), then those only ``b`` has; gradients relative to at least
+    :data:`GRADIENT_FLOOR` times ``a``'s largest."""
     names = [*a, *(name for name in b if name not in a)]
-    return [tensor_difference(kind, name, a.get(name), b.get(name)) for name in names]
+    largest = max((t.abs().max().item() for t in a.values() if t.numel()), default=0.0)
+    floor = GRADIENT_FLOOR * largest if kind == GRADIENT else 0.0
+    return [tensor_difference(kind, name, a.get(name), b.get(name), floor=floor) for name in names]
 
 
 def first_beyond(differences: list[Difference], rtol: float) -> Difference | None:

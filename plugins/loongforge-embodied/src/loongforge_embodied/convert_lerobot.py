@@ -81,6 +81,16 @@ def _their_name(name: str) -> str:
     return f"{_LM if stream == 'prefix' else _EXPERT}layers.{index}.{rest}"
 
 
+def name_map(flavor: Pi05GemmaFlavor, *, prefix: str = LEROBOT_PREFIX) -> dict[str, tuple[str, ...]]:
+    """Each of our parameter names -> LeRobot's tensor names it is made of (three for a SigLIP block's fused
+    q/k/v), the names :func:`to_lerobot` writes: what ``loongforge diff --reference`` reads module pairs from."""
+    from loongforge_vlm.encoders.siglip import name_map as siglip_names
+
+    vision = siglip_names(flavor.siglip()) if flavor.cameras else {}
+    return {name: tuple(prefix + _VISION + their for their in vision[name[len("vision."):]])
+            if name.startswith("vision.") else (prefix + _their_name(name),) for name in parameter_shapes(flavor)}
+
+
 def _check(tensor: torch.Tensor, shape: tuple[int, ...], name: str) -> torch.Tensor:
     if tuple(tensor.shape) != shape:
         raise LoongForgeError(f"pi05 conversion: '{name}' has shape {tuple(tensor.shape)}, the flavor expects "

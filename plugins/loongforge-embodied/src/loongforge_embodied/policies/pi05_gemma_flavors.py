@@ -91,6 +91,13 @@ class Pi05GemmaFlavor(PolicyFlavor):
 
         return flow_matching
 
+    def reference_implementation(self) -> Any:
+        """LeRobot's ``PI05Policy`` at this flavor's sizes (:class:`loongforge_embodied.lerobot_reference.
+        LeRobotPi05`), for ``loongforge diff CHECKPOINT LEROBOT_DIR --reference B``."""
+        from loongforge_embodied.lerobot_reference import LeRobotPi05
+
+        return LeRobotPi05(self)
+
     def num_params(self) -> int:
         """Parameter count from the sizes (``loongforge list`` does not build the model)."""
         from loongforge_vlm.encoders.siglip_flavors import num_params as siglip_params

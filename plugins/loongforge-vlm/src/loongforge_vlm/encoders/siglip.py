@@ -20,7 +20,8 @@ from torch import nn
 from loongforge_vlm.encoders.recompute import run_blocks
 from loongforge_vlm.encoders.siglip_flavors import SIGLIP_FLAVORS, SiglipFlavor, parameter_shapes
 
-__all__ = ["SIGLIP_FLAVORS", "SiglipFlavor", "SiglipVisionEncoder", "from_hf_state_dict", "to_hf_state_dict"]
+__all__ = ["SIGLIP_FLAVORS", "SiglipFlavor", "SiglipVisionEncoder", "from_hf_state_dict", "name_map",
+           "to_hf_state_dict"]
 
 
 def patchify(pixel_values: torch.Tensor, patch_size: int, grid: tuple[int, int]) -> torch.Tensor:
@@ -172,6 +173,11 @@ def _hf_shape(flavor: SiglipFlavor, name: str, shape: tuple[int, ...]) -> tuple[
         return (flavor.dim, flavor.in_channels, flavor.patch_size, flavor.patch_size)
     pieces = len(_hf_names(name))
     return (shape[0] // pieces, *shape[1:])
+
+
+def name_map(flavor: SiglipFlavor) -> dict[str, tuple[str, ...]]:
+    """Each of our parameter names -> transformers' names it is made of (what module pairs are read from)."""
+    return {name: _hf_names(name) for name in parameter_shapes(flavor)}
 
 
 def _check_shape(tensor: torch.Tensor, expected: tuple[int, ...], name: str, side: str) -> None:
