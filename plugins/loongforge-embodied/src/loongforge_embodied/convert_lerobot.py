@@ -39,17 +39,18 @@ from loongforge_embodied.policies.pi05_gemma_flavors import FLAVORS, Pi05GemmaFl
 #: LeRobot's prefix (``PI05Policy.model``); OpenPI's files have none.
 LEROBOT_PREFIX = "model."
 _P = "paligemma_with_expert."
-_LM = _P + "paligemma.model.language_model."
-_EXPERT = _P + "gemma_expert.model."
-_VISION = _P + "paligemma.model.vision_tower.vision_model."
+#: Where OpenPI/LeRobot keep the three stacks (under ``LEROBOT_PREFIX`` in LeRobot's files).
+LANGUAGE_MODEL = _P + "paligemma.model.language_model."
+ACTION_EXPERT = _P + "gemma_expert.model."
+VISION_TOWER = _P + "paligemma.model.vision_tower.vision_model."
 #: Ours -> theirs for the names outside the layers and the vision tower.
 _TOP = {
     "projector.weight": _P + "paligemma.model.multi_modal_projector.linear.weight",
     "projector.bias": _P + "paligemma.model.multi_modal_projector.linear.bias",
-    "embed_tokens.weight": _LM + "embed_tokens.weight",
-    "norm.weight": _LM + "norm.weight",
-    "expert_norm.dense.weight": _EXPERT + "norm.dense.weight",
-    "expert_norm.dense.bias": _EXPERT + "norm.dense.bias",
+    "embed_tokens.weight": LANGUAGE_MODEL + "embed_tokens.weight",
+    "norm.weight": LANGUAGE_MODEL + "norm.weight",
+    "expert_norm.dense.weight": ACTION_EXPERT + "norm.dense.weight",
+    "expert_norm.dense.bias": ACTION_EXPERT + "norm.dense.bias",
     **{f"{head}.{p}": f"{head}.{p}" for head in ("action_in_proj", "action_out_proj", "time_mlp_in", "time_mlp_out")
        for p in ("weight", "bias")},
 }
@@ -78,7 +79,7 @@ def _their_name(name: str) -> str:
     _, index, stream, rest = name.split(".", 3)
     first, _, tail = rest.partition(".")
     rest = f"{_IN_LAYER[first]}.{tail}" if first in _IN_LAYER else rest
-    return f"{_LM if stream == 'prefix' else _EXPERT}layers.{index}.{rest}"
+    return f"{LANGUAGE_MODEL if stream == 'prefix' else ACTION_EXPERT}layers.{index}.{rest}"
 
 
 def name_map(flavor: Pi05GemmaFlavor, *, prefix: str = LEROBOT_PREFIX) -> dict[str, tuple[str, ...]]:
@@ -87,7 +88,7 @@ def name_map(flavor: Pi05GemmaFlavor, *, prefix: str = LEROBOT_PREFIX) -> dict[s
     from loongforge_vlm.encoders.siglip import name_map as siglip_names
 
     vision = siglip_names(flavor.siglip()) if flavor.cameras else {}
-    return {name: tuple(prefix + _VISION + their for their in vision[name[len("vision."):]])
+    return {name: tuple(prefix + VISION_TOWER + their for their in vision[name[len("vision."):]])
             if name.startswith("vision.") else (prefix + _their_name(name),) for name in parameter_shapes(flavor)}
 
 
@@ -113,7 +114,7 @@ def to_lerobot(state: Mapping[str, torch.Tensor], flavor: Pi05GemmaFlavor, *,
     vision = {name[len("vision."):]: _check(t, shapes[name], name) for name, t in state.items()
               if name.startswith("vision.")}
     if vision:
-        out.update({prefix + _VISION + name: t for name, t in to_hf_state_dict(vision, flavor.siglip()).items()})
+        out.update({prefix + VISION_TOWER + name: t for name, t in to_hf_state_dict(vision, flavor.siglip()).items()})
     for name, tensor in state.items():
         if not name.startswith("vision."):
             out[prefix + _their_name(name)] = _check(tensor, shapes[name], name).clone()
@@ -133,13 +134,14 @@ def from_lerobot(state: Mapping[str, torch.Tensor],
     from loongforge_vlm.encoders.siglip import from_hf_state_dict
 
     theirs = {_canonical(name): tensor for name, tensor in state.items()}
-    if _LM + "embed_tokens.weight" not in theirs and UNUSED[0] in theirs:  # tied: saved under the head's name
-        theirs[_LM + "embed_tokens.weight"] = theirs[UNUSED[0]]
+    # tied: saved under the head's name
+    if LANGUAGE_MODEL + "embed_tokens.weight" not in theirs and UNUSED[0] in theirs:
+        theirs[LANGUAGE_MODEL + "embed_tokens.weight"] = theirs[UNUSED[0]]
     dropped = sorted(name for name in theirs if name in UNUSED)
     shapes = parameter_shapes(flavor)
     wanted = {_their_name(name): name for name in shapes if not name.startswith("vision.")}
-    vision = {name[len(_VISION):]: t for name, t in theirs.items() if name.startswith(_VISION)}
-    unknown = sorted(set(theirs) - set(wanted) - set(UNUSED) - {_VISION + name for name in vision})
+    vision = {name[len(VISION_TOWER):]: t for name, t in theirs.items() if name.startswith(VISION_TOWER)}
+    unknown = sorted(set(theirs) - set(wanted) - set(UNUSED) - {VISION_TOWER + name for name in vision})
     if unknown:
         raise LoongForgeError(f"pi05 conversion: unexpected checkpoint tensor '{unknown[0]}' (and "
                               f"{len(unknown) - 1} more) for this flavor")

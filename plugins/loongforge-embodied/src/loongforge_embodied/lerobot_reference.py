@@ -36,7 +36,15 @@ import torch
 from loongforge.errors import InteropError
 from loongforge.models.family import ModulePair, module_pairs_from_parameters
 
-from loongforge_embodied.convert_lerobot import _EXPERT, _LM, _VISION, LEROBOT_PREFIX, UNUSED, name_map, to_lerobot
+from loongforge_embodied.convert_lerobot import (
+    ACTION_EXPERT,
+    LANGUAGE_MODEL,
+    LEROBOT_PREFIX,
+    UNUSED,
+    VISION_TOWER,
+    name_map,
+    to_lerobot,
+)
 from loongforge_embodied.policies.pi05_gemma_flavors import Pi05GemmaFlavor
 
 #: ``compute_layer_complete`` reshapes the joint attention's output with ``1 * 8 * head_dim``.
@@ -164,15 +172,15 @@ class LeRobotPi05:
         f = self.flavor
         names = name_map(f)
         pairs = [*module_pairs_from_parameters(names)]
-        pairs += [ModulePair(f"vision.blocks.{i}", f"{LEROBOT_PREFIX}{_VISION}encoder.layers.{i}")
+        pairs += [ModulePair(f"vision.blocks.{i}", f"{LEROBOT_PREFIX}{VISION_TOWER}encoder.layers.{i}")
                   for i in range(f.vision_depth if f.cameras else 0)]
         pairs += [ModulePair(f"layers.{i}.{stream}.mlp", f"{LEROBOT_PREFIX}{layers}{i}.mlp")
-                  for i in range(f.depth) for stream, layers in (("prefix", _LM + "layers."),
-                                                                 ("expert", _EXPERT + "layers."))]
+                  for i in range(f.depth) for stream, layers in (("prefix", LANGUAGE_MODEL + "layers."),
+                                                                 ("expert", ACTION_EXPERT + "layers."))]
         # the adaptive norms hold no parameter of their own (their projection does), so the map does not name them
-        pairs += [ModulePair(f"layers.{i}.expert.{norm}", f"{LEROBOT_PREFIX}{_EXPERT}layers.{i}.{norm}")
+        pairs += [ModulePair(f"layers.{i}.expert.{norm}", f"{LEROBOT_PREFIX}{ACTION_EXPERT}layers.{i}.{norm}")
                   for i in range(f.depth) for norm in ("input_layernorm", "post_attention_layernorm")]
-        pairs.append(ModulePair("expert_norm", f"{LEROBOT_PREFIX}{_EXPERT}norm"))
+        pairs.append(ModulePair("expert_norm", f"{LEROBOT_PREFIX}{ACTION_EXPERT}norm"))
         skipped = set(_UNPAIRED) | _not_run(f)
         if f.cameras > 1:
             skipped |= {"vision", "projector"}
