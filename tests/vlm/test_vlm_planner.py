@@ -116,11 +116,11 @@ def test_plan_command_on_qwen2_5_vl_7b(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "+ vision on the first stage: qwen2.5-vl ViT, 0.677B params replicated over tp" in out
     assert "4096 patches per sample" in out
-    chosen = re.search(r"chose (tp(\d+) pp(\d+)(?: vpp\d+)?(?: cp(\d+))? dp(\d+) .*?): predicted peak", out)
+    chosen = re.search(r"chose (tp(\d+) pp(\d+)(?: vpp\d+)?(?: cp(\d+)(?::\w+)?)? dp(\d+) .*?): predicted peak", out)
     assert chosen, out
     tp, pp, cp, dp = (int(g or 1) for g in chosen.group(2, 3, 4, 5))
     assert tp * pp * cp * dp == 8 and tp <= 2
-    assert re.search(r"vision \d+(\.\d+)? GiB", out)  # the encoder's share of the peak
+    assert re.search(r"vision \d+(\.\d+)?\s", out)  # the encoder's share of the peak (the unit may wrap)
     config = load_config(str(path), [])
     workload = workload_for(config, resolve_model_flavor(config), "te")
     assert workload.flavor == FLAVORS["qwen2.5-vl-7b"].foundation and workload.components[0].patches == 4096
