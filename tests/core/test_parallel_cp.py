@@ -18,8 +18,9 @@ over dp*cp (here the 2 cp ranks) and whose gradients it reduce-scatters there; a
 activations of the cp-split sequence and the last stage's loss reads labels split like the first stage's tokens.
 The cp x tp run's step-5 checkpoint resumes at cp=1 (one process, plain optimizer: Adam state gathered whole, tp
 merged) and at cp=4 (ring, distributed optimizer over 4 cp ranks), and the continued steps match the uninterrupted
-run. cp x ep is in tests/core/test_parallel_moe.py. Mutants these catch: gradients reduced over dp without cp, the
-optimizer's shard group without cp, last-stage labels not split like the tokens, a resume that drops the Adam state.
+run. cp x ep is in tests/core/test_parallel_moe.py. Mutants these catch: gradients reduced over dp without cp (cp x
+tp), last-stage labels not split like the tokens (cp x pp), the distributed optimizer's group without cp (training is
+unchanged, but the checkpoint gathers half the Adam state: the resumes) and a resume that drops the Adam state.
 """
 
 from __future__ import annotations
