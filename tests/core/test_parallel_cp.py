@@ -8,9 +8,10 @@ hybrid at cp=4 (Ulysses in pairs, a ring of 2 across them). Any of a wrong chunk
 missing causal reorder, a wrong causal block or a loss/gradient scaled by cp moves the numbers far beyond 1e-5.
 
 Packed chat rows (``data.pack``) are split per sequence (docs/long-context.md) and compared with the packed
-single-process run (which tests/core/test_sft_packing.py ties to the unpacked samples): Ulysses cp=2, and ring
-cp=2 with dynamic CP on, whose threshold leaves some micro-batches whole and splits the others. A wrong chunk
-order of a sequence, positions not restarting per sequence, or attention across sequences breaks them.
+single-process run (which tests/core/test_sft_packing.py ties to the unpacked samples): Ulysses cp=2 x pp=2 (the
+stages exchange each micro-batch's shape first: rows re-laid per sequence vary in length), and ring cp=2 with
+dynamic CP on, whose threshold leaves some micro-batches whole and splits the others. A wrong chunk order of a
+sequence, positions not restarting per sequence, attention across sequences or a fixed pipeline shape breaks them.
 
 Combined with model parallelism (4 processes), cp reproduces one process too: cp=2 x tp=2 with sequence parallelism
 (ring: the 2 query groups do not divide by tp*cp=4) and the distributed optimizer, whose Adam state megatron shards
@@ -48,9 +49,9 @@ def test_cp_matches_single_process(root, reference, name):  # noqa: F811
 
 PACKED_CONFIG = CONFIG.replace("data: {seq_length: 32}", "data: {dataset: shipped-chat, seq_length: 128, pack: true}") \
     .replace("training: {", "training: {phase: sft, ")
-PACKED_MODES = {
-    "cp2-ulysses-packed": ["parallel.cp=2"],
-    "cp2-ring-packed-dynamic": ["parallel.cp=2", "parallel.cp_mode=ring", "parallel.dynamic_cp_threshold=100"],
+PACKED_MODES = {  # name: (processes, overrides)
+    "cp2-pp2-ulysses-packed": (4, ["parallel.cp=2", "parallel.pp=2"]),
+    "cp2-ring-packed-dynamic": (2, ["parallel.cp=2", "parallel.cp_mode=ring", "parallel.dynamic_cp_threshold=100"]),
 }
 
 
@@ -63,8 +64,9 @@ def packed_reference(root):  # noqa: F811
 
 @pytest.mark.parametrize("name", list(PACKED_MODES))
 def test_packed_cp_matches_single_process(root, packed_reference, name):  # noqa: F811
-    rows, stdout = train(root, name, *PACKED_MODES[name], nproc=2, config_text=PACKED_CONFIG)
-    assert "world size 2" in stdout
+    nproc, overrides = PACKED_MODES[name]
+    rows, stdout = train(root, name, *overrides, nproc=nproc, config_text=PACKED_CONFIG)
+    assert f"world size {nproc}" in stdout
     assert_parity(rows, packed_reference, range(1, STEPS + 1))
     if "dynamic" in name:  # 20 micro-batches per rank: some dealt whole, the others split
         whole = sum(row["cp_whole_micro_batches"] for row in rows.values())
