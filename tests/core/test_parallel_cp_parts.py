@@ -123,3 +123,25 @@ def test_natural_order_undoes_the_split(cp):
     batch = {"tokens": seq, "labels": seq, "loss_mask": seq, "position_ids": seq}
     gathered = torch.cat([split_for_rank(batch, rank, cp)["tokens"][0] for rank in range(cp)])
     assert gathered[natural_order(12 * cp, cp)].tolist() == seq[0].tolist()
+
+
+@pytest.mark.parametrize("overrides,refused", [
+    (["parallel.pp=2"], False),  # stages exchange each micro-batch's shape (variable_seq_lengths)
+    (["parallel.pp=2", "parallel.vpp=2"], True),
+    (["parallel.tp=2", "parallel.sequence_parallel=true", "parallel.cp_mode=ring"], True),
+])
+def test_packed_cp_layouts(overrides, refused):
+    """Packed rows under cp (re-laid per sequence, lengths varying per micro-batch) go through a plain pipeline, not
+    the interleaved one, and not with sequence parallelism."""
+    from pathlib import Path
+
+    from loongforge.config import load_config
+    from loongforge.train.preflight import preflight
+
+    config = load_config(Path(__file__).parents[2] / "configs" / "sft-tiny.yaml",
+                         ["parallel.cp=2", "training.micro_batch_size=2", "training.global_batch_size=4", *overrides])
+    if refused:
+        with pytest.raises(ConfigError, match=re.escape("data.pack with parallel.cp > 1 (rows re-laid per sequence")):
+            preflight(config, nproc=4, device="cpu")
+    else:
+        assert any("cp=2" in line for line in preflight(config, nproc=4, device="cpu"))

@@ -3,7 +3,10 @@
 A small Mixtral (2 layers, 4 experts, top-2, aux loss on) trains 10 steps through the real CLI with the
 model infrastructure of ``test_parallel_parity``; expert parallelism with either token dispatcher, and
 tp=2 + sequence parallel + ep=2 with whole experts (etp=1, so it fits in two processes), must match one
-process. Equal starts need experts initialised by their global index (``parallel.init``).
+process. Equal starts need experts initialised by their global index (``parallel.init``). Context
+parallelism with ep (cp=2 x ep=2) matches too: every cp chunk's tokens reach the other rank's experts, and the
+router counts its load-balancing statistics over the tokens of all cp ranks (counted over the local chunk alone, the
+aux loss and the gradients move beyond 1e-5).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ LAYOUTS = {
     "ep2-alltoall": ["parallel.ep=2", "parallel.moe_dispatcher=alltoall"],
     "ep2-allgather": ["parallel.ep=2", "parallel.moe_dispatcher=allgather"],
     "tp2-sp-ep2-etp1": ["parallel.tp=2", "parallel.sequence_parallel=true", "parallel.ep=2", "parallel.etp=1"],
+    "cp2-ep2": ["parallel.cp=2", "parallel.ep=2", "parallel.moe_dispatcher=alltoall"],
 }
 
 

@@ -147,12 +147,14 @@ def check_pack(config: LoongForgeConfig, decoder: Any, cp: int) -> None:
     if decoder.masked_attention_blocker is not None:
         raise ConfigError(f"{where}: data.pack needs block-diagonal attention masks, which "
                           f"{decoder.masked_attention_blocker} does not take (causal only); set data.pack: false")
-    if cp > 1 and (parallel.pp > 1 or parallel.sequence_parallel or decoder.is_moe or decoder.position_embedding
-                   not in ("rope", "learned_absolute", "none") or decoder.mrope_section is not None):
+    if cp > 1 and ((parallel.vpp or 1) > 1 or parallel.sequence_parallel or decoder.is_moe
+                   or decoder.position_embedding not in ("rope", "learned_absolute", "none")
+                   or decoder.mrope_section is not None):
         raise ConfigError(f"{where}: data.pack with parallel.cp > 1 (rows re-laid per sequence, their length "
-                          "varying per micro-batch, padding tokens added) needs pp=1, no sequence_parallel, a dense "
-                          "decoder (the padding would reach MoE routers) and rotary or learned positions (not "
-                          "M-RoPE); change those or set data.pack: false")
+                          "varying per micro-batch, padding tokens added) needs no vpp (the interleaved schedule "
+                          "cannot pass varying shapes), no sequence_parallel, a dense decoder (the padding would "
+                          "reach MoE routers) and rotary or learned positions (not M-RoPE); change those or set "
+                          "data.pack: false")
 
 
 def validation_rows(host: Any, config: LoongForgeConfig, tokenizer: Any, held_out: Any, *, model: Any = None,

@@ -153,6 +153,10 @@ class MegatronEngine(StepEngine):
         self._mtp_blocks = getattr(model_config, "mtp_num_layers", None) or 0
         if config.data.pack and self._cp_size > 1:
             _check_local_attention(model)
+            # Rows re-laid per sequence vary in length between micro-batches: pipeline stages send each other the
+            # shape before the activations (megatron's variable_seq_lengths; its interleaved schedule hung doing so
+            # at pp=2 on gloo, so check_pack refuses vpp here).
+            model_config.variable_seq_lengths = self._pp_size > 1
         # The interleaved schedule wants one iterator per model chunk, all yielding the same micro-batches.
         self._data_iterator = self._feed(data)
         layers, around = _compile_targets(model)
