@@ -86,6 +86,7 @@ def build_model_chunks(family: ModelFamily, config: LoongForgeConfig, backend: A
 
     from loongforge.models.lora import base_params_dtype
     from loongforge.models.recompute import recompute_kwargs
+    from loongforge.parallel.moe_overlap_check import EXPERT_CHUNKS, MEGATRON, moe_a2a_overlap_mode
 
     parallel = ParallelSettings(
         tp=layout.tp, pp=layout.pp, sequence_parallel=layout.sequence_parallel, vpp=layout.vpp,
@@ -102,6 +103,9 @@ def build_model_chunks(family: ModelFamily, config: LoongForgeConfig, backend: A
     }
     if config.training.loss_normalization == "global_tokens":  # the schedule and DDP divide by the global count
         extra_config["calculate_per_token_loss"] = True
+    overlap = moe_a2a_overlap_mode(layout, backend)
+    if overlap == MEGATRON:
+        extra_config["overlap_moe_expert_parallel_comm"] = True
     params_dtype = base_params_dtype(config.model.lora, settings.params_dtype)  # model.lora.base_dtype: bf16 base
     chunks = []
     for index in range(layout.num_chunks):
@@ -113,6 +117,10 @@ def build_model_chunks(family: ModelFamily, config: LoongForgeConfig, backend: A
             vp_stage=vp_stage, seed=config.run.seed,
         )
         chunks.append(family.build_chunk(build))
+    if overlap == EXPERT_CHUNKS:
+        from loongforge.parallel.moe_overlap import install_expert_chunked_overlap
+
+        install_expert_chunked_overlap(chunks)
     return chunks
 
 
