@@ -86,7 +86,7 @@ def build_model_chunks(family: ModelFamily, config: LoongForgeConfig, backend: A
 
     from loongforge.models.lora import base_params_dtype
     from loongforge.models.recompute import recompute_kwargs
-    from loongforge.parallel.moe_overlap_check import EXPERT_CHUNKS, MEGATRON, moe_a2a_overlap_mode
+    from loongforge.parallel.moe_overlap_check import EXPERT_CHUNKS, megatron_overlap_kwargs, moe_a2a_overlap_mode
 
     parallel = ParallelSettings(
         tp=layout.tp, pp=layout.pp, sequence_parallel=layout.sequence_parallel, vpp=layout.vpp,
@@ -100,12 +100,10 @@ def build_model_chunks(family: ModelFamily, config: LoongForgeConfig, backend: A
     extra_config = {
         **settings.transformer_config_kwargs(),
         **recompute_kwargs(config.model.recompute, layers_per_stage, config.source),
+        **megatron_overlap_kwargs(layout, backend),
     }
     if config.training.loss_normalization == "global_tokens":  # the schedule and DDP divide by the global count
         extra_config["calculate_per_token_loss"] = True
-    overlap = moe_a2a_overlap_mode(layout, backend)
-    if overlap == MEGATRON:
-        extra_config["overlap_moe_expert_parallel_comm"] = True
     params_dtype = base_params_dtype(config.model.lora, settings.params_dtype)  # model.lora.base_dtype: bf16 base
     chunks = []
     for index in range(layout.num_chunks):
@@ -117,7 +115,7 @@ def build_model_chunks(family: ModelFamily, config: LoongForgeConfig, backend: A
             vp_stage=vp_stage, seed=config.run.seed,
         )
         chunks.append(family.build_chunk(build))
-    if overlap == EXPERT_CHUNKS:
+    if moe_a2a_overlap_mode(layout, backend) == EXPERT_CHUNKS:
         from loongforge.parallel.moe_overlap import install_expert_chunked_overlap
 
         install_expert_chunked_overlap(chunks)

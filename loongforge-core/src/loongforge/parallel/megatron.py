@@ -158,8 +158,8 @@ class MegatronStrategy(ParallelStrategy):
                 f"got {parallel.moe_dispatcher!r}"
             )
         if parallel.moe_a2a_overlap and (parallel.ep < 2 or parallel.moe_dispatcher != "alltoall"):
-            raise ConfigError(f"{source}: parallel.moe_a2a_overlap overlaps the expert-parallel all-to-alls, so it needs "
-                              f"parallel.ep > 1 and moe_dispatcher alltoall; got ep={parallel.ep}, "
+            raise ConfigError(f"{source}: parallel.moe_a2a_overlap overlaps the expert-parallel all-to-alls, so it "
+                              f"needs parallel.ep > 1 and moe_dispatcher alltoall; got ep={parallel.ep}, "
                               f"moe_dispatcher={parallel.moe_dispatcher}")
         etp = parallel.etp if parallel.etp is not None else parallel.tp
         if parallel.ep < 1 or etp < 1:

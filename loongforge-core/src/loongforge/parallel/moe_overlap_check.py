@@ -15,7 +15,7 @@ from typing import Any
 
 from loongforge.errors import ConfigError
 
-__all__ = ["MEGATRON", "EXPERT_CHUNKS", "check_moe_a2a_overlap", "moe_a2a_overlap_mode"]
+__all__ = ["MEGATRON", "EXPERT_CHUNKS", "check_moe_a2a_overlap", "megatron_overlap_kwargs", "moe_a2a_overlap_mode"]
 
 #: megatron-core's stream-based overlap across micro-batches.
 MEGATRON = "megatron"
@@ -28,6 +28,12 @@ def moe_a2a_overlap_mode(layout: Any, backend: Any) -> str | None:
     if not layout.moe_a2a_overlap:
         return None
     return MEGATRON if backend.supports("streams") else EXPERT_CHUNKS
+
+
+def megatron_overlap_kwargs(layout: Any, backend: Any) -> dict[str, bool]:
+    """What the overlap adds to megatron's ``TransformerConfig`` on ``backend``: megatron's own switch on a device
+    with streams, nothing elsewhere (the chunked layers are installed after the build)."""
+    return {"overlap_moe_expert_parallel_comm": True} if moe_a2a_overlap_mode(layout, backend) == MEGATRON else {}
 
 
 def check_moe_a2a_overlap(config: Any, layout: Any, decoder: Any, backend: Any) -> str | None:
