@@ -72,18 +72,26 @@ class _AsyncAllToAll(torch.autograd.Function):
 
 
 class _Exchange:
-    """One chunk's exchange in flight: tokens and routing probabilities, and their work handles."""
+    """One chunk's exchange (``kind`` ``dispatch`` or ``combine``) in flight: tokens (and routing probabilities) and
+    their work handles. Issuing and waiting are traced here, where they happen, so the trace shows the real order."""
 
-    def __init__(self, group: Any, tensors: tuple[torch.Tensor, ...], send: list[int], recv: list[int]) -> None:
+    def __init__(self, kind: str, chunk: int, group: Any, tensors: tuple[torch.Tensor, ...], send: list[int],
+                 recv: list[int]) -> None:
+        self.kind, self.chunk, self.waited = kind, chunk, False
         self.handles: list[Any] = []
         self.outputs = tuple(_AsyncAllToAll.apply(group, t, send, recv, self.handles) for t in tensors)
+        _trace(f"{kind}_issue", chunk)
 
-    def done(self) -> bool:
-        return all(handle.is_completed() for handle in self.handles)
+    def state(self) -> tuple[str, int, bool]:
+        """``(kind, chunk, finished)``: whether gloo has already completed every handle."""
+        return self.kind, self.chunk, all(handle.is_completed() for handle in self.handles)
 
     def wait(self) -> tuple[torch.Tensor, ...]:
         for handle in self.handles:
             handle.wait()
+        if not self.waited:
+            _trace(f"{self.kind}_wait", self.chunk)
+            self.waited = True
         return self.outputs
 
 
@@ -119,30 +127,23 @@ class ExpertChunkedMoELayer(MoELayer):
             index = torch.cat(rows).to(hidden_states.device)
             send = [sent[r * local + j] for r in range(ep)]
             recv = [received[s][j] for s in range(ep)]
-            _trace("dispatch_issue", j)
-            return _Exchange(group, (hidden_states.index_select(0, index), probs.index_select(0, index)), send, recv)
+            return _Exchange("dispatch", j, group, (hidden_states.index_select(0, index), probs.index_select(0, index)),
+                             send, recv)
 
-        dispatches, combines, returned = [exchange(0)], [], []
+        dispatches, combines = [exchange(0)], []
         for j, expert in enumerate(experts):
             tokens, token_probs = dispatches[j].wait()
-            _trace("dispatch_wait", j)
             if j + 1 < local:
                 dispatches.append(exchange(j + 1))
-            outstanding = [("dispatch", j + 1, dispatches[j + 1].done())] if j + 1 < local else []
-            if j >= 1:
-                outstanding.append(("combine", j - 1, combines[j - 1].done()))
-            _trace("compute_start", j, tuple(outstanding))
+            _trace("compute_start", j, tuple(e.state() for e in dispatches + combines if not e.waited))
             output, bias = expert(tokens, token_probs)
             if bias is not None:
                 raise ValueError("parallel.moe_a2a_overlap: experts with a bias are not supported (megatron's "
                                  "alltoall dispatcher refuses them too)")
             _trace("compute_end", j)
             recv = [received[s][j] for s in range(ep)]
-            combines.append(_Exchange(group, (output,), recv, [sent[r * local + j] for r in range(ep)]))
-            _trace("combine_issue", j)
-        for j, combine in enumerate(combines):
-            returned.append(combine.wait()[0])
-            _trace("combine_wait", j)
+            combines.append(_Exchange("combine", j, group, (output,), recv, [sent[r * local + j] for r in range(ep)]))
+        returned = [combine.wait()[0] for combine in combines]
         return self._reassembled(returned, sent, ep, local), None
 
     @staticmethod
