@@ -32,7 +32,7 @@ def test_cpu_backend_contract():
     assert backend.device(3) == torch.device("cpu")
     assert {f: backend.supports(f) for f in FEATURES} == {
         "bf16": True, "fp16": False, "fp8": False, "te": False, "flash_attn": False, "cuda_graphs": False,
-        "sequence_parallel": True,
+        "sequence_parallel": True, "streams": False,
     }
     with pytest.raises(ValueError, match="unknown device feature 'fp4'"):
         backend.supports("fp4")

@@ -28,7 +28,7 @@ def test_features_by_compute_capability(capability, bf16, fp8, flash):
     answers = {f: feature_supported(f, capability, te=True, flash_attn=True) for f in ("bf16", "fp8", "flash_attn")}
     assert answers == {"bf16": bf16, "fp8": fp8, "flash_attn": flash}
     assert all(feature_supported(f, capability, te=True, flash_attn=True)
-               for f in ("fp16", "cuda_graphs", "sequence_parallel"))
+               for f in ("fp16", "cuda_graphs", "sequence_parallel", "streams"))
 
 
 def test_fp8_and_flash_need_their_libraries():

@@ -212,7 +212,7 @@ def test_missing_patch_module_warns_instead_of_crashing(monkeypatch):
 def test_capabilities_no_fp8_no_transformer_engine():
     assert {f: XPUBackend().supports(f) for f in FEATURES} == {
         "bf16": True, "fp16": True, "fp8": False, "te": False, "flash_attn": False, "cuda_graphs": False,
-        "sequence_parallel": True,
+        "sequence_parallel": True, "streams": False,
     }
     with pytest.raises(ValueError, match="does not support precision 'fp8'"):
         XPUBackend().megatron_settings("fp8")

@@ -178,6 +178,12 @@ class ParallelConfig:
     #: MoE token dispatcher: ``alltoall`` (send each token to the ranks of its experts) or ``allgather``
     #: (every rank gathers all tokens and keeps its experts' share).
     moe_dispatcher: str = "alltoall"
+    #: Overlap the MoE token exchange (dispatch/combine all-to-alls) with compute; needs ep > 1 and the alltoall
+    #: dispatcher. On a device with streams (CUDA) it is megatron-core's ``overlap_moe_expert_parallel_comm`` (bf16 or
+    #: fp16; pp > 1 needs vpp); elsewhere (CPU) each layer's exchange is chunked per local expert (>= 2 per rank,
+    #: etp=1) and each chunk travels while another expert computes. Bitwise equal to no overlap on CPU. See
+    #: docs/long-context.md.
+    moe_a2a_overlap: bool = False
     #: Torch-native strategies (``ddp``, ``zero1``, ``fsdp2``, ``hsdp``; task models such as diffusion DiTs):
     #: DDP gradient bucket size in MiB, static graph, and gradient compression on the wire (``bf16``/``fp16``).
     ddp_bucket_mb: float = 25.0

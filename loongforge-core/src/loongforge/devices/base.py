@@ -20,7 +20,9 @@ if TYPE_CHECKING:
     import torch
 
 #: Features a backend may be asked about through :meth:`DeviceBackend.supports`.
-FEATURES: tuple[str, ...] = ("bf16", "fp16", "fp8", "te", "flash_attn", "cuda_graphs", "sequence_parallel")
+#: ``streams``: work runs on concurrent device streams (megatron-core's stream-based communication overlap).
+FEATURES: tuple[str, ...] = ("bf16", "fp16", "fp8", "te", "flash_attn", "cuda_graphs", "sequence_parallel",
+                             "streams")
 
 
 class DeviceBackend(abc.ABC):

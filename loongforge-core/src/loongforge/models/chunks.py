@@ -86,6 +86,7 @@ def build_model_chunks(family: ModelFamily, config: LoongForgeConfig, backend: A
 
     from loongforge.models.lora import base_params_dtype
     from loongforge.models.recompute import recompute_kwargs
+    from loongforge.parallel.moe_overlap_check import EXPERT_CHUNKS, megatron_overlap_kwargs, moe_a2a_overlap_mode
 
     parallel = ParallelSettings(
         tp=layout.tp, pp=layout.pp, sequence_parallel=layout.sequence_parallel, vpp=layout.vpp,
@@ -99,6 +100,7 @@ def build_model_chunks(family: ModelFamily, config: LoongForgeConfig, backend: A
     extra_config = {
         **settings.transformer_config_kwargs(),
         **recompute_kwargs(config.model.recompute, layers_per_stage, config.source),
+        **megatron_overlap_kwargs(layout, backend),
     }
     if config.training.loss_normalization == "global_tokens":  # the schedule and DDP divide by the global count
         extra_config["calculate_per_token_loss"] = True
@@ -113,6 +115,10 @@ def build_model_chunks(family: ModelFamily, config: LoongForgeConfig, backend: A
             vp_stage=vp_stage, seed=config.run.seed,
         )
         chunks.append(family.build_chunk(build))
+    if moe_a2a_overlap_mode(layout, backend) == EXPERT_CHUNKS:
+        from loongforge.parallel.moe_overlap import install_expert_chunked_overlap
+
+        install_expert_chunked_overlap(chunks)
     return chunks
 
 

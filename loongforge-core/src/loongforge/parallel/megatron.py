@@ -40,6 +40,8 @@ class Layout:
     ep: int = 1
     etp: int | None = None
     moe_dispatcher: str = "alltoall"
+    #: Overlap the MoE all-to-alls with compute (:mod:`loongforge.parallel.moe_overlap_check` says how, per device).
+    moe_a2a_overlap: bool = False
     #: Context-parallel ranks that share each sequence, how attention exchanges it (``ulysses``, ``ring``,
     #: ``hybrid``) and, for ``hybrid``, the size of the Ulysses sub-groups.
     cp: int = 1
@@ -121,6 +123,7 @@ class MegatronStrategy(ParallelStrategy):
             ep=parallel.ep,
             etp=parallel.etp,
             moe_dispatcher=parallel.moe_dispatcher,
+            moe_a2a_overlap=parallel.moe_a2a_overlap,
             cp=parallel.cp,
             cp_mode=parallel.cp_mode,
             cp_a2a_size=parallel.cp_a2a_size,
@@ -154,6 +157,10 @@ class MegatronStrategy(ParallelStrategy):
                 f"{source}: parallel.moe_dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, "
                 f"got {parallel.moe_dispatcher!r}"
             )
+        if parallel.moe_a2a_overlap and (parallel.ep < 2 or parallel.moe_dispatcher != "alltoall"):
+            raise ConfigError(f"{source}: parallel.moe_a2a_overlap overlaps the expert-parallel all-to-alls, so it "
+                              f"needs parallel.ep > 1 and moe_dispatcher alltoall; got ep={parallel.ep}, "
+                              f"moe_dispatcher={parallel.moe_dispatcher}")
         etp = parallel.etp if parallel.etp is not None else parallel.tp
         if parallel.ep < 1 or etp < 1:
             raise ConfigError(f"{source}: parallel.ep and parallel.etp must be >= 1, got ep={parallel.ep} etp={etp}")

@@ -331,6 +331,10 @@ def _check_megatron(config: LoongForgeConfig, world_size: int, family: ModelFami
         from loongforge.models.recompute import recompute_kwargs  # megatron's own checks come after process groups
 
         recompute_kwargs(config.model.recompute, decoder.num_layers // (layout.pp * layout.num_chunks), config.source)
+        from loongforge.parallel.moe_overlap_check import check_moe_a2a_overlap
+
+        if (overlap := check_moe_a2a_overlap(config, layout, decoder, backend)) is not None:
+            lines.append(overlap)
     from loongforge.config.offload_settings import check_offload
 
     if (offload := check_offload(config, decoder.num_layers)) is not None:

@@ -152,9 +152,14 @@ def _run(config: LoongForgeConfig, host: Any, backend: Any, reason: str, info: A
     from loongforge.train.batches import check_pack
 
     check_pack(config, model_flavor.decoder, layout.cp)
+    from loongforge.parallel.moe_overlap_check import check_moe_a2a_overlap
+
+    overlap = check_moe_a2a_overlap(config, layout, model_flavor.decoder, backend)  # again: auto chose the layout
     tokenizer = load_tokenizer(host, config)
     settings = _device_settings(config, backend)
     _init_parallel(strategy, layout, config, backend, info)
+    if overlap is not None:
+        _say(info.rank, overlap)
     trainer = _build_trainer(config, host, backend, reason, layout, plan, model_flavor, tokenizer, info, settings,
                              auto_decision=auto_decision)
     return _train(trainer, config, info, watch)

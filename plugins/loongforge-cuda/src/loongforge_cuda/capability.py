@@ -48,10 +48,10 @@ def te_recipe_classes() -> frozenset[str]:
 def feature_supported(feature: str, capability: tuple[int, int], *, te: bool, flash_attn: bool) -> bool:
     """Whether ``feature`` works on a GPU of ``capability`` with these libraries installed.
 
-    fp16, CUDA graphs and sequence parallelism work on every GPU megatron-core supports; FP8 also needs
+    fp16, CUDA graphs, sequence parallelism and streams work on every GPU megatron-core supports; FP8 also needs
     Transformer Engine, flash-attn its package.
     """
-    if feature in ("fp16", "cuda_graphs", "sequence_parallel"):
+    if feature in ("fp16", "cuda_graphs", "sequence_parallel", "streams"):
         return True
     if feature == "te":
         return te
