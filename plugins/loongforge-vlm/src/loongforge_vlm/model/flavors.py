@@ -113,6 +113,11 @@ class VLMFlavor(ModelFamily):
                               f"layers, the backbone has {self.foundation.num_layers}")
 
     @property
+    def encoder_options(self) -> PartOptions:
+        """The encoder's part options (``model.encoder.<option>``); defaults when none are set."""
+        return dict(self.part_options).get("encoder", PartOptions())
+
+    @property
     def deepstack_levels(self) -> int:
         """How many of the first decoder layers receive DeepStack features (Qwen3-VL encoders; else 0)."""
         return len(getattr(self.encoder, "deepstack_layers", ()))
