@@ -23,25 +23,37 @@ CONFIG = ROOT / "configs" / "vlm-shapes.yaml"
 QUIET = ["logging.progress=false", "logging.tensorboard=false", "training.threads=1", "data.seq_length=96",
          "scheduler.warmup_steps=2", "checkpoint.save_at_end=false", "training.steps=10"]
 QWEN = ["model.projector=patch-merger"]
-SPLIT = "data_parallel_over_tp: true"
+SIGLIP_SPLIT = "model.encoder={name: siglip-tiny, data_parallel_over_tp: true}"
+QWEN_SPLIT = "model.encoder={name: qwen2-vl-vit-tiny, data_parallel_over_tp: true}"
+# Qwen2.5-VL's ViT: SwiGLU fc1 ([gate; up] split block by block) and windowed blocks
+QWEN_TP = "model.encoder={name: qwen2.5-vl-vit-tiny, tp: 2}"
+SAVE = ["checkpoint.save_at_end=true"]
 
-#: name -> (overrides of the one-process reference, extra overrides of the parallel layout), per world size.
+#: name -> (the model's overrides, the parallel layout's), per world size; the one-process reference runs the model's
+#: overrides alone (at parallel.tp 1 both encoder options leave the encoder whole and unsplit).
 LAYOUTS = {
     2: {
-        "siglip-split": (["model.encoder={name: siglip-tiny, %s}" % SPLIT], ["parallel.tp=2"]),
-        "qwen-split": (["model.encoder={name: qwen2-vl-vit-tiny, %s}" % SPLIT, *QWEN], ["parallel.tp=2"]),
+        "siglip-split": ([SIGLIP_SPLIT], ["parallel.tp=2"]),
+        "qwen-split": ([QWEN_SPLIT, *QWEN], ["parallel.tp=2"]),
+        "qwen-tp": ([QWEN_TP, *QWEN, *SAVE], ["parallel.tp=2"]),  # saved: read back at tp 1
+    },
+    4: {  # four ranks share four images; and encoder tp 2 beside data parallelism 2
+        "siglip-split-tp4": ([SIGLIP_SPLIT], ["parallel.tp=4"]),
+        "qwen-tp-dp2": ([QWEN_TP, *QWEN, "training.global_batch_size=8"], ["parallel.tp=2"]),
     },
 }
 
 
 class EncoderWork:
-    """Counts the patches this rank's encoder embeds over the run (a pre-hook on its patch embedding)."""
+    """Counts the patches this rank's encoder embeds over the run (a pre-hook on its patch embedding) and notes the
+    rows of its first fused ``qkv`` weight (a third of them at encoder tp 2)."""
 
     patches = 0
 
     @hookimpl
     def loongforge_on_train_start(self, trainer):
         encoder = trainer.model[0].module.encoder
+        self.qkv_rows = encoder.blocks[0].attn.qkv.weight.shape[0]
 
         def count(_module, args):
             self.patches += args[0].numel() // args[0].shape[-1]
@@ -71,7 +83,7 @@ def _worker(out: Path, world: int) -> None:
             run_training(_config(out / name, [*reference, *layout]))
         finally:
             host.unregister("encoder-work")
-        (out / name / f"patches-rank{dist.get_rank()}.json").write_text(json.dumps(work.patches))
+        (out / name / f"work-rank{dist.get_rank()}.json").write_text(json.dumps([work.patches, work.qkv_rows]))
     dist.destroy_process_group()
 
 
@@ -97,11 +109,35 @@ def test_encoder_parallel_layouts_match_one_process(tmp_path, register_plugin, w
         worst = max(abs(p - s) / s for s, p in zip(single, parallel, strict=True))
         print(f"{name}: worst loss rel {worst:.2e}; one process {single}")
         assert worst <= 1e-5, (name, single, parallel)
-        patches = [json.loads((tmp_path / "parallel" / name / f"patches-rank{r}.json").read_text())
-                   for r in range(world)]
+        patches, qkv_rows = zip(*(json.loads((tmp_path / "parallel" / name / f"work-rank{r}.json").read_text())
+                                  for r in range(world)), strict=True)
         print(f"{name}: patches encoded per rank {patches}, one process {work.patches}")
-        if name.endswith("split"):  # tp 2, dp 1: the two ranks share the images, each encodes about half
-            assert sum(patches) == work.patches and max(patches) <= 0.6 * work.patches, (patches, work.patches)
+        split_heads = "tp: 2" in reference[0]
+        assert set(qkv_rows) == {work.qkv_rows // 2 if split_heads else work.qkv_rows}, (qkv_rows, work.qkv_rows)
+        if "split" in name:  # dp 1: the TP ranks share the images out, each encodes about 1/tp of them
+            assert sum(patches) == work.patches and max(patches) <= 1.2 * work.patches / world, (patches, work.patches)
+        if "checkpoint.save_at_end=true" in reference:
+            _check_encoder_checkpoints(tmp_path / "single" / name, tmp_path / "parallel" / name)
+
+
+def _check_encoder_checkpoints(single: Path, parallel: Path) -> None:
+    """The encoder saved at encoder tp 2 loads into a one-process model (tp 1) and equals the one-process run's."""
+    from loongforge.checkpoint.layout import find_checkpoint
+    from loongforge.interop import mcore_checkpoint
+    from loongforge.interop.world import standalone_world
+    from loongforge.models.chunks import build_standalone
+
+    states = []
+    for run in (single, parallel):
+        path = find_checkpoint(run / "checkpoints")
+        flavor = mcore_checkpoint.resolve_family(mcore_checkpoint.checkpoint_config(path))
+        with standalone_world() as backend:
+            model = build_standalone(flavor, backend, "fp32")
+            mcore_checkpoint.load_model_weights(path, [model])
+        states.append({n: t for n, t in model.encoder.state_dict().items() if "blocks." in n})
+    assert states[0]["blocks.0.attn.qkv.weight"].shape == states[1]["blocks.0.attn.qkv.weight"].shape
+    worst = max(((states[1][n] - t).norm() / t.norm()).item() for n, t in states[0].items())
+    assert worst <= 1e-4, worst
 
 
 if __name__ == "__main__":

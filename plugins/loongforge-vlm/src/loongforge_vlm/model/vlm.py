@@ -26,9 +26,10 @@ from loongforge_vlm.encoders.internvit import InternViT, InternViTFlavor
 from loongforge_vlm.encoders.qwen_vit import QwenViT
 from loongforge_vlm.encoders.qwen_vit_flavors import QwenViTFlavor
 from loongforge_vlm.encoders.siglip import SiglipVisionEncoder
+from loongforge_vlm.encoders.tensor_parallel import shard_heads_and_mlp
 from loongforge_vlm.model.deepstack import DeepStackInjection, check_recompute
 from loongforge_vlm.model.encoder_data_parallel import EncoderDataParallel, average_over_tp
-from loongforge_vlm.model.flavors import VLMFlavor
+from loongforge_vlm.model.flavors import VLMFlavor, encoder_tp_problem
 from loongforge_vlm.model.position_ids import mrope_position_ids, text_position_ids
 from loongforge_vlm.projectors import MlpProjector
 
@@ -326,6 +327,7 @@ def compose_vlm(flavor: VLMFlavor, language_model: Any, *, seed: int | None = No
         encoder = encoder.to(dtype)
         projector = projector.to(dtype) if projector is not None else None
         data_parallel = _encoder_data_parallel(flavor, encoder, projector)
+        _encoder_tensor_parallel(flavor, encoder)
     return VisionLanguageModel(flavor, language_model, encoder, projector, data_parallel)
 
 
@@ -340,6 +342,17 @@ def _encoder_data_parallel(flavor: VLMFlavor, encoder: nn.Module, projector: nn.
     average_over_tp(encoder, projector)
     return EncoderDataParallel(parallel_state.get_tensor_model_parallel_group(),
                                parallel_state.get_tensor_model_parallel_rank(), size)
+
+
+def _encoder_tensor_parallel(flavor: VLMFlavor, encoder: nn.Module) -> None:
+    """Split the encoder's heads and MLP over the decoder's TP group when ``model.encoder.tp`` asks for it
+    (:mod:`loongforge_vlm.encoders.tensor_parallel`)."""
+    world = parallel_state.get_tensor_model_parallel_world_size()
+    problem = encoder_tp_problem(flavor, world)
+    if problem:
+        raise LoongForgeError(problem)
+    if flavor.encoder_options.tp > 1 and world > 1:
+        shard_heads_and_mlp(encoder.blocks, flavor.encoder_options.tp)
 
 
 def _vision_parts(flavor: VLMFlavor) -> tuple[nn.Module, nn.Module | None]:
