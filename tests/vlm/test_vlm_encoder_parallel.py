@@ -4,7 +4,8 @@
 Every layout trains the shipped VLM recipe (``configs/vlm-shapes.yaml``) for 10 steps through core's trainer; the
 losses must equal the one-process run's within 1e-5 relative. All layouts of one world size share one torchrun
 launch (this file is its worker), which also records the patches each rank's encoder embedded: under heterogeneous
-DP every patch is encoded exactly once across the TP group, each rank about half of them at tp 2.
+DP every patch is encoded exactly once across the TP group, each rank about half of them at tp 2. The planner's
+numbers for both and the options' checks are unit tests here (no processes).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from loongforge import hookimpl, load_config
+from loongforge.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "vlm-shapes.yaml"
@@ -138,6 +140,70 @@ def _check_encoder_checkpoints(single: Path, parallel: Path) -> None:
     assert states[0]["blocks.0.attn.qkv.weight"].shape == states[1]["blocks.0.attn.qkv.weight"].shape
     worst = max(((states[1][n] - t).norm() / t.norm()).item() for n, t in states[0].items())
     assert worst <= 1e-4, worst
+
+
+def _vision_part(**options):
+    from loongforge.config.schema import LoongForgeConfig
+    from loongforge_vlm.model.flavors import FLAVORS
+    from loongforge_vlm.model.part_options import PartOptions
+
+    config = LoongForgeConfig()
+    config.data.seq_length = 128
+    flavor = FLAVORS["qwen2-vl-tiny"].with_overrides(vision_tokens_per_sample=16,
+                                                    part_options=(("encoder", PartOptions(**options)),))
+    return flavor.planner_parts(config)[0]
+
+
+def test_planner_divides_the_encoder_over_tp_by_hand():
+    """qwen2-vl-tiny's ViT (d32, f128 QuickGELU, 2 blocks, merger 128->48) with 16 vision tokens = 64 patches, at tp 2
+    (test_vlm_planner.py derives the replicated numbers: 51,248 params, 104,448 activation elements and 5,308,416
+    forward FLOPs per sample)."""
+    from loongforge.planner.layouts import Candidate
+    from loongforge.planner.memory import Workload
+    from loongforge_vlm.model.flavors import FLAVORS
+
+    cand = Candidate(tp=2, pp=1, dp=1, micro_batch_size=2)
+    workload = Workload(FLAVORS["qwen2-vl-tiny"].foundation, 128, "fp32")
+    replicated, images, heads = _vision_part(), _vision_part(data_parallel_over_tp=True), _vision_part(tp=2)
+    assert replicated.rank_flops_per_sample(workload, cand) == 3 * 5308416
+    assert "params replicated over tp," in replicated.description
+    # heterogeneous DP: each rank encodes half of the images -- half the compute and activations, all the weights
+    assert images.rank_flops_per_sample(workload, cand) == 3 * 5308416 / 2
+    assert images.activation_bytes(cand, 256, workload) == 104448 * 2 * 4 / 2 and images.param_count(cand) == 51248
+    assert images.flops_per_sample(workload) == 3 * 5308416  # what the model costs (MFU) does not change
+    # encoder tp: per block qkv (32x96 + 96), out 32x32, fc1 (32x128 + 128), fc2 128x32 are halved
+    split_params = 2 * ((32 * 96 + 96) + 32 * 32 + (32 * 128 + 128) + 128 * 32)
+    assert heads.param_count(cand) == 51248 - split_params // 2 == 38736
+    # whole on every rank: patch embedding 64 x 2 x 96 x 32 and the merger 16 x 2 x (128x128 + 128x48); the blocks'
+    # matmuls 64 x 2 x 2 x 12288 and attention 64 x 2 x 4 x 64 x 32 are halved
+    whole, split = 64 * 2 * 96 * 32 + 16 * 2 * (128 * 128 + 128 * 48), 64 * (2 * 2 * 12288 + 2 * 4 * 64 * 32)
+    assert whole + split == 5308416
+    assert heads.rank_flops_per_sample(workload, cand) == 3 * (whole + split / 2) == 9633792
+    # activations per patch: 2 blocks x (norms 4d + (attention 6d + QuickGELU 3f) / 2) + patch input 96 + merger 4d
+    assert heads.activation_bytes(cand, 256, workload) == (2 * (4 * 32 + (6 * 32 + 3 * 128) / 2) + 96 + 4 * 32) * 64 \
+        * 2 * 4
+    assert "split over tp (encoder tp)" in heads.description
+
+
+def test_encoder_parallel_options_are_checked():
+    from loongforge.parallel.megatron import Layout
+    from loongforge_vlm.model.flavors import FLAVORS
+    from loongforge_vlm.model.part_options import PartOptions, split_options
+
+    def layout(tp):
+        return Layout(tp=tp, pp=1, dp=1, sequence_parallel=False, distributed_optimizer=False)
+
+    qwen = FLAVORS["qwen2-vl-tiny"].with_overrides(part_options=(("encoder", PartOptions(tp=2)),))
+    assert qwen.check_layout(layout(2)) == [] and qwen.check_layout(layout(1)) == []
+    problems = [problem.message for problem in qwen.check_layout(layout(4))]  # the decoder's own problem first
+    assert problems[-1].startswith("model.encoder.tp=2 must be 1 or parallel.tp (4)"), problems
+    siglip = FLAVORS["vlm-tiny"].with_overrides(part_options=(("encoder", PartOptions(tp=2)),))
+    (problem,) = siglip.check_layout(layout(2))
+    assert "only a Qwen ViT encoder splits" in problem.message
+    with pytest.raises(ConfigError, match="model.foundation.tp: an encoder option"):
+        split_options("foundation", {"name": "qwen3-tiny", "tp": 2}, "run.yaml")
+    with pytest.raises(ConfigError, match="exclude each other"):
+        split_options("encoder", {"tp": 2, "data_parallel_over_tp": True}, "run.yaml")
 
 
 if __name__ == "__main__":
