@@ -108,6 +108,9 @@ def test_component_models_add_to_the_first_stage():
         def flops_per_sample(self, workload):
             return 6 * 600e6 * 1024
 
+        def rank_flops_per_sample(self, workload, candidate):
+            return self.flops_per_sample(workload)
+
     from loongforge.planner.layouts import Candidate
 
     cand = Candidate(tp=2, pp=2, dp=2, sequence_parallel=True, micro_batch_size=1, num_microbatches=4)

@@ -40,6 +40,9 @@ class Part:
     def flops_per_sample(self, workload):
         return self.vision_tokens * 1e9
 
+    def rank_flops_per_sample(self, workload, candidate):
+        return self.flops_per_sample(workload)
+
 
 @dataclass(frozen=True)
 class Composed(ModelFamily):

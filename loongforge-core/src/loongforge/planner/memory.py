@@ -113,8 +113,10 @@ class ComponentModel(Protocol):
     """A model part outside the decoder that a plugin adds (a VLM's vision encoder and projector).
 
     The planner adds its memory to the first pipeline stage (where such parts are placed), as a term of its
-    own named ``name``, and its FLOPs (``flops_per_sample``: forward + backward of one sample, not split by tp)
-    to that stage's compute. A model family hands them to the planner from its ``planner_parts(config)`` slot
+    own named ``name``, and its FLOPs to that stage's compute: ``flops_per_sample`` is what one sample costs the
+    model (forward + backward, what MFU counts), ``rank_flops_per_sample`` what one rank of the first stage spends on
+    it under a candidate (the whole of it where the part runs replicated on every tp rank; less where the part splits
+    its work over them). A model family hands them to the planner from its ``planner_parts(config)`` slot
     (:class:`loongforge.models.family.ModelFamily`).
     """
 
@@ -128,6 +130,8 @@ class ComponentModel(Protocol):
     def activation_bytes(self, candidate: Candidate, tokens: int, workload: Workload) -> float: ...
 
     def flops_per_sample(self, workload: Workload) -> float: ...
+
+    def rank_flops_per_sample(self, workload: Workload, candidate: Candidate) -> float: ...
 
 
 def padded_vocab(vocab_size: int, tp: int) -> int:

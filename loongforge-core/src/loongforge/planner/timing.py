@@ -171,9 +171,9 @@ def estimate_time(
     logits = 6 * f.vocab_size * f.hidden_size * (1 + coeffs.narrow_width * cand.tp / f.vocab_size)
     layer_share = (base - logits + extra) / cand.pp
     tokens_rank = tokens_step / (cand.dp * cand.tp * cand.cp)
-    # Parts outside the decoder (a VLM's vision encoder) run whole on every rank of the first stage (not split
-    # by tp or cp), for each sample of the rank's data-parallel share.
-    parts = sum(c.flops_per_sample(workload) for c in workload.components) * cand.micro_batch_size * m
+    # Parts outside the decoder (a VLM's vision encoder) run on the first stage for each sample of the rank's
+    # data-parallel share, each rank's part of that work as the part says (whole where it is replicated over tp).
+    parts = sum(c.rank_flops_per_sample(workload, cand) for c in workload.components) * cand.micro_batch_size * m
     if cand.pp > 1:
         slowest = max(layer_share * tokens_rank + parts, (layer_share + logits) * tokens_rank)
     else:

@@ -23,6 +23,7 @@ from loongforge_vlm.encoders.qwen_vit_flavors import QwenViTFlavor
 from loongforge_vlm.encoders.qwen_vit_layout import Segments, VisionLayout, vision_layout
 from loongforge_vlm.encoders.recompute import run_blocks
 from loongforge_vlm.encoders.segment_attention import segment_attention
+from loongforge_vlm.encoders.tensor_parallel import sharded_state_dict
 from loongforge_vlm.encoders.vision_rope import apply_rope, rope_tables
 from loongforge_vlm.projectors.patch_merger import PatchMerger
 
@@ -119,6 +120,11 @@ class QwenViT(nn.Module):
                         norm_after_merge=True)
             for _ in flavor.deepstack_layers
         )
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None) -> dict:
+        """Megatron's distributed-checkpoint view: replicated tensors, and at encoder tp > 1 each shard's place in
+        the full tensor (:mod:`loongforge_vlm.encoders.tensor_parallel`)."""
+        return sharded_state_dict(self, prefix, sharded_offsets)
 
     def layout(self, grid_thw: torch.Tensor, num_patches: int) -> VisionLayout:
         """Positions and attention segments of a batch (depends on ``grid_thw`` only)."""

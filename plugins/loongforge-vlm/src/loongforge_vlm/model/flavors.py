@@ -113,6 +113,11 @@ class VLMFlavor(ModelFamily):
                               f"layers, the backbone has {self.foundation.num_layers}")
 
     @property
+    def encoder_options(self) -> PartOptions:
+        """The encoder's part options (``model.encoder.<option>``); defaults when none are set."""
+        return dict(self.part_options).get("encoder", PartOptions())
+
+    @property
     def deepstack_levels(self) -> int:
         """How many of the first decoder layers receive DeepStack features (Qwen3-VL encoders; else 0)."""
         return len(getattr(self.encoder, "deepstack_layers", ()))
@@ -212,11 +217,15 @@ class VLMFlavor(ModelFamily):
         return parameter_groups(roles, self.part_options)
 
     def check_layout(self, layout: Any) -> list[Any]:
-        """The backbone's problems, plus what DeepStack cannot take: its features exist on the first pipeline
-        stage only and are laid out over the whole sequence (:mod:`loongforge_vlm.model.deepstack`)."""
+        """The backbone's problems, an encoder tp the layout cannot take (:func:`encoder_tp_problem`), plus what
+        DeepStack cannot take: its features exist on the first pipeline stage only and are laid out over the whole
+        sequence (:mod:`loongforge_vlm.model.deepstack`)."""
         from loongforge.models.sizing import LayoutProblem
 
         problems = self.foundation.check_layout(layout)
+        problem = encoder_tp_problem(self, layout.tp)
+        if problem:
+            problems.append(LayoutProblem(problem, reason="model.encoder.tp must be 1 or parallel.tp"))
         if self.deepstack_levels and (layout.pp > 1 or layout.cp > 1):
             problems.append(LayoutProblem(f"Qwen3-VL's DeepStack runs with pp=1 and cp=1 (got pp={layout.pp}, "
                                           f"cp={layout.cp}); split it with tp/sequence parallelism or dp",
@@ -229,6 +238,27 @@ class VLMFlavor(ModelFamily):
         from loongforge_vlm.model.planner_parts import vision_parts
 
         return vision_parts(self, config)
+
+
+def encoder_tp_problem(flavor: VLMFlavor, tp: int) -> str | None:
+    """Why ``model.encoder.tp`` cannot run beside a decoder at ``tp`` (``None``: it can). The encoder reuses the
+    decoder's TP group, so its tp is 1 or the decoder's; at ``tp`` 1 the encoder is whole whatever it says, so the
+    commands that rebuild a model in one process (``convert``, ``eval``) read a checkpoint trained at encoder tp 2.
+    Only the Qwen ViT has tensor-parallel blocks."""
+    size = flavor.encoder_options.tp
+    if size == 1:
+        return None
+    if not isinstance(flavor.encoder, QwenViTFlavor):
+        return f"model.encoder.tp={size}: only a Qwen ViT encoder splits over tensor-parallel ranks (set it to 1)"
+    if tp == 1:
+        return None
+    if size != tp:
+        return (f"model.encoder.tp={size} must be 1 or parallel.tp ({tp}): the encoder splits over the decoder's "
+                "tensor-parallel group")
+    heads, ffn = flavor.encoder.num_heads, flavor.encoder.ffn_dim
+    if heads % size or ffn % size:
+        return f"model.encoder.tp={size} must divide the encoder's {heads} attention heads and MLP width {ffn}"
+    return None
 
 
 def projector_shapes(flavor: VLMFlavor) -> dict[str, tuple[int, ...]]:

@@ -38,11 +38,21 @@ class PartOptions:
     unfreeze_at_step: int = ranged(0, low=0)
     #: Recompute the encoder's blocks in the backward (encoder only; the foundation's is ``model.recompute``).
     recompute: bool | None = None
+    #: Heterogeneous data parallelism (encoder only): the decoder's tensor-parallel ranks each encode a share of the
+    #: micro-batch's images (whole images, balanced by patches) and all-gather the features, instead of every rank
+    #: encoding all of them. Saves (1 - 1/tp) of the encoder's compute per rank; no effect at tp 1.
+    data_parallel_over_tp: bool = False
+    #: Tensor parallelism inside the encoder (encoder only; a Qwen ViT): its attention heads and MLP split over the
+    #: decoder's tensor-parallel group, so 1 or the run's ``parallel.tp`` (whole at ``parallel.tp`` 1).
+    tp: int = ranged(1, low=1)
 
     def __post_init__(self) -> None:
         if self.freeze and self.unfreeze_at_step:
             raise ValueError("freeze and unfreeze_at_step exclude each other (freeze never trains the part; "
                              "unfreeze_at_step trains it from that step on)")
+        if self.tp > 1 and self.data_parallel_over_tp:
+            raise ValueError("tp > 1 and data_parallel_over_tp exclude each other (a tensor-parallel encoder already "
+                             "splits every image over the tensor-parallel ranks)")
 
 
 #: The keys of a part's mapping that are options, not flavor fields.
@@ -59,6 +69,10 @@ def split_options(role: str, value: Any, where: Any) -> tuple[Any, PartOptions |
     if options.recompute is not None and role != "encoder":
         raise ConfigError(f"{where}: model.{role}.recompute: only the encoder recomputes as a part (the foundation's "
                           "is model.recompute)")
+    for option in ("data_parallel_over_tp", "tp"):
+        if getattr(options, option) != getattr(PartOptions, option) and role != "encoder":
+            raise ConfigError(f"{where}: model.{role}.{option}: an encoder option (the foundation's parallelism is "
+                              "parallel:)")
     rest = {k: v for k, v in value.items() if k not in OPTION_KEYS}
     return (rest or None), options
 

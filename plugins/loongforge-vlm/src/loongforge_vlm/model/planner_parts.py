@@ -3,9 +3,18 @@
 Core's planner (:mod:`loongforge.planner.memory`) sizes the decoder itself and asks the model flavor for the
 parts outside it (``VLMFlavor.planner_parts``). Here the encoder and its projector (a Qwen ViT's patch
 merger, or SigLIP's MLP projector) are one part, ``vision``, because that is how they run: a plain torch
-module built on the first pipeline stage only, replicated on every rank whatever the decoder's tp (so its
-parameters are never divided by tp), its gradients reduced and its optimizer state sharded over data
-parallelism like the decoder's dense parameters.
+module built on the first pipeline stage only, its gradients reduced and its optimizer state sharded over data
+parallelism like the decoder's dense parameters. Over the decoder's tp ranks it runs one of three ways
+(``model.encoder`` options, :mod:`loongforge_vlm.model.part_options`):
+
+* replicated (default): every tp rank holds all of it and encodes every image;
+* heterogeneous data parallelism (``data_parallel_over_tp``): every tp rank holds all of it but encodes a tp-th of
+  the images, so its compute and activations per rank are divided by tp (the images are balanced by patches; the
+  gathered features, ``vision_tokens x hidden`` per sample, are left out);
+* encoder tensor parallelism (``tp``, Qwen ViT): the blocks' ``qkv``, ``out``, ``fc1`` and ``fc2`` weights (and the
+  column-parallel biases) are split over tp, and with them the blocks' matmul and attention FLOPs and the
+  activations of attention (``6d``) and the MLP; the norms' activations (``4d``), the patch embedding and the merger
+  stay whole on every rank.
 
 Assumptions, for a sample carrying ``vision_tokens`` LLM tokens from images:
 
@@ -63,7 +72,9 @@ class VisionPart:
         kind = f"{self.encoder.family} ViT" if self.qwen else "SigLIP + MLP projector"
         if isinstance(self.encoder, InternViTFlavor):
             kind = "InternViT + pixel-shuffle projector"
-        return (f"{kind}, {self.params / 1e9:.3g}B params replicated over tp, {self.encoder.num_layers} layers "
+        split = {"heads": "split over tp (encoder tp)", "images": "replicated over tp, images shared out over tp",
+                 None: "replicated over tp"}[self.split]
+        return (f"{kind}, {self.params / 1e9:.3g}B params {split}, {self.encoder.num_layers} layers "
                 f"d{self.encoder.dim}, {self.vision_tokens} vision tokens = {self.patches} patches per sample, "
                 f"recompute {'on' if self.flavor.encoder_recompute else 'off'}")
 
@@ -74,9 +85,32 @@ class VisionPart:
 
         return num_params(self.flavor) - self.flavor.foundation.num_params()
 
+    @property
+    def split(self) -> str | None:
+        """How the part divides its work over the decoder's tp ranks: ``heads`` (encoder tensor parallelism),
+        ``images`` (heterogeneous data parallelism) or ``None`` (replicated)."""
+        options = self.flavor.encoder_options
+        return "heads" if options.tp > 1 else "images" if options.data_parallel_over_tp else None
+
+    def _heads_tp(self, candidate: Any) -> int:
+        """What divides the blocks' weights, matmuls and attention activations: the candidate's tp with encoder tp."""
+        return candidate.tp if self.split == "heads" else 1
+
+    def _images_tp(self, candidate: Any) -> int:
+        """What divides the images each rank encodes: the candidate's tp with heterogeneous data parallelism."""
+        return candidate.tp if self.split == "images" else 1
+
+    def block_split_params(self) -> int:
+        """Parameters of one block that encoder tp splits: ``qkv`` and ``fc1`` (weights and biases), the ``out`` and
+        ``fc2`` weights."""
+        enc, d = self.encoder, self.encoder.dim
+        f_rows = 2 * enc.ffn_dim if enc.gated_mlp else enc.ffn_dim
+        return 3 * d * d + 3 * d + d * d + f_rows * d + f_rows + enc.ffn_dim * d
+
     def param_count(self, candidate: Any) -> int:
-        """Replicated on every rank of the first stage: tp does not divide it."""
-        return self.params
+        """On every rank of the first stage: whole, or with its blocks' matmul weights divided by encoder tp."""
+        split = self.encoder.num_layers * self.block_split_params() if self.split == "heads" else 0
+        return self.params - split + split // self._heads_tp(candidate)
 
     # -- activations ------------------------------------------------------------------------------------------
 
@@ -87,9 +121,10 @@ class VisionPart:
             return 2 * f  # fc1 output (GELU input), GELU output
         return 4 * f if self.encoder.gated_mlp else 3 * f
 
-    def block_elements(self) -> int:
-        """Elements one block keeps per patch without recompute: norms 4d, attention 6d, the MLP."""
-        return 10 * self.encoder.dim + self._mlp_width()
+    def block_elements(self, heads_tp: int = 1) -> float:
+        """Elements one block keeps per patch without recompute: norms 4d, attention 6d, the MLP (the last two
+        divided by encoder tp)."""
+        return 4 * self.encoder.dim + (6 * self.encoder.dim + self._mlp_width()) / heads_tp
 
     def edge_elements(self) -> float:
         """Elements kept per patch outside the blocks: the patch embedding's input and the projector."""
@@ -99,20 +134,21 @@ class VisionPart:
         hidden = self.flavor.projector.hidden_dim or self.flavor.foundation.hidden_size
         return self.encoder.patch_dim + 2 * d + 2 * hidden / merge
 
-    def sample_activation_elements(self) -> float:
+    def sample_activation_elements(self, heads_tp: int = 1) -> float:
         """Elements the vision part holds for one sample at its peak (see the module docstring)."""
         layers = self.encoder.num_layers
         per_patch = self.edge_elements()
         if self.flavor.encoder_recompute:
             per_patch += layers * self.encoder.dim  # block inputs
         else:
-            per_patch += layers * self.block_elements()
+            per_patch += layers * self.block_elements(heads_tp)
         return per_patch * self.patches
 
     def activation_bytes(self, candidate: Any, tokens: int, workload: Any) -> float:
         """Bytes for one micro-batch (``candidate.micro_batch_size`` samples; the encoder sees whole samples
-        whatever the decoder's cp)."""
-        return self.sample_activation_elements() * candidate.micro_batch_size * workload.param_bytes
+        whatever the decoder's cp), on one rank."""
+        per_sample = self.sample_activation_elements(self._heads_tp(candidate)) / self._images_tp(candidate)
+        return per_sample * candidate.micro_batch_size * workload.param_bytes
 
     # -- FLOPs ------------------------------------------------------------------------------------------------
 
@@ -125,12 +161,13 @@ class VisionPart:
         return [self.patches if not enc.windowed or i in enc.full_attention_blocks else window
                 for i in range(enc.num_layers)]
 
-    def forward_flops_per_sample(self) -> float:
-        """Forward FLOPs of one sample: 2 x matmul parameters per patch / merged token, plus attention."""
+    def forward_flops(self) -> tuple[float, float]:
+        """Forward FLOPs of one sample, ``(whole, split)``: 2 x matmul parameters per patch / merged token, split in
+        what encoder tp divides (the blocks' matmuls and attention) and what every rank runs whole (patch embedding,
+        projector)."""
         enc, d = self.encoder, self.encoder.dim
         f_rows = 2 * enc.ffn_dim if self.qwen and enc.gated_mlp else enc.ffn_dim
         block = d * 3 * d + d * d + d * f_rows + enc.ffn_dim * d
-        per_patch = 2 * (enc.patch_dim * d + enc.num_layers * block)
         if self.qwen:
             merged = d * self.flavor.spatial_merge_size ** 2
             projector = merged * merged + merged * enc.out_dim
@@ -138,13 +175,27 @@ class VisionPart:
             hidden = self.flavor.projector.hidden_dim or self.flavor.foundation.hidden_size
             projector = d * self.flavor.spatial_merge_size ** 2 * hidden + hidden * self.flavor.foundation.hidden_size
         attention = sum(4 * span * d for span in self.attention_spans())  # QK^T and AV, bidirectional
-        return self.patches * (per_patch + attention) + self.vision_tokens * 2 * projector
+        whole = self.patches * 2 * enc.patch_dim * d + self.vision_tokens * 2 * projector
+        return whole, self.patches * (2 * enc.num_layers * block + attention)
+
+    def forward_flops_per_sample(self) -> float:
+        """Forward FLOPs of one sample: 2 x matmul parameters per patch / merged token, plus attention."""
+        return sum(self.forward_flops())
+
+    def _passes(self) -> int:
+        """Forward + 2x backward, and the re-run forward with recompute."""
+        return 4 if self.flavor.encoder_recompute else 3
 
     def flops_per_sample(self, workload: Any) -> float:
-        """Training FLOPs of one sample (forward + 2x backward, and the re-run forward with recompute)."""
-        forward = self.forward_flops_per_sample()
-        return forward * (4 if self.flavor.encoder_recompute else 3)
+        """Training FLOPs of one sample, what the model costs (MFU counts these)."""
+        return self.forward_flops_per_sample() * self._passes()
 
+    def rank_flops_per_sample(self, workload: Any, candidate: Any) -> float:
+        """Training FLOPs one first-stage rank spends per sample of its data-parallel share: all of them replicated,
+        a tp-th with heterogeneous DP, the blocks' share divided by tp with encoder tp."""
+        whole, split = self.forward_flops()
+        forward = (whole + split / self._heads_tp(candidate)) / self._images_tp(candidate)
+        return forward * self._passes()
 
 def vision_tokens(flavor: Any, config: Any) -> int:
     """LLM tokens per sample from images: ``model.overrides.vision_tokens_per_sample``, by default half of the

@@ -18,7 +18,7 @@ import torch
 from loongforge.errors import LoongForgeError
 from loongforge.models.chunks import ChunkBuild
 from loongforge.models.decoder_model import ParallelSettings, resolve_dtype
-from megatron.core import tensor_parallel
+from megatron.core import parallel_state, tensor_parallel
 from megatron.core.transformer.module import MegatronModule
 from torch import nn
 
@@ -26,8 +26,10 @@ from loongforge_vlm.encoders.internvit import InternViT, InternViTFlavor
 from loongforge_vlm.encoders.qwen_vit import QwenViT
 from loongforge_vlm.encoders.qwen_vit_flavors import QwenViTFlavor
 from loongforge_vlm.encoders.siglip import SiglipVisionEncoder
+from loongforge_vlm.encoders.tensor_parallel import shard_heads_and_mlp
 from loongforge_vlm.model.deepstack import DeepStackInjection, check_recompute
-from loongforge_vlm.model.flavors import VLMFlavor
+from loongforge_vlm.model.encoder_data_parallel import EncoderDataParallel, average_over_tp
+from loongforge_vlm.model.flavors import VLMFlavor, encoder_tp_problem
 from loongforge_vlm.model.position_ids import mrope_position_ids, text_position_ids
 from loongforge_vlm.projectors import MlpProjector
 
@@ -76,11 +78,13 @@ class VisionLanguageModel(MegatronModule):
     """
 
     def __init__(self, flavor: VLMFlavor, language_model: Any, encoder: nn.Module | None,
-                 projector: nn.Module | None) -> None:
+                 projector: nn.Module | None, encoder_data_parallel: EncoderDataParallel | None = None) -> None:
         super().__init__(config=language_model.config)
         self.flavor = flavor
         self.encoder = encoder
         self.projector = projector
+        #: The TP group over which the images are shared out (``model.encoder.data_parallel_over_tp``), or ``None``.
+        self.encoder_data_parallel = encoder_data_parallel
         self.language_model = language_model
         self.deepstack = None
         if encoder is not None and flavor.deepstack_levels:
@@ -139,13 +143,36 @@ class VisionLanguageModel(MegatronModule):
     def _vision_features(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor | None
                          ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """One ``(tokens, hidden)`` tensor per image (or video), and the DeepStack features of all of them, one
-        ``(all tokens, hidden)`` tensor per level (none without DeepStack)."""
+        ``(all tokens, hidden)`` tensor per level (none without DeepStack). With heterogeneous data parallelism
+        (:attr:`encoder_data_parallel`) this rank encodes its share of the items and the group gathers the rest."""
         if self.projector is None:
-            merged, deepstack = self.encoder.encode(pixel_values, grid_thw)
-            per_item = (grid_thw.prod(-1) // self.flavor.spatial_merge_size ** 2).tolist()
-            return list(merged.split(per_item)), deepstack
-        rows, cols = self.encoder.grid(*pixel_values.shape[-2:])
-        return list(self.projector(self.encoder(pixel_values), (rows, cols)).unbind(0)), []
+            patches = grid_thw.prod(-1)
+            tokens = (patches // self.flavor.spatial_merge_size ** 2).tolist()
+            starts = [0, *patches.cumsum(0).tolist()]
+
+            def encode(items: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in items])
+                return self.encoder.encode(pixel_values[rows], grid_thw[items])
+
+            costs = patches.tolist()
+        else:
+            grid = self.encoder.grid(*pixel_values.shape[-2:])
+            costs = [grid[0] * grid[1]] * pixel_values.shape[0]
+            rows, cols = self.projector.output_grid(grid)
+            tokens = [rows * cols] * pixel_values.shape[0]
+
+            def encode(items: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                return self.projector(self.encoder(pixel_values[items]), grid).flatten(0, 1), []
+
+        if self.encoder_data_parallel is None:
+            merged, deepstack = encode(list(range(len(costs))))
+        else:
+            vision = [p for part in (self.encoder, self.projector) if part is not None for p in part.parameters()]
+            merged, deepstack = self.encoder_data_parallel.encode(
+                encode, costs, tokens, width=self.language_model.config.hidden_size,
+                levels=1 + self.flavor.deepstack_levels, dtype=vision[0].dtype,
+                requires_grad=torch.is_grad_enabled() and any(p.requires_grad for p in vision))
+        return list(merged.split(tokens)), deepstack
 
     def _scatter(self, embeddings: torch.Tensor, input_ids: torch.Tensor, token_id: int, kind: str,
                  features: list[torch.Tensor], deepstack: list[torch.Tensor], residuals: list[torch.Tensor],
@@ -289,7 +316,7 @@ def compose_vlm(flavor: VLMFlavor, language_model: Any, *, seed: int | None = No
     """``language_model`` (a core ``GPTModel`` chunk built from ``flavor.foundation``) with the vision parts in
     front when it is the first pipeline stage. ``seed`` initialises them from a private generator state, so every
     rank gets the same vision weights whatever the layout (``None``: the current random state)."""
-    encoder = projector = None
+    encoder = projector = data_parallel = None
     if language_model.pre_process:
         with torch.random.fork_rng(devices=[], enabled=seed is not None):
             if seed is not None:
@@ -299,7 +326,33 @@ def compose_vlm(flavor: VLMFlavor, language_model: Any, *, seed: int | None = No
         dtype = resolve_dtype(params_dtype)
         encoder = encoder.to(dtype)
         projector = projector.to(dtype) if projector is not None else None
-    return VisionLanguageModel(flavor, language_model, encoder, projector)
+        data_parallel = _encoder_data_parallel(flavor, encoder, projector)
+        _encoder_tensor_parallel(flavor, encoder)
+    return VisionLanguageModel(flavor, language_model, encoder, projector, data_parallel)
+
+
+def _encoder_data_parallel(flavor: VLMFlavor, encoder: nn.Module, projector: nn.Module | None
+                           ) -> EncoderDataParallel | None:
+    """The decoder's TP group as the encoder's data-parallel group, when ``model.encoder.data_parallel_over_tp`` asks
+    for it and tp > 1; the vision parameters are then averaged over that group (see
+    :mod:`loongforge_vlm.model.encoder_data_parallel`)."""
+    size = parallel_state.get_tensor_model_parallel_world_size()
+    if not flavor.encoder_options.data_parallel_over_tp or size == 1:
+        return None
+    average_over_tp(encoder, projector)
+    return EncoderDataParallel(parallel_state.get_tensor_model_parallel_group(),
+                               parallel_state.get_tensor_model_parallel_rank(), size)
+
+
+def _encoder_tensor_parallel(flavor: VLMFlavor, encoder: nn.Module) -> None:
+    """Split the encoder's heads and MLP over the decoder's TP group when ``model.encoder.tp`` asks for it
+    (:mod:`loongforge_vlm.encoders.tensor_parallel`)."""
+    world = parallel_state.get_tensor_model_parallel_world_size()
+    problem = encoder_tp_problem(flavor, world)
+    if problem:
+        raise LoongForgeError(problem)
+    if flavor.encoder_options.tp > 1 and world > 1:
+        shard_heads_and_mlp(encoder.blocks, flavor.encoder_options.tp)
 
 
 def _vision_parts(flavor: VLMFlavor) -> tuple[nn.Module, nn.Module | None]:
