@@ -282,3 +282,36 @@ def test_bad_videos_are_one_line_errors_naming_the_file(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
 
+
+def test_internvl_greedy_tokens_equal_transformers_with_and_without_the_kv_cache(tmp_path, capsys):
+    """InternVL-tiny from a ``save_pretrained`` directory (perturbed weights), two odd-sized images tiled to 12 tiles
+    + thumbnail and 2 + thumbnail: the reference is transformers' ``generate`` given ``<img>`` + one context token per
+    feature + ``</img>`` per image and the tiles of our processor (test_internvl.py ties both to transformers' image
+    processor), since transformers' InternVL processor needs tokenizer attributes a plain tokenizer lacks."""
+    from loongforge_vlm.data.tiling import TilingProcessor
+    from test_internvl import TINY, _reference
+
+    model = _reference(TINY)
+    model.save_pretrained(tmp_path / "hf")
+    tokenizer = _save_tokenizer(tmp_path / "hf")
+    paths = _images(tmp_path)
+    processor = TilingProcessor.for_encoder(TINY.encoder, merge_size=TINY.projector.merge)
+    tiles = [processor.image(Image.open(path)) for path in paths]
+    assert [grid[0] for _, grid in tiles] == [13, 3]  # 12 tiles + thumbnail, 2 + thumbnail (16px tiles)
+    pixel_values = torch.cat([torch.from_numpy(pixels) for pixels, _ in tiles])
+    images = [[TINY.vision_start_token_id, *[TINY.image_token_id] * processor.num_tokens(grid),
+               TINY.vision_end_token_id] for _, grid in tiles]
+    theirs = []
+    for text in PROMPTS:
+        pieces = [tokenizer(piece)["input_ids"] for piece in text.split("<image>")]
+        ids = sum(images, []) + pieces[0] if len(pieces) == 1 else pieces[0] + [
+            token for image, piece in zip(images, pieces[1:], strict=True) for token in image + piece]
+        ids = torch.tensor([ids])
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pixel_values,
+                                 max_new_tokens=STEPS, do_sample=False, pad_token_id=0, eos_token_id=None)
+        theirs.append(out[0, ids.shape[1]:].tolist())
+    assert all(len(t) == STEPS and len(set(t)) >= 4 for t in theirs)
+    capsys.readouterr()
+    assert _ours(capsys, tmp_path / "hf", paths) == theirs
+    assert _ours(capsys, tmp_path / "hf", paths, "--no-kv-cache") == theirs
