@@ -21,7 +21,7 @@ import statistics
 import time
 
 import numpy as np
-from loongforge_balance.dp_balance import CostModel, evaluate, fit_cost_model, fit_from_steps, load_features, lpt_plan
+from loongforge_balance.dp_balance import CostModel, evaluate, fit_cost_model, fit_from_steps, lpt_plan
 from loongforge_balance.dp_balance.synthetic import MIXES, vlm_lengths
 
 COST = CostModel(a=4e-5, b=1.0, c=50.0)
@@ -75,7 +75,7 @@ def fit_table(seeds: int) -> None:
             pool = vlm_lengths(2048, "vlm", seed=seed)
             if kind == "rank":
                 draws = [_rank_draw(rng, pool) for _ in range(count)]
-                times = [load_features(d) @ [true.a, true.b, true.c] * rng.normal(1, noise) for d in draws]
+                times = [true.costs(d).sum() * rng.normal(1, noise) for d in draws]
                 fitted = fit_cost_model(draws, times)
             else:
                 steps = [[_rank_draw(rng, pool) for _ in range(8)] for _ in range(count)]

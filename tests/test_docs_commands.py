@@ -99,6 +99,7 @@ EXCLUDED: dict[str, dict[str, str]] = {
         "pip install": NETWORK,
         "loongforge convert hf-to-mcore Qwen2-VL-2B-Instruct": WEIGHTS,
         "loongforge convert mcore-to-hf ckpt/qwen2-vl-2b": WEIGHTS,
+        "loongforge generate Qwen2-VL-2B-Instruct": WEIGHTS,
     },
     "docs/guide-diffusion.md": {
         "pip install": NETWORK,

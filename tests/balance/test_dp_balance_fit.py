@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from loongforge_balance.dp_balance import CostModel, fit_cost_model, fit_from_steps, load_features
+from loongforge_balance.dp_balance import CostModel, fit_cost_model, fit_from_steps
 from loongforge_balance.dp_balance.fit import nnls
 from loongforge_balance.dp_balance.synthetic import vlm_lengths
 
@@ -33,7 +33,7 @@ def test_per_rank_times_with_noise(mix):
     rng = np.random.default_rng(0)
     pool = vlm_lengths(2048, mix, seed=0)
     ranks = [random_rank(rng, pool) for _ in range(8 * 32)]
-    times = [load_features(r) @ [TRUE.a, TRUE.b, TRUE.c] * rng.normal(1, 0.01) for r in ranks]
+    times = [TRUE.costs(r).sum() * rng.normal(1, 0.01) for r in ranks]
     assert_recovered(fit_cost_model(ranks, times))
 
 

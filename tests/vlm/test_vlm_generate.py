@@ -36,21 +36,27 @@ TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] 
             "{% if add_generation_prompt %}<|im_start|>assistant {% endif %}")
 
 
-def _save_directory(flavor, directory, seed=0):
-    """The HF directory of a perturbed tiny model, its tokenizer and image processor; returns the reference model,
-    tokenizer and processor."""
-    model = reference_model(flavor, seed)
-    model.save_pretrained(directory)
+def _save_tokenizer(directory):
+    """A word-level tokenizer (``w0`` .. ``w375``, chat and end tokens, the four Qwen vision tokens at 380..383)."""
     vocab = {f"w{i}": i for i in range(376)}
     vocab.update({"<unk>": 376, "<|im_start|>": 377, "<|im_end|>": 378, "<|endoftext|>": 379})
     words = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
     words.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
     words.add_special_tokens([tokenizers.AddedToken(token, special=True) for token in VISION_TOKENS])
-    assert [words.token_to_id(t) for t in VISION_TOKENS] == [flavor.image_token_id, flavor.video_token_id,
-                                                              flavor.vision_start_token_id, flavor.vision_end_token_id]
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, eos_token="<|endoftext|>", unk_token="<unk>")
     tokenizer.chat_template = TEMPLATE
     tokenizer.save_pretrained(directory)
+    return tokenizer
+
+
+def _save_directory(flavor, directory, seed=0):
+    """The HF directory of a perturbed tiny model, its tokenizer and image processor; returns the reference model,
+    tokenizer and processor."""
+    model = reference_model(flavor, seed)
+    model.save_pretrained(directory)
+    tokenizer = _save_tokenizer(directory)
+    assert tokenizer.convert_tokens_to_ids(list(VISION_TOKENS)) == [
+        flavor.image_token_id, flavor.video_token_id, flavor.vision_start_token_id, flavor.vision_end_token_id]
     vit = flavor.encoder
     processor = Qwen2VLImageProcessorPil(min_pixels=64, max_pixels=48 * 48, patch_size=vit.patch_size,
                                          merge_size=vit.spatial_merge_size, temporal_patch_size=vit.temporal_patch_size)
@@ -156,3 +162,156 @@ def test_text_only_model_and_bad_image_files_are_one_line_errors(tmp_path, capsy
     assert main(["generate", str(tmp_path / "vlm"), "--prompt", "w1 <image> <image>", "--image", str(image)]) == 2
     err = capsys.readouterr().err
     assert "holds 2 <image> placeholder(s) for 1 image file(s)" in err and err.count("\n") == 1, err
+
+
+#: A GIF of 8 frames at 10 fps, or a directory of 4 frames (taken at the default 2 fps), of a moving square.
+GIF_FRAMES, FRAME_DIR_FRAMES = 8, 4
+#: Frames kept at the default 2 fps, by transformers' rules written out by hand: Qwen2-VL's ``arange(0, 8, 8 / n)``
+#: with n = max(8 / 10 * 2, min_frames 4) = 4; Qwen3-VL's ``linspace(0, 7, 4)`` rounded; a frame directory is kept
+#: whole.
+KEPT = {"qwen2": [0, 2, 4, 6], "qwen3": [0, 2, 5, 7], "directory": [0, 1, 2, 3]}
+#: Qwen3-VL's text time of each temporal patch (mean of its two frames' times, 10 fps): (0 + .2) / 2, (.5 + .7) / 2.
+QWEN3_TIMES = ("<0.1 seconds>", "<0.6 seconds>")
+VIDEO_PROMPTS = ("w5 w7 <image> w9 <video> w2", "w30 w31 w32")
+
+
+def _moving_square(count: int, size: int = 32) -> list:
+    frames = []
+    for k in range(count):
+        pixels = np.full((size, size, 3), 20, dtype=np.uint8)
+        pixels[12:20, 2 + 3 * k:10 + 3 * k] = (255, 200, 40)
+        frames.append(Image.fromarray(pixels))
+    return frames
+
+
+def _video_file(directory, as_frames: bool):
+    """The moving square as a GIF (100 ms per frame) or as a directory of PNG frames; returns its path and frames."""
+    if as_frames:
+        frames = _moving_square(FRAME_DIR_FRAMES)
+        (directory / "frames").mkdir()
+        for k, frame in enumerate(frames):
+            frame.save(directory / "frames" / f"{k:03d}.png")
+        return directory / "frames", frames
+    frames = _moving_square(GIF_FRAMES)
+    frames[0].save(directory / "clip.gif", save_all=True, append_images=frames[1:], duration=100, loop=0)
+    return directory / "clip.gif", frames
+
+
+def _reference_video_tokens(flavor, model, tokenizer, processor, image, frames, text, seconds_per_patch):
+    """transformers' greedy continuation of ``text`` with an image (transformers' processor) and a video (the kept
+    frames through our video processor, which test_vlm_video.py ties to transformers' patchify)."""
+    from loongforge_vlm.data.kind import processor_for_vlm
+
+    pixels = processor(images=[image], return_tensors="pt")
+    # the directory's pixel bounds and statistics (transformers' Qwen2-VL image processor: CLIP's), which videos share
+    assert list(processor.image_mean) == pytest.approx([0.48145466, 0.4578275, 0.40821073])
+    ours = processor_for_vlm(flavor, min_pixels=processor.size.shortest_edge, max_pixels=processor.size.longest_edge,
+                             normalization="clip")
+    video_rows, (t, h, w) = ours.video(frames)
+    per_patch = h * w // flavor.spatial_merge_size ** 2
+    image_text = "<|vision_start|>" + "<|image_pad|>" * int(pixels["image_grid_thw"].prod() // 4) + "<|vision_end|>"
+    run = "<|vision_start|>" + "<|video_pad|>" * per_patch + "<|vision_end|>"
+    video_text = "".join(f"{time}{run}" for time in QWEN3_TIMES) if flavor.timestamped_videos else \
+        "<|vision_start|>" + "<|video_pad|>" * (t * per_patch) + "<|vision_end|>"
+    if "<image>" in text:
+        text = text.replace("<image>", image_text).replace("<video>", video_text)
+    else:
+        text = image_text + video_text + text
+    ids = tokenizer(text, return_tensors="pt")["input_ids"]
+    types = (ids == flavor.image_token_id).long() + 2 * (ids == flavor.video_token_id).long()
+    videos = {"pixel_values_videos": torch.from_numpy(video_rows), "video_grid_thw": torch.tensor([[t, h, w]])}
+    if flavor.tokens_per_second is not None:
+        videos["second_per_grid_ts"] = torch.tensor([seconds_per_patch])
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=types, **pixels,
+                             **videos, max_new_tokens=STEPS, do_sample=False, pad_token_id=0)
+    return out[0, ids.shape[1]:].tolist()
+
+
+#: (flavor, weight seed, video as a frame directory, also without the KV cache). Qwen2.5-VL-tiny: seed 8 is one whose
+#: greedy texts do not settle on a repeated token.
+VIDEO_CASES = [("qwen2-vl-tiny", 0, True, True), ("qwen2.5-vl-tiny", 8, False, False),
+               ("qwen3-vl-tiny", 0, False, False)]
+
+
+@pytest.mark.parametrize(("name", "seed", "as_frames", "uncached"), VIDEO_CASES, ids=[c[0] for c in VIDEO_CASES])
+def test_greedy_tokens_with_a_video_equal_transformers(name, seed, as_frames, uncached, tmp_path, capsys):
+    """``--video`` (a GIF; a frame directory for Qwen2-VL) beside an image, placed at ``<video>`` in one prompt and
+    before the text of the other. Qwen2.5-VL's GIF patches are 0.4 s apart: 0.8 M-RoPE steps at 2 tokens per second,
+    so positions that ignored ``second_per_grid_ts`` (1 s) would differ."""
+    flavor = FLAVORS[name]
+    model, tokenizer, processor = _save_directory(flavor, tmp_path / "hf", seed)
+    image = _images(tmp_path)[0]
+    video, frames = _video_file(tmp_path, as_frames)
+    rule = "directory" if as_frames else "qwen3" if flavor.timestamped_videos else "qwen2"
+    kept = [frames[i] for i in KEPT[rule]]
+    seconds = 2 * 1 / 2 if as_frames else 2 * 2 / 10  # temporal patch size x frame spacing / frame rate
+    theirs = [_reference_video_tokens(flavor, model, tokenizer, processor, Image.open(image), kept, text, seconds)
+              for text in VIDEO_PROMPTS]
+    assert all(len(t) == STEPS and len(set(t)) >= 4 for t in theirs)
+    capsys.readouterr()
+    argv = ["generate", str(tmp_path / "hf"), "--max-new-tokens", str(STEPS), "--ignore-eos", "--jsonl",
+            "--image", str(image), "--video", str(video)]
+    for prompt in VIDEO_PROMPTS:
+        argv += ["--prompt", prompt]
+    options = [[], ["--no-kv-cache"]] if uncached else [[]]
+    for extra in options:
+        assert main(argv + extra) == 0
+        lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert [line["tokens"] for line in lines] == theirs
+    assert all(time in lines[0]["prompt"] for time in QWEN3_TIMES) == flavor.timestamped_videos
+
+
+def test_bad_videos_are_one_line_errors_naming_the_file(tmp_path, capsys):
+    _save_directory(FLAVORS["qwen2-vl-tiny"], tmp_path / "hf")
+    broken = tmp_path / "broken.gif"
+    broken.write_bytes(b"GIF89a not really")
+    one_frame = tmp_path / "one.gif"
+    _moving_square(1)[0].save(one_frame)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes.txt").write_text("words")
+    cases = [(broken, f"video file {broken}: cannot be decoded as a GIF"),
+             (one_frame, f"video file {one_frame}: has 1 frame(s), too few to sample 2"),
+             (tmp_path / "empty", f"video file {tmp_path / 'empty'}: has 0 frame(s)"),
+             (tmp_path / "notes.txt", f"video file {tmp_path / 'notes.txt'}: is neither a video file"),
+             (tmp_path / "gone.gif", f"video file {tmp_path / 'gone.gif'} does not exist")]
+    capsys.readouterr()
+    for path, message in cases:
+        assert main(["generate", str(tmp_path / "hf"), "--prompt", "w1", "--video", str(path),
+                     "--max-new-tokens", "2"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_internvl_greedy_tokens_equal_transformers_with_and_without_the_kv_cache(tmp_path, capsys):
+    """InternVL-tiny from a ``save_pretrained`` directory (perturbed weights), two odd-sized images tiled to 12 tiles
+    + thumbnail and 2 + thumbnail: the reference is transformers' ``generate`` given ``<img>`` + one context token per
+    feature + ``</img>`` per image and the tiles of our processor (test_internvl.py ties both to transformers' image
+    processor), since transformers' InternVL processor needs tokenizer attributes a plain tokenizer lacks."""
+    from loongforge_vlm.data.tiling import TilingProcessor
+    from test_internvl import TINY, _reference
+
+    model = _reference(TINY)
+    model.save_pretrained(tmp_path / "hf")
+    tokenizer = _save_tokenizer(tmp_path / "hf")
+    paths = _images(tmp_path)
+    processor = TilingProcessor.for_encoder(TINY.encoder, merge_size=TINY.projector.merge)
+    tiles = [processor.image(Image.open(path)) for path in paths]
+    assert [grid[0] for _, grid in tiles] == [13, 3]  # 12 tiles + thumbnail, 2 + thumbnail (16px tiles)
+    pixel_values = torch.cat([torch.from_numpy(pixels) for pixels, _ in tiles])
+    images = [[TINY.vision_start_token_id, *[TINY.image_token_id] * processor.num_tokens(grid),
+               TINY.vision_end_token_id] for _, grid in tiles]
+    theirs = []
+    for text in PROMPTS:
+        pieces = [tokenizer(piece)["input_ids"] for piece in text.split("<image>")]
+        ids = sum(images, []) + pieces[0] if len(pieces) == 1 else pieces[0] + [
+            token for image, piece in zip(images, pieces[1:], strict=True) for token in image + piece]
+        ids = torch.tensor([ids])
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pixel_values,
+                                 max_new_tokens=STEPS, do_sample=False, pad_token_id=0, eos_token_id=None)
+        theirs.append(out[0, ids.shape[1]:].tolist())
+    assert all(len(t) == STEPS and len(set(t)) >= 4 for t in theirs)
+    capsys.readouterr()
+    assert _ours(capsys, tmp_path / "hf", paths) == theirs
+    assert _ours(capsys, tmp_path / "hf", paths, "--no-kv-cache") == theirs

@@ -329,3 +329,33 @@ def test_a_moving_square_clip_set_trains(world, tmp_path):
     print("losses", [round(x, 3) for x in losses])
     assert model.encoder.patch_embed.weight.grad.abs().sum() > 0  # the pixels take part
     assert losses == sorted(losses, reverse=True) and losses[-1] < 0.9 * losses[0]
+
+
+@pytest.mark.parametrize("name", ["qwen2-vl-tiny", "qwen3-vl-tiny"])
+def test_a_video_preference_pair_renders_its_prompt_as_a_training_sample(tmp_path, name):
+    """A preference pair whose prompt holds a video reads to the tokens of the same conversation as an image-text
+    sample (Qwen3-VL: a time per temporal patch, each patch its own run), the reply mask alike."""
+    from loongforge_vlm.data.dataset import VisionChatDataset
+    from loongforge_vlm.data.kind import byte_tokenizer_for, processor_for_vlm
+    from loongforge_vlm.data.pairs import VisionPairDataset
+    from loongforge_vlm.data.sources import JsonlSource
+    from vlm_data_helpers import write_jsonl
+
+    flavor = FLAVORS[name]
+    tokenizer = byte_tokenizer_for(flavor)
+    processor = processor_for_vlm(flavor, min_pixels=16 * 16, max_pixels=32 * 32)
+    question = "Which way does <video> move?"
+    pair = {"video": "clip.gif", "fps": 5, "prompt": question, "chosen": "right", "rejected": "left"}
+    chat = {"video": "clip.gif", "fps": 5, "messages": _ask("right")[1:]}
+    chat["messages"].insert(0, {"role": "user", "content": question})
+    pairs = VisionPairDataset([JsonlSource(write_jsonl(tmp_path / "pairs.jsonl", [pair],
+                                                       {"clip.gif": _gif(_square_frames(8, 0), 100)}))],
+                              tokenizer, processor)
+    chats = VisionChatDataset([JsonlSource(write_jsonl(tmp_path / "chat.jsonl", [chat], {}))], tokenizer, processor,
+                              strict=True)
+    chosen, sample = pairs.pairs[0].tokens.chosen, chats.entries[0].chat
+    assert chosen.ids.tolist() == sample.ids.tolist()
+    assert chosen.supervised.tolist() == sample.supervised.tolist()
+    text = bytes(i for i in chosen.ids.tolist() if i < 256).decode()
+    assert ("<0.1 seconds><0.6 seconds> move?" in text) == flavor.timestamped_videos
+    assert chosen.ids.tolist().count(flavor.video_token_id) == 2 * 8 * 8 // 4

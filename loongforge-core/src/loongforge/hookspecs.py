@@ -202,7 +202,9 @@ def loongforge_balance_samples(samples: list[dict[str, Any]], dp_group: Any) -> 
     loongforge-vlm's packed image-text data is such a path (``training.loss_normalization: global_tokens``).
 
     :param samples: this rank's samples, a list of dicts of tensors whose first dimension varies per sample
-        (``tokens`` [n] counts the sample's text and vision tokens).
+        (``tokens`` [n] counts the sample's text and vision tokens; an optional ``encoder_work`` [2] int64 gives
+        what a vision encoder computes for it: its patches and the sum over its attention blocks of their length
+        squared).
     :param dp_group: the data-parallel ``torch.distributed.ProcessGroup``.
     :return: the samples this rank trains on (None everywhere: unchanged).
     """

@@ -141,7 +141,7 @@ def _media_files(source: ModelSource, media: Mapping[str, Sequence[str | Path]])
             reads = ", ".join(family.media_kinds) or "text only"
             raise InteropError(f"{source.path}: model '{name}' takes no {kind} input (it reads {reads})")
         for item in paths:
-            if not item.is_file():
+            if not item.exists():  # a file, or a directory for a family that reads one (frames of a video)
                 raise InteropError(f"{kind} file {item} does not exist")
     return files
 

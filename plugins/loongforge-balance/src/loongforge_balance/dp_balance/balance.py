@@ -54,7 +54,7 @@ def rebalance(
     samples would change, on every rank alike, and when any says no the sampler's placement is kept.
     """
     layout = gather_layout(samples, group, length_key)
-    costs = cost.costs(layout.lengths)
+    costs = cost.costs(layout.lengths, layout.encoder)
     before = evaluate(layout.owners, costs, layout.lengths, layout.num_ranks)
     after = lpt_plan(costs, layout.lengths, layout.num_ranks, token_cap)
     if after.max_load >= before.max_load:

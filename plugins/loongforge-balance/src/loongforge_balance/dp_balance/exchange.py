@@ -3,7 +3,9 @@
 There is no coordinator: one all-gather tells every rank every sample's sizes, every rank computes the same plan
 from them (:mod:`.solver` is deterministic), and one ``all_to_all_single`` per field moves the payloads. A sample
 is a ``dict`` of tensors whose first dimension varies per sample (``tokens`` [n], ``labels`` [n], ``pixel_values``
-[patches, d], an ``id`` [1] ...); every rank's samples must have the same keys, dtypes and trailing shapes.
+[patches, d], an ``id`` [1] ...); every rank's samples must have the same keys, dtypes and trailing shapes. A
+sample's encoder work (:data:`~loongforge_balance.dp_balance.cost.ENCODER_KEY`, ``[2]``) is gathered by value, since
+the cost model reads it.
 
 Samples are numbered globally in rank order (rank 0's local samples, then rank 1's, ...); after the exchange a
 rank holds the samples planned for it, in that global order, so the result does not depend on message timing.
@@ -18,6 +20,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from loongforge_balance.dp_balance.cost import ENCODER_KEY
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -28,6 +32,7 @@ class Layout:
     rows: np.ndarray  # int64 [samples, keys]: first-dimension size of each field of each sample
     lengths: np.ndarray  # int64 [samples]: tokens of each sample (the cost model's ``len``)
     rank: int  # this rank's index in the group
+    encoder: np.ndarray | None = None  # int64 [samples, 2]: each sample's encoder work, when the samples give it
 
     @property
     def num_ranks(self) -> int:
@@ -42,6 +47,12 @@ class Layout:
         """Each rank's sample lengths, in rank order."""
         return np.split(self.lengths, np.cumsum(self.counts)[:-1])
 
+    def rank_encoder(self) -> list[np.ndarray | None]:
+        """Each rank's samples' encoder work ``[samples, 2]``, in rank order (``None`` each without it)."""
+        if self.encoder is None:
+            return [None] * self.num_ranks
+        return np.split(self.encoder, np.cumsum(self.counts)[:-1])
+
 
 def _keys(samples: Sequence[Mapping[str, torch.Tensor]]) -> tuple[str, ...]:
     if not samples:
@@ -53,13 +64,17 @@ def _keys(samples: Sequence[Mapping[str, torch.Tensor]]) -> tuple[str, ...]:
         for key in keys:
             if sample[key].dim() == 0:
                 raise ValueError(f"sample {index} field '{key}' is a scalar; give it a first dimension (shape [1])")
+        if ENCODER_KEY in sample and tuple(sample[ENCODER_KEY].shape) != (2,):
+            raise ValueError(f"sample {index} field '{ENCODER_KEY}' has shape {tuple(sample[ENCODER_KEY].shape)}; "
+                             "it is [2]: (patches, sum of attention block lengths squared)")
     return keys
 
 
 def gather_layout(
     samples: Sequence[Mapping[str, torch.Tensor]], group: dist.ProcessGroup | None = None, length_key: str = "tokens"
 ) -> Layout:
-    """All-gather every sample's field sizes; ``length_key``'s first dimension is the sample's token count."""
+    """All-gather every sample's field sizes (and encoder work); ``length_key``'s first dimension is the sample's
+    token count."""
     keys = _keys(samples)
     if length_key not in keys:
         raise ValueError(f"samples have no '{length_key}' field to measure their length by (fields: {list(keys)})")
@@ -69,12 +84,18 @@ def gather_layout(
     counts = [torch.empty_like(count) for _ in range(size)]
     dist.all_gather(counts, count, group=group)
     counts_np = np.array([int(c.item()) for c in counts], dtype=np.int64)
-    local = torch.zeros(int(counts_np.max()), len(keys), dtype=torch.int64, device=device)
-    local[: len(samples)] = torch.tensor([[s[k].shape[0] for k in keys] for s in samples], dtype=torch.int64)
+    has_encoder = ENCODER_KEY in keys
+    local = torch.zeros(int(counts_np.max()), len(keys) + 2 * has_encoder, dtype=torch.int64, device=device)
+    local[: len(samples), : len(keys)] = torch.tensor([[s[k].shape[0] for k in keys] for s in samples],
+                                                      dtype=torch.int64)
+    if has_encoder:  # by value, in two extra columns of the same gather
+        local[: len(samples), len(keys):] = torch.stack([s[ENCODER_KEY].to(torch.int64) for s in samples])
     gathered = [torch.empty_like(local) for _ in range(size)]
     dist.all_gather(gathered, local, group=group)
-    rows = np.concatenate([g[:n].cpu().numpy() for g, n in zip(gathered, counts_np, strict=True)])
-    return Layout(keys, counts_np, rows, rows[:, keys.index(length_key)].copy(), dist.get_rank(group))
+    table = np.concatenate([g[:n].cpu().numpy() for g, n in zip(gathered, counts_np, strict=True)])
+    rows = table[:, : len(keys)]
+    encoder = table[:, len(keys):].copy() if has_encoder else None
+    return Layout(keys, counts_np, rows, rows[:, keys.index(length_key)].copy(), dist.get_rank(group), encoder)
 
 
 def exchange(

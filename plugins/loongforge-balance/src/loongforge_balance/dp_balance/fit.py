@@ -1,18 +1,22 @@
-"""Fit ``(a, b, c)`` of the cost model from measured times (non-negative least squares).
+"""Fit ``(a, b, c, d, e)`` of the cost model from measured times (non-negative least squares).
 
 Two kinds of measurement:
 
 * :func:`fit_cost_model` — one time per rank (that rank's own compute, e.g. forward/backward before the gradient
-  all-reduce): ``time = load_features(rank lengths) . (a, b, c)``, a plain linear fit.
+  all-reduce): ``time = load_features(rank lengths, rank encoder work) . (a, b, c, d, e)``, a plain linear fit.
 * :func:`fit_from_steps` — one time per step, which is what a trainer measures: every rank waits in the gradient
   all-reduce for the slowest, so ``step time = max over ranks of the rank's load + a fixed overhead`` (optimizer
   step, communication). Which rank was slowest depends on the coefficients, so the fit alternates: guess the
   slowest rank of every step, fit, re-pick the slowest with the new coefficients, until the picks stop changing.
-  Use clearly more steps than the 4 unknowns: with few steps, a wrong choice of slowest ranks can fit as well.
+  Use clearly more steps than the unknowns: with few steps, a wrong choice of slowest ranks can fit as well.
+
+The encoder terms (``d`` per patch, ``e`` per patch pair) are fitted only when some measured sample has patches:
+on text alone they stay 0. Patches and LLM tokens rise together for one kind of media, so their split is only
+pinned down by a mix (text and images, short and long videos); the sum is what balancing reads.
 
 Residuals are relative (each row divided by its time): measured times have roughly proportional noise, and a
 plain fit would let the longest steps decide everything. The solve is exact non-negative least squares by
-trying every set of free coefficients (at most 4 columns, so 15 small solves) — no SciPy needed.
+trying every set of free coefficients (at most 6 columns, so 63 small solves) — no SciPy needed.
 """
 
 from __future__ import annotations
@@ -61,29 +65,46 @@ def _check_times(times: Sequence[float], count: int, what: str) -> np.ndarray:
     return y
 
 
-def fit_cost_model(rank_lengths: Sequence[Sequence[int]], times: Sequence[float]) -> CostModel:
-    """Coefficients from ``(a rank's sample lengths, that rank's compute time)`` pairs."""
+def _vision_columns(features: np.ndarray) -> list[int]:
+    """The encoder columns (3: patches, 4: patch pairs) that some measurement has, to fit."""
+    return [column for column in (3, 4) if np.any(features[..., column] > 0)]
+
+
+def fit_cost_model(rank_lengths: Sequence[Sequence[int]], times: Sequence[float],
+                   rank_encoder: Sequence[np.ndarray | None] | None = None) -> CostModel:
+    """Coefficients from ``(a rank's sample lengths, that rank's compute time)`` pairs; ``rank_encoder`` gives each
+    rank's samples' encoder work ``[samples, 2]`` (None: text)."""
     y = _check_times(times, len(rank_lengths), "rank measurements")
-    x = np.stack([load_features(lengths) for lengths in rank_lengths])
-    return CostModel(*_relative_nnls(x, y).tolist())
+    encoder = rank_encoder or [None] * len(rank_lengths)
+    x = np.stack([load_features(lengths, work) for lengths, work in zip(rank_lengths, encoder, strict=True)])
+    columns = [0, 1, 2, *_vision_columns(x)]
+    coefficients = np.zeros(5)
+    coefficients[columns] = _relative_nnls(x[:, columns], y)
+    return CostModel(*coefficients.tolist())
 
 
 def fit_from_steps(
-    step_rank_lengths: Sequence[Sequence[Sequence[int]]], step_times: Sequence[float]
+    step_rank_lengths: Sequence[Sequence[Sequence[int]]], step_times: Sequence[float],
+    step_rank_encoder: Sequence[Sequence[np.ndarray | None]] | None = None,
 ) -> tuple[CostModel, float]:
-    """Coefficients and the per-step overhead from ``(every rank's sample lengths, the step's time)`` pairs.
+    """Coefficients and the per-step overhead from ``(every rank's sample lengths, the step's time)`` pairs;
+    ``step_rank_encoder`` gives every rank's samples' encoder work per step (None: text).
 
     If every rank held the same number of samples in every step (a fixed micro-batch size), the per-sample
     constant ``c`` cannot be told apart from the per-step overhead; it is then attributed to the step (``c = 0``),
     which is harmless for balancing because a constant added to every rank moves no sample.
     """
     y = _check_times(step_times, len(step_rank_lengths), "steps")
-    features = [np.stack([load_features(lengths) for lengths in ranks]) for ranks in step_rank_lengths]
+    encoder = step_rank_encoder or [[None] * len(ranks) for ranks in step_rank_lengths]
+    features = [np.stack([load_features(lengths, work) for lengths, work in zip(ranks, works, strict=True)])
+                for ranks, works in zip(step_rank_lengths, encoder, strict=True)]
     counts_vary = any(np.ptp(f[:, 2]) > 0 for f in features) or np.ptp([f[0, 2] for f in features]) > 0
     columns = [0, 1, 2] if counts_vary else [0, 1]
+    vision = _vision_columns(np.concatenate(features))
     # The alternation finds a consistent choice of slowest ranks, not always the best one: start from each
-    # feature's "largest rank" (token pairs, tokens, samples) and keep the fit that explains the times best.
-    fits = [_fit_slowest(features, y, columns, feature) for feature in (0, 1, 2)]
+    # feature's "largest rank" (token pairs, tokens, samples, patches...) and keep the fit that explains the times
+    # best.
+    fits = [_fit_slowest(features, y, columns + vision, feature) for feature in (0, 1, 2, *vision)]
     coefficients, overhead, _ = min(fits, key=lambda fit: fit[2])
     return CostModel(*coefficients.tolist()), overhead
 
@@ -94,11 +115,11 @@ def _fit_slowest(
     """Alternate "pick each step's slowest rank" and "fit on those ranks"; return coefficients, overhead and the
     relative residual of the step-time model with them."""
     slowest = np.array([int(np.argmax(f[:, start])) for f in features])
-    coefficients = np.zeros(3)
+    coefficients = np.zeros(5)
     for _ in range(MAX_ROUNDS):
         x = np.stack([np.append(f[r, columns], 1.0) for f, r in zip(features, slowest, strict=True)])
         w = _relative_nnls(x, y)
-        coefficients = np.zeros(3)
+        coefficients = np.zeros(5)
         coefficients[columns] = w[:-1]
         picks = np.array([int(np.argmax(f @ coefficients)) for f in features])
         if np.array_equal(picks, slowest):

@@ -4,7 +4,8 @@ Options:
 
 * ``warmup_steps`` (default 16, at least 8): steps measured, unbalanced, before the cost model is fitted from
   their step times (the first step of a process is not measured: it includes one-off work);
-* ``cost`` (``{a, b, c}``): pin the cost model instead of fitting it (no warm-up);
+* ``cost`` (``{a, b, c}``, optionally ``d``, ``e`` for a vision encoder's patches and patch pairs): pin the cost
+  model instead of fitting it (no warm-up); see :mod:`loongforge_balance.dp_balance.cost`;
 * ``token_cap``: the most tokens a rank may receive (activation memory); by default the data path's own cap;
 * ``length_key`` (default ``tokens``): the sample field whose first dimension is the sample's length.
 
@@ -51,7 +52,7 @@ class DPBalanceOptions:
     """``optimizations.dp-balance``: see the module docstring for what each option means."""
 
     warmup_steps: int = 16
-    #: ``{a, b, c}``: pin the cost model instead of fitting it.
+    #: ``{a, b, c}`` (and ``d``, ``e``: encoder terms): pin the cost model instead of fitting it.
     cost: CostModel | None = None
     token_cap: int | None = None
     length_key: str = "tokens"
@@ -77,12 +78,13 @@ class DPBalanceOptimization(Optimization):
         opts: DPBalanceOptions = self.options
         self.warmup_steps, self.cost, self.token_cap, self.length_key = (opts.warmup_steps, opts.cost,
                                                                           opts.token_cap, opts.length_key)
-        #: (every rank's sample lengths, step time) of the measured warm-up steps.
-        self.observations: list[tuple[list[np.ndarray], float]] = []
+        #: (every rank's sample lengths, every rank's samples' encoder work, step time) of the measured warm-up steps.
+        self.observations: list[tuple[list[np.ndarray], list[np.ndarray], float]] = []
         #: Predicted ``max / mean`` rank load of the last balanced call, before and after.
         self.last_imbalance: tuple[float, float] | None = None
         self._group: Any = None
         self._step_lengths: list[list[int]] | None = None
+        self._step_encoder: list[list[list[int]]] | None = None
         self._first_step_done = False
         #: Balanced steps kept in the sampler's placement because some rank's rows could not hold its new samples.
         self.unfit_steps = 0
@@ -120,7 +122,8 @@ class DPBalanceOptimization(Optimization):
         if self.cost is None:  # warm-up: train the sampler's placement and remember it for the fit
             from loongforge_balance.dp_balance.exchange import gather_layout
 
-            self._record(gather_layout(samples, dp_group, self.length_key).rank_lengths())
+            layout = gather_layout(samples, dp_group, self.length_key)
+            self._record(layout.rank_lengths(), layout.rank_encoder())
             return samples
         try:
             result = rebalance(samples, self.cost, dp_group, token_cap=self.token_cap, length_key=self.length_key,
@@ -138,16 +141,18 @@ class DPBalanceOptimization(Optimization):
             })
         return result.samples
 
-    def _record(self, rank_lengths: list[np.ndarray]) -> None:
-        if self._step_lengths is None:
-            self._step_lengths = [[] for _ in rank_lengths]
-        for held, lengths in zip(self._step_lengths, rank_lengths, strict=True):
+    def _record(self, rank_lengths: list[np.ndarray], rank_encoder: list[np.ndarray | None]) -> None:
+        if self._step_lengths is None or self._step_encoder is None:
+            self._step_lengths, self._step_encoder = [[] for _ in rank_lengths], [[] for _ in rank_lengths]
+        for held, work, lengths, encoder in zip(self._step_lengths, self._step_encoder, rank_lengths, rank_encoder,
+                                                strict=True):
             held.extend(lengths.tolist())
+            work.extend(np.zeros((len(lengths), 2), dtype=np.int64).tolist() if encoder is None else encoder.tolist())
 
     @hookimpl
     def loongforge_on_step_end(self, trainer: Any, step: int, metrics: dict) -> None:
-        lengths, self._step_lengths = self._step_lengths, None
-        if self.cost is not None or lengths is None:
+        lengths, encoder, self._step_lengths, self._step_encoder = self._step_lengths, self._step_encoder, None, None
+        if self.cost is not None or lengths is None or encoder is None:
             return
         if not self._first_step_done:
             self._first_step_done = True
@@ -155,14 +160,17 @@ class DPBalanceOptimization(Optimization):
         # Ranks time their step slightly differently; the slowest rank's time is the step's, the same everywhere.
         seconds = torch.tensor([float(metrics["step_time"])], dtype=torch.float64)
         dist.all_reduce(seconds, op=dist.ReduceOp.MAX, group=self._group)
-        self.observations.append(([np.asarray(x) for x in lengths], float(seconds.item())))
+        self.observations.append(([np.asarray(x) for x in lengths],
+                                  [np.asarray(w, dtype=np.int64).reshape(-1, 2) for w in encoder],
+                                  float(seconds.item())))
         if len(self.observations) >= self.warmup_steps:
             self.cost = self._fit()
 
     def _fit(self) -> CostModel:
         """Fit on the group's first rank and broadcast, so that every rank plans with bit-identical coefficients."""
-        model, _ = fit_from_steps([o[0] for o in self.observations], [o[1] for o in self.observations])
-        coefficients = torch.tensor([model.a, model.b, model.c], dtype=torch.float64)
+        model, _ = fit_from_steps([o[0] for o in self.observations], [o[2] for o in self.observations],
+                                  [o[1] for o in self.observations])
+        coefficients = torch.tensor(list(model.as_dict().values()), dtype=torch.float64)
         first = 0 if self._group is None else dist.get_global_rank(self._group, 0)
         dist.broadcast(coefficients, src=first, group=self._group)
         return CostModel(*coefficients.tolist())

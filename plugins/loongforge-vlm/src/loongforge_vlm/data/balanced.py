@@ -35,17 +35,31 @@ from loongforge_vlm.data.dataset import VisionSample
 
 #: VisionSample fields sent as they are (their first dimension varies per sample).
 _MEDIA = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+#: The field with the vision encoder's work, ``[patches, patch pairs]``, that a balancer's cost model reads (the
+#: ``loongforge_balance_samples`` contract; loongforge-balance's ``dp_balance.cost.ENCODER_KEY``).
+ENCODER_WORK = "encoder_work"
+
+
+def encoder_work(sample: VisionSample) -> tuple[int, int]:
+    """``(patches, patch pairs)`` the vision tower computes for ``sample``: every patch of its images and videos,
+    and attention within each image, tile or video frame group of ``h * w`` patches (a ``(t, h, w)`` grid is ``t``
+    such blocks: Qwen's ViTs attend per frame group, InternViT per tile), so ``t * (h * w) ** 2`` pairs."""
+    grids = np.concatenate([sample.image_grid_thw.reshape(-1, 3), sample.video_grid_thw.reshape(-1, 3)])
+    t, area = grids[:, 0].astype(np.int64), grids[:, 1].astype(np.int64) * grids[:, 2]
+    return int(np.sum(t * area)), int(np.sum(t * area * area))
 
 
 def to_wire(index: int, sample: VisionSample) -> dict[str, torch.Tensor]:
     """A sample as the balance hook takes it: ``tokens`` [n] are its input ids (text and vision tokens: the length
     the cost model sees), ``targets``/``supervised`` [n] the shifted ids and reply mask, ``index`` [1] its dataset
-    index, and its pixels and grids."""
+    index, :data:`ENCODER_WORK` [2] what its images and videos cost the vision tower (:func:`encoder_work`: a video
+    of few LLM tokens can be many patches), and its pixels and grids."""
     wire = {
         "index": torch.tensor([index], dtype=torch.int64),
         "tokens": torch.from_numpy(np.ascontiguousarray(sample.ids[:-1])),
         "targets": torch.from_numpy(np.ascontiguousarray(sample.ids[1:])),
         "supervised": torch.from_numpy(np.ascontiguousarray(sample.supervised[1:])),
+        ENCODER_WORK: torch.tensor(encoder_work(sample), dtype=torch.int64),
     }
     return {**wire, **{key: torch.from_numpy(np.ascontiguousarray(getattr(sample, key))) for key in _MEDIA}}
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from loongforge.data.chat_template import chat_template_for
+from loongforge.data.chat_template import Message, chat_template_for
 from loongforge.data.contracts import SampleDataset
 from loongforge.data.errors import DataError
 from loongforge.data.sft import ChatSample
@@ -65,19 +65,13 @@ class Media:
     """A record's images (names) and videos (files, frame directories or frame names, sampled by ``sampling``),
     read through its source.
 
-    Shared by the conversation and pair kinds: indexing counts each one's LLM tokens (:meth:`token_counts`,
-    decoding every frame), loading turns them into a sample's pixel fields (:meth:`load`)."""
+    Shared by the conversation and pair kinds: indexing counts each one's LLM tokens (:meth:`image_tokens`, and
+    :meth:`sampled_videos` through :func:`video_runs`, decoding every frame), loading turns them into a sample's
+    pixel fields (:meth:`load`)."""
 
     images: tuple[str, ...]
     videos: tuple[Video, ...]
     sampling: FrameSampling = FrameSampling()
-
-    def token_counts(self, processor: ImageProcessor, source: Any, index: int, *,
-                     full: bool = True) -> tuple[list[int], list[int]]:
-        """LLM tokens of each image and each video, in order (every frame decoded fully unless ``full`` is
-        false); raises :class:`SampleProblem` for an unreadable image or video."""
-        sampled = self.sampled_videos(processor, source, index, full=full)
-        return self.image_tokens(processor, source, index, full=full), video_tokens(processor, sampled)
 
     def image_tokens(self, processor: ImageProcessor, source: Any, index: int, *, full: bool = True) -> list[int]:
         """LLM tokens of each image."""
@@ -170,12 +164,7 @@ class VisionChatDataset(SampleDataset):
         media = Media(tuple(images), tuple(record.videos), record.sampling)
         image_tokens = media.image_tokens(self.processor, source, index, full=self.verify_images)
         sampled = media.sampled_videos(self.processor, source, index, full=self.verify_images)
-        per_video = video_tokens(self.processor, sampled)
-        messages = record.messages
-        if sampled and getattr(self.processor, "timestamped_videos", False):  # one run per temporal patch
-            messages = timestamp_videos(messages, [video.times for video in sampled])
-            per_video = [count // len(video.times) for count, video in zip(per_video, sampled, strict=True)
-                         for _ in video.times]
+        messages, per_video = video_runs(record.messages, self.processor, sampled)
         try:
             chat = tokenize_multimodal(messages, self.tokenizer, self._template, image_tokens, per_video, where)
         except DataError as exc:
@@ -206,6 +195,18 @@ def _grid(processor: ImageProcessor, source: Any, index: int, name: str, full: b
         return processor.grid(*image.size)
     except ValueError as exc:
         raise SampleProblem("corrupt", where, str(exc)) from None
+
+
+def video_runs(messages: Sequence[Message], processor: ImageProcessor,
+               sampled: Sequence[SampledVideo]) -> tuple[list[Message], list[int]]:
+    """The messages as the tower's processor writes its videos, and the LLM tokens of each video placeholder run
+    in order: one run per video, or (``timestamped_videos``, Qwen3-VL) each temporal patch's time as text and a run
+    of its own. Training samples, preference pairs and generation prompts all render videos through this."""
+    counts = video_tokens(processor, sampled)
+    if not sampled or not getattr(processor, "timestamped_videos", False):
+        return list(messages), counts
+    runs = [count // len(video.times) for count, video in zip(counts, sampled, strict=True) for _ in video.times]
+    return timestamp_videos(messages, [video.times for video in sampled]), runs
 
 
 def video_tokens(processor: ImageProcessor, sampled: Sequence[SampledVideo]) -> list[int]:

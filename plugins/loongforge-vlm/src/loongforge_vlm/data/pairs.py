@@ -44,7 +44,7 @@ from loongforge.data.sft import ChatSample
 from loongforge.data.tokenizers import Tokenizer
 
 from loongforge_vlm.data.batching import collate, row_cut
-from loongforge_vlm.data.dataset import Media, SampleProblem, VisionSample
+from loongforge_vlm.data.dataset import Media, SampleProblem, VisionSample, video_runs
 from loongforge_vlm.data.processor import ImageProcessor, VisionProcessor
 from loongforge_vlm.data.records import RecordError, content_text, parse_media
 from loongforge_vlm.data.tokens import (
@@ -150,9 +150,12 @@ class VisionPairDataset(PreferencePairs):
         if media.videos and not self.processor.supports_video:
             raise DataError(f"{where}: has videos, but the vision tower's processor takes only images")
         try:
-            image_tokens, video_tokens = media.token_counts(self.processor, source, index)
+            image_tokens = media.image_tokens(self.processor, source, index)
+            prompt, video_tokens = video_runs(pair.prompt, self.processor,
+                                              media.sampled_videos(self.processor, source, index))
         except SampleProblem as problem:
             raise DataError(f"{where}: {problem}") from None
+        pair = replace(pair, prompt=prompt)  # videos written as the tower's processor writes them (timestamps)
         sides = tokenize_pair(pair, MarkerTokenizer(self.tokenizer, self.vision_tokens), self._template, where)
 
         def expand(side: ChatSample, name: str) -> ChatSample:

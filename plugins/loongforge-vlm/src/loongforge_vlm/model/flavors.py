@@ -66,7 +66,6 @@ class VLMFlavor(ModelFamily):
 
     part_roles: ClassVar[tuple[str, ...]] = PART_ROLES
     extra_inputs: ClassVar[tuple[str, ...]] = EXTRA_INPUTS
-    media_kinds: ClassVar[tuple[str, ...]] = ("image",)
 
     encoder: QwenViTFlavor | SiglipFlavor | InternViTFlavor
     foundation: DecoderFlavor
@@ -121,6 +120,12 @@ class VLMFlavor(ModelFamily):
     def deepstack_levels(self) -> int:
         """How many of the first decoder layers receive DeepStack features (Qwen3-VL encoders; else 0)."""
         return len(getattr(self.encoder, "deepstack_layers", ()))
+    @property
+    def media_kinds(self) -> tuple[str, ...]:  # type: ignore[override]  # per flavor: videos need a video token
+        """What ``loongforge generate`` may give this model: images, and videos when it has a video token (a Qwen
+        ViT encoder)."""
+        return ("image",) if self.video_token_id is None else ("image", "video")
+
     @property
     def timestamped_videos(self) -> bool:
         """Whether videos reach the text frame group by frame group after timestamps (a Qwen3-VL encoder); see
@@ -188,8 +193,9 @@ class VLMFlavor(ModelFamily):
         return VLMHFAdapter(self)
 
     def media_prompts(self, request: Any) -> Any:
-        """Prompts with images for ``loongforge generate --image`` (:mod:`loongforge_vlm.model.media_prompts`): the
-        processor's pixels, the placeholders expanded with this model's token ids, M-RoPE positions and deltas."""
+        """Prompts with images and videos for ``loongforge generate --image/--video``
+        (:mod:`loongforge_vlm.model.media_prompts`): the processor's pixels, the placeholders expanded with this
+        model's token ids, M-RoPE positions and deltas."""
         from loongforge_vlm.model.media_prompts import media_prompts
 
         return media_prompts(self, request)
