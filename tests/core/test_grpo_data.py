@@ -198,3 +198,31 @@ def test_shipped_tasks_are_what_the_generator_writes(tmp_path):
         reply = task["answer"] if task["reward"] == "numeric" else "x"
         if task["reward"] == "numeric":
             assert numeric(completion=f"= {reply}.", answer=task["answer"], prompt="") == 1.0
+
+
+def test_the_generator_writes_the_kinds_asked_for_and_refuses_unknown_ones(tmp_path, capsys):
+    import re
+
+    from loongforge.cli import main
+    from loongforge.data.verifiable_tasks import DEFAULT_KINDS, KINDS, tasks
+
+    def question(task):
+        return task["prompt"] if isinstance(task["prompt"], str) else task["prompt"][-1]["content"]
+
+    starts = {"sums": "What is", "capitals": "Write", "backwards": "Spell", "letters": "How many letters",
+              "author": "Who wrote", "published": "When was", "novel": "In which novel"}
+    assert set(starts) == set(KINDS)
+    shipped = [json.loads(line) for line in shipped_tasks_path().read_text().splitlines()]
+    seen = {kind for task in shipped for kind, start in starts.items() if question(task).startswith(start)}
+    assert seen == set(DEFAULT_KINDS)
+    out = tmp_path / "two.jsonl"
+    assert main(["make-data", "verifiable-tasks", str(out), "--count", "40", "--kinds", "sums,letters"]) == 0
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert written == tasks(40, 20261205, ("sums", "letters")) and len(written) == 40
+    for task in written:
+        word = re.fullmatch(r"How many letters are in '([a-z]+)'\?", question(task))
+        a, b = map(int, re.fullmatch(r"What is (\d+) \+ (\d+)\?", question(task)).groups()) if not word else (0, 0)
+        assert task["answer"] == str(len(word[1]) if word else a + b) and task["reward"] == "numeric"
+    assert main(["make-data", "verifiable-tasks", str(tmp_path / "x.jsonl"), "--kinds", "sums,poems"]) == 2
+    assert "unknown or none (poems); known: sums, capitals" in capsys.readouterr().err
+    assert not (tmp_path / "x.jsonl").exists()

@@ -263,8 +263,9 @@ def register_core_commands(commands: CommandRegistry) -> None:
     commands.add_generator("preference-pairs", help="write generated preference pairs (right vs wrong answers) to a "
                            ".jsonl for training.phase dpo", configure="loongforge.data.preference_pairs:configure",
                            run="loongforge.data.preference_pairs:run")
-    commands.add_generator("verifiable-tasks", help="write generated prompts with checkable answers (sums, capitals, "
-                           "backwards spelling, authors) to a .jsonl for training.phase grpo",
+    commands.add_generator("verifiable-tasks", help="write generated prompts with checkable answers (letter counts, "
+                           "facts of the shipped novels; sums, capitals, backwards spelling) to a .jsonl for "
+                           "training.phase grpo",
                            configure="loongforge.data.verifiable_tasks:configure",
                            run="loongforge.data.verifiable_tasks:run")
     commands.add("generate", help="continue prompts (or chat) with a LoongForge or Hugging Face checkpoint",
