@@ -18,7 +18,8 @@ from loongforge.cli import main
 from loongforge.data.errors import DataError
 from loongforge_vlm.data import shapes
 from loongforge_vlm.data.kind import energon_dataset
-from vlm_data_helpers import TOKENIZER
+from PIL import Image
+from vlm_data_helpers import PROCESSOR, TOKENIZER
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "vlm-shapes.yaml"
@@ -83,6 +84,32 @@ def test_the_vlm_recipe_trains_on_an_energon_dataset(energon_vqa, tmp_path):
                  "logging.interval=1"]) == 0
     losses = [row["loss"] for row in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in row]
     assert len(losses) == 6 and sum(losses[-2:]) < 0.75 * sum(losses[:2]), losses
+
+
+def test_an_energon_video_qa_sample_is_a_video_conversation(tmp_path):
+    """``VidQASample`` with GIF clips: each becomes ``<video>`` + its question, its answer supervised, and the
+    clip's 4 frames two temporal patches."""
+    import webdataset
+
+    answers = {}
+    with webdataset.TarWriter(str(tmp_path / "clips-000000.tar")) as tar:
+        for index in range(2):
+            frames = [Image.new("RGB", (32, 32), (60 * step, 100 * index, 0)) for step in range(4)]
+            clip = io.BytesIO()
+            frames[0].save(clip, format="GIF", save_all=True, append_images=frames[1:], duration=500)
+            answers[f"clip{index}"] = f"it turns red {index}"
+            tar.write({"__key__": f"clip{index}", "gif": clip.getvalue(),
+                       "json": {"q": "what happens?", "a": [answers[f"clip{index}"]]}})
+    _prepare(tmp_path, "--split-ratio", "1,0,0", "--sample-type", "VidQASample",
+             "--field-map", json.dumps({"video": "gif", "context": "json[q]", "answers": "json[a]"}))
+    dataset = energon_dataset([str(tmp_path)], TOKENIZER, processor=PROCESSOR, strict=True)
+    for i in range(len(dataset)):
+        sample = dataset[i]
+        answer = answers[sample.where.rpartition(":")[2]]
+        assert TOKENIZER.decode(sample.ids[sample.supervised].tolist()).startswith(answer)
+        assert "what happens?" in TOKENIZER.decode(sample.ids[~sample.supervised].tolist())
+        assert sample.video_grid_thw[:, 0].tolist() == [2] and not sample.image_grid_thw.size
+    assert len(dataset) == 2
 
 
 def test_what_is_not_an_energon_vqa_dataset_fails_in_one_line(energon_vqa, tmp_path):

@@ -21,6 +21,7 @@ A ``context`` that already holds an ``<image>``/``<video>`` placeholder keeps it
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,15 @@ class _KeepMedia:
 
     def config(self) -> dict[str, Any]:
         return {"decoder": "loongforge-vlm keep-media"}
+
+
+def _close(reader: Any) -> None:
+    """Close the tars and tar indexes energon's reader keeps open: left to interpreter shutdown, its storage
+    client prints a traceback per file (its logger is already gone by then)."""
+    reader.close()
+    for entry in reader.cached_offset_reader.tar_index_reader_cache.values():
+        entry.tar_index_reader.close()
+    reader.cached_offset_reader.tar_index_reader_cache.clear()
 
 
 class EnergonSource:
@@ -79,6 +89,7 @@ class EnergonSource:
                             f"{', '.join(SAMPLE_TYPES)})")
         self._fields = SAMPLE_TYPES[type_name]
         self._reader = ShardInfosITarReader(self._factory.path, self._factory.shards)
+        weakref.finalize(self, _close, self._reader)
         self._cached: tuple[int, Any] | None = None
 
     def __len__(self) -> int:
