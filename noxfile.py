@@ -15,8 +15,9 @@ PYTHON = "3.11"
 TORCH = "torch==2.13.0"
 PLUGINS = ("cuda", "xpu", "vlm", "diffusion", "embodied", "balance")
 #: Plugin extras the tests need: reference implementations (diffusion's ``test``), the Meta-World simulator and
-#: the policy server's websocket/msgpack stack and the RLDS reader's protobuf (embodied's ``sim``, ``serve``, ``rlds``).
-TEST_EXTRAS = {"diffusion": "[test]", "embodied": "[sim,serve,rlds]"}
+#: the policy server's websocket/msgpack stack and the RLDS reader's protobuf (embodied's ``sim``, ``serve``, ``rlds``),
+#: Megatron-Energon, whose own tools write the datasets the VLM ``energon`` kind reads (vlm's ``energon``).
+TEST_EXTRAS = {"diffusion": "[test]", "embodied": "[sim,serve,rlds]", "vlm": "[energon]"}
 
 
 #: Core's optional trackers and ``loongforge plot``, which tests/core/test_trackers.py and test_plot.py run for real.

@@ -35,6 +35,8 @@ def loongforge_register_models(registry):
 def loongforge_register_datasets(registry):
     registry.register("image-text", "loongforge_vlm.data.kind:image_text_dataset", aliases=("vlm-chat",),
                       description="image-text conversations: jsonl + image files, or WebDataset .tar shards")
+    registry.register("energon", "loongforge_vlm.data.kind:energon_dataset",
+                      description="Megatron-Energon VQA/captioning/video-QA WebDataset directories (energon prepare)")
     registry.register("vlm-shapes", "loongforge_vlm.data.kind:shapes_dataset",
                       description="synthetic shapes VQA (colour/shape/count), generated on first use, no downloads")
     registry.register("image-preference", "loongforge_vlm.data.kind:image_preference_dataset",

@@ -6,7 +6,7 @@ anything else (``.tar`` files, brace or glob patterns) is read as shards. Source
 sample order is fixed. ``shapes_dataset``: the synthetic shapes set, generated on first use under the cache
 directory (no downloads), so a quickstart config needs no data path. ``image_preference_dataset`` and
 ``shapes_pairs_dataset``: the same for image preference pairs (``training.phase: dpo``,
-:mod:`loongforge_vlm.data.pairs`).
+:mod:`loongforge_vlm.data.pairs`). ``energon_dataset``: Megatron-Energon dataset directories, read by energon.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from loongforge.data.tokenizers import Tokenizer
 
 from loongforge_vlm.data import shape_pairs, shapes
 from loongforge_vlm.data.dataset import VisionChatDataset
+from loongforge_vlm.data.energon import EnergonSource
 from loongforge_vlm.data.pairs import VisionPairDataset
 from loongforge_vlm.data.processor import ImageProcessor, processor_for
 from loongforge_vlm.data.sources import JsonlSource, WebDatasetSource
@@ -52,6 +53,26 @@ def image_text_dataset(
     which picks the processor and must agree with the tokenizer's vision tokens."""
     processor = _matched(tokenizer, processor, model)
     return VisionChatDataset(sources_for(paths), tokenizer, processor, strict=strict)
+
+
+def energon_dataset(
+    paths: Sequence[str | Path],
+    tokenizer: Tokenizer,
+    *,
+    text_key: str = "text",
+    cache_dir: str | Path | None = None,
+    progress: bool = False,
+    processor: ImageProcessor | None = None,
+    strict: bool = False,
+    split: str = "train",
+    model: Any = None,
+) -> VisionChatDataset:
+    """The ``split`` of Megatron-Energon dataset directories (``energon prepare``'d WebDataset shards of
+    ``VQASample``, ``CaptioningSample`` or ``VidQASample``), read by energon (:mod:`loongforge_vlm.data.energon`)."""
+    if not paths:
+        raise DataError("energon data needs data.paths: directories prepared by 'energon prepare'")
+    processor = _matched(tokenizer, processor, model)
+    return VisionChatDataset([EnergonSource(p, split) for p in paths], tokenizer, processor, strict=strict)
 
 
 def shapes_dataset(
