@@ -155,6 +155,36 @@ def check_pack(config: LoongForgeConfig, decoder: Any, cp: int) -> None:
                           "M-RoPE); change those or set data.pack: false")
 
 
+def check_seq_chunks(config: LoongForgeConfig, decoder: Any, *, cp: int, vpp: int | None) -> None:
+    """``parallel.seq_chunks`` (:mod:`loongforge.parallel.sequence_chunks`) against the run, in one line naming the
+    key: what the chunked pipeline cannot do. Shared by the pre-flight and the run."""
+    chunks, where = config.parallel.seq_chunks, config.source
+    if chunks < 1:
+        raise ConfigError(f"{where}: parallel.seq_chunks must be >= 1, got {chunks}")
+    if chunks == 1:
+        return
+    seq = config.data.seq_length
+    reason = (
+        f"data.seq_length ({seq}) is not divisible by it" if seq % chunks
+        else "parallel.cp > 1 (chunks and context parallelism both split the sequence)" if cp > 1
+        else "parallel.vpp (the interleaved schedule)" if vpp
+        else "data.pack (packed rows restart positions inside a chunk)" if config.data.pack
+        else f"training.phase {config.training.phase} (its engine steps pairs or rollouts)"
+        if config.training.phase not in ("pretrain", "sft")
+        else "a mixture-of-experts decoder (routing and its balancing loss are per micro-batch)" if decoder.is_moe
+        else f"{decoder.context_parallel_blocker} (core's attention applies it over whole sequences)"
+        if decoder.context_parallel_blocker is not None
+        else f"position embedding '{decoder.position_embedding}'"
+        if decoder.position_embedding not in ("rope", "learned_absolute", "none") or decoder.mrope_section
+        else "the decoder's own layers (only core's causal attention keeps K/V per chunk)"
+        if decoder.decoder_spec() is not None
+        else None
+    )
+    if reason is not None:
+        raise ConfigError(f"{where}: parallel.seq_chunks ({chunks}) does not apply with {reason}; "
+                          "set parallel.seq_chunks: 1")
+
+
 def validation_rows(host: Any, config: LoongForgeConfig, tokenizer: Any, held_out: Any, *, model: Any = None,
                     progress: bool = False) -> Any:
     """The rows an evaluation reads: every row of ``evaluation.data`` (opened and checked as ``data.paths`` are,

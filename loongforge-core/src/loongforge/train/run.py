@@ -152,6 +152,9 @@ def _run(config: LoongForgeConfig, host: Any, backend: Any, reason: str, info: A
     from loongforge.train.batches import check_pack
 
     check_pack(config, model_flavor.decoder, layout.cp)
+    from loongforge.train.batches import check_seq_chunks
+
+    check_seq_chunks(config, model_flavor.decoder, cp=layout.cp, vpp=layout.vpp)
     tokenizer = load_tokenizer(host, config)
     settings = _device_settings(config, backend)
     _init_parallel(strategy, layout, config, backend, info)
