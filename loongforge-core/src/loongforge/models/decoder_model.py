@@ -301,12 +301,12 @@ class PackedRowsGPTModel(GPTModel):
     of many sequences whose positions restart per sequence, so RoPE must rotate each token by its own position
     (``position_ids``); megatron's table is laid out for one whole sequence per row. So must a chunk of a sequence
     (``parallel.seq_chunks``, :class:`~loongforge.parallel.sequence_chunks.SequenceChunk`), whose positions start
-    where the chunk does (every row of it at the same positions). Nothing changes otherwise."""
+    where the chunk does. Nothing changes otherwise."""
 
     def _preprocess(self, *args: Any, **kwargs: Any) -> tuple:
         out = super()._preprocess(*args, **kwargs)
-        if isinstance(kwargs.get("packed_seq_params"), SequenceChunk) and out[1] is not None:
-            return (out[0], per_token_rotary(self.rotary_pos_emb, kwargs["position_ids"][:1]), *out[2:])
+        if isinstance(chunk := kwargs.get("packed_seq_params"), SequenceChunk) and out[1] is not None:
+            return (out[0], per_token_rotary(self.rotary_pos_emb, chunk.rotary_positions()), *out[2:])
         if not isinstance(kwargs.get("packed_seq_params"), SequencePieces) or out[1] is None:
             return out
         if self.position_embedding_type != "rope":

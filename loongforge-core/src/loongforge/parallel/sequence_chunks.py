@@ -85,6 +85,12 @@ class SequenceChunk(PackedSeqParams):
     kv: ChunkKV = field(default_factory=lambda: ChunkKV(1))
     recording: bool = False
     target_tokens: int = 0
+    length: int = 0
+
+    def rotary_positions(self) -> torch.Tensor:
+        """``[1, length]``: the positions RoPE rotates this chunk's tokens by, those of the whole row that megatron
+        uses unchunked (``0 .. seq-1`` whatever ``position_ids`` say; learned positions read ``position_ids``)."""
+        return torch.arange(self.index * self.length, (self.index + 1) * self.length)[None]
 
 
 def chunk_passes(micro_batches: list[dict[str, Any]], count: int) -> tuple[list[dict], list[dict]]:
@@ -95,13 +101,16 @@ def chunk_passes(micro_batches: list[dict[str, Any]], count: int) -> tuple[list[
         extra = sorted(key for key in set(batch) - set(SEQUENCE_KEYS) if batch[key] is not None)
         if extra:
             raise ValueError(f"parallel.seq_chunks cuts text rows only; this micro-batch also has {extra}")
-        store = ChunkKV(count)
+        seq = batch["tokens"].shape[1]
+        if seq % count:
+            raise ValueError(f"parallel.seq_chunks ({count}) does not divide this micro-batch's {seq} tokens")
+        store, length = ChunkKV(count), seq // count
         targets = int(batch["loss_mask"].sum())
         pieces = [{key: part for key, part in zip(SEQUENCE_KEYS, parts, strict=True)}
                   for parts in zip(*(batch[key].chunk(count, dim=1) for key in SEQUENCE_KEYS), strict=True)]
         for index, piece in enumerate(pieces):
             common = dict(qkv_format="sbhd", index=index, count=count, kv=store, target_tokens=targets,
-                          max_seqlen_q=batch["tokens"].shape[1], max_seqlen_kv=batch["tokens"].shape[1])
+                          length=length, max_seqlen_q=seq, max_seqlen_kv=seq)
             recording.append({**piece, "packed_seq_params": SequenceChunk(recording=True, **common)})
             pieces[index] = {**piece, "packed_seq_params": SequenceChunk(recording=False, **common)}
         replay += reversed(pieces)
