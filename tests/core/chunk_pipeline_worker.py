@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import torch.distributed as dist
-
 from loongforge.testing.runs import train
 
 if __name__ == "__main__":
