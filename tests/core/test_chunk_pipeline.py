@@ -99,7 +99,7 @@ def test_seq_chunks_refusals_name_the_key(tmp_path):
     decoder = resolve_model_flavor(config, get_host()).decoder
     check_seq_chunks(config, decoder, cp=1, vpp=None)  # the run the tests train
     cases = {
-        "is not divisible": (["parallel.seq_chunks=3"], 1, None),
+        "does not divide into 3 equal chunks": (["parallel.seq_chunks=3"], 1, None),
         "parallel.cp > 1": ([], 2, None),
         "parallel.vpp": ([], 1, 2),
         "data.pack": (["data.pack=true"], 1, None),
@@ -108,7 +108,7 @@ def test_seq_chunks_refusals_name_the_key(tmp_path):
     for reason, (overrides, cp, vpp) in cases.items():
         config = load_config(str(path), ["parallel.seq_chunks=4", *overrides])
         decoder = resolve_model_flavor(config, get_host()).decoder
-        with pytest.raises(ConfigError, match=f"parallel.seq_chunks \\(\\d\\) does not apply with .*{reason}"):
+        with pytest.raises(ConfigError, match=f"parallel.seq_chunks \\(\\d\\): .*{reason}"):
             check_seq_chunks(config, decoder, cp=cp, vpp=vpp)
 
 

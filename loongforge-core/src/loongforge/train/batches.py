@@ -163,26 +163,24 @@ def check_seq_chunks(config: LoongForgeConfig, decoder: Any, *, cp: int, vpp: in
         raise ConfigError(f"{where}: parallel.seq_chunks must be >= 1, got {chunks}")
     if chunks == 1:
         return
-    seq = config.data.seq_length
-    reason = (
-        f"data.seq_length ({seq}) is not divisible by it" if seq % chunks
-        else "parallel.cp > 1 (chunks and context parallelism both split the sequence)" if cp > 1
-        else "parallel.vpp (the interleaved schedule)" if vpp
-        else "data.pack (packed rows restart positions inside a chunk)" if config.data.pack
-        else f"training.phase {config.training.phase} (its engine steps pairs or rollouts)"
-        if config.training.phase not in ("pretrain", "sft")
-        else "a mixture-of-experts decoder (routing and its balancing loss are per micro-batch)" if decoder.is_moe
-        else f"{decoder.context_parallel_blocker} (core's attention applies it over whole sequences)"
-        if decoder.context_parallel_blocker is not None
-        else f"position embedding '{decoder.position_embedding}'"
-        if decoder.position_embedding not in ("rope", "learned_absolute", "none") or decoder.mrope_section
-        else "the decoder's own layers (only core's causal attention keeps K/V per chunk)"
-        if decoder.decoder_spec() is not None
-        else None
+    seq, phase = config.data.seq_length, config.training.phase
+    refusals = (  # (refused, why), the first that holds is reported
+        (seq % chunks, f"data.seq_length ({seq}) does not divide into {chunks} equal chunks"),
+        (cp > 1, "not with parallel.cp > 1 (chunks and context parallelism both split the sequence)"),
+        (vpp, "not with parallel.vpp (the interleaved schedule)"),
+        (config.data.pack, "not with data.pack (packed rows restart positions inside a chunk)"),
+        (phase not in ("pretrain", "sft"), f"not with training.phase {phase} (its engine steps pairs or rollouts)"),
+        (decoder.is_moe, "not with a mixture-of-experts decoder (routing and its balancing loss are per micro-batch)"),
+        (decoder.context_parallel_blocker, f"not with {decoder.context_parallel_blocker} (core's attention applies it "
+                                           "over whole sequences)"),
+        (decoder.position_embedding not in ("rope", "learned_absolute", "none") or decoder.mrope_section,
+         f"not with position embedding '{decoder.position_embedding}'{' (M-RoPE)' if decoder.mrope_section else ''}"),
     )
-    if reason is not None:
-        raise ConfigError(f"{where}: parallel.seq_chunks ({chunks}) does not apply with {reason}; "
-                          "set parallel.seq_chunks: 1")
+    why = next((why for refused, why in refusals if refused), None)
+    if why is None and decoder.decoder_spec() is not None:  # asked last: a family's spec may import megatron
+        why = "not with the decoder's own layers (only core's causal attention keeps K/V per chunk)"
+    if why is not None:
+        raise ConfigError(f"{where}: parallel.seq_chunks ({chunks}): {why}; set parallel.seq_chunks: 1")
 
 
 def validation_rows(host: Any, config: LoongForgeConfig, tokenizer: Any, held_out: Any, *, model: Any = None,
