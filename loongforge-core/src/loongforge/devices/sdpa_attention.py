@@ -54,7 +54,9 @@ class SDPAttention(MegatronModule):
     ``cp_comm_type`` says (``a2a`` or None, ``p2p`` or ``all_gather``, ``a2a+p2p``); causal and unmasked attention
     only, and no attention dropout around a ring. Packed rows under context parallelism come as
     ``packed_seq_params`` :class:`~loongforge.parallel.sequence_pieces.SequencePieces` (every sequence split on
-    its own, or dealt whole to one rank): each token attends causally within its own sequence. Sliding-window attention
+    its own, or dealt whole to one rank): each token attends causally within its own sequence. A chunk of a sequence
+(``parallel.seq_chunks``) comes as :class:`~loongforge.parallel.sequence_chunks.SequenceChunk` and attends over its
+own and the earlier chunks' K/V (:mod:`loongforge.devices.chunk_attention`). Sliding-window attention
     follows megatron's ``window_size``/``window_attn_skip_freq`` (a band mask on the layers they select) and
     ``softcap`` ``c`` replaces the scaled scores ``s`` by ``c * tanh(s / c)`` before masking (Gemma-2; SDPA has no
     hook for it, so those layers compute the scores explicitly). ``num_splits`` (TE's flash-decoding split
