@@ -165,6 +165,12 @@ class ParallelConfig:
     #: longer than this many tokens is not split; its sequences are dealt whole to the cp ranks, which attend
     #: without exchanging anything. 0 (default): every micro-batch is split per sequence. See docs/long-context.md.
     dynamic_cp_threshold: int = 0
+    #: Chunked pipeline (ChunkPipe-style): cut every sequence into this many equal chunks that go through the
+    #: pipeline as micro-batches, each attending to the earlier chunks' kept K/V, so that a stage holds one chunk's
+    #: activations rather than a sequence's; exact (the loss and gradients of the unchunked run) at the cost of one
+    #: more forward. 1 (default): off. Needs seq_length divisible by it, cp=1, no vpp, no data.pack, a dense
+    #: decoder with core's causal attention. See docs/long-context.md.
+    seq_chunks: int = 1
     #: Shard layer-norm/dropout activations over the tensor-parallel group (needs tp > 1).
     sequence_parallel: bool = False
     #: Shard optimizer state across data-parallel ranks (ZeRO-1).

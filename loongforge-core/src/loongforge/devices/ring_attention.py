@@ -85,8 +85,9 @@ def _relation(query_chunk: int, key_chunk: int, causal: bool) -> str | None:
     return "diagonal" if key_chunk == query_chunk else None
 
 
-def _pairs(query_pieces: Sequence[Piece], key_pieces: Sequence[Piece], causal: bool):
-    """``(query slice, key slice, diagonal)`` for every pair of pieces of one sequence that attends."""
+def attending_pairs(query_pieces: Sequence[Piece], key_pieces: Sequence[Piece], causal: bool):
+    """``(query slice, key slice, diagonal)`` for every pair of pieces of one sequence that attends (the query and
+    the key pieces may lie in different tensors: ``start`` is where each sits in its own)."""
     for q in query_pieces:
         for k in key_pieces:
             kind = _relation(q.chunk, k.chunk, causal) if q.sequence == k.sequence else None
@@ -103,19 +104,47 @@ def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, diagonal: bool) -> t
     return scores
 
 
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+def merge_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                qs: slice, ks: slice, diagonal: bool, scale: float) -> None:
+    """Online softmax: fold the attention of queries ``qs`` over keys ``ks`` into the running ``out`` and its
+    log-sum-exp ``lse`` (in place; blocks as :func:`to_blocks` lays them out, in the compute dtype)."""
+    scores = _scores(q[..., qs, :], k[..., ks, :], scale, diagonal)
+    block_lse = torch.logsumexp(scores, dim=-1)
+    block_out = torch.matmul(torch.exp(scores - block_lse.unsqueeze(-1)), v[..., ks, :])
+    merged = torch.logaddexp(lse[..., qs], block_lse)
+    out[..., qs, :] = (out[..., qs, :] * torch.exp(lse[..., qs] - merged).unsqueeze(-1)
+                       + block_out * torch.exp(block_lse - merged).unsqueeze(-1))
+    lse[..., qs] = merged
+
+
+def block_gradients(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, lse: torch.Tensor,
+                    delta: torch.Tensor, grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor], qs: slice, ks: slice,
+                    diagonal: bool, scale: float) -> None:
+    """Add one block's share to the gradients ``grads = (dq, dk, dv)`` (in place), flash-attention style: the
+    block's probabilities recomputed from the merged log-sum-exp ``lse``; ``delta`` is ``rowsum(dO * O)``, so that
+    ``dS = P * (dP - delta)``. K/V gradients are summed over the query heads that share a group."""
+    dq, dk, dv = grads
+    probs = torch.exp(_scores(q[..., qs, :], k[..., ks, :], scale, diagonal) - lse[..., qs].unsqueeze(-1))
+    dv[..., ks, :] += torch.matmul(probs.transpose(-1, -2), dout[..., qs, :]).sum(dim=2, keepdim=True)
+    dprobs = torch.matmul(dout[..., qs, :], v[..., ks, :].transpose(-1, -2))
+    dscores = probs * (dprobs - delta[..., qs].unsqueeze(-1)) * scale
+    dq[..., qs, :] += torch.matmul(dscores, k[..., ks, :])
+    dk[..., ks, :] += torch.matmul(dscores.transpose(-1, -2), q[..., qs, :]).sum(dim=2, keepdim=True)
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
     """fp32, or fp64 for fp64 inputs: scores, softmax statistics and gradient sums never run in half precision."""
     return torch.promote_types(x.dtype, torch.float32)
 
 
-def _to_blocks(x: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
+def to_blocks(x: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
     """``[s, b, n, d]`` -> ``[b, groups, n // groups, s, d]`` (query heads grouped by the K/V head they read)."""
     s, b, n, d = x.shape
     return x.permute(1, 2, 0, 3).reshape(b, groups, n // groups, s, d).to(dtype).contiguous()
 
 
-def _from_blocks(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The inverse of :func:`_to_blocks`, cast to ``dtype``."""
+def from_blocks(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The inverse of :func:`to_blocks`, cast to ``dtype``."""
     b, g, rep, s, d = x.shape
     return x.reshape(b, g * rep, s, d).permute(2, 0, 1, 3).to(dtype)
 
@@ -143,27 +172,21 @@ class _RingAttention(torch.autograd.Function):
                 pieces: tuple[tuple[Piece, ...], ...], causal: bool, scale: float) -> torch.Tensor:
         rank, size = dist.get_rank(group), dist.get_world_size(group)
         groups = key.shape[2]
-        q = _to_blocks(query, groups, _compute_dtype(query))
-        kv = [_to_blocks(key, groups, key.dtype), _to_blocks(value, groups, value.dtype)]  # [b, g, 1, s, d]
+        q = to_blocks(query, groups, compute_dtype(query))
+        kv = [to_blocks(key, groups, key.dtype), to_blocks(value, groups, value.dtype)]  # [b, g, 1, s, d]
         out = q.new_zeros(*q.shape[:-1], value.shape[-1])
         lse = q.new_full(q.shape[:-1], float("-inf"))
         for step in range(size):
             source = (rank - step) % size
             incoming, requests = _shift(kv, group) if step < size - 1 else (kv, [])
             k, v = (t.to(q.dtype) for t in kv)
-            for qs, ks, diagonal in _pairs(pieces[rank], pieces[source], causal):
-                scores = _scores(q[..., qs, :], k[..., ks, :], scale, diagonal)
-                block_lse = torch.logsumexp(scores, dim=-1)
-                block_out = torch.matmul(torch.exp(scores - block_lse.unsqueeze(-1)), v[..., ks, :])
-                merged = torch.logaddexp(lse[..., qs], block_lse)
-                out[..., qs, :] = (out[..., qs, :] * torch.exp(lse[..., qs] - merged).unsqueeze(-1)
-                                   + block_out * torch.exp(block_lse - merged).unsqueeze(-1))
-                lse[..., qs] = merged
+            for qs, ks, diagonal in attending_pairs(pieces[rank], pieces[source], causal):
+                merge_block(q, k, v, out, lse, qs, ks, diagonal, scale)
             _wait(requests)
             kv = incoming
         ctx.save_for_backward(query, key, value, out, lse)
         ctx.group, ctx.pieces, ctx.causal, ctx.scale = group, pieces, causal, scale
-        return _from_blocks(out, query.dtype)
+        return from_blocks(out, query.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
@@ -171,9 +194,9 @@ class _RingAttention(torch.autograd.Function):
         group, pieces, causal, scale = ctx.group, ctx.pieces, ctx.causal, ctx.scale
         rank, size = dist.get_rank(group), dist.get_world_size(group)
         groups = key.shape[2]
-        dtype = _compute_dtype(query)
-        q, dout = _to_blocks(query, groups, dtype), _to_blocks(grad_out, groups, dtype)
-        kv = [_to_blocks(key, groups, key.dtype), _to_blocks(value, groups, value.dtype)]
+        dtype = compute_dtype(query)
+        q, dout = to_blocks(query, groups, dtype), to_blocks(grad_out, groups, dtype)
+        kv = [to_blocks(key, groups, key.dtype), to_blocks(value, groups, value.dtype)]
         # Softmax backward: dS = P * (dP - rowsum(dO * O)), with P recomputed from the merged log-sum-exp.
         delta = (dout * out).sum(dim=-1)
         dq = torch.zeros_like(q)
@@ -183,18 +206,13 @@ class _RingAttention(torch.autograd.Function):
             source = (rank - step) % size
             incoming, requests = _shift(kv, group) if step < size - 1 else (kv, [])
             (k, v), (dk, dv) = (t.to(dtype) for t in kv), dkv
-            for qs, ks, diagonal in _pairs(pieces[rank], pieces[source], causal):
-                probs = torch.exp(_scores(q[..., qs, :], k[..., ks, :], scale, diagonal) - lse[..., qs].unsqueeze(-1))
-                dv[..., ks, :] += torch.matmul(probs.transpose(-1, -2), dout[..., qs, :]).sum(dim=2, keepdim=True)
-                dprobs = torch.matmul(dout[..., qs, :], v[..., ks, :].transpose(-1, -2))
-                dscores = probs * (dprobs - delta[..., qs].unsqueeze(-1)) * scale
-                dq[..., qs, :] += torch.matmul(dscores, k[..., ks, :])
-                dk[..., ks, :] += torch.matmul(dscores.transpose(-1, -2), q[..., qs, :]).sum(dim=2, keepdim=True)
+            for qs, ks, diagonal in attending_pairs(pieces[rank], pieces[source], causal):
+                block_gradients(q, k, v, dout, lse, delta, (dq, dk, dv), qs, ks, diagonal, scale)
             _wait(requests)
             kv = incoming
             if size > 1:  # after the last hop the gradients are back with the block's owner
                 dkv, requests = _shift(dkv, group)
                 _wait(requests)
         dk, dv = dkv
-        return (_from_blocks(dq, query.dtype), _from_blocks(dk, key.dtype), _from_blocks(dv, value.dtype),
+        return (from_blocks(dq, query.dtype), from_blocks(dk, key.dtype), from_blocks(dv, value.dtype),
                 None, None, None, None)

@@ -24,8 +24,9 @@ from megatron.core.transformer.utils import is_layer_window_attention
 from megatron.core.utils import divide
 
 from loongforge.data.packing import block_causal_mask
-from loongforge.devices import ring_attention, ulysses
+from loongforge.devices import chunk_attention, ring_attention, ulysses
 from loongforge.errors import ConfigError
+from loongforge.parallel.sequence_chunks import SequenceChunk
 from loongforge.parallel.sequence_pieces import SequencePieces
 
 #: ``enable_gqa`` appeared in torch 2.5; older torch gets K/V repeated explicitly.
@@ -53,7 +54,9 @@ class SDPAttention(MegatronModule):
     ``cp_comm_type`` says (``a2a`` or None, ``p2p`` or ``all_gather``, ``a2a+p2p``); causal and unmasked attention
     only, and no attention dropout around a ring. Packed rows under context parallelism come as
     ``packed_seq_params`` :class:`~loongforge.parallel.sequence_pieces.SequencePieces` (every sequence split on
-    its own, or dealt whole to one rank): each token attends causally within its own sequence. Sliding-window attention
+    its own, or dealt whole to one rank): each token attends causally within its own sequence. A chunk of a sequence
+(``parallel.seq_chunks``) comes as :class:`~loongforge.parallel.sequence_chunks.SequenceChunk` and attends over its
+own and the earlier chunks' K/V (:mod:`loongforge.devices.chunk_attention`). Sliding-window attention
     follows megatron's ``window_size``/``window_attn_skip_freq`` (a band mask on the layers they select) and
     ``softcap`` ``c`` replaces the scaled scores ``s`` by ``c * tanh(s / c)`` before masking (Gemma-2; SDPA has no
     hook for it, so those layers compute the scores explicitly). ``num_splits`` (TE's flash-decoding split
@@ -154,7 +157,7 @@ class SDPAttention(MegatronModule):
         packed_seq_params: Any = None,
     ) -> torch.Tensor:
         """Attend ``query`` over ``key``/``value``; returns ``[sq, b, heads * v_channels]``."""
-        if packed_seq_params is not None and not isinstance(packed_seq_params, SequencePieces):
+        if packed_seq_params is not None and not isinstance(packed_seq_params, (SequencePieces, SequenceChunk)):
             raise NotImplementedError("SDPAttention does not support megatron's THD packed sequences")
         if attention_bias is not None:
             raise NotImplementedError("SDPAttention does not support attention bias")
@@ -163,7 +166,9 @@ class SDPAttention(MegatronModule):
                              f"{self.v_channels} channels, got query {tuple(query.shape)}, key {tuple(key.shape)}, "
                              f"value {tuple(value.shape)}")
         mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
-        if packed_seq_params is not None:
+        if isinstance(packed_seq_params, SequenceChunk):  # parallel.seq_chunks: over the earlier chunks' K/V too
+            out = self._attend_chunk(query, key, value, attention_mask, mask_type, packed_seq_params)
+        elif packed_seq_params is not None:
             out = self._attend_pieces(query, key, value, attention_mask, mask_type, packed_seq_params)
         elif self.cp_group is None:
             out = self._attend(query, key, value, attention_mask, mask_type)
@@ -194,6 +199,18 @@ class SDPAttention(MegatronModule):
         a2a_group, ring_group = self.hybrid_groups or (None, self.cp_group)
         return ring_attention.context_parallel_attention(
             query, key, value, ring_group, a2a_group, causal=True, scale=self.softmax_scale, pieces=pieces.pieces)
+
+    def _attend_chunk(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, mask_type: AttnMaskType,
+                      chunk: SequenceChunk) -> torch.Tensor:
+        """Causal attention of one chunk of a sequence over its own and the earlier chunks' K/V; ``[sq, b, n, dv]``."""
+        if attention_mask is not None or mask_type != AttnMaskType.causal or self.cp_group is not None:
+            raise NotImplementedError("SDPAttention: parallel.seq_chunks takes causal attention without an explicit "
+                                      f"mask or context parallelism, got {mask_type}")
+        if self.window is not None or self.softcap is not None or (self.dropout_p and self.training):
+            raise NotImplementedError("SDPAttention: parallel.seq_chunks does not support sliding windows, "
+                                      "soft-capping or attention dropout")
+        return chunk_attention.chunk_attention(query, key, value, self, chunk, self.softmax_scale)
 
     def _attend_context_parallel(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask_type: AttnMaskType

@@ -25,6 +25,7 @@ from loongforge.models.flavor import DecoderFlavor, flavor_num_params
 from loongforge.models.layer_spec import decoder_block_spec
 from loongforge.models.mrope import InterleavedMultimodalRotary
 from loongforge.models.rope import rope_inv_freq
+from loongforge.parallel.sequence_chunks import SequenceChunk
 from loongforge.parallel.sequence_pieces import SequencePieces, per_token_rotary
 
 __all__ = ["DecoderSpec", "ParallelSettings", "build_model", "flavor_num_params", "padded_vocab_size",
@@ -298,10 +299,14 @@ class PackedRowsGPTModel(GPTModel):
 
     Such a row (``packed_seq_params`` :class:`~loongforge.parallel.sequence_pieces.SequencePieces`) holds pieces
     of many sequences whose positions restart per sequence, so RoPE must rotate each token by its own position
-    (``position_ids``); megatron's table is laid out for one whole sequence per row. Nothing changes otherwise."""
+    (``position_ids``); megatron's table is laid out for one whole sequence per row. So must a chunk of a sequence
+    (``parallel.seq_chunks``, :class:`~loongforge.parallel.sequence_chunks.SequenceChunk`), whose positions start
+    where the chunk does. Nothing changes otherwise."""
 
     def _preprocess(self, *args: Any, **kwargs: Any) -> tuple:
         out = super()._preprocess(*args, **kwargs)
+        if isinstance(chunk := kwargs.get("packed_seq_params"), SequenceChunk) and out[1] is not None:
+            return (out[0], per_token_rotary(self.rotary_pos_emb, chunk.rotary_positions()), *out[2:])
         if not isinstance(kwargs.get("packed_seq_params"), SequencePieces) or out[1] is None:
             return out
         if self.position_embedding_type != "rope":

@@ -305,6 +305,8 @@ def _check_megatron(config: LoongForgeConfig, world_size: int, family: ModelFami
                     host: PluginHost) -> tuple[list[str], int | None]:
     """Layout, batch, precision, LoRA and ``model.load`` of a megatron-engine model; what resolved, and the global
     batch (``None`` under ``parallel: auto``, whose planner picks it at train time)."""
+    from loongforge.train.batches import check_seq_chunks
+
     decoder, lines, global_batch = family.decoder, [], None
     where = f"parallel.strategy in {config.source}"
     strategy = check_strategy(host.registry("strategy").load(config.parallel.strategy, where=where),
@@ -313,6 +315,7 @@ def _check_megatron(config: LoongForgeConfig, world_size: int, family: ModelFami
         from loongforge.train.batches import check_pack
 
         check_pack(config, decoder, 1)  # the planner keeps cp at 1 for packed rows
+        check_seq_chunks(config, decoder, cp=1, vpp=None)
         lines.append(f"parallel: auto (the planner chooses the layout for {world_size} process(es) at train time)")
     else:
         layout = strategy.validate(config.parallel, world_size, config.source)
@@ -322,6 +325,7 @@ def _check_megatron(config: LoongForgeConfig, world_size: int, family: ModelFami
         from loongforge.train.batches import check_pack
 
         check_pack(config, decoder, layout.cp)
+        check_seq_chunks(config, decoder, cp=layout.cp, vpp=layout.vpp)
         global_batch = plan.global_batch_size
         from loongforge.train.memory_preflight import check_batch_fits
 

@@ -155,6 +155,9 @@ def _run(config: LoongForgeConfig, host: Any, backend: Any, reason: str, info: A
     from loongforge.parallel.moe_overlap_check import check_moe_a2a_overlap
 
     overlap = check_moe_a2a_overlap(config, layout, model_flavor.decoder, backend)  # again: auto chose the layout
+    from loongforge.train.batches import check_seq_chunks
+
+    check_seq_chunks(config, model_flavor.decoder, cp=layout.cp, vpp=layout.vpp)
     tokenizer = load_tokenizer(host, config)
     settings = _device_settings(config, backend)
     _init_parallel(strategy, layout, config, backend, info)

@@ -24,6 +24,7 @@ from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import ConfigError
 from loongforge.parallel import context, sequence_pieces
 from loongforge.parallel.chunk_feeds import chunk_feeds
+from loongforge.parallel.sequence_chunks import SequenceChunk, chunk_mean_loss, chunk_passes, discard_output
 from loongforge.train.activation_memory import FirstStepActivations
 from loongforge.train.compile import CompileReport, compile_blocks
 from loongforge.train.engines.base import StepEngine, StepResult
@@ -59,18 +60,19 @@ def _compile_targets(chunks: list[Any]) -> tuple[list[Any], list[Any]]:
     return layers, rest
 
 
-def _check_local_attention(chunks: list[Any]) -> None:
-    """Packed rows under context parallelism reach attention as :class:`~loongforge.parallel.sequence_pieces.
-    SequencePieces`, which core's local attention reads; another (Transformer Engine's) would attend across the
-    sequences of the flattened row, so it is refused in one line."""
+def _check_local_attention(chunks: list[Any], setting: str, way_out: str) -> None:
+    """Packed rows under context parallelism and chunks of a sequence (``parallel.seq_chunks``) reach attention as
+    ``packed_seq_params`` (:class:`~loongforge.parallel.sequence_pieces.SequencePieces`,
+    :class:`~loongforge.parallel.sequence_chunks.SequenceChunk`), which core's local attention reads; another
+    (Transformer Engine's) would attend within the wrong tokens, so it is refused in one line naming ``setting``."""
     from megatron.core.transformer.attention import Attention
 
     from loongforge.devices.sdpa_attention import SDPAttention
 
     for module in (m for chunk in chunks for m in chunk.modules() if isinstance(m, Attention)):
         if not isinstance(module.core_attention, SDPAttention):
-            raise ConfigError(f"data.pack with parallel.cp > 1 runs on core's local attention (SDPAttention), not "
-                              f"{type(module.core_attention).__name__}; set data.pack: false or parallel.cp: 1")
+            raise ConfigError(f"{setting} runs on core's local attention (SDPAttention), not "
+                              f"{type(module.core_attention).__name__}; {way_out}")
 
 
 def _masked_mean_loss(loss_mask: torch.Tensor, per_token_loss: torch.Tensor) -> tuple[torch.Tensor, dict]:
@@ -157,6 +159,14 @@ class MegatronEngine(StepEngine):
             # shape before the activations (megatron's variable_seq_lengths; its interleaved schedule hung doing so
             # at pp=2 on gloo, so check_pack refuses vpp here).
             model_config.variable_seq_lengths = self._pp_size > 1
+            _check_local_attention(model, "data.pack with parallel.cp > 1", "set data.pack: false or parallel.cp: 1")
+        #: ``parallel.seq_chunks``: chunks per sequence of the chunked pipeline (1: off).
+        self._seq_chunks = config.parallel.seq_chunks
+        if self._seq_chunks > 1:
+            _check_local_attention(model, "parallel.seq_chunks", "set parallel.seq_chunks: 1")
+            if extra_inputs:
+                raise ConfigError(f"parallel.seq_chunks cuts text rows only; this model also reads {list(extra_inputs)}"
+                                  "; set parallel.seq_chunks: 1")
         # The interleaved schedule wants one iterator per model chunk, all yielding the same micro-batches.
         self._data_iterator = self._feed(data)
         layers, around = _compile_targets(model)
@@ -192,6 +202,8 @@ class MegatronEngine(StepEngine):
         micro-batches and ranks)."""
         if token_sums:  # local sums and counts; megatron normalises by the global count
             return partial(_token_sum_loss, batch["loss_mask"])
+        if isinstance(chunk := batch.get("packed_seq_params"), SequenceChunk):  # over the whole micro-batch's tokens
+            return partial(chunk_mean_loss, chunk, batch["loss_mask"])
         if self._cp_size > 1:  # the loss is the mean over all cp ranks' tokens
             return partial(context.global_mean_loss, self._cp_group, batch["loss_mask"])
         return partial(_masked_mean_loss, batch["loss_mask"])
@@ -208,17 +220,17 @@ class MegatronEngine(StepEngine):
                      **extra)
 
     def _schedule(self, step_func: Callable, feed: Any, num_microbatches: int, *, forward_only: bool,
-                  model: list[Any] | None = None) -> list[dict]:
+                  model: list[Any] | None = None, seq_length: int | None = None) -> list[dict]:
         """megatron's forward(-backward) schedule of ``step_func`` over ``num_microbatches`` micro-batches of
-        ``feed`` through ``model`` (the policy's chunks by default); what the last stage's loss functions
-        reported."""
+        ``feed`` (``seq_length`` tokens long, by default ``data.seq_length``) through ``model`` (the policy's chunks
+        by default); what the last stage's loss functions reported."""
         chunks = self.model if model is None else model
         return self._forward_backward(
             forward_step_func=step_func,
             data_iterator=feed,
             model=chunks if len(chunks) > 1 else chunks[0],
             num_microbatches=num_microbatches,
-            seq_length=self.config.data.seq_length,
+            seq_length=seq_length or self.config.data.seq_length,
             micro_batch_size=self.rows_per_micro_batch,
             forward_only=forward_only,
         )
@@ -317,7 +329,10 @@ class MegatronEngine(StepEngine):
         self.optimizer.zero_grad()
         feed = self._train_feed()
         with self._saving():
-            reduced = self._schedule(self._forward_step, feed, self.num_microbatches, forward_only=False)
+            if self._seq_chunks > 1:
+                reduced = self._chunked_schedule(feed)
+            else:
+                reduced = self._schedule(self._forward_step, feed, self.num_microbatches, forward_only=False)
         loss, numbers = self._step_numbers(reduced)
         bad = screen.screen(loss, self._gradient_sum) if screen is not None else None
         if bad is not None:  # left out: weights, Adam's moments and step count stay as they are
@@ -326,6 +341,20 @@ class MegatronEngine(StepEngine):
         update_successful, grad_norm, _ = self.optimizer.step()
         return StepResult(loss=loss, grad_norm=grad_norm, skipped=not update_successful,
                           extra={**numbers, **self._step_extra()})
+
+    def _chunked_schedule(self, feed: Any) -> list[dict]:
+        """``parallel.seq_chunks``: the step's micro-batches cut into chunks, a forward-only recording pass over them
+        in order, then megatron's forward-backward schedule over each micro-batch's chunks last first
+        (:mod:`loongforge.parallel.sequence_chunks`); what the replay's loss functions reported."""
+        recording, replay = chunk_passes([next(feed) for _ in range(self.num_microbatches)], self._seq_chunks)
+        length = self.config.data.seq_length // self._seq_chunks
+        with torch.no_grad():
+            self._schedule(self._record_step, iter(recording), len(recording), forward_only=True, seq_length=length)
+        return self._schedule(self._forward_step, iter(replay), len(replay), forward_only=False, seq_length=length)
+
+    def _record_step(self, data_iterator: Any, model: Any) -> tuple[torch.Tensor, Callable]:
+        """One chunk of the recording pass: its forward keeps the chunk's K/V; its output is not needed."""
+        return self._per_token_loss(next(data_iterator), model), discard_output
 
     def evaluate(self) -> dict[str, float]:
         """The mean cross-entropy per target token (``loss_mask``) over every token of the validation batches, and
