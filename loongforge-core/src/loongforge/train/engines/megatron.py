@@ -154,12 +154,11 @@ class MegatronEngine(StepEngine):
         #: Multi-token-prediction blocks (DecoderSpec.mtp_block_spec): their loss reads the loss mask too.
         self._mtp_blocks = getattr(model_config, "mtp_num_layers", None) or 0
         if config.data.pack and self._cp_size > 1:
-            _check_local_attention(model)
+            _check_local_attention(model, "data.pack with parallel.cp > 1", "set data.pack: false or parallel.cp: 1")
             # Rows re-laid per sequence vary in length between micro-batches: pipeline stages send each other the
             # shape before the activations (megatron's variable_seq_lengths; its interleaved schedule hung doing so
             # at pp=2 on gloo, so check_pack refuses vpp here).
             model_config.variable_seq_lengths = self._pp_size > 1
-            _check_local_attention(model, "data.pack with parallel.cp > 1", "set data.pack: false or parallel.cp: 1")
         #: ``parallel.seq_chunks``: chunks per sequence of the chunked pipeline (1: off).
         self._seq_chunks = config.parallel.seq_chunks
         if self._seq_chunks > 1:
