@@ -31,14 +31,16 @@ from test_wan_experts import BOUNDARY, _config, _perturbed, _task
 
 
 class HostTracking(CPUBackend):
-    """FAKE accelerator: the CPU backend, remembering the storages of the host buffers it gives out."""
+    """FAKE accelerator: the CPU backend, remembering the storages of the host buffers it gives out. It holds every
+    buffer, so no later tensor (of this run or the next) can be allocated at a freed buffer's address and be taken
+    for host memory."""
 
     name = "cpu-host-tracking"
-    host_storages: set[int] = set()
+    host_storages: dict[int, torch.Tensor] = {}
 
     def host_empty_strided(self, size, stride, dtype):
         buffer = super().host_empty_strided(size, stride, dtype)
-        HostTracking.host_storages.add(buffer.untyped_storage().data_ptr())
+        HostTracking.host_storages[buffer.untyped_storage().data_ptr()] = buffer
         return buffer
 
 
@@ -82,9 +84,9 @@ def device_bytes(model, optimizer=None, ema=None) -> dict[str, dict[str, int]]:
 
 @pytest.fixture
 def tracking():
-    HostTracking.host_storages = set()
+    HostTracking.host_storages = {}
     yield HostTracking()
-    HostTracking.host_storages = set()
+    HostTracking.host_storages = {}
 
 
 def test_sampling_with_one_resident_expert_is_bitwise_both_and_swaps_once_at_the_boundary(tracking):
