@@ -52,9 +52,12 @@ def tests(session: nox.Session) -> None:
     # ``nox -s tests -- -n 4`` on a larger one (a later -n wins), ``-n 0`` for one process.
     # Tests that pip-install into this environment run apart, afterwards: a package half-installed beside a running
     # test would be discovered by its plugin loading.
+    # One intra-op thread per test process: the two workers already fill the two cores, and a second OpenMP thread
+    # each only oversubscribes them (spinning waits); the tests' torchrun launches set the same (parallel/launch.py).
+    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     session.run("pytest", "-q", "-ra", "--durations=15", "-n", "2", "--dist", "loadfile", "tests",
-                "-m", "not slurm and not venv_install", *session.posargs)
-    session.run("pytest", "-q", "-ra", "tests", "-m", "venv_install", *session.posargs)
+                "-m", "not slurm and not venv_install", *session.posargs, env=env)
+    session.run("pytest", "-q", "-ra", "tests", "-m", "venv_install", *session.posargs, env=env)
 
 
 @nox.session(python=PYTHON)
