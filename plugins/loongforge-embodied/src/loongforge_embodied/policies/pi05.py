@@ -23,9 +23,10 @@ Knowledge insulation (Physical Intelligence, "Knowledge Insulating Vision-Langua
 when the flavor holds ``action_vocab`` > 0 FAST ids: the backbone also reads the chunk's FAST tokens after the
 prefix (their ids follow the state bins, then a BOS and an EOS marker, as :class:`~loongforge_embodied.policies.
 pi0_fast.ActionIds` lays them out) and predicts each next one through a language head (untied, as Pi0-FAST's here:
-tied to this model's unit-variance embedding its first logits are huge), while the action expert reads the prefix's keys and values with their gradient stopped and never the FAST tokens
-(:meth:`~loongforge_embodied.policies.blocks.JointPolicy.run_insulated`). So the flow loss trains the expert alone,
-the backbone learns from the FAST cross-entropy alone, and acting (no FAST tokens) runs the expert as training did.
+tied to this model's unit-variance embedding its first logits are huge), while the action expert reads the prefix's
+keys and values with their gradient stopped and never the FAST tokens (:meth:`~loongforge_embodied.policies.blocks.
+JointPolicy.run_insulated`). So the flow loss trains the expert alone, the backbone learns from the FAST
+cross-entropy alone, and acting (no FAST tokens) runs the expert as training did.
 """
 
 from __future__ import annotations
