@@ -76,6 +76,12 @@ class TaskBase:
     def after_step(self, model: Any) -> None:
         """Called after each optimizer step (EMA updates and the like); the default does nothing."""
 
+    def step_metrics(self) -> dict[str, Any]:
+        """Numbers of the last :meth:`~Task.training_step` beside its loss -- the terms of a loss of several, by
+        name, as scalar tensors or floats -- averaged over the ranks like the loss and recorded with the step
+        (metrics.jsonl, ``train/<name>``). Every rank returns the same names. The default: none."""
+        return {}
+
     def place_model(self, model: Any, backend: Any, device: Any) -> Any:
         """Put what :meth:`~Task.build_model` made on ``device`` (``backend``'s, a
         :class:`~loongforge.devices.base.DeviceBackend`) and return it; called once, before any parallel wrapping.

@@ -127,3 +127,24 @@ class TokenPolicyTaskOptions(PolicyTaskOptions):
     """``task:`` of a token policy: the policy task's options and the action tokenizer."""
 
     action_tokenizer: ActionTokenizerOptions = field(default_factory=ActionTokenizerOptions)
+
+
+@dataclass(frozen=True)
+class KnowledgeInsulationOptions:
+    """``task.knowledge_insulation`` of a Pi0.5 policy (``pi05-*`` with ``model.overrides.action_vocab`` > 0): the
+    backbone learns from cross-entropy on the chunk's FAST tokens, the action expert from the flow loss, which is
+    stopped at the backbone (Physical Intelligence's knowledge insulation; :mod:`loongforge_embodied.
+    insulation_task`)."""
+
+    #: The FAST tokenizer: fitted on the training chunks when the run starts, or ``{path: DIR}`` that
+    #: ``loongforge fit-action-tokenizer --out`` (or a Pi0-FAST run) wrote; the same options as Pi0-FAST's.
+    action_tokenizer: ActionTokenizerOptions = field(default_factory=ActionTokenizerOptions)
+    #: The FAST loss's weight beside the flow loss (the step's loss is flow + fast_weight * fast).
+    fast_weight: float = ranged(1.0, low=0.0, low_open=True)
+
+
+@dataclass(frozen=True)
+class Pi05TaskOptions(PolicyTaskOptions):
+    """``task:`` of a Pi0.5 policy: the policy task's options and, when set, knowledge insulation."""
+
+    knowledge_insulation: KnowledgeInsulationOptions | None = None

@@ -35,38 +35,38 @@ from loongforge_embodied.action_tokens.registry import (
     tokenizer_from_files,
 )
 from loongforge_embodied.policies.pi0_fast import IGNORE, ActionIds, action_token_loss
+from loongforge_embodied.task_options import ActionTokenizerOptions
 from loongforge_embodied.train_task import ACTION, NOT_INPUTS, PolicyFrames, PolicyTask
 
 #: Where a run writes the tokenizer it fitted, under ``run.output_dir``.
 TOKENIZER_DIR = "action_tokenizer"
 
 
-class TokenPolicyTask(PolicyTask):
-    """Cross-entropy training of a token policy (``Pi0FastPolicy``) and greedy acting; see the module docstring.
+class ActionTokenTargets:
+    """The action-token targets of a task: the tokenizer (fitted on the training split's chunks or loaded, see the
+    module docstring), ``max_tokens`` (the longest id sequence of the training split) and each frame's ``[BOS,
+    ids..., EOS]``. Shared by the token policy's task and Pi0.5's knowledge insulation, which name their tokenizer
+    option ``key`` (``task.action_tokenizer``, ``task.knowledge_insulation.action_tokenizer``)."""
 
-    Beside the policy task's state it holds the action tokenizer and ``max_tokens``, the longest id sequence of the
-    training split (the most ids acting generates)."""
-
-    def __init__(self, flavor: Any, config: Any) -> None:
-        super().__init__(flavor, config)
-        self.ids = ActionIds(self.flavor)
+    def __init__(self, flavor: Any, spec: ActionTokenizerOptions, key: str, *, source: str, output_dir: Path) -> None:
+        self.flavor, self.spec, self.key, self.source, self.output_dir = flavor, spec, key, source, output_dir
+        self.ids = ActionIds(flavor)
         self.tokenizer: ActionTokenizer | None = None
         self.max_tokens = 0
 
-    # -- data ------------------------------------------------------------------------------------------------
-    def fit_targets(self, root: Path, episodes: list[int], frames: PolicyFrames) -> None:
+    def fit(self, root: Path, episodes: list[int], frames: PolicyFrames, horizon: int) -> None:
         """Fit (or load) the tokenizer, check it fits the flavor and the data, and measure the longest sequence."""
-        spec = self.options.action_tokenizer
+        spec = self.spec
         if spec.path is not None:
             tokenizer = load_action_tokenizer(Path(spec.path).expanduser())
-            where = f"task.action_tokenizer.path {spec.path} in {self.source}"
+            where = f"{self.key}.path {spec.path} in {self.source}"
         else:
-            chunks = action_chunks(root, self.action_horizon, episodes=episodes)
+            chunks = action_chunks(root, horizon, episodes=episodes)
             if not len(chunks):
-                raise ConfigError(f"{self.source}: no training episode of {root} is {self.action_horizon} frames long "
+                raise ConfigError(f"{self.source}: no training episode of {root} is {horizon} frames long "
                                   "(task.action_horizon); the action tokenizer has nothing to fit on")
             tokenizer = fit_action_tokenizer(spec.kind, chunks, **spec.options)
-            where = f"task.action_tokenizer in {self.source}"
+            where = f"{self.key} in {self.source}"
             if _is_main_process():
                 tokenizer.save(self.output_dir / TOKENIZER_DIR)
         self.flavor.check_vocab(tokenizer.vocab_size, where)
@@ -79,11 +79,52 @@ class TokenPolicyTask(PolicyTask):
             raise ConfigError(f"{where}: {err}") from None
         self.tokenizer = tokenizer
 
+    def sequence(self, chunk: np.ndarray) -> torch.Tensor:
+        """(max_tokens + 2,) ``[BOS, ids..., EOS]`` of a raw action chunk, zero-padded (a validation chunk longer
+        than the training split's longest is cut)."""
+        return self.ids.sequence(self.tokenizer.encode(np.asarray(chunk, dtype=np.float64)), self.max_tokens)
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """The tokenizer's files and ``max_tokens`` (plain strings and ints); ``None`` before it is fitted."""
+        if self.tokenizer is None:
+            return None
+        return {"files": tokenizer_files(self.tokenizer), "max_tokens": self.max_tokens}
+
+    def load_state_dict(self, saved: dict[str, Any] | None) -> None:
+        if saved is not None:
+            self.tokenizer = tokenizer_from_files(saved["files"], where=f"{self.source}: the checkpoint's state")
+            self.max_tokens = int(saved["max_tokens"])
+
+
+class TokenPolicyTask(PolicyTask):
+    """Cross-entropy training of a token policy (``Pi0FastPolicy``) and greedy acting; see the module docstring.
+
+    Beside the policy task's state it holds the action-token targets (:class:`ActionTokenTargets`: the tokenizer and
+    ``max_tokens``, the most ids acting generates)."""
+
+    def __init__(self, flavor: Any, config: Any) -> None:
+        super().__init__(flavor, config)
+        self.targets = ActionTokenTargets(self.flavor, self.options.action_tokenizer, "task.action_tokenizer",
+                                          source=self.source, output_dir=self.output_dir)
+        self.ids = self.targets.ids
+
+    @property
+    def tokenizer(self) -> ActionTokenizer | None:
+        return self.targets.tokenizer
+
+    @property
+    def max_tokens(self) -> int:
+        return self.targets.max_tokens
+
+    # -- data ------------------------------------------------------------------------------------------------
+    def fit_targets(self, root: Path, episodes: list[int], frames: PolicyFrames) -> None:
+        """Fit (or load) the tokenizer (:meth:`ActionTokenTargets.fit`)."""
+        self.targets.fit(root, episodes, frames, self.action_horizon)
+
     def training_item(self, frame: dict[str, Any]) -> dict[str, torch.Tensor]:
         """The policy task's item plus ``action_ids`` (max_tokens + 2,): ``[BOS, ids..., EOS]``, zero-padded (a
         validation chunk longer than the training split's longest is cut)."""
-        ids = self.tokenizer.encode(np.asarray(frame[ACTION], dtype=np.float64))
-        return {**super().training_item(frame), "action_ids": self.ids.sequence(ids, self.max_tokens)}
+        return {**super().training_item(frame), "action_ids": self.targets.sequence(frame[ACTION])}
 
     # -- training --------------------------------------------------------------------------------------------
     def validation_loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor],
@@ -98,15 +139,12 @@ class TokenPolicyTask(PolicyTask):
         """The policy task's state and the tokenizer's files with ``max_tokens`` (plain strings and ints)."""
         state = super().state_dict()
         if self.tokenizer is not None:
-            state["action_tokenizer"] = {"files": tokenizer_files(self.tokenizer), "max_tokens": self.max_tokens}
+            state["action_tokenizer"] = self.targets.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        saved = state.get("action_tokenizer")
-        if saved is not None:
-            self.tokenizer = tokenizer_from_files(saved["files"], where=f"{self.source}: the checkpoint's state")
-            self.max_tokens = int(saved["max_tokens"])
+        self.targets.load_state_dict(state.get("action_tokenizer"))
 
     # -- acting ----------------------------------------------------------------------------------------------
     @torch.no_grad()

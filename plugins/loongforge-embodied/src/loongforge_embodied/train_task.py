@@ -237,13 +237,17 @@ class PolicyTask(TaskBase):
                         generators: list[torch.Generator]) -> torch.Tensor:
         """The flow-matching loss of ``batch`` with noise and time from ``generators``, one per sample (training
         and validation differ only in where the draws come from)."""
+        inputs, x_t, t, target = self.flow_batch(batch, generators)
+        return fm.masked_loss(model(inputs, x_t, t), target, batch["action_is_pad"], self.action_dim)
+
+    def flow_batch(self, batch: dict[str, torch.Tensor], generators: list[torch.Generator]) -> tuple[
+            dict[str, torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(model inputs, x_t, t, target velocity)`` of ``batch``, noise and time drawn from ``generators``."""
         actions = batch["actions"]
         t = self.flow.sample_time(generators).to(actions.device)
         noise = fm.sample_noise(actions.shape[1:], generators).to(actions.device)
         x_t, target = self.flow.noisy_actions(actions, noise, t)
-        inputs = {key: value for key, value in batch.items() if key not in NOT_INPUTS}
-        velocity = model(inputs, x_t, t)
-        return fm.masked_loss(velocity, target, batch["action_is_pad"], self.action_dim)
+        return {key: value for key, value in batch.items() if key not in NOT_INPUTS}, x_t, t, target
 
     def state_dict(self) -> dict[str, Any]:
         """The step count and everything acting needs after a restart, as plain python values (checkpoints load

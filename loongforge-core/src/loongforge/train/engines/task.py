@@ -287,15 +287,29 @@ class TaskEngine(StepEngine):
         if self.world_size > 1:
             dist.all_reduce(loss)
             loss /= self.world_size
+        extra = self._step_metrics()
         if screen is not None:
             bad = screen.screen(float(loss), self._gradient_sum if grad_norm is None else lambda: grad_norm)
             if bad is not None:  # left out: weights, AdamW's moments and step count, the task's state stay
-                return StepResult(loss=float(loss), grad_norm=grad_norm, skipped=True, bad=bad)
+                return StepResult(loss=float(loss), grad_norm=grad_norm, skipped=True, extra=extra, bad=bad)
         self.optimizer.step()
         self.task.after_step(self.model)
         if not self._compile_reported:
             self._report_compile()
-        return StepResult(loss=float(loss), grad_norm=grad_norm)
+        return StepResult(loss=float(loss), grad_norm=grad_norm, extra=extra)
+
+    def _step_metrics(self) -> dict[str, float]:
+        """The task's :meth:`~loongforge.tasks.TaskBase.step_metrics`, averaged over the ranks as the loss is."""
+        named = self.task.step_metrics()
+        if not named:
+            return {}
+        names = sorted(named)
+        values = torch.stack([torch.as_tensor(named[name], dtype=torch.float64, device=self.device).detach()
+                              for name in names])
+        if self.world_size > 1:
+            dist.all_reduce(values)
+            values /= self.world_size
+        return dict(zip(names, values.tolist(), strict=True))
 
     def evaluate(self) -> dict[str, float]:
         """The task's validation loss averaged over the first ``validation_batches`` global batches of its

@@ -127,17 +127,41 @@ class JointLayer(nn.Module):
         self.expert = Stream(flavor.expert_width, flavor, cond_dim=expert_cond, output=True)
 
     def forward(self, prefix: torch.Tensor, suffix: torch.Tensor, cond: torch.Tensor | None, mask: torch.Tensor,
-                rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor | None, torch.Tensor]:
+                rope: tuple[torch.Tensor, torch.Tensor], *,
+                insulated: int | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Both streams through the layer. ``insulated``: the expert reads only the first ``insulated`` tokens of the
+        prefix stream, through stopped gradients (:func:`insulated_attention`); ``None``: one joint attention."""
         hp, gate_p = self.prefix.norm1(prefix)
         hs, gate_s = self.expert.norm1(suffix, cond)
         qkv = torch.cat([self.prefix.qkv(hp), self.expert.qkv(hs)], dim=1)
         q, k, v = (split_heads(t, self.heads) for t in qkv.chunk(3, dim=-1))
         q, k = rotate(q, *rope), rotate(k, *rope)
-        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).flatten(2)
         n_prefix = prefix.shape[1]
+        if insulated is None:
+            attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        else:
+            attended = insulated_attention(q, k, v, mask, backbone=n_prefix, visible=insulated)
+        attended = attended.transpose(1, 2).flatten(2)
         suffix = self.expert.finish(suffix, attended[:, n_prefix:], gate_s, cond)
         prefix = self.prefix.finish(prefix, attended[:, :n_prefix], gate_p, None) if self.prefix.output else None
         return prefix, suffix
+
+
+def insulated_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, *, backbone: int,
+                        visible: int) -> torch.Tensor:
+    """Attention (B, heads, N, d) of knowledge insulation: the first ``backbone`` tokens (the VLM's: prefix, then
+    FAST tokens) attend among themselves under ``mask`` (B, 1, N, N); the expert's tokens after them attend to the
+    first ``visible`` backbone tokens (the prefix) and to each other, with the backbone's keys and values detached.
+
+    Two attentions, not one: a single one cannot stop the gradient of some queries and not of others. So the flow
+    loss trains the expert only, and the expert never reads the FAST tokens (their keys are not among its keys)."""
+    out = F.scaled_dot_product_attention(q[:, :, :backbone], k[:, :, :backbone], v[:, :, :backbone],
+                                         attn_mask=mask[..., :backbone, :backbone])
+    keys = torch.cat([k[:, :, :visible].detach(), k[:, :, backbone:]], dim=2)
+    values = torch.cat([v[:, :, :visible].detach(), v[:, :, backbone:]], dim=2)
+    expert_mask = torch.cat([mask[..., backbone:, :visible], mask[..., backbone:, backbone:]], dim=-1)
+    expert = F.scaled_dot_product_attention(q[:, :, backbone:], keys, values, attn_mask=expert_mask)
+    return torch.cat([out, expert], dim=2)
 
 
 def joint_mask(prefix_valid: torch.Tensor, suffix_blocks: Sequence[int]) -> torch.Tensor:
@@ -210,18 +234,23 @@ class JointPolicy(nn.Module):
     (masked out as a key, and not counted by the rotary positions).
     """
 
-    def __init__(self, flavor: Any, *, vocab: int, expert_cond: int | None) -> None:
+    def __init__(self, flavor: Any, *, vocab: int, expert_cond: int | None, prefix_output: bool = False) -> None:
         super().__init__()
         self.flavor = flavor
         build_image_tower(self, flavor)
         self.token_embed = nn.Embedding(vocab, flavor.width)
-        self.layers = nn.ModuleList(JointLayer(flavor, last=i == flavor.depth - 1, expert_cond=expert_cond)
-                                    for i in range(flavor.depth))
+        # ``prefix_output``: the last layer's prefix stream is read too (a language head over it), so it is complete
+        self.layers = nn.ModuleList(JointLayer(flavor, last=i == flavor.depth - 1 and not prefix_output,
+                                               expert_cond=expert_cond) for i in range(flavor.depth))
+
+    def embed_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """(B, N, width) embeddings of token ids (B, N), scaled by sqrt(width) as Gemma scales them."""
+        return self.token_embed(ids) * math.sqrt(self.flavor.width)
 
     def embed_prefix(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefix tokens (B, P, width) and their validity (B, P): image tokens of every camera, then the tokens."""
         tokens = inputs["tokens"]
-        text = self.token_embed(tokens) * math.sqrt(self.flavor.width)  # Gemma scales its embeddings
+        text = self.embed_ids(tokens)
         if not self.flavor.cameras:
             return text, tokens != 0
         image_tokens = embed_images(self, inputs["images"])
@@ -237,3 +266,19 @@ class JointPolicy(nn.Module):
             prefix, suffix = layer(prefix, suffix, cond, mask, angles)
         return suffix
 
+    def run_insulated(self, prefix: torch.Tensor, valid: torch.Tensor, tokens: torch.Tensor, suffix: torch.Tensor,
+                      cond: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Knowledge insulation's layers over ``[prefix, tokens, suffix]``: ``(the tokens' outputs (B, T, width), the
+        suffix stream (B, H, expert))``. ``tokens`` (B, T, width), T >= 0, are embedded discrete actions after the
+        prefix: each attends to the prefix and the tokens before it. The suffix attends to the prefix (detached) and
+        itself, never to ``tokens``, and its rotary positions follow the prefix as without them, so the expert
+        computes the same with T tokens as with none (acting has none)."""
+        n_prefix, n_tokens, horizon = prefix.shape[1], tokens.shape[1], suffix.shape[1]
+        mask = joint_mask(valid, [*range(1, n_tokens + 1), *[n_tokens + 1] * horizon])
+        pos = positions(valid, max(n_tokens, horizon))
+        pos = torch.cat([pos[:, :n_prefix + n_tokens], pos[:, n_prefix:n_prefix + horizon]], dim=1)
+        angles = rope_angles(self.flavor, pos, prefix.dtype)
+        backbone = torch.cat([prefix, tokens], dim=1)
+        for layer in self.layers:
+            backbone, suffix = layer(backbone, suffix, cond, mask, angles, insulated=n_prefix)
+        return backbone[:, n_prefix:], suffix

@@ -12,19 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from loongforge.errors import ConfigError
 from loongforge.models.listing import size_label
 
-from loongforge_embodied.policies.flavor_base import StreamSizes
-from loongforge_embodied.policies.flavors import TEXT_VOCAB
+from loongforge_embodied.policies.flavor_base import ActionTokenVocab, StreamSizes
+from loongforge_embodied.policies.flavors import MARKERS, TEXT_VOCAB
 from loongforge_embodied.task_options import TokenPolicyTaskOptions
-
-#: Ids after the action tokens: the start-of-actions and end-of-actions markers.
-MARKERS = 2
 
 
 @dataclass(frozen=True)
-class Pi0FastFlavor(StreamSizes):
+class Pi0FastFlavor(StreamSizes, ActionTokenVocab):
     """A single transformer stream (Pi0-FAST has no action expert) over [images, task bytes, state token, action
     tokens]. Its vocabulary is the byte ids, then ``action_vocab`` action ids (the largest tokenizer it can take:
     FAST's default 1024, or 256 bins), then the two markers. ``max_state_dim`` / ``max_action_dim`` bound the data's
@@ -57,23 +53,16 @@ class Pi0FastFlavor(StreamSizes):
 
         return TokenPolicyTask(self, config)
 
+    @property
+    def action_offset(self) -> int:
+        """The policy id of action id 0: right after the bytes."""
+        return TEXT_VOCAB
+
     def check_task(self, config: Any, options: TokenPolicyTaskOptions) -> list[str]:
         """The data, as for every policy, and a saved ``task.action_tokenizer.path`` opened and held to the
         flavor's action vocabulary."""
-        lines = super().check_task(config, options)
-        if options.action_tokenizer.path is not None:
-            from loongforge_embodied.action_tokens.registry import load_action_tokenizer
-
-            tokenizer = load_action_tokenizer(options.action_tokenizer.path)
-            self.check_vocab(tokenizer.vocab_size, f"task.action_tokenizer.path {options.action_tokenizer.path}")
-            lines.append(f"task.action_tokenizer: {tokenizer.kind}, {tokenizer.vocab_size} ids")
-        return lines
-
-    def check_vocab(self, vocab: int, what: str) -> None:
-        """A one-line :class:`ConfigError` when a tokenizer has more ids than the flavor's ``action_vocab``."""
-        if vocab > self.action_vocab:
-            raise ConfigError(f"{what}: the tokenizer has {vocab} ids, the flavor holds {self.action_vocab} "
-                              "(raise model.overrides.action_vocab)")
+        return [*super().check_task(config, options),
+                *self.check_tokenizer(options.action_tokenizer, "task.action_tokenizer")]
 
     def num_params(self) -> int:
         """Parameter count, computed from the sizes (``loongforge list`` must not build the model)."""

@@ -80,6 +80,29 @@ class PolicyFlavor(ModelFamily):
         return PolicyTask(self, config)
 
 
+class ActionTokenVocab:
+    """Checks of a flavor whose vocabulary holds ``action_vocab`` action-token ids (Pi0-FAST's, or Pi0.5's FAST ids
+    under knowledge insulation), for the tokenizer of a task option (``task.action_tokenizer``,
+    ``task.knowledge_insulation.action_tokenizer``)."""
+
+    def check_vocab(self, vocab: int, what: str) -> None:
+        """A one-line :class:`ConfigError` when a tokenizer has more ids than the flavor's ``action_vocab``."""
+        if vocab > self.action_vocab:
+            raise ConfigError(f"{what}: the tokenizer has {vocab} ids, the flavor holds {self.action_vocab} "
+                              "(raise model.overrides.action_vocab)")
+
+    def check_tokenizer(self, spec: Any, key: str) -> list[str]:
+        """Pre-flight of a tokenizer option ``spec`` (an ``ActionTokenizerOptions`` at ``key``): a saved one is
+        opened and held to ``action_vocab``; a line saying what it is (none for one fitted when training starts)."""
+        if spec.path is None:
+            return []
+        from loongforge_embodied.action_tokens.registry import load_action_tokenizer
+
+        tokenizer = load_action_tokenizer(spec.path)
+        self.check_vocab(tokenizer.vocab_size, f"{key}.path {spec.path}")
+        return [f"{key}: {tokenizer.kind}, {tokenizer.vocab_size} ids"]
+
+
 @dataclass(frozen=True)
 class StreamSizes(PolicyFlavor):
     """The sizes of a policy built on one transformer stream over [images, task bytes, state, actions]: the

@@ -14,12 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from loongforge.errors import ConfigError
 from loongforge.models.listing import size_label
 
-from loongforge_embodied.policies.flavor_base import StreamSizes
+from loongforge_embodied.policies.flavor_base import ActionTokenVocab, StreamSizes
+from loongforge_embodied.task_options import Pi05TaskOptions
 
 #: Byte-token vocabulary: padding + 256 byte values (see ``prompt.vocab_size``).
 TEXT_VOCAB = 1 + 256
+#: Ids after a vocabulary's action tokens: the start-of-actions and end-of-actions markers.
+MARKERS = 2
 
 
 @dataclass(frozen=True)
@@ -40,8 +44,9 @@ class PaliSizes(StreamSizes):
 
         return flow_matching
 
-    def _backbone_params(self, *, vocab: int, adaptive_expert: bool) -> int:
-        """Parameters of the image tower, the token embedding and the joint layers (``blocks.JointPolicy``)."""
+    def _backbone_params(self, *, vocab: int, adaptive_expert: bool, prefix_output: bool = False) -> int:
+        """Parameters of the image tower, the token embedding and the joint layers (``blocks.JointPolicy``);
+        ``prefix_output``: the last layer's prefix stream is complete (a head reads it)."""
         w, e, a = self.width, self.expert_width, self.heads * self.head_dim
 
         def stream(width: int, cond: int | None, output: bool) -> int:
@@ -54,7 +59,8 @@ class PaliSizes(StreamSizes):
             vision = 3 * self.patch_size ** 2 * w + w + self.cameras * self.patches * w
             vision += self.vision_depth * stream(w, None, True)
         expert_cond = e if adaptive_expert else None
-        layers = sum(stream(w, None, i < self.depth - 1) + stream(e, expert_cond, True) for i in range(self.depth))
+        layers = sum(stream(w, None, i < self.depth - 1 or prefix_output) + stream(e, expert_cond, True)
+                     for i in range(self.depth))
         return vision + vocab * w + layers
 
     def _describe(self, what: str) -> str:
@@ -64,13 +70,28 @@ class PaliSizes(StreamSizes):
 
 
 @dataclass(frozen=True)
-class Pi05Flavor(PaliSizes):
-    """A Pi0.5-style policy: the state discretised into ``state_bins`` prompt tokens, time through adaRMS."""
+class Pi05Flavor(PaliSizes, ActionTokenVocab):
+    """A Pi0.5-style policy: the state discretised into ``state_bins`` prompt tokens, time through adaRMS. With
+    ``action_vocab`` > 0 the backbone also holds that many FAST ids (then BOS and EOS) and a language head over them:
+    what ``task.knowledge_insulation`` trains (see :mod:`~loongforge_embodied.policies.pi05`)."""
 
     kind: ClassVar[str] = "pi05"
+    task_options: ClassVar[type | None] = Pi05TaskOptions
     state_bins: int = 256            # Pi0.5 writes the state as 256-bin tokens
+    action_vocab: int = 0            # FAST ids of knowledge insulation; 0: none (flow matching alone)
 
     POSITIVE: ClassVar[tuple[str, ...]] = (*PaliSizes.POSITIVE, "state_bins")
+    NON_NEGATIVE: ClassVar[tuple[str, ...]] = (*PaliSizes.NON_NEGATIVE, "action_vocab")
+
+    @property
+    def action_offset(self) -> int:
+        """The policy id of FAST id 0: right after the prompt's ids (padding, bytes, state bins)."""
+        return TEXT_VOCAB + self.state_bins
+
+    @property
+    def vocab_size(self) -> int:
+        """The prompt's ids, then (knowledge insulation) the FAST ids and the two markers."""
+        return self.action_offset + (self.action_vocab + MARKERS if self.action_vocab else 0)
 
     @property
     def prefix_len(self) -> int:
@@ -94,7 +115,36 @@ class Pi05Flavor(PaliSizes):
         e, act = self.expert_width, self.max_action_dim
         # action_in, time_in + time_out, the final (ungated) adaRMS norm, action_out
         head = (act * e + e) + 2 * (e * e + e) + (2 * e * e + 2 * e) + (e * act + act)
-        return self._backbone_params(vocab=TEXT_VOCAB + self.state_bins, adaptive_expert=True) + head
+        fast_head = (self.width + self.width * self.vocab_size) if self.action_vocab else 0  # norm, head
+        return self._backbone_params(vocab=self.vocab_size, adaptive_expert=True,
+                                     prefix_output=self.action_vocab > 0) + head + fast_head
+
+    def make_task(self, config: Any) -> Any:
+        """The policy task, or with ``task.knowledge_insulation`` the task that adds the FAST loss."""
+        from loongforge.config.plugin_sections import task_options
+
+        if task_options(self, config).knowledge_insulation is None:
+            return super().make_task(config)
+        from loongforge_embodied.insulation_task import KnowledgeInsulationTask
+
+        return KnowledgeInsulationTask(self, config)
+
+    def check_task(self, config: Any, options: Pi05TaskOptions) -> list[str]:
+        """The data, as for every policy; with ``task.knowledge_insulation``, FAST ids in the flavor and a saved
+        tokenizer opened and held to them."""
+        lines = super().check_task(config, options)
+        insulation = options.knowledge_insulation
+        if insulation is None:
+            return lines
+        self.check_insulation(config.source)
+        key = "task.knowledge_insulation.action_tokenizer"
+        return [*lines, *self.check_tokenizer(insulation.action_tokenizer, key)]
+
+    def check_insulation(self, source: str) -> None:
+        """A one-line :class:`ConfigError` when knowledge insulation is asked of a flavor without FAST ids."""
+        if not self.action_vocab:
+            raise ConfigError(f"{source}: task.knowledge_insulation needs FAST ids in the backbone's vocabulary: set "
+                              "model.overrides.action_vocab (e.g. 256, the tokenizer's vocab_size or more)")
 
     def describe(self) -> str:
         """One line for ``loongforge list``."""

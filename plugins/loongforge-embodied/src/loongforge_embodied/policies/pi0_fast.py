@@ -26,6 +26,7 @@ after the bytes (Pi0-FAST maps them onto the last rows of the 257k vocabulary). 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +44,6 @@ from loongforge_embodied.policies.blocks import (
     split_heads,
 )
 from loongforge_embodied.policies.fast_flavors import Pi0FastFlavor
-from loongforge_embodied.policies.flavors import TEXT_VOCAB
 
 #: Keys and values of one layer, (B, heads, N, head_dim) each, after the rotary embedding.
 KV = tuple[torch.Tensor, torch.Tensor]
@@ -53,11 +53,11 @@ IGNORE = -100
 
 class ActionIds:
     """Where the action tokens of a tokenizer with ``action_vocab`` ids sit in the policy's vocabulary: tokenizer id
-    ``k`` is ``offset + k``; BOS and EOS follow the flavor's ``action_vocab`` rows."""
+    ``k`` is ``offset + k`` (``flavor.action_offset``); BOS and EOS follow the flavor's ``action_vocab`` rows."""
 
-    def __init__(self, flavor: Pi0FastFlavor) -> None:
-        self.offset = TEXT_VOCAB
-        self.bos = TEXT_VOCAB + flavor.action_vocab
+    def __init__(self, flavor: Any) -> None:
+        self.offset = flavor.action_offset
+        self.bos = self.offset + flavor.action_vocab
         self.eos = self.bos + 1
 
     def sequence(self, ids: list[int], length: int) -> torch.Tensor:
