@@ -124,8 +124,9 @@ class WanRunTask(TaskBase):
     def use_tensor_parallel(self, model: torch.nn.Module, mesh: Any) -> None:
         """``parallel.tp > 1``: split the blocks' heads and FFN columns over ``mesh``
         (:mod:`loongforge_diffusion.wan.tensor_parallel`)."""
-        from loongforge_diffusion.wan.tensor_parallel import parallelize_wan
+        from loongforge_diffusion.wan.tensor_parallel import check_tensor_parallel, parallelize_wan
 
+        check_tensor_parallel(self.flavor, mesh.size(), self.cp.size if self.cp is not None else 1, self.source)
         parallelize_wan(model, mesh)
 
     @property
