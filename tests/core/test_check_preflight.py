@@ -122,7 +122,8 @@ BROKEN = [
                                       "mean 'frames'?"),
     (EMBODIED, ["task.normalization=zscore"], "task: normalization 'zscore' is unknown"),
     (EMBODIED, ["training.precision=fp16"], "training.precision 'fp16' is not supported for model 'pi05-tiny'"),
-    (EMBODIED, ["parallel.tp=2"], "parallel.tp=2 needs parallel.strategy megatron"),
+    (EMBODIED, ["parallel.tp=2"], "parallel.tp=2 with 'ddp': task models split weights over tensor-parallel ranks "
+                                  "under parallel.strategy fsdp2 only"),
     ("configs/diffusion-moving-squares.yaml", ["task.flow_matching.sampling=gaussian"],
      "task.flow_matching: flow matching: sampling must be one of"),
     ("configs/diffusion-moving-squares.yaml", ["task.init={tmp}/weights"], "'task.init' names {tmp}/weights"),

@@ -19,6 +19,8 @@ import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
+from loongforge.errors import ConfigError
+
 if TYPE_CHECKING:
     from loongforge.train.media import MediaLog
 
@@ -67,6 +69,8 @@ class TaskBase:
 
     #: Whether :meth:`use_context_parallel` is implemented; ``parallel.cp > 1`` is refused for a task without it.
     context_parallel: ClassVar[bool] = False
+    #: Whether :meth:`use_tensor_parallel` is implemented; ``parallel.tp > 1`` is refused for a task without it.
+    tensor_parallel: ClassVar[bool] = False
     #: Whether some steps leave parameters out of the loss (a mixture whose steps each train one part: Wan 2.2's
     #: two experts). DDP then looks for the unused ones each step (``find_unused_parameters``), so their gradients
     #: stay ``None`` and AdamW leaves them, their moments and their step counts alone; every rank must leave out the
@@ -122,8 +126,6 @@ class TaskBase:
         format; empty means the task's own held-out split. Raise a ``ConfigError`` when there is none.
 
         The default: the task has no validation data, and the run is refused in one line."""
-        from loongforge.errors import ConfigError
-
         raise ConfigError(f"{type(self).__name__} has no validation data or loss; set evaluation.interval: 0")
 
     def validation_loss(self, model: Any, batch: dict[str, Any], generators: list[Any]) -> Any:
@@ -141,6 +143,25 @@ class TaskBase:
         back-propagating its share of the gradient (the engine scales by cp before the strategy averages over all
         ranks)."""
         raise NotImplementedError(f"{type(self).__name__} sets context_parallel but does not implement it")
+
+    def use_tensor_parallel(self, model: Any, mesh: Any) -> None:
+        """``parallel.tp > 1`` (``parallel.strategy: fsdp2``; called only when :attr:`tensor_parallel` is true):
+        split ``model``'s weights over the 1-D ``torch.distributed.DeviceMesh`` ``mesh`` in place, as DTensors (with
+        ``torch.distributed.tensor.parallel``), before FSDP2 shards them over the other ranks. The ranks of ``mesh``
+        get the same batches (and, with cp, the same tokens); each must return the whole loss, the same on all of
+        them, and be left holding the full gradient of its slices (a replicated parameter's gradient whole)."""
+        raise NotImplementedError(f"{type(self).__name__} sets tensor_parallel but does not implement it")
+
+
+def check_task_parallel(task: Any, config: Any) -> None:
+    """Refuse ``parallel.cp`` / ``parallel.tp`` above 1 for a task that does not declare the matching slot (one line);
+    called by the task engine and by ``loongforge check``."""
+    for key, declared in (("cp", task.context_parallel), ("tp", task.tensor_parallel)):
+        size = getattr(config.parallel, key)
+        if size > 1 and not declared:
+            kind = "context" if key == "cp" else "tensor"
+            raise ConfigError(f"{config.source}: parallel.{key}={size}: model '{config.model.name}' does not "
+                              f"support {kind} parallelism")
 
 
 def sample_seed(seed: int, step: int, index: int) -> int:

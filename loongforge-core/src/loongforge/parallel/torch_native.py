@@ -12,8 +12,12 @@ chosen with ``parallel.strategy``:
 * ``hsdp`` -- ``fully_shard`` on a 2-D mesh: shards within groups of ``fsdp_shard_size`` ranks, replicas across.
 
 Any of them combines with ``parallel.cp`` (context parallelism) for tasks that split one sample's sequence
-over ranks (``use_context_parallel`` in :mod:`loongforge.tasks`): groups of ``cp`` consecutive ranks see the same
-samples, so the data-parallel size is ``world / cp``.
+over ranks (``use_context_parallel`` in :mod:`loongforge.tasks`): groups of ``cp`` ranks see the same samples, so
+the data-parallel size is ``world / cp``. ``fsdp2`` also combines with ``parallel.tp`` for tasks that split their
+blocks' weights with DTensor (``use_tensor_parallel``): ranks are laid out ``(dp, cp, tp)``, tp innermost (the
+chattiest, so neighbours), the task splits its blocks over the ``tp`` dimension of a 2-D mesh and ``fully_shard``
+shards over the other (the ``dp x cp`` ranks holding the same tensor-parallel slice); the ``tp`` ranks of a group
+train the same samples, so the data-parallel size is ``world / (cp * tp)``.
 
 The FSDP planner shards every element of the model's ``nn.ModuleList`` s (transformer blocks) that holds
 parameters, splitting a block further when its parameters mix dtypes (one ``fully_shard`` unit must be one
@@ -39,13 +43,15 @@ _COMM_HOOKS = ("bf16", "fp16")
 
 @dataclass(frozen=True)
 class TorchLayout:
-    """A validated torch-native layout: the kind, the world size, (HSDP) ranks per sharding group and the
-    context-parallel size (ranks that split each sample's sequence)."""
+    """A validated torch-native layout: the kind, the world size, (HSDP) ranks per sharding group, the
+    context-parallel size (ranks that split each sample's sequence) and the tensor-parallel size (ranks that split
+    each block's weights); ranks are ordered ``(dp, cp, tp)``, tp innermost."""
 
     kind: str
     world_size: int
     shard_size: int
     cp: int = 1
+    tp: int = 1
 
     @property
     def replicas(self) -> int:
@@ -54,12 +60,18 @@ class TorchLayout:
     @property
     def dp(self) -> int:
         """Data-parallel size: how many different sample shards one step trains."""
-        return self.world_size // self.cp
+        return self.world_size // (self.cp * self.tp)
+
+    def dp_rank(self, rank: int) -> int:
+        """The data-parallel index of global ``rank``: which sample shard it trains."""
+        return rank // (self.cp * self.tp)
 
     def describe(self) -> str:
         kind = (f"hsdp: {self.replicas} replicas x {self.shard_size}-way sharding" if self.kind == "hsdp"
                 else f"{self.kind} over {self.world_size} rank(s)")
-        return kind + (f", context parallel {self.cp} (data parallel {self.dp})" if self.cp > 1 else "")
+        split = [f"{name} {size}" for name, size in (("tensor parallel", self.tp), ("context parallel", self.cp))
+                 if size > 1]
+        return kind + (f", {', '.join(split)} (data parallel {self.dp})" if split else "")
 
 
 class TorchNativeStrategy(ParallelStrategy):
@@ -73,13 +85,18 @@ class TorchNativeStrategy(ParallelStrategy):
         self.kind = kind
 
     def validate(self, parallel: Any, world_size: int, source: str) -> TorchLayout:
-        """Refuse megatron-only sizes and impossible HSDP or context-parallel groups (one line naming the key)."""
-        for key in ("tp", "pp", "ep"):
+        """Refuse megatron-only sizes and impossible HSDP, context- or tensor-parallel groups (one line naming the
+        key)."""
+        for key in ("pp", "ep"):
             if getattr(parallel, key) != 1:
                 raise ConfigError(f"{source}: parallel.{key}={getattr(parallel, key)} needs parallel.strategy "
                                   f"megatron; '{self.kind}' splits data (and, with cp, sequences) only")
-        if parallel.cp < 1 or world_size % parallel.cp:
-            raise ConfigError(f"{source}: parallel.cp={parallel.cp} must divide the number of processes ({world_size})")
+        if parallel.tp != 1 and self.kind != "fsdp2":
+            raise ConfigError(f"{source}: parallel.tp={parallel.tp} with '{self.kind}': task models split weights "
+                              "over tensor-parallel ranks under parallel.strategy fsdp2 only")
+        if parallel.tp < 1 or parallel.cp < 1 or world_size % (parallel.cp * parallel.tp):
+            raise ConfigError(f"{source}: parallel.cp={parallel.cp} x parallel.tp={parallel.tp} must divide the "
+                              f"number of processes ({world_size})")
         if parallel.cp_mode != "ulysses" or parallel.cp_a2a_size is not None:
             raise ConfigError(f"{source}: parallel.cp_mode {parallel.cp_mode} / cp_a2a_size choose the megatron "
                               f"strategy's attention exchange; with '{self.kind}' the task model splits sequences "
@@ -96,26 +113,33 @@ class TorchNativeStrategy(ParallelStrategy):
         elif parallel.fsdp_shard_size not in (None, world_size) and self.kind == "fsdp2":
             raise ConfigError(f"{source}: parallel.fsdp_shard_size is for hsdp; fsdp2 shards over all "
                               f"{world_size} ranks")
-        return TorchLayout(self.kind, world_size, shard, parallel.cp)
+        return TorchLayout(self.kind, world_size, shard, parallel.cp, parallel.tp)
 
     # -- groups and wrapping -------------------------------------------------------------------------------------
     @staticmethod
     def context_parallel_group(layout: TorchLayout) -> Any:
-        """This rank's context-parallel group: ranks ``[k*cp, (k+1)*cp)`` form group ``k``, which is also their
-        data-parallel index. Collective (every rank creates every group, as ``new_group`` requires)."""
+        """This rank's context-parallel group: the ``cp`` ranks of one data-parallel index and one tensor-parallel
+        index (consecutive ranks when tp is 1). Collective (every rank creates every group, as ``new_group``
+        requires)."""
         mine = None
-        for start in range(0, layout.world_size, layout.cp):
-            group = dist.new_group(list(range(start, start + layout.cp)))
-            if start <= dist.get_rank() < start + layout.cp:
+        span = layout.cp * layout.tp
+        for first in range(layout.world_size):
+            if (first % span) // layout.tp:  # not the cp-index-0 rank of its group
+                continue
+            ranks = list(range(first, first - first % span + span, layout.tp))
+            group = dist.new_group(ranks)
+            if dist.get_rank() in ranks:
                 mine = group
         return mine
 
     def wrap(self, model: nn.Module, layout: TorchLayout, parallel: Any, *, sample_batch: Any = None,
-             run_forward: Any = None, bf16: bool = False, sparse_parameters: bool = False) -> nn.Module:
+             run_forward: Any = None, bf16: bool = False, sparse_parameters: bool = False,
+             tensor_parallel: Any = None) -> nn.Module:
         """The model ready for data-parallel training (parameters must already be on the device).
 
         ``sparse_parameters``: some steps leave parameters unused (:attr:`loongforge.tasks.TaskBase.sparse_parameters`);
-        DDP finds them each step and leaves their gradients ``None``."""
+        DDP finds them each step and leaves their gradients ``None``. ``tensor_parallel(model, mesh)`` (layouts with
+        tp > 1): splits the model's weights over the 1-D tensor-parallel ``mesh`` in place, before sharding."""
         if self.kind in ("ddp", "zero1"):
             check_static_graph(parallel, sparse_parameters)
             ddp = nn.parallel.DistributedDataParallel(
@@ -135,12 +159,17 @@ class TorchNativeStrategy(ParallelStrategy):
         if self.kind == "hsdp":
             mesh = init_device_mesh(device_type, (layout.replicas, layout.shard_size),
                                     mesh_dim_names=("replicate", "shard"))
+        elif layout.tp > 1:
+            both = init_device_mesh(device_type, (layout.world_size // layout.tp, layout.tp),
+                                    mesh_dim_names=("shard", "tp"))
+            tensor_parallel(model, both["tp"])
+            mesh = both["shard"]
         else:
             mesh = init_device_mesh(device_type, (layout.world_size,))
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32)
         for unit in fsdp_units(model, run_forward):
-            fully_shard(unit, mesh=mesh, mp_policy=policy)
-        fully_shard(model, mesh=mesh, mp_policy=policy)
+            fully_shard(unit, mesh=mesh, mp_policy=policy, shard_placement_fn=shard_placement)
+        fully_shard(model, mesh=mesh, mp_policy=policy, shard_placement_fn=shard_placement)
         return model
 
     def optimizer(self, params: list[nn.Parameter], **adamw: Any) -> torch.optim.Optimizer:
@@ -187,6 +216,36 @@ def check_static_graph(parallel: Any, sparse_parameters: bool) -> None:
     if sparse_parameters and parallel.ddp_static_graph:
         raise ConfigError("parallel.ddp_static_graph assumes every step uses the same parameters; this model's "
                           "steps each train a part of it (set parallel.ddp_static_graph: false)")
+
+
+def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float) -> float:
+    """``torch.nn.utils.clip_grad_norm_`` for parameters that may live on different device meshes: under fsdp2 with
+    tensor parallelism a split weight is a DTensor on the 2-D (shard, tp) mesh and a replicated one on the shard mesh
+    only, and torch's one-call version cannot stack their norms. Each mesh's gradients give one norm (reduced over
+    that mesh, so a replicated slice counts once); the global norm is their root sum of squares. Returns it."""
+    from torch.distributed.tensor import DTensor
+
+    by_mesh: dict[Any, list[nn.Parameter]] = {}
+    for param in (p for p in parameters if p.grad is not None):
+        by_mesh.setdefault(param.device_mesh if isinstance(param, DTensor) else None, []).append(param)
+    norms = [torch.nn.utils.get_total_norm([p.grad for p in group]) for group in by_mesh.values()]
+    norms = [n.full_tensor() if isinstance(n, DTensor) else n for n in norms]
+    total = norms[0] if len(norms) == 1 else torch.stack(norms).square().sum().sqrt()
+    for group in by_mesh.values():  # torch's foreach kernels take one mesh at a time
+        torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
+    return float(total)
+
+
+def shard_placement(param: nn.Parameter) -> Any:
+    """The dimension ``fully_shard`` splits ``param`` along: 0, except for a weight tensor parallelism already split
+    along 0 with a ``_StridedShard`` (a fused projection whose ranks each hold their heads' rows of every part,
+    ``[q_r; k_r; v_r]``). FSDP2's own split of dim 0 cannot be composed with that one -- gathered back to full
+    tensors (checkpoints) the rows come out permuted -- so such a weight is sharded along dim 1 instead."""
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    strided = isinstance(param, DTensor) and any(isinstance(p, _StridedShard) and p.dim == 0 for p in param.placements)
+    return Shard(1 if strided else 0)
 
 
 def fsdp_units(model: nn.Module, run_forward: Any = None) -> list[nn.Module]:

@@ -119,6 +119,10 @@ def _check(config: LoongForgeConfig, world_size: int, backend: DeviceBackend, ho
         paths += named_paths(options, "task") if options is not None else []
         device_options(backend, config)
         lines.append(_check_task_layout(config, world_size, host))
+        from loongforge.tasks import check_task_parallel
+
+        if config.parallel.cp > 1 or config.parallel.tp > 1:
+            check_task_parallel(family.make_task(config), config)
     else:
         from loongforge.train.batches import check_validation_source
 
@@ -131,7 +135,8 @@ def _check(config: LoongForgeConfig, world_size: int, backend: DeviceBackend, ho
     else:
         from loongforge.train.task_sizes import data_parallel
 
-        with data_parallel(world_size // max(config.parallel.cp, 1)):  # the engine's dp (ranks / context parallel)
+        # the engine's dp: ranks / (context x tensor parallel)
+        with data_parallel(world_size // max(config.parallel.cp * config.parallel.tp, 1)):
             lines += family.check_task(config, options)
     check_writable(config, create=False)  # run.output_dir and the checkpoint root, without creating them
     return lines

@@ -31,6 +31,8 @@ def check_video_task(flavor: Any, config: Any, options: Any) -> list[str]:
     from loongforge.parallel.torch_native import check_static_graph
 
     check_static_graph(config.parallel, task.sparse_parameters)
+    if config.parallel.tp > 1:
+        _check_tensor_parallel(config, options, task.flavor)
     where = _data_where(config, options.data)
     train = _opened(config, where, task.build_dataset, options.data)
     video = _fits(task.flavor, train[0], where)
@@ -50,6 +52,20 @@ def check_video_task(flavor: Any, config: Any, options: Any) -> list[str]:
     released = (lambda path: expert_state_dict(path, checkpoint_shapes)) if task.experts else checkpoint_shapes
     return [f"task.data: {len(train)} sample(s) of {frames} x {height} x {width}",
             *_init_lines(config, options, task.bare_model, released)]
+
+
+def _check_tensor_parallel(config: Any, options: Any, flavor: Any) -> None:
+    """``parallel.tp > 1`` for a Wan DiT: heads and FFN columns must split, and what is not split yet is one line."""
+    from loongforge_diffusion.wan.tensor_parallel import check_tensor_parallel
+
+    tp, where = config.parallel.tp, config.source
+    check_tensor_parallel(flavor, tp, config.parallel.cp, where)
+    if options.lora is not None:
+        raise ConfigError(f"{origin_of(where, 'task.lora')}: task.lora with parallel.tp={tp} is not supported yet "
+                          "(the adapters wrap the projections tensor parallelism splits); use tp 1")
+    if config.training.compile:
+        raise ConfigError(f"{origin_of(where, 'training.compile')}: training.compile with parallel.tp={tp} is not "
+                          "supported yet; leave it off")
 
 
 def check_image_task(flavor: Any, config: Any, options: Any) -> list[str]:

@@ -87,6 +87,7 @@ class WanRunTask(TaskBase):
     """Flow-matching training of one Wan flavor on the configured data; see the module docstring."""
 
     context_parallel = True  # Ulysses: use_context_parallel below
+    tensor_parallel = True  # DTensor-split blocks under fsdp2: use_tensor_parallel below
 
     def __init__(self, flavor: WanFlavor, config: Any) -> None:
         self.options: WanTaskOptions = task_options(flavor, config)
@@ -119,6 +120,14 @@ class WanRunTask(TaskBase):
         """``parallel.cp > 1``: Ulysses context parallelism over ``group`` (core's task loop gives every rank of
         it the same samples); the token count and head count must divide by its size."""
         self.cp = ContextParallel(group)
+
+    def use_tensor_parallel(self, model: torch.nn.Module, mesh: Any) -> None:
+        """``parallel.tp > 1``: split the blocks' heads and FFN columns over ``mesh``
+        (:mod:`loongforge_diffusion.wan.tensor_parallel`)."""
+        from loongforge_diffusion.wan.tensor_parallel import check_tensor_parallel, parallelize_wan
+
+        check_tensor_parallel(self.flavor, mesh.size(), self.cp.size if self.cp is not None else 1, self.source)
+        parallelize_wan(model, mesh)
 
     @property
     def sparse_parameters(self) -> bool:

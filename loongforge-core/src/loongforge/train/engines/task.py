@@ -45,7 +45,8 @@ from loongforge.config.loader import config_to_dict
 from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import ConfigError
 from loongforge.parallel.strategy import check_strategy
-from loongforge.tasks import VALIDATION_STEP, TaskBase, sample_generators
+from loongforge.parallel.torch_native import clip_grad_norm
+from loongforge.tasks import VALIDATION_STEP, TaskBase, check_task_parallel, sample_generators
 from loongforge.train.activation_memory import FirstStepActivations
 from loongforge.train.batches import validation_batch_count
 from loongforge.train.compile import CompileReport, compile_blocks
@@ -179,11 +180,9 @@ class TaskEngine(StepEngine):
         self.config, self.task, self.backend, self.host = config, task, backend, host
         self.rank, self.world_size, self.strategy, self.layout = rank, world_size, strategy, layout
         self.cp = layout.cp if layout is not None else 1
-        self.dp_rank, self.dp_size = rank // self.cp, world_size // self.cp
+        self.dp_rank, self.dp_size = (layout.dp_rank(rank), layout.dp) if layout is not None else (0, 1)
+        check_task_parallel(task, config)
         if self.cp > 1:
-            if not task.context_parallel:
-                raise ConfigError(f"{config.source}: parallel.cp={self.cp}: model '{config.model.name}' does not "
-                                  "support context parallelism")
             task.use_context_parallel(strategy.context_parallel_group(layout))
         self.device = backend.device()
         torch.manual_seed(config.run.seed)  # the same initial weights on every rank
@@ -200,7 +199,8 @@ class TaskEngine(StepEngine):
         unwrapped = model
         if strategy is not None:
             model = strategy.wrap(model, layout, config.parallel, bf16=config.training.precision == "bf16",
-                                  run_forward=self._probe_forward, sparse_parameters=task.sparse_parameters)
+                                  run_forward=self._probe_forward, sparse_parameters=task.sparse_parameters,
+                                  tensor_parallel=task.use_tensor_parallel)
         self.model = model
         #: What ``training.compile`` compiled (after the strategy's probe forward, which runs one sample and
         #: would otherwise compile a graph for a batch of one); its time is printed after the first step.
@@ -274,15 +274,15 @@ class TaskEngine(StepEngine):
         with self._activations.step():
             loss = self.task.training_step(self.model, batch)
             self.optimizer.zero_grad(set_to_none=True)
-            # The strategies average gradients over all ranks, but a context-parallel rank holds only its share
+            # The strategies average gradients over all ranks that hold a parameter's slice (all of them, or the
+            # dp x cp ranks of one tensor-parallel index), but a context-parallel rank holds only its share
             # (1/cp of the tokens) of its group's gradient: scaling by cp turns that average into the mean over
             # data-parallel groups, i.e. the gradient of the global batch.
             (loss * self.cp if self.cp > 1 else loss).backward()
         clip = self.config.optimizer.grad_clip
         grad_norm = None
         if clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-            grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor
+            grad_norm = clip_grad_norm(list(self.model.parameters()), clip)
         loss = loss.detach().clone()
         if self.world_size > 1:
             dist.all_reduce(loss)

@@ -25,7 +25,7 @@ def layout_forward(model: WanModel, patches: torch.Tensor, timestep: torch.Tenso
         ``rope`` ``(S, head_dim // 2, 2)``; contexts as the layout packs them.
     """
     if layout.cp is not None:
-        layout.cp.check(model.flavor.num_heads, layout.tokens)
+        layout.cp.check(model.flavor.num_heads // model.tensor_parallel, layout.tokens)  # this rank's heads
         patches, rope = layout.cp.local(patches, 1), layout.cp.local(rope, 0)
         timestep = timestep if timestep.shape[1] == 1 else layout.cp.local(timestep, 1)
     x = embed_patches(model.patch_embed, patches)

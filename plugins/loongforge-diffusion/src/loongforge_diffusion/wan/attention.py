@@ -1,9 +1,9 @@
 """Self-attention (with 3D RoPE) and text/image cross-attention of a Wan block.
 
 Projections are fused where the inputs are shared -- ``qkv`` for self-attention, ``kv`` for the context -- so a
-step runs one GEMM instead of three; the converters split and join them bitwise. For tensor parallelism
-these become column-parallel layers (head-sharded) and ``out`` row-parallel; note that Wan's q/k RMSNorm
-normalises across *all* heads, so a TP version needs the sum of squares all-reduced across ranks.
+step runs one GEMM instead of three; the converters split and join them bitwise. Heads are cut from the last
+dimension by ``head_dim``, not by a head count, so the same code runs on a tensor-parallel rank's share of the
+heads (:mod:`loongforge_diffusion.wan.tensor_parallel`).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tor
 class SelfAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int, eps: float) -> None:
         super().__init__()
-        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
         self.qkv = nn.Linear(dim, 3 * dim)
         self.norm_q = nn.RMSNorm(dim, eps=eps)
         self.norm_k = nn.RMSNorm(dim, eps=eps)
@@ -53,7 +53,7 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor, layout: Any = None) -> torch.Tensor:
         q, k, v = self.qkv(x).chunk(3, dim=-1)
-        heads = (self.num_heads, -1)
+        heads = (-1, self.head_dim)
         q = apply_rope(self.norm_q(q).unflatten(-1, heads), rope)
         k = apply_rope(self.norm_k(k).unflatten(-1, heads), rope)
         kernel = attend if layout is None else layout.self_attention
@@ -66,7 +66,7 @@ class CrossAttention(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, eps: float, *, with_image: bool) -> None:
         super().__init__()
-        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
         self.q = nn.Linear(dim, dim)
         self.kv = nn.Linear(dim, 2 * dim)
         self.norm_q = nn.RMSNorm(dim, eps=eps)
@@ -77,7 +77,7 @@ class CrossAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, context: torch.Tensor, image_context: torch.Tensor | None,
                 layout: Any = None) -> torch.Tensor:
-        heads = (self.num_heads, -1)
+        heads = (-1, self.head_dim)
         q = self.norm_q(self.q(x)).unflatten(-1, heads)
         k, v = self.kv(context).chunk(2, dim=-1)
         text_kernel = attend if layout is None else layout.text_attention

@@ -53,6 +53,8 @@ class WanModel(nn.Module):
         super().__init__()
         self.flavor = flavor
         self.recompute = recompute
+        #: Ranks each block's heads are split over (set by ``wan.tensor_parallel.parallelize_wan``).
+        self.tensor_parallel = 1
         d = flavor.dim
         with_image = flavor.image_dim is not None
         self.patch_embed = PatchEmbed3D(flavor.in_channels, d, flavor.patch_size)
