@@ -9,7 +9,8 @@ on LoongForge's path:
   compiling only happens at a first call, and the local/CPU layers never call those helpers. Here
   ``jit_fuser`` becomes :func:`deferred_compile`: the same ``torch.compile`` with the same arguments, made at the
   helper's first call instead of at decoration. Inside a graph being traced the helper runs as written, which is
-  what dynamo inlines anyway.
+  what dynamo inlines anyway; and a device backend whose compiler buys nothing for these small helpers (the CPU
+  backend) turns compiling off with :func:`compile_fusion_helpers`, so they run as written everywhere.
 * ``megatron.core.timers`` and the dynamic inference engine import ``wandb`` if it is installed (~20 MiB, 0.5 s),
   and the timers also ``torch.utils.tensorboard`` (protobuf, absl and TensorBoard's TensorFlow stub: ~0.25 s), for
   writers LoongForge never hands them (its own trackers log; see :mod:`loongforge.train.trackers`). While those
@@ -44,6 +45,20 @@ class Adjustment:
     after: Callable[[ModuleType], None] | None = None
 
 
+#: Whether :func:`deferred_compile` helpers compile at their first call (see :func:`compile_fusion_helpers`).
+_compile_helpers = True
+
+
+def compile_fusion_helpers(enabled: bool) -> None:
+    """Whether megatron's ``jit_fuser`` helpers compile at first call (``True``) or run as written (``False``).
+
+    A process-wide switch for device backends (``DeviceBackend.apply_patches``): the helpers are elementwise
+    glue (router bias, dispatch preprocessing, norms, output gates) whose compiled and eager results agree.
+    """
+    global _compile_helpers
+    _compile_helpers = enabled
+
+
 def deferred_compile(fn: Callable | None = None, **options: Any) -> Any:
     """``torch.compile`` made at the first call of ``fn`` (decorator form with or without options)."""
     if fn is None:
@@ -54,7 +69,7 @@ def deferred_compile(fn: Callable | None = None, **options: Any) -> Any:
     def call(*args: Any, **kwargs: Any) -> Any:
         import torch
 
-        if torch.compiler.is_compiling():  # an enclosing graph traces the helper itself
+        if not _compile_helpers or torch.compiler.is_compiling():  # eager device, or an enclosing graph traces it
             return fn(*args, **kwargs)
         if not compiled:
             compiled.append(torch.compile(fn, **options))

@@ -21,6 +21,9 @@ assumption where megatron looks the name up, so the rest of megatron runs unmodi
   unfused path is six kernels and a copy per call; TE's fused RoPE replaces it on GPU).
 * :func:`~loongforge.devices.megatron_cpu.swiglu.patch_swiglu_kernel` -- megatron's fused-SwiGLU entry point
   without ``torch.compile`` (two kernels each way, no gradient ``cat``; megatron's compiled kernel on GPU).
+* :func:`~loongforge.devices.megatron_cpu.fusion_helpers.run_fusion_helpers_eagerly` -- megatron's
+  ``jit_fuser`` helpers (router bias, dispatch preprocessing, norms) as written instead of compiled by Inductor
+  at each process's first forward (~6.5 s of CPU per MoE process).
 * :func:`~loongforge.devices.megatron_cpu.gemm.patch_linear_gemm` -- the local linear layers on oneDNN's GEMM
   where a probe finds it faster than torch's MKL ``mm`` (AMD hosts: ~25% on the layers' products).
 * :func:`~loongforge.devices.megatron_cpu.tp_regions.patch_single_rank_crossings` -- the tensor-parallel region
@@ -54,6 +57,7 @@ def apply_megatron_cpu_patches() -> None:
     if _applied:
         return
     from loongforge.devices.megatron_cpu.embedding import patch_tied_embedding_setup
+    from loongforge.devices.megatron_cpu.fusion_helpers import run_fusion_helpers_eagerly
     from loongforge.devices.megatron_cpu.gemm import patch_linear_gemm
     from loongforge.devices.megatron_cpu.mla import patch_mla_te_flag
     from loongforge.devices.megatron_cpu.modules import install_torch_views
@@ -76,6 +80,7 @@ def apply_megatron_cpu_patches() -> None:
     patch_rope_cp_slice()
     patch_rope_kernel()
     patch_swiglu_kernel()
+    run_fusion_helpers_eagerly()
     patch_linear_gemm()
     patch_single_rank_crossings()
     _applied = True
