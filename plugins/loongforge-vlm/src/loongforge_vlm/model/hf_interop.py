@@ -12,8 +12,8 @@ Qwen3-VL's published files already use the transformers 5 names. Qwen3-VL-MoE's 
 fused as core's Qwen3-MoE adapter reads them (``experts.gate_up_proj`` ``[E, 2I, H]``, ``experts.down_proj`` ``[E,
 H, I]``); the published files store both transposed (``[E, H, 2I]``, ``[E, I, H]``), transformers 5's
 ``save_pretrained`` writes the in-memory orientation, and transformers reads either, transposing a tensor whose
-shape is not its module's. :func:`saved_layout` writes the published orientation (which every transformers version
-reads) and :func:`in_memory_layout` reads both by transformers' rule, so :func:`to_hf` / :func:`from_hf` speak the
+shape is not its module's. :func:`saved_layout` writes the published orientation (which transformers 5 transposes on
+load, as it does the published files) and :func:`in_memory_layout` reads both by transformers' rule, so :func:`to_hf` / :func:`from_hf` speak the
 in-memory layout only.
 
 ``config.json`` <-> :class:`~loongforge_vlm.model.flavors.VLMFlavor`: the nested (transformers 5) and the flat
