@@ -149,9 +149,9 @@ def test_round_trips_are_bitwise_both_ways(world, flavor, tmp_path):
 _VISION = dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, patch_size=16,
                num_position_embeddings=2304, deepstack_visual_indexes=[8, 16, 24])
 _SMALL_VISION = dict(_VISION, depth=24, hidden_size=1024, intermediate_size=4096, deepstack_visual_indexes=[5, 11, 17])
-_TEXT = dict(vocab_size=151936, head_dim=128, max_position_embeddings=262144, rope_parameters={"rope_type": "default", "rope_theta": 5000000.0,
-                                                               "mrope_section": [24, 20, 20],
-                                                               "mrope_interleaved": True})
+_TEXT = dict(vocab_size=151936, head_dim=128, max_position_embeddings=262144,
+             rope_parameters={"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [24, 20, 20],
+                              "mrope_interleaved": True})
 PUBLISHED = {
     "qwen3-vl-2b": ("Qwen3VL", True, dict(_SMALL_VISION, out_hidden_size=2048), dict(
         _TEXT, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,

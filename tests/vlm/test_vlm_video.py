@@ -1,6 +1,7 @@
-"""Videos beside images: logits of Qwen2-VL / Qwen2.5-VL / Qwen3-VL (dense and MoE) against transformers with several images and a
-video in one padded batch, the video pixels and frame sampling against transformers' own video processor code, the
-video field of the jsonl records (files, GIFs, frame directories; one-line errors) and a video sample that trains.
+"""Videos beside images: logits of Qwen2-VL / Qwen2.5-VL / Qwen3-VL (dense and MoE) against transformers with several
+images and a video in one padded batch, the video pixels and frame sampling against transformers' own video
+processor code, the video field of the jsonl records (files, GIFs, frame directories; one-line errors) and a video
+sample that trains.
 
 The reference configs are written here with transformers' config classes (never derived from our flavors); our
 model is the plugin's tiny flavor of the same sizes, loaded from the perturbed reference weights.

@@ -9,12 +9,12 @@ decoder; Qwen3's for Qwen3-VL, Qwen3-MoE's for Qwen3-VL-MoE). Our state dict is 
 and slices, so ``ours -> HF -> ours`` and ``HF -> ours -> HF`` are bitwise (padded vocabulary rows come back as
 zeros). transformers 5 names are written; the published pre-v5 files (``visual.*``, ``model.*``) are read too.
 Qwen3-VL's published files already use the transformers 5 names. Qwen3-VL-MoE's modules hold each layer's experts
-fused as core's Qwen3-MoE adapter reads them (``experts.gate_up_proj`` ``[E, 2I, H]``, ``experts.down_proj`` ``[E,
-H, I]``); the published files store both transposed (``[E, H, 2I]``, ``[E, I, H]``), transformers 5's
+fused as core's Qwen3-MoE adapter reads them (``experts.gate_up_proj`` ``[E, 2I, H]``, ``experts.down_proj``
+``[E, H, I]``); the published files store both transposed (``[E, H, 2I]``, ``[E, I, H]``), transformers 5's
 ``save_pretrained`` writes the in-memory orientation, and transformers reads either, transposing a tensor whose
 shape is not its module's. :func:`saved_layout` writes the published orientation (which transformers 5 transposes on
-load, as it does the published files) and :func:`in_memory_layout` reads both by transformers' rule, so :func:`to_hf` / :func:`from_hf` speak the
-in-memory layout only.
+load, as it does the published files) and :func:`in_memory_layout` reads both by transformers' rule, so
+:func:`to_hf` / :func:`from_hf` speak the in-memory layout only.
 
 ``config.json`` <-> :class:`~loongforge_vlm.model.flavors.VLMFlavor`: the nested (transformers 5) and the flat
 published layout are read; a setting our model does not implement is a one-line :class:`ConfigError` naming the
@@ -128,10 +128,10 @@ def _text_flavor(text: Mapping[str, Any], tied: bool, where: str, prefix: str, a
     moe = architecture == MOE_ARCHITECTURE
     t = {**_TEXT_DEFAULTS, **(_MOE_TEXT_DEFAULTS if moe else {}), **{k: x for k, x in text.items() if x is not None}}
     if moe:
-        if t["decoder_sparse_step"] != 1 or t["mlp_only_layers"]:
-            raise ConfigError(f"{where}: {prefix}decoder_sparse_step={t['decoder_sparse_step']!r} / "
-                              f"{prefix}mlp_only_layers={t['mlp_only_layers']!r} is not supported (needs every "
-                              "layer routed: 1 / [])")
+        for key, needed in (("decoder_sparse_step", 1), ("mlp_only_layers", [])):
+            if t[key] != needed:
+                raise ConfigError(f"{where}: {prefix}{key}={t[key]!r} is not supported (needs {needed!r}: every "
+                                  "decoder layer routed)")
         # transformers' Qwen3VLMoeTextTopKRouter always renormalises the chosen probabilities, whatever
         # norm_topk_prob a file carries; so does ours (core's reader reads a missing key as true).
         t.pop("norm_topk_prob", None)
