@@ -52,6 +52,7 @@ def test_vision_tower_matches_transformers_with_deepstack():
 # -- the whole model -----------------------------------------------------------------------------------------
 
 TINY = FLAVORS["qwen3-vl-tiny"]
+MOE = FLAVORS["qwen3-vl-moe-tiny"]
 
 
 @pytest.fixture(scope="module")
@@ -97,28 +98,60 @@ def test_logits_loss_and_grads_match_transformers(world):
         assert theirs.abs().max() > 0 and rel_l2(mine.grad, theirs) <= 1e-5, what
 
 
-def test_round_trips_are_bitwise_both_ways(world):
-    theirs = reference_vlm(TINY).state_dict()
-    ours = vlm_from_hf(theirs, TINY)
-    back = vlm_to_hf(ours, TINY)
-    assert sorted(back) == sorted(theirs) and all(torch.equal(back[k], theirs[k]) for k in theirs)
-    model = build_vlm(TINY, backend=world, seed=3)
+def _equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in b)
+
+
+def _read_directory(directory, flavor):
+    """A Hugging Face directory as core reads it: the adapter's tensor check, then the adapter's ``from_hf``."""
+    from loongforge.interop.hf_checkpoint import check_hf_tensors, index_hf_tensors, load_hf_tensors
+
+    infos = index_hf_tensors(directory)
+    check_hf_tensors(infos, flavor, directory)
+    return flavor.hf_adapter().from_hf(load_hf_tensors(infos))
+
+
+@pytest.mark.parametrize("flavor", [TINY, MOE], ids=["dense", "moe"])
+def test_round_trips_are_bitwise_both_ways(world, flavor, tmp_path):
+    """In memory both ways; then files: transformers' ``save_pretrained`` directory reads as its in-memory weights
+    do, and the directory we write (Qwen3-VL-MoE's experts in the published ``[E, H, 2I]`` / ``[E, I, H]``
+    orientation) loads in transformers as the very weights we wrote."""
+    from loongforge.interop.hf_checkpoint import write_hf_checkpoint
+
+    reference = reference_vlm(flavor)
+    theirs = reference.state_dict()
+    ours = vlm_from_hf(theirs, flavor)
+    assert _equal(vlm_to_hf(ours, flavor), theirs)
+    model = build_vlm(flavor, backend=world, seed=3)
     state = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
-    again = vlm_from_hf(vlm_to_hf(state, TINY), TINY)
-    assert sorted(again) == sorted(state) and all(torch.equal(again[k], state[k]) for k in state)
-    # config.json both ways: the interleaved M-RoPE and the DeepStack blocks survive; transformers reads it
-    config = hf_config_dict(TINY)
-    assert flavor_from_hf_config(config) == TINY
-    assert transformers.Qwen3VLConfig(**config).text_config.rope_parameters["mrope_interleaved"] is True
+    assert _equal(vlm_from_hf(vlm_to_hf(state, flavor), flavor), state)
+    # config.json both ways: the interleaved M-RoPE, the DeepStack blocks and the experts survive; transformers reads it
+    config = hf_config_dict(flavor)
+    assert flavor_from_hf_config(config) == flavor
+    config_class = getattr(transformers, flavor.hf_architecture.replace("ForConditionalGeneration", "Config"))
+    assert config_class(**config).text_config.rope_parameters["mrope_interleaved"] is True
+
+    reference.save_pretrained(tmp_path / "theirs")
+    assert _equal(_read_directory(tmp_path / "theirs", flavor), ours)
+    adapter = flavor.hf_adapter()
+    files = adapter.to_hf(state)
+    if flavor.foundation.num_experts:
+        text = flavor.foundation
+        stored = files["model.language_model.layers.2.mlp.experts.gate_up_proj"]
+        assert stored.shape == (text.num_experts, text.hidden_size, 2 * text.moe_ffn_hidden_size)
+    write_hf_checkpoint(tmp_path / "ours", files, adapter.config_json("fp32"))
+    loaded = getattr(transformers, flavor.hf_architecture).from_pretrained(tmp_path / "ours")
+    assert _equal(loaded.state_dict(), vlm_to_hf(state, flavor))
+    assert _equal(_read_directory(tmp_path / "ours", flavor), state)
 
 
 #: The published Qwen/Qwen3-VL-*-Instruct config.json values, written out here independently of the flavor table.
 _VISION = dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, patch_size=16,
                num_position_embeddings=2304, deepstack_visual_indexes=[8, 16, 24])
 _SMALL_VISION = dict(_VISION, depth=24, hidden_size=1024, intermediate_size=4096, deepstack_visual_indexes=[5, 11, 17])
-_TEXT = dict(vocab_size=151936, head_dim=128, rope_parameters={"rope_type": "default", "rope_theta": 5000000.0,
-                                                               "mrope_section": [24, 20, 20],
-                                                               "mrope_interleaved": True})
+_TEXT = dict(vocab_size=151936, head_dim=128, max_position_embeddings=262144,
+             rope_parameters={"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [24, 20, 20],
+                              "mrope_interleaved": True})
 PUBLISHED = {
     "qwen3-vl-2b": ("Qwen3VL", True, dict(_SMALL_VISION, out_hidden_size=2048), dict(
         _TEXT, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
@@ -136,10 +169,13 @@ PUBLISHED = {
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
-def test_real_flavors_have_the_parameter_count_of_transformers(name):
+def test_real_flavors_are_the_published_configs(name):
+    """Each real flavor is what its published config reads as (architecture, experts and router included) and has
+    transformers' parameter count."""
     prefix, tied, vision, text = PUBLISHED[name]
     config = getattr(transformers, f"{prefix}Config")(vision_config=vision, text_config=text,
                                                       tie_word_embeddings=tied)
+    assert flavor_from_hf_config(config.to_dict()) == FLAVORS[name]
     with torch.device("meta"):
         reference = getattr(transformers, f"{prefix}ForConditionalGeneration")(config)
     unique = {id(p): p.numel() for p in reference.parameters()}

@@ -1,5 +1,5 @@
-"""Qwen2-VL / Qwen2.5-VL checkpoints convert both ways bitwise; config.json reads into the same flavor and refuses
-what our model does not implement, in one line naming the file and key."""
+"""Qwen2-VL / Qwen2.5-VL checkpoints convert both ways bitwise (Qwen3-VL's: test_qwen3_vl.py); config.json reads into
+the same flavor and refuses what our model does not implement, in one line naming the file and key."""
 
 from __future__ import annotations
 
@@ -99,16 +99,26 @@ def test_published_flat_config_reads_as_the_named_flavor(name, config):
     assert flavor_from_hf_config(config) == FLAVORS[name]
 
 
-@pytest.mark.parametrize(("edit", "message"), [
-    (lambda c: c["text_config"].update(hidden_act="gelu"), r"text_config\.hidden_act='gelu' is not supported"),
-    (lambda c: c["text_config"].update(use_sliding_window=True), r"text_config\.use_sliding_window=True"),
-    (lambda c: c["text_config"]["rope_parameters"].pop("mrope_section"), r"text_config\.rope_parameters\.mrope_se"),
-    (lambda c: c["vision_config"].update(hidden_act="gelu"), r"vision_config\.hidden_act 'gelu'"),
-    (lambda c: c["vision_config"].update(hidden_size=64), r"vision_config\.hidden_size \(64\) must equal"),
-    (lambda c: c.update(architectures=["LlavaForConditionalGeneration"]), r"'LlavaForConditionalGeneration' is not"),
+@pytest.mark.parametrize(("name", "edit", "message"), [
+    ("qwen2-vl-tiny", lambda c: c["text_config"].update(hidden_act="gelu"),
+     r"text_config\.hidden_act='gelu' is not supported"),
+    ("qwen2-vl-tiny", lambda c: c["text_config"].update(use_sliding_window=True),
+     r"text_config\.use_sliding_window=True"),
+    ("qwen2-vl-tiny", lambda c: c["text_config"]["rope_parameters"].pop("mrope_section"),
+     r"text_config\.rope_parameters\.mrope_se"),
+    ("qwen2-vl-tiny", lambda c: c["vision_config"].update(hidden_act="gelu"), r"vision_config\.hidden_act 'gelu'"),
+    ("qwen2-vl-tiny", lambda c: c["vision_config"].update(hidden_size=64),
+     r"vision_config\.hidden_size \(64\) must equal"),
+    ("qwen2-vl-tiny", lambda c: c.update(architectures=["LlavaForConditionalGeneration"]),
+     r"'LlavaForConditionalGeneration' is not"),
+    # Qwen3-VL-MoE: dense layers between the routed ones (transformers' mlp_only_layers / decoder_sparse_step)
+    ("qwen3-vl-moe-tiny", lambda c: c["text_config"].update(mlp_only_layers=[1]),
+     r"text_config\.mlp_only_layers=\[1\] is not supported"),
+    ("qwen3-vl-moe-tiny", lambda c: c["text_config"].update(decoder_sparse_step=2),
+     r"text_config\.decoder_sparse_step=2 is not supported"),
 ])
-def test_unsupported_settings_are_one_line_errors(tmp_path, edit, message):
-    config = hf_config_dict(FLAVORS["qwen2-vl-tiny"])
+def test_unsupported_settings_are_one_line_errors(tmp_path, name, edit, message):
+    config = hf_config_dict(FLAVORS[name])
     edit(config)
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match=message) as caught:

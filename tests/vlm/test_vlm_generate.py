@@ -1,5 +1,5 @@
 """``loongforge generate --image`` writes transformers' greedy tokens, 16 of them, for tiny Qwen2-VL, Qwen2.5-VL and
-Qwen3-VL models.
+Qwen3-VL (dense and MoE) models.
 
 Each model is transformers' own class built from a config with widely spread random weights
 (:func:`vlm_reference.reference_model`), saved with ``save_pretrained`` beside a word-level tokenizer holding the
@@ -103,7 +103,8 @@ def _ours(capsys, source, paths, *options):
 
 #: (flavor, weight seed, also without the KV cache). Qwen2.5-VL-tiny ties its output layer to the embedding: seed 3
 #: is one whose greedy text does not settle on one repeated token.
-CASES = [("qwen2-vl-tiny", 0, True), ("qwen2.5-vl-tiny", 3, False), ("qwen3-vl-tiny", 0, True)]
+CASES = [("qwen2-vl-tiny", 0, True), ("qwen2.5-vl-tiny", 3, False), ("qwen3-vl-tiny", 0, True),
+         ("qwen3-vl-moe-tiny", 0, False)]
 
 
 @pytest.mark.parametrize(("name", "seed", "uncached"), CASES, ids=[case[0] for case in CASES])

@@ -1,6 +1,7 @@
-"""Videos beside images: logits of Qwen2-VL / Qwen2.5-VL / Qwen3-VL against transformers with several images and a
-video in one padded batch, the video pixels and frame sampling against transformers' own video processor code, the
-video field of the jsonl records (files, GIFs, frame directories; one-line errors) and a video sample that trains.
+"""Videos beside images: logits of Qwen2-VL / Qwen2.5-VL / Qwen3-VL (dense and MoE) against transformers with several
+images and a video in one padded batch, the video pixels and frame sampling against transformers' own video
+processor code, the video field of the jsonl records (files, GIFs, frame directories; one-line errors) and a video
+sample that trains.
 
 The reference configs are written here with transformers' config classes (never derived from our flavors); our
 model is the plugin's tiny flavor of the same sizes, loaded from the perturbed reference weights.
@@ -40,8 +41,12 @@ def _reference_config(name: str):
             vision_config=dict(_VISION, depth=4, num_heads=2, hidden_act="silu", hidden_size=32, intermediate_size=40,
                                out_hidden_size=48, window_size=16, fullatt_block_indexes=[1, 3], tokens_per_second=2),
             tie_word_embeddings=True, attn_implementation="eager", **_TOKENS)
-    return transformers.Qwen3VLConfig(
-        text_config=dict(_TEXT, num_hidden_layers=3, head_dim=16, attention_bias=False,
+    # Qwen3-VL, dense or with 6 experts of width 40 routed 2 per token in every layer (router: softmax, top-k,
+    # renormalised -- transformers' Qwen3VLMoeTextTopKRouter).
+    moe = name == "qwen3-vl-moe-tiny"
+    experts = dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=40) if moe else {}
+    return getattr(transformers, "Qwen3VLMoeConfig" if moe else "Qwen3VLConfig")(
+        text_config=dict(_TEXT, num_hidden_layers=3, head_dim=16, attention_bias=False, **experts,
                          rope_parameters={"rope_type": "default", "mrope_section": [4, 2, 2], "rope_theta": 100.0,
                                           "mrope_interleaved": True}),
         vision_config=dict(_VISION, depth=3, num_heads=4, hidden_act="gelu_pytorch_tanh", hidden_size=32,
@@ -94,7 +99,7 @@ def world():
         yield backend
 
 
-@pytest.mark.parametrize("name", ["qwen2-vl-tiny", "qwen2.5-vl-tiny", "qwen3-vl-tiny"])
+@pytest.mark.parametrize("name", ["qwen2-vl-tiny", "qwen2.5-vl-tiny", "qwen3-vl-tiny", "qwen3-vl-moe-tiny"])
 def test_images_and_a_video_in_one_batch_match_transformers(world, name):
     flavor = FLAVORS[name]
     config = _reference_config(name)

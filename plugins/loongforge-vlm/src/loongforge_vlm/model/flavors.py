@@ -188,7 +188,7 @@ class VLMFlavor(ModelFamily):
         for a composed one."""
         from loongforge_vlm.model.hf_adapter import ARCHITECTURES, INTERNVL_ARCHITECTURE, VLMHFAdapter
 
-        if self.hf_architecture not in (*ARCHITECTURES, INTERNVL_ARCHITECTURE) or self.foundation.num_experts:
+        if self.hf_architecture not in (*ARCHITECTURES, INTERNVL_ARCHITECTURE):
             return None
         return VLMHFAdapter(self)
 
@@ -318,15 +318,16 @@ def _qwen3_text(**kw: Any) -> DecoderFlavor:
 
 
 def _qwen3_moe_text(**kw: Any) -> DecoderFlavor:
-    # head_dim 128 with twice as many heads as hidden_size / 128 (``None`` where they agree, as configs read back)
-    return _qwen3_text(family="qwen3-moe", moe_router_topk=8, num_experts=128, head_dim=128,
-                       hf_architecture="Qwen3MoeForCausalLM", **kw)
+    """A Qwen3-MoE decoder as Qwen3-VL-MoE runs it: every layer routed, the chosen softmax probabilities always
+    renormalised (transformers' ``Qwen3VLMoeTextTopKRouter`` has no ``norm_topk_prob`` switch), the published
+    ``router_aux_loss_coef``."""
+    base = dict(family="qwen3-moe", moe_router_topk=8, num_experts=128, head_dim=128, moe_aux_loss_coeff=0.001,
+                moe_norm_topk_prob=True, hf_architecture="Qwen3MoeForCausalLM")
+    return _qwen3_text(**{**base, **kw})
 
 
 def _qwen3_vl(encoder: str, text: DecoderFlavor) -> VLMFlavor:
-    # The MoE sizes have no Hugging Face layout here yet: their files store the experts transposed
-    # (Qwen3VLMoeForConditionalGeneration), which the conversion does not read, so convert refuses them in one line.
-    architecture = None if text.num_experts else "Qwen3VLForConditionalGeneration"
+    architecture = "Qwen3VLMoeForConditionalGeneration" if text.num_experts else "Qwen3VLForConditionalGeneration"
     return VLMFlavor(encoder=QWEN_VIT_FLAVORS[encoder], foundation=text, hf_architecture=architecture, **_QWEN_TOKENS)
 
 
@@ -380,6 +381,13 @@ FLAVORS: dict[str, VLMFlavor] = {
         num_layers=3, hidden_size=48, ffn_hidden_size=96, num_attention_heads=4, num_query_groups=2, head_dim=16,
         vocab_size=384, max_position_embeddings=1024, mrope_section=(4, 2, 2), rope_theta=100.0),
         hf_architecture="Qwen3VLForConditionalGeneration", **_TINY_TOKENS),
+    # Qwen3-VL-MoE-tiny: the same tower and attention before Qwen3-MoE layers of 6 experts, 2 routed per token, each
+    # 40 wide (2 * 40 != 48, so a gate_up_proj stored [E, H, 2I] cannot pass for the in-memory [E, 2I, H]).
+    "qwen3-vl-moe-tiny": VLMFlavor(encoder=QWEN_VIT_FLAVORS["qwen3-vl-vit-tiny"], foundation=_qwen3_moe_text(
+        num_layers=3, hidden_size=48, ffn_hidden_size=96, num_attention_heads=4, num_query_groups=2, head_dim=16,
+        vocab_size=384, max_position_embeddings=1024, mrope_section=(4, 2, 2), rope_theta=100.0, num_experts=6,
+        moe_router_topk=2, moe_ffn_hidden_size=40),
+        hf_architecture="Qwen3VLMoeForConditionalGeneration", **_TINY_TOKENS),
     # The published Qwen/Qwen3-VL-*-Instruct config.json values (text_config and vision_config).
     "qwen3-vl-2b": _qwen3_vl("qwen3-vl-2b-vit", _qwen3_text(
         num_layers=28, hidden_size=2048, ffn_hidden_size=6144, num_attention_heads=16, num_query_groups=8,

@@ -1,13 +1,15 @@
-"""The VLM family's side of core's Hugging Face crossing: a reader of Qwen2-VL / Qwen2.5-VL / Qwen3-VL / InternVL
-``config.json`` files and the adapter of their tensors (:class:`loongforge.models.family.HFReader`,
+"""The VLM family's side of core's Hugging Face crossing: a reader of Qwen2-VL / Qwen2.5-VL / Qwen3-VL (dense and
+MoE) / InternVL ``config.json`` files and the adapter of their tensors (:class:`loongforge.models.family.HFReader`,
 :class:`loongforge.models.family.HFAdapter`).
 
 Why registered with core: every command that reads a Hugging Face directory through core (``loongforge generate``,
 ``diff``, ``model.load: hf:``) finds its model by the architecture registry and fills it through the family's
 adapter, so a VLM directory is read there exactly as ``loongforge convert`` reads it. Both directions are
 :mod:`loongforge_vlm.model.hf_interop`'s mappings; file names are the ones ``save_pretrained`` writes
-(:func:`~loongforge_vlm.model.hf_interop.saved_layout`), and the tensors a directory must hold are derived from
-the same mapping on shape-only (meta) tensors, so the check and the load cannot disagree.
+(:func:`~loongforge_vlm.model.hf_interop.saved_layout`; Qwen3-VL-MoE's expert tensors are read in either of the
+orientations transformers reads, :func:`~loongforge_vlm.model.hf_interop.in_memory_layout`), and the tensors a
+directory must hold are derived from the same mapping on shape-only (meta) tensors, so the check and the load cannot
+disagree.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen2VLForConditionalGeneration": ("qwen2-vl", "qwen2_vl"),
     "Qwen2_5_VLForConditionalGeneration": ("qwen2.5-vl", "qwen2_5_vl"),
     "Qwen3VLForConditionalGeneration": ("qwen3-vl", "qwen3_vl"),
+    "Qwen3VLMoeForConditionalGeneration": ("qwen3-vl", "qwen3_vl_moe"),
 }
 #: InternVL's architecture and ``model_type`` (:mod:`loongforge_vlm.model.internvl_interop` maps its tensors).
 INTERNVL_ARCHITECTURE, INTERNVL_MODEL_TYPE = "InternVLForConditionalGeneration", "internvl"
@@ -60,9 +63,9 @@ class VLMHFAdapter:
     def from_hf(self, tensors: dict[str, Any], *, padded_vocab_size: int | None = None) -> dict[str, Any]:
         """Ours from the stored tensors; the vocabulary is padded as the TP=1 model pads it (what a standalone
         model, the one core fills from a directory, holds)."""
-        from loongforge_vlm.model.hf_interop import from_hf
+        from loongforge_vlm.model.hf_interop import from_hf, in_memory_layout
 
-        return from_hf(tensors, self.flavor)
+        return from_hf(in_memory_layout(tensors, self.flavor), self.flavor)
 
     def tensor_shapes(self, stored: Collection[str]) -> dict[str, tuple[int, ...] | None]:
         """The stored tensors of this model: the mapping of our state dict built on the meta device, under the
@@ -71,7 +74,7 @@ class VLMHFAdapter:
         from loongforge.models.decoder_model import padded_vocab_size
         from loongforge.models.hf_adapter import hf_tensor_shapes, hf_to_megatron
 
-        from loongforge_vlm.model.hf_interop import saved_layout, to_hf
+        from loongforge_vlm.model.hf_interop import EXPERT_TENSORS, MOE_ARCHITECTURE, saved_layout, to_hf
         from loongforge_vlm.model.vlm import _vision_parts
 
         text = self.flavor.foundation
@@ -87,6 +90,8 @@ class VLMHFAdapter:
         saved, stored = saved_layout(in_memory, self.flavor), set(stored)
         names = saved if len(stored & set(saved)) >= len(stored & set(in_memory)) else in_memory
         shapes: dict[str, tuple[int, ...] | None] = {k: tuple(v.shape) for k, v in names.items()}
+        if self.flavor.hf_architecture == MOE_ARCHITECTURE:  # two orientations: their shapes are checked on reading
+            shapes.update({name: None for name in shapes if name.endswith(EXPERT_TENSORS)})
         if text.tie_word_embeddings:
             shapes.setdefault("lm_head.weight", None)  # transformers may store the tied output layer again
         return shapes

@@ -1,15 +1,20 @@
-"""transformers' Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoints <->
+"""transformers' Qwen2-VL / Qwen2.5-VL / Qwen3-VL (dense and MoE) checkpoints <->
 :class:`~loongforge_vlm.model.vlm.VisionLanguageModel`.
 
-A whole checkpoint is two checkpoints side by side, and each half goes through the adapter that already exists
-for it: the vision tower (``model.visual.*``) through :mod:`loongforge_vlm.encoders.qwen_vit_adapter`, the
-language model (``model.language_model.*`` + ``lm_head``) through core's :mod:`loongforge.models.hf_adapter`
-(a Qwen2 decoder; Qwen3's for Qwen3-VL). Our state dict is ``encoder.*`` + ``language_model.*`` (megatron names,
-vocabulary padded as ``build_model`` pads it at TP=1). Both directions are reshapes, concatenations and slices, so
-``ours -> HF -> ours`` and ``HF -> ours -> HF`` are bitwise (padded vocabulary rows come back as zeros).
-transformers 5 names are written; the published pre-v5 files (``visual.*``, ``model.*``) are read too. Qwen3-VL's
-published files already use the transformers 5 names. Qwen3-VL-MoE (A3B/A22B) is not converted yet: its files
-store the experts transposed, which core's Qwen3-MoE adapter does not read.
+A whole checkpoint is two checkpoints side by side, and each half goes through the adapter that already exists for
+it: the vision tower (``model.visual.*``) through :mod:`loongforge_vlm.encoders.qwen_vit_adapter`, the language
+model (``model.language_model.*`` + ``lm_head``) through core's :mod:`loongforge.models.hf_adapter` (a Qwen2
+decoder; Qwen3's for Qwen3-VL, Qwen3-MoE's for Qwen3-VL-MoE). Our state dict is ``encoder.*`` + ``language_model.*``
+(megatron names, vocabulary padded as ``build_model`` pads it at TP=1). Both directions are reshapes, concatenations
+and slices, so ``ours -> HF -> ours`` and ``HF -> ours -> HF`` are bitwise (padded vocabulary rows come back as
+zeros). transformers 5 names are written; the published pre-v5 files (``visual.*``, ``model.*``) are read too.
+Qwen3-VL's published files already use the transformers 5 names. Qwen3-VL-MoE's modules hold each layer's experts
+fused as core's Qwen3-MoE adapter reads them (``experts.gate_up_proj`` ``[E, 2I, H]``, ``experts.down_proj``
+``[E, H, I]``); the published files store both transposed (``[E, H, 2I]``, ``[E, I, H]``), transformers 5's
+``save_pretrained`` writes the in-memory orientation, and transformers reads either, transposing a tensor whose
+shape is not its module's. :func:`saved_layout` writes the published orientation (which transformers 5 transposes on
+load, as it does the published files) and :func:`in_memory_layout` reads both by transformers' rule, so
+:func:`to_hf` / :func:`from_hf` speak the in-memory layout only.
 
 ``config.json`` <-> :class:`~loongforge_vlm.model.flavors.VLMFlavor`: the nested (transformers 5) and the flat
 published layout are read; a setting our model does not implement is a one-line :class:`ConfigError` naming the
@@ -38,9 +43,19 @@ from loongforge_vlm.model import internvl_interop
 from loongforge_vlm.model.flavors import VLMFlavor
 from loongforge_vlm.model.hf_adapter import ARCHITECTURES
 
-#: The core decoder family (and its transformers class) of each encoder family's language model.
-_TEXT_FAMILIES = {"qwen2-vl": ("qwen2", "Qwen2ForCausalLM"), "qwen2.5-vl": ("qwen2", "Qwen2ForCausalLM"),
-                  "qwen3-vl": ("qwen3", "Qwen3ForCausalLM")}
+#: The core decoder family (and its transformers class) of each architecture's language model.
+_TEXT_FAMILIES = {"Qwen2VLForConditionalGeneration": ("qwen2", "Qwen2ForCausalLM"),
+                  "Qwen2_5_VLForConditionalGeneration": ("qwen2", "Qwen2ForCausalLM"),
+                  "Qwen3VLForConditionalGeneration": ("qwen3", "Qwen3ForCausalLM"),
+                  "Qwen3VLMoeForConditionalGeneration": ("qwen3-moe", "Qwen3MoeForCausalLM")}
+#: The one architecture whose decoder is routed (the stored expert orientation is its own, see the module docstring).
+MOE_ARCHITECTURE = "Qwen3VLMoeForConditionalGeneration"
+#: Qwen3VLMoeTextConfig's defaults of its MoE keys. Every layer is routed (``decoder_sparse_step`` 1, no
+#: ``mlp_only_layers``) in all published sizes, the only form read.
+_MOE_TEXT_DEFAULTS = {"num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+                      "router_aux_loss_coef": 0.001, "decoder_sparse_step": 1, "mlp_only_layers": []}
+#: Name endings of a Qwen3-VL-MoE layer's fused expert tensors (stored in two orientations).
+EXPERT_TENSORS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 VISUAL, LANGUAGE, LM_HEAD = "model.visual.", "model.language_model.", "lm_head.weight"
 _LEGACY_VISUAL, _LEGACY_LANGUAGE = "visual.", "model."
 _TOKEN_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
@@ -109,8 +124,17 @@ def _vision_flavor(vision: Mapping[str, Any], family: str, out_dim: int, where: 
     return flavor
 
 
-def _text_flavor(text: Mapping[str, Any], tied: bool, where: str, prefix: str, family: str) -> Any:
-    t = {**_TEXT_DEFAULTS, **{k: x for k, x in text.items() if x is not None}}
+def _text_flavor(text: Mapping[str, Any], tied: bool, where: str, prefix: str, architecture: str) -> Any:
+    moe = architecture == MOE_ARCHITECTURE
+    t = {**_TEXT_DEFAULTS, **(_MOE_TEXT_DEFAULTS if moe else {}), **{k: x for k, x in text.items() if x is not None}}
+    if moe:
+        for key, needed in (("decoder_sparse_step", 1), ("mlp_only_layers", [])):
+            if t[key] != needed:
+                raise ConfigError(f"{where}: {prefix}{key}={t[key]!r} is not supported (needs {needed!r}: every "
+                                  "decoder layer routed)")
+        # transformers' Qwen3VLMoeTextTopKRouter always renormalises the chosen probabilities, whatever
+        # norm_topk_prob a file carries; so does ours (core's reader reads a missing key as true).
+        t.pop("norm_topk_prob", None)
     for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
         if not isinstance(t.get(key), int):
             raise ConfigError(f"{where}: key {prefix}{key} is missing or not an integer")
@@ -124,8 +148,8 @@ def _text_flavor(text: Mapping[str, Any], tied: bool, where: str, prefix: str, f
         raise ConfigError(f"{where}: {prefix}rope_parameters.rope_type {rope.get('rope_type')!r} is not supported "
                           "(needs 'default')")
     rope = {"rope_theta": t.get("rope_theta", 1000000.0), **rope}
-    text_family, architecture = _TEXT_FAMILIES[family]
-    values = {**t, "rope_parameters": rope, "tie_word_embeddings": tied, "architectures": [architecture]}
+    text_family, text_architecture = _TEXT_FAMILIES[architecture]
+    values = {**t, "rope_parameters": rope, "tie_word_embeddings": tied, "architectures": [text_architecture]}
     try:
         return text_flavor_from_hf_config(SimpleNamespace(**values), family=text_family)
     except ConfigError as exc:
@@ -140,8 +164,10 @@ def flavor_from_hf_config(raw: Mapping[str, Any], *, where: str = "config.json")
     architecture, family = _family(raw, where)
     nested = isinstance(raw.get("text_config"), Mapping)
     text = raw["text_config"] if nested else raw
-    tied = bool(raw.get("tie_word_embeddings") or text.get("tie_word_embeddings"))
-    foundation = _text_flavor(text, tied, where, "text_config." if nested else "", family)
+    # transformers ties the output layer by the top-level key; a text_config's own (Qwen3VLMoeTextConfig defaults
+    # it to true) counts only where the top level has none.
+    tied = bool(raw["tie_word_embeddings"] if "tie_word_embeddings" in raw else text.get("tie_word_embeddings"))
+    foundation = _text_flavor(text, tied, where, "text_config." if nested else "", architecture)
     if not isinstance(raw.get("vision_config"), Mapping):
         raise ConfigError(f"{where}: key vision_config is missing")
     encoder = _vision_flavor(raw["vision_config"], family, foundation.hidden_size, where)
@@ -167,7 +193,7 @@ def read_hf_config(directory: str | Path) -> VLMFlavor:
 
 def hf_config_dict(flavor: VLMFlavor, dtype: str = "float32") -> dict[str, Any]:
     """The transformers 5 ``config.json`` of ``flavor`` (``Qwen2VLConfig(**d)`` / ``Qwen2_5_VLConfig(**d)`` /
-    ``Qwen3VLConfig(**d)``; InternVL's is :func:`internvl_interop.hf_config_dict`'s)."""
+    ``Qwen3VLConfig(**d)`` / ``Qwen3VLMoeConfig(**d)``; InternVL's is :func:`internvl_interop.hf_config_dict`'s)."""
     if flavor.hf_architecture == internvl_interop.ARCHITECTURE:
         return internvl_interop.hf_config_dict(flavor, dtype)
     if flavor.hf_architecture not in ARCHITECTURES or not isinstance(flavor.encoder, QwenViTFlavor):
@@ -188,6 +214,8 @@ def hf_config_dict(flavor: VLMFlavor, dtype: str = "float32") -> dict[str, Any]:
         text_config["rope_parameters"]["mrope_interleaved"] = text.mrope_interleaved
     else:
         text_config["use_sliding_window"] = False
+    if flavor.hf_architecture == MOE_ARCHITECTURE:
+        text_config.update(_moe_text_config(text))
     vision_config: dict[str, Any] = dict(
         model_type=f"{model_type}_vision", depth=vit.num_layers, num_heads=vit.num_heads,
         in_channels=vit.in_channels, patch_size=vit.patch_size, temporal_patch_size=vit.temporal_patch_size,
@@ -210,6 +238,17 @@ def hf_config_dict(flavor: VLMFlavor, dtype: str = "float32") -> dict[str, Any]:
     return {"architectures": [flavor.hf_architecture], "model_type": model_type, "dtype": dtype,
             "tie_word_embeddings": text.tie_word_embeddings, "text_config": text_config,
             "vision_config": vision_config, **{key: getattr(flavor, key) for key in _TOKEN_KEYS}}
+
+
+def _moe_text_config(text: Any) -> dict[str, Any]:
+    """The MoE keys of a Qwen3-VL-MoE ``text_config``; a decoder its router or layers cannot express is refused."""
+    if not text.num_experts or not text.moe_norm_topk_prob or text.moe_shared_expert_intermediate_size:
+        raise ConfigError("Qwen3VLMoeForConditionalGeneration: the decoder needs routed experts with renormalised "
+                          "top-k probabilities and no shared expert (num_experts set, moe_norm_topk_prob true, "
+                          "moe_shared_expert_intermediate_size null)")
+    return dict(num_experts=text.num_experts, num_experts_per_tok=text.moe_router_topk,
+                moe_intermediate_size=text.moe_ffn_hidden_size, router_aux_loss_coef=text.moe_aux_loss_coeff,
+                decoder_sparse_step=1, mlp_only_layers=[])
 
 
 # -- state dicts ----------------------------------------------------------------------------------------------
@@ -278,7 +317,7 @@ def saved_layout(state: Mapping[str, torch.Tensor], flavor: VLMFlavor) -> dict[s
     if any(name.startswith(internvl_interop.VISION) for name in state):
         return internvl_interop.saved_layout(state)
     if flavor.encoder.family == "qwen3-vl":
-        return dict(state)
+        return _transposed_experts(state, flavor)
     renamed = {}
     for name, tensor in state.items():
         if name.startswith(VISUAL):
@@ -287,6 +326,34 @@ def saved_layout(state: Mapping[str, torch.Tensor], flavor: VLMFlavor) -> dict[s
             name = _LEGACY_LANGUAGE + name[len(LANGUAGE):]
         renamed[name] = tensor
     return renamed
+
+
+def in_memory_layout(state: Mapping[str, torch.Tensor], flavor: VLMFlavor) -> dict[str, torch.Tensor]:
+    """The tensors of a checkpoint directory as transformers' modules hold them (what :func:`from_hf` reads):
+    Qwen3-VL-MoE's fused experts transposed where their shape is not the module's, as transformers loads them (an
+    expert tensor that is square in its last two dimensions is taken as it is, as transformers takes it). Other
+    layouts pass as they are (their file names are read directly)."""
+    if flavor.hf_architecture != MOE_ARCHITECTURE:
+        return dict(state)
+    text = flavor.foundation
+    experts, width, hidden = text.num_experts, text.moe_ffn_hidden_size, text.hidden_size
+    module_shapes = dict(zip(EXPERT_TENSORS, ((experts, 2 * width, hidden), (experts, hidden, width)), strict=True))
+    out = {}
+    for name, tensor in state.items():
+        kind = next((k for k in EXPERT_TENSORS if name.endswith(k)), None)
+        if kind is not None and tuple(tensor.shape) != module_shapes[kind]:
+            tensor = tensor.transpose(1, 2).contiguous()
+        out[name] = tensor
+    return out
+
+
+def _transposed_experts(state: Mapping[str, torch.Tensor], flavor: VLMFlavor) -> dict[str, torch.Tensor]:
+    """Qwen3-VL-MoE's fused expert tensors in the published orientation (``[E, H, 2I]``, ``[E, I, H]``), the rest
+    as they are; a dense model's state unchanged."""
+    if flavor.hf_architecture != MOE_ARCHITECTURE:
+        return dict(state)
+    return {name: tensor.transpose(1, 2).contiguous() if name.endswith(EXPERT_TENSORS) else tensor
+            for name, tensor in state.items()}
 
 
 def to_hf(state: Mapping[str, torch.Tensor], flavor: VLMFlavor) -> dict[str, torch.Tensor]:
