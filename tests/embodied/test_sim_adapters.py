@@ -189,10 +189,11 @@ def test_simpler_adapter(fake_sims):
 
 
 def test_environment_names():
-    """An unknown prefix lists the known ones; a simulator whose package is absent names the extra to install."""
+    """An unknown prefix lists the known ones; a simulator whose package is absent says how to install it."""
     with pytest.raises(SimEnvironmentError, match="unknown environment prefix 'maniskill'.*libero:, calvin:"):
         make_env("maniskill:PickCube-v1")
-    for name, extra in ((LIBERO, "libero"), ("calvin:open_drawer", "calvin"), ("simpler:widowx_stack_cube",
-                                                                              "simpler")):
-        with pytest.raises(SimEnvironmentError, match=rf"pip install 'loongforge-embodied\[{extra}\]'"):
+    for name, install in ((LIBERO, r"LIBERO does not import .*pip install 'loongforge-embodied\[libero\]'"),
+                          ("calvin:open_drawer", "calvin_env from the CALVIN repository"),
+                          ("simpler:widowx_stack_cube", "SimplerEnv and its ManiSkill2_real2sim")):
+        with pytest.raises(SimEnvironmentError, match=install):
             make_env(name)

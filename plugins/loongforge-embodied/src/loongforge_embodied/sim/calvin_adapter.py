@@ -47,6 +47,8 @@ MAX_STEPS = 360
 CONTROL_FREQ = 30
 DATASET_ENV = "CALVIN_DATASET"
 CONF_ENV = "CALVIN_CONF"
+#: calvin_env is not on the package registry.
+INSTALL = "install calvin_env from the CALVIN repository (pip install -e calvin_env in its checkout)"
 #: CALVIN's task definitions and instructions, relative to ``calvin_models/conf``.
 TASKS_CONFIG = Path("callbacks/rollout/tasks/new_playtable_tasks.yaml")
 ANNOTATIONS = Path("annotations/new_playtable_validation.yaml")
@@ -60,7 +62,7 @@ def _calvin() -> tuple[Any, Any, Path]:
         from calvin_env.envs.play_table_env import get_env
         from calvin_env.envs.tasks import Tasks
     except ImportError as err:
-        raise missing_package("CALVIN (calvin_env)", "calvin", err) from err
+        raise missing_package("CALVIN (calvin_env)", INSTALL, err) from err
     default = Path(calvin_env.__file__).resolve().parents[2] / "calvin_models" / "conf"
     return get_env, Tasks, Path(os.environ.get(CONF_ENV) or default)
 

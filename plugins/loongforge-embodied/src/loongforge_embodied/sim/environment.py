@@ -70,15 +70,14 @@ class SimEnvironment(Protocol):
     def close(self) -> None: ...
 
 
-#: Name prefix -> ``module:class`` of its adapter (modules under ``loongforge_embodied.sim``), and the extra that
-#: installs the package it drives.
+#: Name prefix -> ``module:class`` of its adapter (modules under ``loongforge_embodied.sim``).
 ADAPTERS = {
-    "libero": ("libero_adapter:LiberoEnv", "libero"),
-    "calvin": ("calvin_adapter:CalvinEnv", "calvin"),
-    "simpler": ("simpler_adapter:SimplerEnv", "simpler"),
+    "libero": "libero_adapter:LiberoEnv",
+    "calvin": "calvin_adapter:CalvinEnv",
+    "simpler": "simpler_adapter:SimplerEnv",
 }
 #: Names without a prefix are Meta-World tasks.
-DEFAULT_ADAPTER = ("metaworld_env:MetaWorldEnv", "sim")
+DEFAULT_ADAPTER = "metaworld_env:MetaWorldEnv"
 
 
 def adapter_class(name: str) -> type:
@@ -87,7 +86,7 @@ def adapter_class(name: str) -> type:
     if sep and prefix not in ADAPTERS:
         raise SimEnvironmentError(f"unknown environment prefix '{prefix}' in '{name}'; known: "
                                   f"{', '.join(f'{p}:' for p in ADAPTERS)} (or a Meta-World task such as reach-v3)")
-    target = ADAPTERS[prefix][0] if sep else DEFAULT_ADAPTER[0]
+    target = ADAPTERS[prefix] if sep else DEFAULT_ADAPTER
     module, _, cls = target.partition(":")
     return getattr(importlib.import_module(f"loongforge_embodied.sim.{module}"), cls)
 
@@ -105,10 +104,10 @@ def spec_of(name: str, prefix: str) -> str:
     return spec
 
 
-def missing_package(package: str, extra: str, err: BaseException) -> SimEnvironmentError:
-    """The one-line error for an adapter whose simulator package does not import."""
-    return SimEnvironmentError(f"{package} does not import ({type(err).__name__}: {err}); "
-                               f"pip install 'loongforge-embodied[{extra}]'")
+def missing_package(package: str, install: str, err: BaseException) -> SimEnvironmentError:
+    """The one-line error for an adapter whose simulator package does not import: what failed and ``install``,
+    how to get it."""
+    return SimEnvironmentError(f"{package} does not import ({type(err).__name__}: {err}); {install}")
 
 
 def check_cameras(cameras: Sequence[str], known: Sequence[str], simulator: str) -> tuple[str, ...]:

@@ -63,7 +63,7 @@ def _libero() -> tuple[Any, Any, Any]:
         from libero.libero import benchmark, get_libero_path
         from libero.libero.envs import OffScreenRenderEnv
     except ImportError as err:
-        raise missing_package("LIBERO", "libero", err) from err
+        raise missing_package("LIBERO", "pip install 'loongforge-embodied[libero]'", err) from err
     return benchmark, get_libero_path, OffScreenRenderEnv
 
 

@@ -33,6 +33,8 @@ from loongforge_embodied.sim.environment import (
     spec_of,
 )
 
+#: SimplerEnv is not on the package registry.
+INSTALL = "install SimplerEnv and its ManiSkill2_real2sim from their repositories (pip install -e in each checkout)"
 #: The main camera per robot (the robot uid holds the key), as SimplerEnv's observation helper picks it.
 MAIN_CAMERAS = {"google_robot": "overhead_camera", "widowx": "3rd_view_camera"}
 
@@ -41,7 +43,7 @@ def _simpler() -> Any:
     try:
         import simpler_env
     except ImportError as err:
-        raise missing_package("SimplerEnv (simpler_env)", "simpler", err) from err
+        raise missing_package("SimplerEnv (simpler_env)", INSTALL, err) from err
     return simpler_env
 
 
