@@ -5,7 +5,7 @@ the expert reads the object's and the basket's positions from the simulator (pri
 policies do) and drives the end effector through waypoints with OSC_POSE position deltas, orientation held:
 
 1. above the object, gripper open; 2. down to grasp height; 3. close the gripper (a fixed number of steps);
-4. lift; 5. above the basket; 6. lower a little and open the gripper, then hold.
+4. lift; 5. above the basket; 6. lower a little; then open the gripper and hold.
 
 The object's position is re-read every step until the grasp (objects settle or roll), the basket's when the
 carry starts. Not every initial state gives a clean grasp; the collector keeps only episodes that succeed.
@@ -22,8 +22,8 @@ import numpy as np
 GAIN = 10.0
 #: Heights (m, world frame) relative to the object's origin or absolute.
 ABOVE, GRASP, CARRY, RELEASE_ABOVE_BASKET = 0.10, 0.01, 0.30, 0.12
-#: Steps the gripper takes to close and to open.
-CLOSE_STEPS, OPEN_STEPS = 15, 12
+#: Steps the gripper is given to close before lifting.
+CLOSE_STEPS = 15
 #: A waypoint counts as reached within this distance (m).
 REACHED = 0.012
 OPEN, CLOSED = -1.0, 1.0
@@ -67,9 +67,8 @@ class PickPlaceExpert:
         elif self.phase == 5:
             target, gripper = self.target_basket, CLOSED
             self._advance(np.linalg.norm(target - eef) < REACHED * 2)
-        else:
+        else:  # released over the basket: hold still with the gripper open
             target = self.target_basket
-            self.count += 1
         action = np.zeros(7)
         action[:3] = np.clip((target - eef) * GAIN, -1.0, 1.0)
         action[6] = gripper
