@@ -42,6 +42,8 @@ WEIGHTS = "needs a published checkpoint downloaded beforehand"
 NETWORK_MODEL = "downloads a published model from the Hugging Face Hub (tests/core/test_hub_ids.py runs it offline)"
 SYNOPSIS = "a synopsis with placeholders (CONFIG, N, ...), not a command to paste"
 SERVER = "a tool that serves until stopped (TensorBoard)"
+LIBERO = ("needs the [libero] extra (350 MB of LIBERO assets) and half an hour of a busy CPU; "
+          "tests/embodied/test_sim_adapters.py runs the same path against a FAKE LIBERO")
 
 #: file -> {beginning of a command: why it is not run}. A command is excluded by the first entry it starts with.
 EXCLUDED: dict[str, dict[str, str]] = {
@@ -109,6 +111,9 @@ EXCLUDED: dict[str, dict[str, str]] = {
         "pip install": NETWORK,
         "loongforge convert hf-to-mcore pi05_base": WEIGHTS,
         "loongforge convert mcore-to-hf ckpt/pi05-base.safetensors": WEIGHTS,
+        "loongforge collect data/libero": LIBERO,
+        "loongforge train configs/embodied-metaworld-reach.yaml run.name=libero-object0": LIBERO,
+        "loongforge eval runs/libero-object0": LIBERO,
     },
 }
 

@@ -71,6 +71,8 @@ class PaintedEnv:
     """Stands in for the simulator: ``render`` paints frame ``n`` with the value ``40 * n`` (a few colours, which a
     GIF palette keeps exactly)."""
 
+    video_camera = "corner"
+
     def __init__(self) -> None:
         self.frames = 0
 
@@ -109,9 +111,9 @@ def test_recorder_writes_each_episode_under_its_outcome(tmp_path, video_format):
     (["--videos", "--video-size", "33"], "--video-size 33 is odd; H.264 (mp4) needs an even frame side"),
     (["--env", "no-such-v3"], "unknown Meta-World task 'no-such-v3'; known: assembly-v3, "),
     (["--replan", "0"], "--replan 0 must be between 1 and the policy's horizon 10"),
-    (["--max-steps", "501"], "--max-steps 501 must be between 1 and Meta-World's limit 500"),
+    (["--max-steps", "501"], "--max-steps 501 must be between 1 and reach-v3's limit 500"),
     (["--seeds", "0"], "--seeds 0 must be at least 1 (the number of episodes)"),
-    (["--first-seed", "-1"], "--first-seed -1 --seeds 1 gives seeds -1..-1; Meta-World seeds must lie in 0.."),
+    (["--first-seed", "-1"], "--first-seed -1 --seeds 1 gives seeds -1..-1; seeds must lie in 0.."),
     (["--first-seed", str(2**32 - 1), "--seeds", "2"], f"--first-seed {2**32 - 1} --seeds 2 gives seeds"),
     (["--batch", "0"], "--batch 0 must be at least 1 (episodes run side by side)"),
     (["--threads", "0"], "--threads 0 must be at least 1"),

@@ -1,8 +1,12 @@
-"""Closed-loop simulation for VLA policies: Meta-World tasks, expert data collection, a policy server and client,
-and success-rate evaluation (``pip install "loongforge-embodied[sim,serve]"``).
+"""Closed-loop simulation for VLA policies: Meta-World and LIBERO tasks (CALVIN and SimplerEnv adapters too), expert
+data collection, a policy server and client, and success-rate evaluation (``pip install
+"loongforge-embodied[sim,serve]"``; ``[libero]`` for LIBERO).
 
 Importing this package is free (no MuJoCo, torch or websockets): the names below load on first use. Modules:
 
+- :mod:`~loongforge_embodied.sim.environment`: ``make_env(name)``, the one interface every simulator is adapted to
+  (``reach-v3``, ``libero:libero_object/0``, ``calvin:open_drawer``, ``simpler:widowx_carrot_on_plate``); adapters in
+  ``libero_adapter``, ``calvin_adapter``, ``simpler_adapter``; LIBERO's scripted expert in ``libero_expert``
 - :mod:`~loongforge_embodied.sim.metaworld_env`: ``MetaWorldEnv`` (episodes that are a function of a seed), task
   texts, Meta-World's scripted experts
 - :mod:`~loongforge_embodied.sim.collect`: ``loongforge collect`` expert -> LeRobotDataset
@@ -20,6 +24,9 @@ from __future__ import annotations
 from loongforge.lazy import lazy_exports
 
 _EXPORTS = {
+    "make_env": "environment",
+    "Observation": "environment",
+    "SimEnvironment": "environment",
     "MetaWorldEnv": "metaworld_env",
     "task_text": "metaworld_env",
     "expert": "metaworld_env",

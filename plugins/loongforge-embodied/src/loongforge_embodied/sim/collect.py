@@ -1,10 +1,12 @@
-"""Record Meta-World's scripted expert as a LeRobotDataset a policy trains on.
+"""Record a simulator's scripted expert as a LeRobotDataset a policy trains on.
 
 ``loongforge collect ROOT --env reach-v3 --episodes 50 --seed 0`` plays the expert on seeds
 ``seed, seed + 1, ...`` until ``episodes`` of them succeeded and writes those with our LeRobot writer:
-``observation.state`` (the 39 observation values, float32), ``action`` (4, float32, clipped to [-1, 1]), the task
-text of :func:`~loongforge_embodied.sim.metaworld_env.task_text` and, with ``--cameras``, one video per camera, at
-Meta-World's control rate (80 fps).
+``observation.state`` (the environment's state, float32), ``action`` (float32, clipped to [-1, 1]), the task
+text and, with ``--cameras``, one video per camera, at the environment's control rate. Environments with a scripted
+expert: Meta-World (its own scripted policies: 39 state values, 4 actions, 80 fps) and LIBERO's pick-and-place
+tasks (``--env libero:libero_object/0``: :mod:`~loongforge_embodied.sim.libero_expert`; 14 state values, 7
+actions, 20 fps).
 
 Episode end: an episode stops ``tail`` steps after the first step that reports success (so a policy also sees the
 hold at the goal: the expert keeps acting for those steps), or after ``max_steps`` steps. An expert episode that
@@ -26,7 +28,7 @@ from loongforge.errors import LoongForgeError
 from loongforge.progress import job_progress
 
 from loongforge_embodied.data.lerobot_writer import EpisodeData, VideoOptions, write_lerobot_dataset
-from loongforge_embodied.sim.metaworld_env import MetaWorldEnv, expert
+from loongforge_embodied.sim.environment import SimEnvironment, SimEnvironmentError, make_env
 
 #: Written next to LeRobot's metadata: how the set was made.
 REPORT_PATH = "meta/collect.json"
@@ -54,15 +56,18 @@ class CollectReport:
         return len(self.seeds) / max(1, len(self.seeds) + len(self.failed_seeds))
 
 
-def expert_episode(env: MetaWorldEnv, seed: int, *, max_steps: int, tail: int) -> tuple[EpisodeData | None, int]:
+def expert_episode(env: SimEnvironment, seed: int, *, max_steps: int, tail: int) -> tuple[EpisodeData | None, int]:
     """Seed ``seed``'s expert episode, cut ``tail`` steps after its first success; ``(None, -1)`` if it never
     succeeds within ``max_steps``. Returns the episode and the step (0-based) whose action reached success."""
-    act = expert(env.name)
+    if not hasattr(env, "scripted_expert"):
+        raise SimEnvironmentError(f"{env.name} has no scripted expert to collect with (Meta-World tasks and LIBERO's "
+                                  "pick-and-place tasks have one)")
     observation = env.reset(seed)
+    act = env.scripted_expert()
     states, actions, frames = [], [], {cam: [] for cam in env.cameras}
     success_step = -1
     for t in range(min(max_steps, env.max_steps)):
-        action = act(observation.state)
+        action = act(observation)
         states.append(observation.state.astype(np.float32))
         actions.append(action)
         for cam, image in observation.images.items():
@@ -90,7 +95,7 @@ def collect(root: str | Path, env_name: str, *, episodes: int, seed: int = 0, ma
     root = Path(root)
     if (root / "meta" / "info.json").exists():
         raise CollectError(f"{root} already holds a LeRobotDataset; choose a new directory or delete it")
-    env = MetaWorldEnv(env_name, cameras=cameras, image_size=image_size)
+    env = make_env(env_name, cameras=cameras, image_size=image_size)
     report = CollectReport(env=env_name, max_steps=max_steps, tail=tail)
     attempts = max_attempts if max_attempts is not None else 2 * episodes + 10
     written: list[EpisodeData] = []
@@ -115,7 +120,7 @@ def collect(root: str | Path, env_name: str, *, episodes: int, seed: int = 0, ma
         raise CollectError(f"only {len(written)} of {attempts} expert episodes of {env_name} succeeded within "
                            f"{max_steps} steps (wanted {episodes}); raise --max-steps or lower --episodes")
     write_lerobot_dataset(root, written, fps=env.fps, version=version, video=VideoOptions(),
-                          robot_type="sawyer")
+                          robot_type=env.robot_type)
     report.seconds = time.perf_counter() - start
     (root / REPORT_PATH).write_text(json.dumps({**asdict(report), "task": env.task, "fps": env.fps,
                                                 "expert_success_rate": report.expert_success_rate}, indent=1))
@@ -125,7 +130,9 @@ def collect(root: str | Path, env_name: str, *, episodes: int, seed: int = 0, ma
 def configure(parser: argparse.ArgumentParser) -> None:
     """The arguments of ``loongforge collect``."""
     parser.add_argument("root", help="output directory (must not hold a dataset yet)")
-    parser.add_argument("--env", default="reach-v3", help="Meta-World v3 task (default reach-v3)")
+    parser.add_argument("--env", default="reach-v3",
+                        help="environment with a scripted expert: a Meta-World v3 task (default reach-v3) or "
+                             "libero:libero_object/<task>")
     parser.add_argument("--episodes", type=int, default=50, help="successful episodes to write")
     parser.add_argument("--seed", type=int, default=0, help="first seed; later episodes take the next seeds")
     parser.add_argument("--max-steps", type=int, default=200, help="steps before an expert episode counts as failed")

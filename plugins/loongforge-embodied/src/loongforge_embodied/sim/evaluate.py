@@ -1,4 +1,5 @@
-"""Closed-loop success rate of a policy on Meta-World seeds it never trained on.
+"""Closed-loop success rate of a policy on seeds (initial states) it never trained on, in any simulator of
+:mod:`loongforge_embodied.sim.environment` (``--env reach-v3``, ``--env libero:libero_object/0``, ...).
 
 ``loongforge eval CKPT --env reach-v3 --seeds 20 --first-seed 1000`` runs, for each seed
 ``first_seed ... first_seed + seeds - 1``: reset the seeded episode, ask the policy for an action chunk, execute
@@ -39,7 +40,8 @@ from loongforge.errors import LoongForgeError
 from loongforge.progress import job_progress
 from loongforge.train.trackers import check_tracker
 
-from loongforge_embodied.sim.metaworld_env import CAMERAS, MetaWorldEnv, Observation, use_headless_gl
+from loongforge_embodied.sim.environment import Observation, SimEnvironment, adapter_class, make_env
+from loongforge_embodied.sim.metaworld_env import use_headless_gl
 from loongforge_embodied.sim.recording import VIDEO_FORMATS, RolloutRecorder
 
 CAMERA_PREFIX = "observation.images."
@@ -47,7 +49,8 @@ CAMERA_PREFIX = "observation.images."
 SUMMARY_FILE = "summary.json"
 #: The totals of each evaluated policy that go to the trackers (as ``eval/<policy>/<metric>``).
 TRACKED = ("success_rate", "mean_return", "mean_length", "episodes")
-#: Episode seeds must be below this (Meta-World seeds numpy's legacy RNG with them).
+#: Episode seeds must be below this (Meta-World seeds numpy's legacy RNG with them; other simulators check their
+#: own ranges, e.g. LIBERO's stored initial states).
 MAX_SEED = 2**32
 
 
@@ -66,7 +69,7 @@ class _Episode:
 
     index: int
     seed: int
-    env: MetaWorldEnv
+    env: SimEnvironment
     observation: Observation
     steps: int = 0
     total: float = 0.0
@@ -76,7 +79,7 @@ class _Episode:
         return {"seed": self.seed, "success": success, "steps": self.steps, "return": self.total}
 
 
-def run_episodes(envs: Sequence[MetaWorldEnv], policy: Any, seeds: Sequence[int], *, replan: int, max_steps: int,
+def run_episodes(envs: Sequence[SimEnvironment], policy: Any, seeds: Sequence[int], *, replan: int, max_steps: int,
                  sample_seed: int = 0, recorder: RolloutRecorder | None = None,
                  on_done: Callable[[int, dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Closed-loop episodes of ``seeds``, ``len(envs)`` at a time in lockstep; one row per seed, in seed order:
@@ -93,7 +96,7 @@ def run_episodes(envs: Sequence[MetaWorldEnv], policy: Any, seeds: Sequence[int]
     rows: list[dict[str, Any]] = [{} for _ in seeds]
     running: list[_Episode] = []
 
-    def start(env: MetaWorldEnv) -> None:
+    def start(env: SimEnvironment) -> None:
         index, seed = next(queue, (None, None))
         if index is None:
             return
@@ -134,14 +137,17 @@ def evaluate(policy: Any, env_name: str, seeds: Sequence[int], *, replan: int = 
     if not 1 <= replan <= meta["horizon"]:
         raise EvaluationError(f"--replan {replan} must be between 1 and the policy's horizon {meta['horizon']}")
     cameras = [key.removeprefix(CAMERA_PREFIX) for key in meta.get("cameras") or []]
-    envs: list[MetaWorldEnv] = []
+    envs: list[SimEnvironment] = []
     start = time.perf_counter()
     try:
         for _ in range(min(batch, len(seeds))):
-            envs.append(MetaWorldEnv(env_name, cameras=cameras, image_size=meta.get("image_size") or 64))
+            envs.append(make_env(env_name, cameras=cameras, image_size=meta.get("image_size") or 64))
         if not 1 <= max_steps <= envs[0].max_steps:
-            raise EvaluationError(f"--max-steps {max_steps} must be between 1 and Meta-World's limit "
+            raise EvaluationError(f"--max-steps {max_steps} must be between 1 and {env_name}'s limit "
                                   f"{envs[0].max_steps}")
+        if meta["action_dim"] != envs[0].action_dim:
+            raise EvaluationError(f"the policy {meta['model']} acts with {meta['action_dim']} values; {env_name} "
+                                  f"takes {envs[0].action_dim}")
         with job_progress(f"{meta['model']} on {env_name}", total=len(seeds), unit="episode") as progress:
             successes, done = 0, 0
 
@@ -172,7 +178,9 @@ def _images(images: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """The options of ``loongforge eval SOURCE`` for a policy, a policy server or ``random``."""
-    parser.add_argument("--env", default="reach-v3", help="Meta-World v3 task (default reach-v3)")
+    parser.add_argument("--env", default="reach-v3",
+                        help="environment: a Meta-World v3 task (default reach-v3), libero:<suite>/<task>, "
+                             "calvin:<subtask> or simpler:<task>")
     parser.add_argument("--seeds", type=int, default=20, help="how many seeds (episodes)")
     parser.add_argument("--first-seed", type=int, default=1000, help="first seed (keep clear of the training seeds)")
     parser.add_argument("--batch", type=int, default=8, metavar="E",
@@ -198,7 +206,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     video.add_argument("--videos", action="store_true",
                        help="film every episode into <out>/videos (the random baseline's into videos/random)")
     video.add_argument("--video-dir", metavar="DIR", help="film every episode into DIR (implies --videos)")
-    video.add_argument("--video-camera", default="corner", choices=CAMERAS, help="camera to film (default corner)")
+    video.add_argument("--video-camera", help="camera to film (default: the environment's, e.g. corner for "
+                       "Meta-World, agentview for LIBERO)")
     video.add_argument("--video-size", type=_at_least(16), default=128, help="frame side in pixels (default 128)")
     video.add_argument("--video-fps", type=_at_least(1), default=20,
                        help="playback rate (default 20: Meta-World acts at 80 Hz, so 4x slow motion)")
@@ -254,7 +263,8 @@ def closed_loop(args: argparse.Namespace) -> dict[str, Any]:
     if args.baseline == "random":
         from loongforge_embodied.sim.policy import RandomPolicy
 
-        summary["random"] = evaluate(RandomPolicy(horizon=horizon), args.env, seeds,
+        summary["random"] = evaluate(RandomPolicy(horizon=horizon, action_dim=adapter_class(args.env).action_dim),
+                                     args.env, seeds,
                                      replan=min(args.replan, horizon), max_steps=args.max_steps,
                                      sample_seed=args.sample_seed, batch=args.batch,
                                      recorder=recorder and (recorder.beside("random") if summary else recorder))
@@ -279,7 +289,7 @@ def _seeds(args: argparse.Namespace) -> list[int]:
     last = args.first_seed + args.seeds - 1
     if args.first_seed < 0 or last >= MAX_SEED:
         raise EvaluationError(f"--first-seed {args.first_seed} --seeds {args.seeds} gives seeds {args.first_seed}.."
-                              f"{last}; Meta-World seeds must lie in 0..{MAX_SEED - 1}")
+                              f"{last}; seeds must lie in 0..{MAX_SEED - 1}")
     return list(range(args.first_seed, last + 1))
 
 

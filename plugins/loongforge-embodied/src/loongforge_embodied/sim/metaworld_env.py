@@ -18,11 +18,11 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from loongforge.errors import LoongForgeError
+
+from loongforge_embodied.sim.environment import Observation, SimEnvironmentError
 
 #: Task texts a policy is conditioned on; other tasks read their name (``"drawer-open-v3"`` -> "drawer open").
 TASK_TEXTS = {
@@ -41,7 +41,7 @@ TASK_TEXTS = {
 CAMERAS = ("topview", "corner", "corner2", "corner3", "behindGripper", "gripperPOV")
 
 
-class MetaWorldError(LoongForgeError, ValueError):
+class MetaWorldError(SimEnvironmentError):
     """An unknown task or camera, or rendering without an OpenGL platform: one line saying what to change."""
 
 
@@ -102,16 +102,6 @@ def expert(name: str) -> Callable[[np.ndarray], np.ndarray]:
     return act
 
 
-@dataclass
-class Observation:
-    """One frame: the state vector (float64, as Meta-World returns it), camera images (H, W, 3) uint8, and the
-    reward of the step that led to it (0 after a reset)."""
-
-    state: np.ndarray
-    images: dict[str, np.ndarray] = field(default_factory=dict)
-    reward: float = 0.0
-
-
 class MetaWorldEnv:
     """One Meta-World task; :meth:`reset` with a seed starts that seed's episode.
 
@@ -119,6 +109,11 @@ class MetaWorldEnv:
     :param cameras: camera names to render each frame (``observation.images.<name>``); empty for state only.
     :param image_size: rendered images are square, this many pixels a side.
     """
+
+    #: Hand xyz delta and gripper effort.
+    action_dim = 4
+    video_camera = "corner"
+    robot_type = "sawyer"
 
     def __init__(self, name: str, *, cameras: Sequence[str] = (), image_size: int = 64) -> None:
         if cameras:
@@ -179,6 +174,11 @@ class MetaWorldEnv:
             self._env.close()
         self._env, self._renderers = None, {}
         self._started = False
+
+    def scripted_expert(self) -> Callable[[Observation], np.ndarray]:
+        """Meta-World's scripted policy for this task, acting on an observation (stateless: one per episode too)."""
+        act = expert(self.name)
+        return lambda observation: act(observation.state)
 
     def _make(self, seed: int) -> Any:
         with warnings.catch_warnings():

@@ -21,7 +21,7 @@ import numpy as np
 from loongforge.train.media import gif_bytes
 
 from loongforge_embodied.data.video import encode_video
-from loongforge_embodied.sim.metaworld_env import MetaWorldEnv
+from loongforge_embodied.sim.environment import SimEnvironment
 
 #: The file formats a rollout can be written in.
 VIDEO_FORMATS = ("mp4", "gif")
@@ -44,12 +44,13 @@ def write_rollout(path: Path, frames: np.ndarray, fps: int) -> None:
 class RolloutRecorder:
     """Records episodes of one camera into ``directory`` (see the module docstring).
 
-    :param camera: the simulator camera to film (Meta-World's ``corner`` looks at the table from a corner).
+    :param camera: the simulator camera to film; ``None``: the environment's own ``video_camera`` (Meta-World's
+        ``corner`` looks at the table from a corner, LIBERO's ``agentview`` over the robot's shoulder).
     :param size: frame side in pixels (MP4 needs an even side; the evaluator's options keep it so).
     """
 
     directory: Path
-    camera: str = "corner"
+    camera: str | None = None
     size: int = 128
     fps: int = 20
     format: str = "mp4"
@@ -65,9 +66,9 @@ class RolloutRecorder:
         the policy's)."""
         return replace(self, directory=self.directory / name)
 
-    def capture(self, env: MetaWorldEnv, index: int) -> None:
+    def capture(self, env: SimEnvironment, index: int) -> None:
         """Add ``env``'s current frame to episode ``index`` (call after the reset and after each step)."""
-        self._frames.setdefault(index, []).append(env.render(self.camera, self.size))
+        self._frames.setdefault(index, []).append(env.render(self.camera or env.video_camera, self.size))
 
     def finish(self, index: int, success: bool) -> Path:
         """Write the frames captured for episode ``index`` and forget them; returns the file."""

@@ -1,0 +1,1 @@
+"""FAKE LIBERO (``libero.libero``) for the adapter's contract tests; see tests/fakes/README.md."""
