@@ -138,8 +138,8 @@ def candidate_plans(counts: torch.Tensor, *, experts_per_rank: int, spare_slots:
     blind = _greedy(counts, experts_per_rank, spare_slots, ranks, chains=False)
     if ranks_per_node >= ranks:  # one node: topology changes nothing
         return [blind]
-    return [blind] + [_greedy(counts, experts_per_rank, spare_slots, ranks_per_node, chains=chains)
-                      for chains in (False, True)]
+    return [blind] + [_greedy(counts, experts_per_rank, spare_slots, ranks_per_node, chains=chains, settle_first=settle)
+                      for chains, settle in ((False, False), (True, False), (True, True))]
 
 
 def pick_plan(candidates: list[ReplicaPlan], ranks_per_node: int, topology_weight: float) -> ReplicaPlan:
@@ -175,14 +175,22 @@ Move = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (expert, receiver, amo
 
 
 def _greedy(counts: torch.Tensor, experts_per_rank: int, spare_slots: int, ranks_per_node: int, *,
-            chains: bool) -> ReplicaPlan:
-    """One greedy pass (module docstring): forced inter-node, then intra-node, then any move, one per iteration."""
+            chains: bool, settle_first: bool = False) -> ReplicaPlan:
+    """One greedy pass (module docstring): forced inter-node, then intra-node, then any move, one per iteration;
+    with ``settle_first``, a rank above ``high`` on a node within its capacity sheds inside its node before any
+    forced move (so imports do not take the slots that node needs for itself)."""
     state = _PlanState(counts, experts_per_rank, spare_slots, ranks_per_node)
     one_node = ranks_per_node >= counts.shape[0]  # a config value, not data: no device sync
     for _ in range(counts.shape[0] * spare_slots):
         host = state.can_host()
         local, anywhere = _shed_moves(state, host)
-        move = local if one_node else _first_nonempty(_forced_move(state, host, chains), local, anywhere)
+        if one_node:
+            move = local
+        else:
+            move = _first_nonempty(_forced_move(state, host, chains), local, anywhere)
+            if settle_first:
+                settle = _shed_moves(state, host, donors=state.node_excess()[state.nodes] <= 0)[0]
+                move = _first_nonempty(settle, move)
         state.apply(*move)
         if chains:  # a forced move beyond the receiver's room: the receiver passes the overflow on
             state.apply(*_chain_move(state, move[1]))
@@ -223,6 +231,11 @@ class _PlanState:
         self.slot_expert = torch.full((ranks * spare_slots,), -1, dtype=torch.int64, device=device)
         self.slot_take = torch.zeros(ranks * spare_slots, ranks, dtype=torch.int64, device=device)
 
+    def node_excess(self) -> torch.Tensor:
+        """``[nodes]``: each node's load above its ranks' capacity (``high`` each); negative where it has room."""
+        node_load = torch.zeros_like(self.node_size).index_add_(0, self.nodes, self.load)
+        return node_load - self.node_size * self.high
+
     def room(self) -> torch.Tensor:
         """What each rank can still receive: ``[R]``, 0 for a rank at ``high`` or without a free slot."""
         return torch.where(self.free > 0, (self.high - self.load).clamp(min=0), 0)
@@ -249,10 +262,13 @@ class _PlanState:
         self.has_clone[receiver, expert] = self.has_clone[receiver, expert] | used
 
 
-def _shed_moves(state: _PlanState, host: torch.Tensor) -> tuple[Move, Move]:
-    """The best move of the most loaded rank above ``high`` that has one: inside its node, and anywhere."""
+def _shed_moves(state: _PlanState, host: torch.Tensor, donors: torch.Tensor | None = None) -> tuple[Move, Move]:
+    """The best move of the most loaded rank above ``high`` that has one: inside its node, and anywhere.
+    ``donors`` (``[R]`` bool), when given, limits which ranks may shed."""
     ranks, local = state.rank_ids.shape[0], state.experts_per_rank
     need = state.load - state.high  # [R]: > 0 for donors
+    if donors is not None:
+        need = torch.where(donors, need, 0)
     want = state.load - state.target
     room = state.room()
     pieces = torch.minimum(state.home_load.view(ranks, local), want.unsqueeze(1))  # [d, l]
@@ -269,8 +285,7 @@ def _shed_moves(state: _PlanState, host: torch.Tensor) -> tuple[Move, Move]:
 def _forced_move(state: _PlanState, host: torch.Tensor, chains: bool) -> Move:
     """The most loaded rank of the node furthest above its capacity sends a piece to another node with room."""
     local = state.experts_per_rank
-    node_load = torch.zeros_like(state.node_size).index_add_(0, state.nodes, state.load)
-    node_excess = node_load - state.node_size * state.high
+    node_excess = state.node_excess()
     worst_node = torch.argmax(node_excess)
     donor = torch.argmax(torch.where(state.nodes == worst_node, state.load, -1)).view(1)
     need, want = state.load[donor] - state.high, state.load[donor] - state.target
