@@ -34,15 +34,17 @@ the overflow on to one rank of its own node (one of its home experts, best fit) 
 exact optimum does this (an inter-node piece lands on a rank that then sheds its own experts locally), and it
 lets one inter-node clone carry a whole donor's excess instead of two smaller ones.
 
-``topology_weight`` picks among three candidate plans, computed independently of the weight: topology-blind
-(the world seen as one node), node-aware, node-aware with chains. It keeps the plan minimising
+``topology_weight`` picks among four candidate plans, computed independently of the weight: topology-blind
+(the world seen as one node), node-aware, node-aware with chains, and node-aware with chains where ranks of nodes
+within their capacity shed inside their node before any forced move (imports otherwise take the slots such a node
+needs for itself, and its own hot expert then has to leave it). It keeps the plan minimising
 ``(1 - w) * clones + w * inter-node clones`` among those meeting the balance bound (ties: that order). Because the
 candidates do not depend on ``w``, inter-node clones never rise with ``w``: if ``a`` is kept at ``w1`` and ``b``
 at ``w2 > w1``, adding the two optimality inequalities gives ``(w2 - w1) * (inter_b - inter_a) <= 0`` after
 dividing by ``1 - w`` (the exchange argument for a weighted sum over a fixed set).
 
 Measured against independent references (tests/balance/test_taot_planner.py) at full weight: an exact MILP
-(8 ranks: 12 vs 11 inter-node clones) and a per-node lower bound (16/32/64 ranks: 1.5x/1.4x/1.45x of the bound,
+(8 ranks: 12 vs 11 inter-node clones) and a per-node lower bound (16/32/64 ranks: 1.5x/1.3x/1.31x of the bound,
 which the exact optimum itself exceeds where the excess must leave in pieces smaller than a rank).
 """
 
@@ -131,8 +133,9 @@ def plan_replicas(
 
 def candidate_plans(counts: torch.Tensor, *, experts_per_rank: int, spare_slots: int,
                     ranks_per_node: int) -> list[ReplicaPlan]:
-    """The plans ``topology_weight`` chooses among (topology-blind, node-aware, node-aware with chains); none
-    depends on the weight, which is what makes inter-node clones monotone in it (module docstring)."""
+    """The plans ``topology_weight`` chooses among (topology-blind, node-aware, with chains, with chains and
+    nodes within capacity settled first); none depends on the weight, which is what makes inter-node clones
+    monotone in it (module docstring)."""
     counts = counts.to(torch.int64)
     ranks = counts.shape[0]
     blind = _greedy(counts, experts_per_rank, spare_slots, ranks, chains=False)
