@@ -1,6 +1,7 @@
 """TAOT expert-replica placement against three baselines, on simulated skewed MoE loads (CPU, < 2 minutes).
 
     python benchmarks/taot_placement.py [--steps 12] [--seeds 3]
+    python benchmarks/taot_placement.py --reference --steps 4   # vs the MILP (the test's 4 loads), minutes
 
 Per (ranks R, spare slots K): 128 experts, 4096 tokens x top-8 per rank, 8 ranks per node, popularity from
 ``loongforge_balance.taot.synthetic`` (log-normal, drifting each step). Planners:
@@ -27,6 +28,7 @@ import torch
 from loongforge_balance.taot import ReplicaPlan, plan_costs, plan_replicas
 from loongforge_balance.taot.layer import ReplicaSettings
 from loongforge_balance.taot.synthetic import skewed_counts
+from taot_reference import milp_fewest_inter_node_clones, per_node_lower_bound
 
 EXPERTS, RANKS_PER_NODE = 128, 8
 EXPERT_BYTES = 3 * 2048 * 768 * 2  # gate, up, down projections in bf16
@@ -105,15 +107,42 @@ def _record(row: dict, plan: ReplicaPlan) -> None:
     row["tokens"].append(costs.cross_node_tokens)
 
 
+def reference_table(loads: list[torch.Tensor], node_limit: int) -> None:
+    """Full-weight inter-node clones per load vs the independent references (``taot_reference``): the MILP's best
+    placement (exports from full nodes only), its bound, and the per-node lower bound; K = 1, steps 0, 3, 6, 9."""
+    print(f"{'R':>3} {'load':>5} {'taot w=1':>9} {'MILP placement':>15} {'MILP bound':>11} {'node bound':>11}")
+    for ranks in (16, 32, 64):
+        local, totals = EXPERTS // ranks, [0, 0, 0, 0]
+        for index, counts in enumerate(torch.cat(loads)[0::3][:4]):
+            counts = counts[:ranks]
+            ours = plan_costs(plan_replicas(counts, experts_per_rank=local, spare_slots=1,
+                                            ranks_per_node=RANKS_PER_NODE, topology_weight=1.0),
+                              RANKS_PER_NODE).inter_node_clones
+            expert_load = counts.sum(0).tolist()
+            milp = milp_fewest_inter_node_clones(expert_load, RANKS_PER_NODE, local, 1, full_nodes_export_only=True,
+                                                 node_limit=node_limit)
+            row = [ours, milp.clones, milp.bound, per_node_lower_bound(expert_load, RANKS_PER_NODE, local)]
+            totals = [t + (v or 0) for t, v in zip(totals, row, strict=True)]
+            print(f"{ranks:>3} {index:>5} {row[0]:>9} {row[1]!s:>15} {row[2]:>11} {row[3]:>11}", flush=True)
+        ours, placed, _, bound = totals
+        print(f"{ranks:>3} {'sum':>5} {ours:>9} {placed:>15} {totals[2]:>11} {bound:>11}   "
+              f"taot / MILP placement x{ours / max(placed, 1):.2f}, / node bound x{ours / max(bound, 1):.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--eplb-interval", type=int, default=10)
     parser.add_argument("--topology-weight", type=float, default=ReplicaSettings().topology_weight)
+    parser.add_argument("--reference", action="store_true", help="compare with the MILP reference instead")
+    parser.add_argument("--reference-node-limit", type=int, default=2000)
     args = parser.parse_args()
     torch.set_num_threads(1)
     loads = [skewed_counts(args.steps, 64, EXPERTS, seed=seed) for seed in range(args.seeds)]
+    if args.reference:
+        reference_table(loads, args.reference_node_limit)
+        return
     print(f"{EXPERTS} experts, 4096 tokens x top-8 per rank, {RANKS_PER_NODE} ranks/node, {args.steps} steps x "
           f"{args.seeds} seeds, EPLB every {args.eplb_interval} steps, topology weight {args.topology_weight}")
     print(f"{'R':>3} {'K':>2} {'planner':>7} {'max/mean':>9} {'inter-node MB/step':>19} "

@@ -34,15 +34,17 @@ the overflow on to one rank of its own node (one of its home experts, best fit) 
 exact optimum does this (an inter-node piece lands on a rank that then sheds its own experts locally), and it
 lets one inter-node clone carry a whole donor's excess instead of two smaller ones.
 
-``topology_weight`` picks among three candidate plans, computed independently of the weight: topology-blind
-(the world seen as one node), node-aware, node-aware with chains. It keeps the plan minimising
+``topology_weight`` picks among four candidate plans, computed independently of the weight: topology-blind
+(the world seen as one node), node-aware, node-aware with chains, and node-aware with chains where ranks of nodes
+within their capacity shed inside their node before any forced move (imports otherwise take the slots such a node
+needs for itself, and its own hot expert then has to leave it). It keeps the plan minimising
 ``(1 - w) * clones + w * inter-node clones`` among those meeting the balance bound (ties: that order). Because the
 candidates do not depend on ``w``, inter-node clones never rise with ``w``: if ``a`` is kept at ``w1`` and ``b``
 at ``w2 > w1``, adding the two optimality inequalities gives ``(w2 - w1) * (inter_b - inter_a) <= 0`` after
 dividing by ``1 - w`` (the exchange argument for a weighted sum over a fixed set).
 
 Measured against independent references (tests/balance/test_taot_planner.py) at full weight: an exact MILP
-(8 ranks: 12 vs 11 inter-node clones) and a per-node lower bound (16/32/64 ranks: 1.5x/1.4x/1.45x of the bound,
+(8 ranks: 12 vs 11 inter-node clones) and a per-node lower bound (16/32/64 ranks: 1.5x/1.3x/1.31x of the bound,
 which the exact optimum itself exceeds where the excess must leave in pieces smaller than a rank).
 """
 
@@ -131,15 +133,16 @@ def plan_replicas(
 
 def candidate_plans(counts: torch.Tensor, *, experts_per_rank: int, spare_slots: int,
                     ranks_per_node: int) -> list[ReplicaPlan]:
-    """The plans ``topology_weight`` chooses among (topology-blind, node-aware, node-aware with chains); none
-    depends on the weight, which is what makes inter-node clones monotone in it (module docstring)."""
+    """The plans ``topology_weight`` chooses among (topology-blind, node-aware, with chains, with chains and
+    nodes within capacity settled first); none depends on the weight, which is what makes inter-node clones
+    monotone in it (module docstring)."""
     counts = counts.to(torch.int64)
     ranks = counts.shape[0]
     blind = _greedy(counts, experts_per_rank, spare_slots, ranks, chains=False)
     if ranks_per_node >= ranks:  # one node: topology changes nothing
         return [blind]
-    return [blind] + [_greedy(counts, experts_per_rank, spare_slots, ranks_per_node, chains=chains)
-                      for chains in (False, True)]
+    return [blind] + [_greedy(counts, experts_per_rank, spare_slots, ranks_per_node, chains=chains, settle_first=settle)
+                      for chains, settle in ((False, False), (True, False), (True, True))]
 
 
 def pick_plan(candidates: list[ReplicaPlan], ranks_per_node: int, topology_weight: float) -> ReplicaPlan:
@@ -175,14 +178,22 @@ Move = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (expert, receiver, amo
 
 
 def _greedy(counts: torch.Tensor, experts_per_rank: int, spare_slots: int, ranks_per_node: int, *,
-            chains: bool) -> ReplicaPlan:
-    """One greedy pass (module docstring): forced inter-node, then intra-node, then any move, one per iteration."""
+            chains: bool, settle_first: bool = False) -> ReplicaPlan:
+    """One greedy pass (module docstring): forced inter-node, then intra-node, then any move, one per iteration;
+    with ``settle_first``, a rank above ``high`` on a node within its capacity sheds inside its node before any
+    forced move (so imports do not take the slots that node needs for itself)."""
     state = _PlanState(counts, experts_per_rank, spare_slots, ranks_per_node)
     one_node = ranks_per_node >= counts.shape[0]  # a config value, not data: no device sync
     for _ in range(counts.shape[0] * spare_slots):
         host = state.can_host()
         local, anywhere = _shed_moves(state, host)
-        move = local if one_node else _first_nonempty(_forced_move(state, host, chains), local, anywhere)
+        if one_node:
+            move = local
+        else:
+            move = _first_nonempty(_forced_move(state, host, chains), local, anywhere)
+            if settle_first:
+                settle = _shed_moves(state, host, donors=state.node_excess()[state.nodes] <= 0)[0]
+                move = _first_nonempty(settle, move)
         state.apply(*move)
         if chains:  # a forced move beyond the receiver's room: the receiver passes the overflow on
             state.apply(*_chain_move(state, move[1]))
@@ -223,6 +234,11 @@ class _PlanState:
         self.slot_expert = torch.full((ranks * spare_slots,), -1, dtype=torch.int64, device=device)
         self.slot_take = torch.zeros(ranks * spare_slots, ranks, dtype=torch.int64, device=device)
 
+    def node_excess(self) -> torch.Tensor:
+        """``[nodes]``: each node's load above its ranks' capacity (``high`` each); negative where it has room."""
+        node_load = torch.zeros_like(self.node_size).index_add_(0, self.nodes, self.load)
+        return node_load - self.node_size * self.high
+
     def room(self) -> torch.Tensor:
         """What each rank can still receive: ``[R]``, 0 for a rank at ``high`` or without a free slot."""
         return torch.where(self.free > 0, (self.high - self.load).clamp(min=0), 0)
@@ -249,10 +265,13 @@ class _PlanState:
         self.has_clone[receiver, expert] = self.has_clone[receiver, expert] | used
 
 
-def _shed_moves(state: _PlanState, host: torch.Tensor) -> tuple[Move, Move]:
-    """The best move of the most loaded rank above ``high`` that has one: inside its node, and anywhere."""
+def _shed_moves(state: _PlanState, host: torch.Tensor, donors: torch.Tensor | None = None) -> tuple[Move, Move]:
+    """The best move of the most loaded rank above ``high`` that has one: inside its node, and anywhere.
+    ``donors`` (``[R]`` bool), when given, limits which ranks may shed."""
     ranks, local = state.rank_ids.shape[0], state.experts_per_rank
     need = state.load - state.high  # [R]: > 0 for donors
+    if donors is not None:
+        need = torch.where(donors, need, 0)
     want = state.load - state.target
     room = state.room()
     pieces = torch.minimum(state.home_load.view(ranks, local), want.unsqueeze(1))  # [d, l]
@@ -269,8 +288,7 @@ def _shed_moves(state: _PlanState, host: torch.Tensor) -> tuple[Move, Move]:
 def _forced_move(state: _PlanState, host: torch.Tensor, chains: bool) -> Move:
     """The most loaded rank of the node furthest above its capacity sends a piece to another node with room."""
     local = state.experts_per_rank
-    node_load = torch.zeros_like(state.node_size).index_add_(0, state.nodes, state.load)
-    node_excess = node_load - state.node_size * state.high
+    node_excess = state.node_excess()
     worst_node = torch.argmax(node_excess)
     donor = torch.argmax(torch.where(state.nodes == worst_node, state.load, -1)).view(1)
     need, want = state.load[donor] - state.high, state.load[donor] - state.target
