@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from loongforge.errors import ConfigError
 
 from loongforge_embodied.data import lerobot_format as fmt
 from loongforge_embodied.data.images import image_column
@@ -94,9 +95,9 @@ def write_lerobot_dataset(
     if version not in fmt.SUPPORTED_VERSIONS:
         raise ValueError(f"version must be one of {fmt.SUPPORTED_VERSIONS}, got {version!r}")
     if lerobot not in LEROBOT_RELEASES:
-        raise ValueError(f"lerobot must be one of {LEROBOT_RELEASES}, got {lerobot!r}")
+        raise ConfigError(f"the LeRobot release to write as must be one of {LEROBOT_RELEASES}, got {lerobot!r}")
     if lerobot == LEROBOT_06 and version != fmt.V30:
-        raise ValueError(f"LeRobot 0.6 reads and writes {fmt.V30} only, not {version}")
+        raise ConfigError(f"LeRobot 0.6 reads and writes LeRobotDataset {fmt.V30} only, not {version}")
     root = Path(root)
     tasks = list(dict.fromkeys(ep.task for ep in episodes))
     subtasks = list(dict.fromkeys(text for ep in episodes for _, text in ep.subtasks))
