@@ -88,8 +88,9 @@ def run(args: argparse.Namespace) -> int:
     lengths = args.lengths or TINY_LENGTHS
     root, episodes = write_synthetic_dataset(args.root, version=args.version, codec=args.codec, lengths=lengths,
                                              fps=args.fps, subtasks=args.subtasks, lerobot=args.lerobot_version)
-    print(f"wrote {len(episodes)} episodes ({sum(lengths)} frames at {args.fps} fps, LeRobot {args.version} as "
-          f"LeRobot {args.lerobot_version} writes it, {args.codec}) to {root}")
+    writer = f" as LeRobot {args.lerobot_version} writes it" if args.lerobot_version != LEROBOT_04 else ""
+    print(f"wrote {len(episodes)} episodes ({sum(lengths)} frames at {args.fps} fps, LeRobot {args.version}{writer}, "
+          f"{args.codec}) to {root}")
     return 0
 
 
