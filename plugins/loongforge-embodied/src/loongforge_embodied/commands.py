@@ -98,6 +98,14 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def add_lerobot_version(parser: argparse.ArgumentParser) -> None:
+    """``--lerobot-version``: whose dataset writer to follow (``lerobot_writer.LEROBOT_RELEASES``; this module stays
+    free of the writer's imports)."""
+    parser.add_argument("--lerobot-version", default="0.4", choices=("0.4", "0.6"),
+                        help="follow LeRobot 0.4's writer (default) or 0.6's (v3.0 only: per-video encoder settings, "
+                             "subtasks as language columns)")
+
+
 def configure_synthetic_episodes(parser: argparse.ArgumentParser) -> None:
     """The options of ``loongforge make-data synthetic-episodes`` (run by :func:`loongforge_embodied.data.synthetic.
     run`)."""
@@ -108,6 +116,9 @@ def configure_synthetic_episodes(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lengths", type=_positive_int, nargs="+", metavar="FRAMES",
                         help="frames of each episode, one episode per length (default: the test set's 12 15 10)")
     parser.add_argument("--fps", type=_positive_int, default=10, help="frame rate recorded in the dataset")
+    parser.add_argument("--subtasks", action="store_true",
+                        help="annotate each episode with two subtasks (LeRobot 0.4: subtask_index; 0.6: language rows)")
+    add_lerobot_version(parser)
 
 
 def register_commands(commands: CommandRegistry) -> None:

@@ -32,7 +32,7 @@ def check_policy_task(flavor: Any, config: Any, options: Any) -> list[str]:
     dataset = LeRobotDataset(root, action_horizon=options.action_horizon)
     opened, named = dataset.check_videos()
     train, held_out = options.split([ep.index for ep in dataset.episodes], root, config.source)
-    options.camera_keys(flavor.cameras, dataset.camera_keys, root, config.source)
+    options.camera_keys(flavor.cameras, dataset.camera_keys, root, config.source, dataset.info.depth_keys)
     first = dataset[0]  # episode 0 trains (the held-out ones are last): its action chunk and cameras decoded
     dataset.close()
     flavor.check_dims(first["observation.state"].shape[-1], first["action"].shape[-1], root)

@@ -8,6 +8,7 @@ the one the task always had.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,10 +83,16 @@ class PolicyTaskOptions:
                               "(keep at least one for training)")
         return episodes[:len(episodes) - held], episodes[len(episodes) - held:]
 
-    def camera_keys(self, wanted: int, available: list[str], root: Path | str, source: str) -> list[str]:
+    def camera_keys(self, wanted: int, available: list[str], root: Path | str, source: str,
+                    depth: Sequence[str] = ()) -> list[str]:
         """The camera keys training reads, in order: ``cameras`` or the first ``wanted`` (the flavor's count) of
-        ``available`` (the dataset's); a :class:`ConfigError` when they are not ``wanted`` of the dataset's."""
+        ``available`` (the dataset's RGB cameras); a :class:`ConfigError` when they are not ``wanted`` of the
+        dataset's, or name one of its ``depth`` maps, which the policies cannot read."""
         cameras = list(self.cameras or available[:wanted])
+        for key in cameras:
+            if key in depth:
+                raise ConfigError(f"task.cameras in {source}: '{key}' of {root} is a depth map (is_depth_map in its "
+                                  f"meta/info.json); the policies read RGB cameras only: {available}")
         if len(cameras) != wanted or set(cameras) - set(available):
             raise ConfigError(f"task.cameras in {source}: {cameras}; the flavor takes {wanted} of {root}'s cameras "
                               f"{available}")

@@ -147,7 +147,8 @@ class PolicyTask(TaskBase):
 
     def _frames(self, root: Path, episodes: list[int]) -> PolicyFrames:
         dataset = LeRobotDataset(root, action_horizon=self.action_horizon, episodes=episodes)
-        cameras = self.options.camera_keys(self.flavor.cameras, dataset.camera_keys, root, self.source)
+        cameras = self.options.camera_keys(self.flavor.cameras, dataset.camera_keys, root, self.source,
+                                           dataset.info.depth_keys)
         return PolicyFrames(dataset, cameras)
 
     def build_dataset(self) -> PolicyFrames:

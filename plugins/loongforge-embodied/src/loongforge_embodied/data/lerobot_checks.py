@@ -8,11 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from loongforge_embodied.data.lerobot_format import INFO_PATH, DatasetInfo, EpisodeEntry, LeRobotFormatError
+from loongforge_embodied.data.lerobot_format import (
+    INFO_PATH,
+    DatasetInfo,
+    EpisodeEntry,
+    LeRobotFormatError,
+    numeric_dtype,
+)
 
 
 def check_episode_table(root: Path, info: DatasetInfo, episodes: Sequence[EpisodeEntry]) -> None:
@@ -52,9 +57,7 @@ def check_columns(path: Path, ep: EpisodeEntry, columns: Mapping[str, np.ndarray
     """Each numeric feature's column (of the data file ``path``, whose first episode is ``ep``) holds numbers of the
     kind info.json declares (integers for an integer dtype) and as many per frame as its ``shape`` says."""
     for key in info.data_keys:
-        declared = _numeric_dtype(info.features[key]["dtype"])
-        if declared is None:  # strings and other non-numeric features are passed through as they are
-            continue
+        declared = numeric_dtype(info.features[key]["dtype"])
         values = columns[key]
         if not (np.issubdtype(values.dtype, np.number) or values.dtype == np.bool_):
             raise LeRobotFormatError(f"{path}: column '{key}' holds {values.dtype} values, but {INFO_PATH} declares "
@@ -69,16 +72,6 @@ def check_columns(path: Path, ep: EpisodeEntry, columns: Mapping[str, np.ndarray
                                      f"gives shape {info.features[key]['shape']} (episode {ep.index})")
 
 
-def _numeric_dtype(name: Any) -> np.dtype | None:
-    """The numpy dtype an info.json ``dtype`` names when it is numeric (``float32``, ``int64``, ``bool``), else
-    ``None`` (``string``, ``video``, unknown names)."""
-    try:
-        dtype = np.dtype(name)
-    except TypeError:
-        return None
-    return dtype if np.issubdtype(dtype, np.number) or dtype == np.bool_ else None
-
-
 def _frame_at(root: Path, episodes: Sequence[EpisodeEntry], row: int) -> str:
     """Where global frame ``row`` is, as an error names it: ``FILE: episode N, frame F``."""
     ep = next(e for e in episodes if e.start <= row < e.start + e.length)
@@ -86,14 +79,15 @@ def _frame_at(root: Path, episodes: Sequence[EpisodeEntry], row: int) -> str:
 
 
 def check_task_indices(root: Path, episodes: Sequence[EpisodeEntry], task_index: np.ndarray,
-                       tasks: Mapping[int, str], tasks_file: str) -> None:
-    """Every frame's ``task_index`` names a task of the task table."""
+                       tasks: Mapping[int, str], tasks_file: str, column: str = "task_index") -> None:
+    """Every frame's ``column`` (``task_index``, or LeRobot 0.4's ``subtask_index``) names a row of the text table
+    ``tasks_file``."""
     unknown = np.flatnonzero(~np.isin(task_index, np.fromiter(tasks, dtype=np.int64, count=len(tasks))))
     if len(unknown):
         row = int(unknown[0])
         raise LeRobotFormatError(
-            f"{_frame_at(root, episodes, row)}: task_index {task_index[row]} is not in {root / tasks_file} "
-            f"(task indices {sorted(tasks)})"
+            f"{_frame_at(root, episodes, row)}: {column} {task_index[row]} is not in {root / tasks_file} "
+            f"(indices {sorted(tasks)})"
         )
 
 

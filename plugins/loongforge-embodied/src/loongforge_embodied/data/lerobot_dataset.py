@@ -30,15 +30,24 @@ from loongforge_embodied.data import lerobot_checks as checks
 from loongforge_embodied.data.images import decode_image
 from loongforge_embodied.data.lerobot_format import (
     INDEX_COLUMNS,
+    INFO_PATH,
     TASKS_JSONL,
     TASKS_PARQUET,
     V21,
     EpisodeEntry,
     LeRobotFormatError,
+    one_line,
     read_episodes,
     read_info,
     read_parquet,
     read_tasks,
+    read_text_table,
+)
+from loongforge_embodied.data.lerobot_language import (
+    LANGUAGE_PERSISTENT,
+    SUBTASK_INDEX,
+    SUBTASKS_PARQUET,
+    active_texts,
 )
 from loongforge_embodied.data.stats import Stats, compute_stats, read_dataset_stats, stats_file
 from loongforge_embodied.data.video import ContainerCache, FrameLookupError, VideoFileError, decode_frames
@@ -79,16 +88,21 @@ class LeRobotDataset:
         checks.check_episode_table(self.root, self.info, self.episodes)
         self.tasks = read_tasks(self.root, self.info)
         checks.check_files_exist(self.root, self.info, self.episodes)
-        self.columns, self._image_cells = self._load_columns()
+        self.columns, self._cells = self._load_columns()
         checks.check_episode_rows(self.root, self.episodes, self.columns["episode_index"], self.columns["index"])
         checks.check_task_indices(self.root, self.episodes, self.columns["task_index"], self.tasks,
                                   TASKS_JSONL if self.info.version == V21 else TASKS_PARQUET)
+        self.subtasks = self._subtasks()
         checks.check_finite(self.root, {k: self.columns[k] for k in self.info.data_keys}, self.episodes)
         checks.check_timestamps(self.root, self.columns["timestamp"], self.episodes, self.fps, tolerance_s)
         # the shipped stats, when there are any: a corrupt file fails here, not when a normaliser first asks
         self._stats: Stats | None = (read_dataset_stats(self.root, self.info)
                                      if stats_file(self.root, self.info).is_file() else None)
         self.delta_timestamps = _resolve_deltas(action_horizon, delta_timestamps, self.fps)
+        depth = sorted(set(self.delta_timestamps) & set(self.info.depth_keys))
+        if depth:
+            raise ValueError(f"delta_timestamps names {depth[0]!r}, a depth map ({INFO_PATH} marks it is_depth_map): "
+                             "LoongForge reads RGB cameras only; leave depth features out")
         unknown = sorted(set(self.delta_timestamps) - set(self.columns) - set(self.camera_keys))
         if unknown:
             raise ValueError(f"delta_timestamps names unknown features {unknown}; features: {list(self.info.features)}")
@@ -104,7 +118,8 @@ class LeRobotDataset:
 
     @property
     def camera_keys(self) -> list[str]:
-        """Video keys, then cameras stored as images in the parquet files."""
+        """The RGB cameras: video keys, then cameras stored as images in the parquet files (depth maps are not
+        cameras: :attr:`DatasetInfo.depth_keys`)."""
         return self.info.camera_keys
 
     @property
@@ -120,6 +135,7 @@ class LeRobotDataset:
         i = int(self._rows[position])
         ep = self.episodes[self._row_episode[i]]
         item: dict[str, Any] = {key: values[i] for key, values in self.columns.items()}
+        item.update({key: cells[i].as_py() for key, cells in self._cells.items() if key not in self.info.image_keys})
         for key, offsets in self._offsets.items():
             if key in self.columns:
                 rows, is_pad = _window(i, offsets, ep.start, ep.length)
@@ -132,6 +148,7 @@ class LeRobotDataset:
             else:
                 item[key] = frames[0]
         item["task"] = self.tasks[int(self.columns["task_index"][i])]
+        self._add_language(item, i, ep)
         return item
 
     @property
@@ -169,8 +186,9 @@ class LeRobotDataset:
     def describe(self) -> str:
         """One line: version, episodes, frames, fps and cameras."""
         frames = sum(ep.length for ep in self.episodes)
+        depth = f", depth maps {self.info.depth_keys} (not read)" if self.info.depth_keys else ""
         return (f"{self.root}: LeRobot {self.info.version}, {self.num_episodes} episodes, {frames} frames at "
-                f"{self.fps} fps, cameras {self.camera_keys}")
+                f"{self.fps} fps, cameras {self.camera_keys}{depth}")
 
     def close(self) -> None:
         """Close the video files this thread opened."""
@@ -190,9 +208,9 @@ class LeRobotDataset:
 
     def _decode(self, ep, key: str, rows: np.ndarray) -> np.ndarray:
         """The camera's frames at dataset rows ``rows`` (of episode ``ep``) as (K, H, W, 3) uint8."""
-        if key in self._image_cells:
+        if key in self._cells:
             try:
-                return np.stack([decode_image(self._image_cells[key][int(r)].as_py()) for r in rows])
+                return np.stack([decode_image(self._cells[key][int(r)].as_py()) for r in rows])
             except (ValueError, OSError) as err:
                 raise LeRobotFormatError(f"{self.root / ep.data_path}: episode {ep.index} ({key}): {err}") from None
         span = ep.videos[key]
@@ -208,26 +226,49 @@ class LeRobotDataset:
         except (FrameLookupError, VideoFileError) as err:
             raise LeRobotFormatError(f"{self.root / path}: episode {ep.index} ({key}): {err}") from None
 
+    def _subtasks(self) -> dict[int, str] | None:
+        """LeRobot 0.4's subtask texts (``meta/subtasks.parquet``) when the data has a ``subtask_index`` column."""
+        if SUBTASK_INDEX not in self.columns or not (self.root / SUBTASKS_PARQUET).is_file():
+            return None
+        subtasks = read_text_table(self.root / SUBTASKS_PARQUET, SUBTASK_INDEX, "subtask")
+        checks.check_task_indices(self.root, self.episodes, self.columns[SUBTASK_INDEX], subtasks, SUBTASKS_PARQUET,
+                                  SUBTASK_INDEX)
+        return subtasks
+
+    def _add_language(self, item: dict[str, Any], row: int, ep: EpisodeEntry) -> None:
+        """The frame's subtask (and plan, memory) as text: from LeRobot 0.6's ``language_persistent`` rows active at
+        the frame's time, or LeRobot 0.4's ``subtask_index``."""
+        if self.subtasks is not None:
+            item["subtask"] = self.subtasks[int(self.columns[SUBTASK_INDEX][row])]
+        if LANGUAGE_PERSISTENT in item:
+            try:
+                item.update(active_texts(item[LANGUAGE_PERSISTENT] or [], float(self.columns["timestamp"][row])))
+            except (ValueError, KeyError, TypeError) as err:
+                raise LeRobotFormatError(f"{self.root / ep.data_path}: episode {ep.index}, frame "
+                                         f"{row - ep.start}: {LANGUAGE_PERSISTENT}: {one_line(err)}") from None
+
     def _load_columns(self) -> tuple[dict[str, np.ndarray], dict[str, pa.ChunkedArray]]:
-        """Every numeric parquet column as a numpy array over all frames, in episode order; image columns stay
-        arrow arrays of encoded cells (decoded per item)."""
+        """Every numeric parquet column as a numpy array over all frames, in episode order; the other columns
+        (encoded images, strings, LeRobot 0.6's language rows, kinds a later LeRobot adds) stay arrow arrays of
+        cells, turned into Python values per item."""
         parts, cells = [], []
         for group in _by_data_file(self.episodes):
             ep, path = group[0], self.root / group[0].data_path
             table = read_parquet(path, episode=ep.index)
             checks.check_file_rows(self.root, path, group, table.num_rows)
-            missing = [c for c in (*INDEX_COLUMNS, *self.info.data_keys, *self.info.image_keys)
-                       if c not in table.column_names]
+            missing = [c for c in (*INDEX_COLUMNS, *self.info.data_keys, *self.info.image_keys,
+                                   *self.info.passthrough_keys) if c not in table.column_names]
             if missing:
                 raise LeRobotFormatError(f"{path}: columns {missing} are missing (episode {ep.index})")
-            numeric = [name for name in table.column_names if name not in self.info.image_keys]
+            as_cells = [name for name in table.column_names if name not in self.info.data_keys
+                        and (name in self.info.features or not _numeric_arrow(table.schema.field(name).type))]
             try:
-                part = {name: _named_column(table, name) for name in numeric}
+                part = {name: _named_column(table, name) for name in table.column_names if name not in as_cells}
             except (ValueError, pa.ArrowException) as err:
                 raise LeRobotFormatError(f"{path}: {err} (episode {ep.index})") from None
             checks.check_columns(path, ep, part, self.info)
             parts.append(part)
-            cells.append({key: table.column(key) for key in self.info.image_keys})
+            cells.append({name: table.column(name) for name in as_cells})
         columns = {}
         for name in [n for n in parts[0] if all(n in part for part in parts)]:
             try:
@@ -235,9 +276,16 @@ class LeRobotDataset:
             except ValueError:
                 raise LeRobotFormatError(f"{self.root / 'data'}: column '{name}' has different widths in different "
                                          "data files") from None
-        images = {key: pa.chunked_array([chunk for part in cells for chunk in part[key].chunks])
-                  for key in self.info.image_keys}
-        return columns, images
+        shared = [name for name in cells[0] if all(name in part for part in cells)]
+        return columns, {name: pa.chunked_array([chunk for part in cells for chunk in part[name].chunks])
+                         for name in shared}
+
+
+def _numeric_arrow(kind: pa.DataType) -> bool:
+    """Whether a column of arrow type ``kind`` holds numbers: a number or bool, or (fixed-size) lists of them."""
+    while pa.types.is_list(kind) or pa.types.is_fixed_size_list(kind) or pa.types.is_large_list(kind):
+        kind = kind.value_type
+    return pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
 
 
 def column_to_numpy(chunked: pa.ChunkedArray) -> np.ndarray:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from loongforge.errors import LoongForgeError
@@ -85,7 +86,8 @@ class EpisodeEntry:
 
 @dataclass(frozen=True)
 class DatasetInfo:
-    """The parts of ``meta/info.json`` the reader needs, plus the whole of it in ``raw``."""
+    """The parts of ``meta/info.json`` the reader needs, plus the whole of it in ``raw`` (fields it does not know,
+    such as LeRobot 0.6's ``tools``, stay there unread)."""
 
     version: str
     fps: int
@@ -95,21 +97,66 @@ class DatasetInfo:
 
     @property
     def video_keys(self) -> list[str]:
+        """Features stored as mp4 files (RGB cameras and depth maps alike)."""
         return [key for key, ft in self.features.items() if ft["dtype"] == "video"]
 
     @property
     def image_keys(self) -> list[str]:
-        """Cameras stored as encoded images inside the parquet files."""
+        """Features stored as encoded images inside the parquet files (RGB cameras and depth maps alike)."""
         return [key for key, ft in self.features.items() if ft["dtype"] == "image"]
 
     @property
+    def depth_keys(self) -> list[str]:
+        """Video or image features LeRobot 0.6 marks as depth maps (``info.is_depth_map``, or the older
+        ``video.is_depth_map`` that LeRobot 0.4 wrote ``false`` on every video): single-channel distances, not
+        RGB, so they are never read as cameras."""
+        return [key for key, ft in self.features.items() if ft["dtype"] in ("video", "image") and is_depth_map(ft)]
+
+    @property
     def camera_keys(self) -> list[str]:
-        return self.video_keys + self.image_keys
+        """The RGB cameras (videos, then images): what policies read as images."""
+        depth = set(self.depth_keys)
+        return [key for key in self.video_keys + self.image_keys if key not in depth]
 
     @property
     def data_keys(self) -> list[str]:
-        """Numeric features stored in the parquet files (everything but cameras)."""
-        return [key for key, ft in self.features.items() if ft["dtype"] not in ("video", "image")]
+        """Numeric features stored in the parquet files (states, actions, indices)."""
+        return [key for key, ft in self.features.items() if numeric_dtype(ft["dtype"]) is not None]
+
+    @property
+    def language_keys(self) -> list[str]:
+        """LeRobot 0.6's language annotation columns (dtype ``language``: ``language_persistent`` rows that hold from
+        their timestamp on, ``language_events`` rows on the frame they happen at)."""
+        return [key for key, ft in self.features.items() if ft["dtype"] == LANGUAGE_DTYPE]
+
+    @property
+    def passthrough_keys(self) -> list[str]:
+        """Other parquet features -- strings, language rows, dtypes a later LeRobot adds: read as Python values
+        per frame, never as numbers."""
+        return [key for key, ft in self.features.items()
+                if ft["dtype"] not in ("video", "image") and numeric_dtype(ft["dtype"]) is None]
+
+
+#: LeRobot 0.6's feature dtype of the two language columns.
+LANGUAGE_DTYPE = "language"
+
+
+def is_depth_map(feature: dict[str, Any]) -> bool:
+    """Whether a feature of info.json is a depth map: LeRobot 0.6 writes ``info.is_depth_map``; older sets
+    ``info["video.is_depth_map"]`` or ``video_info["video.is_depth_map"]`` (LeRobot 0.6 reads all three)."""
+    info = feature.get("info") if isinstance(feature.get("info"), dict) else {}
+    video_info = feature.get("video_info") if isinstance(feature.get("video_info"), dict) else {}
+    return bool(info.get("is_depth_map") or info.get("video.is_depth_map") or video_info.get("video.is_depth_map"))
+
+
+def numeric_dtype(name: Any) -> np.dtype | None:
+    """The numpy dtype an info.json ``dtype`` names when it is numeric (``float32``, ``int64``, ``bool``), else
+    ``None`` (``string``, ``video``, ``language``, unknown names)."""
+    try:
+        dtype = np.dtype(name)
+    except TypeError:
+        return None
+    return dtype if np.issubdtype(dtype, np.number) or dtype == np.bool_ else None
 
 
 def one_line(err: BaseException) -> str:
@@ -250,16 +297,22 @@ def read_tasks(root: Path, info: DatasetInfo) -> dict[int, str]:
             with row_errors(path, f"task row {number}"):
                 tasks[int(row["task_index"])] = str(row["task"])
         return tasks
-    path = root / TASKS_PARQUET
+    return read_text_table(root / TASKS_PARQUET, "task_index", "task")
+
+
+def read_text_table(path: Path, index_column: str, text_name: str) -> dict[int, str]:
+    """``index -> text`` of a table LeRobot writes with pandas, the text as its index (``meta/tasks.parquet``,
+    LeRobot 0.4's ``meta/subtasks.parquet``): a column named ``text_name``, or ``__index_level_0__`` when the
+    index had no name."""
     if not path.is_file():
         raise LeRobotFormatError(f"{path}: missing")
     table = read_parquet(path)
-    text_column = next((c for c in ("task", "__index_level_0__") if c in table.column_names), None)
-    if text_column is None or "task_index" not in table.column_names:
-        raise LeRobotFormatError(f"{path}: needs columns 'task_index' and 'task' (the task text); columns: "
+    text_column = next((c for c in (text_name, "__index_level_0__") if c in table.column_names), None)
+    if text_column is None or index_column not in table.column_names:
+        raise LeRobotFormatError(f"{path}: needs columns '{index_column}' and '{text_name}' (the text); columns: "
                                  f"{table.column_names}")
-    with row_errors(path, "column 'task_index'"):
-        indices = [int(i) for i in table.column("task_index").to_pylist()]
+    with row_errors(path, f"column '{index_column}'"):
+        indices = [int(i) for i in table.column(index_column).to_pylist()]
     return dict(zip(indices, (str(t) for t in table.column(text_column).to_pylist()), strict=True))
 
 

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from loongforge.errors import ConfigError
 
+from loongforge_embodied.commands import add_lerobot_version
 from loongforge_embodied.data.lerobot_format import V30
-from loongforge_embodied.data.lerobot_writer import EpisodeData, VideoOptions, write_lerobot_dataset
+from loongforge_embodied.data.lerobot_writer import LEROBOT_04, EpisodeData, VideoOptions, write_lerobot_dataset
 from loongforge_embodied.data.rlds import RLDSDataset, RLDSEpisode
 from loongforge_embodied.data.rlds_keys import KEY_MAPS, RLDSKeyMap, key_map
 
@@ -33,9 +34,11 @@ def lerobot_episode(episode: RLDSEpisode) -> EpisodeData:
     return EpisodeData(task=episode.instruction, features=features, cameras=dict(episode.cameras))
 
 
-def write_lerobot(out: str | Path, episodes: Iterable[RLDSEpisode], *, fps: int, codec: str = DEFAULT_CODEC) -> Path:
-    """Write ``episodes`` as a LeRobotDataset v3.0 under ``out``; a :class:`ConfigError` when there are none or
-    their features differ (a LeRobot set has one width per feature and one size per camera)."""
+def write_lerobot(out: str | Path, episodes: Iterable[RLDSEpisode], *, fps: int, codec: str = DEFAULT_CODEC,
+                  lerobot: str = LEROBOT_04) -> Path:
+    """Write ``episodes`` as a LeRobotDataset v3.0 under ``out`` (as LeRobot release ``lerobot`` writes one); a
+    :class:`ConfigError` when there are none or their features differ (a LeRobot set has one width per feature and
+    one size per camera)."""
     converted = [lerobot_episode(episode) for episode in episodes]
     if not converted:
         raise ConfigError(f"{out}: no RLDS episodes to convert")
@@ -46,7 +49,8 @@ def write_lerobot(out: str | Path, episodes: Iterable[RLDSEpisode], *, fps: int,
         if shapes != expected:
             raise ConfigError(f"{out}: episode {index} has features {shapes}, episode 0 has {expected}; a LeRobot "
                               "dataset needs the same widths and camera sizes in every episode")
-    return write_lerobot_dataset(out, converted, fps=fps, version=V30, video=VideoOptions(codec=codec))
+    return write_lerobot_dataset(out, converted, fps=fps, version=V30, video=VideoOptions(codec=codec),
+                                 lerobot=lerobot)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -58,6 +62,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fps", type=int, default=10, help="frame rate to record (RLDS stores none; default 10)")
     parser.add_argument("--codec", default=DEFAULT_CODEC, choices=("png", "h264", "av1"),
                         help="cameras as lossless PNG cells in the parquet (default) or H.264 / AV1 mp4 videos")
+    add_lerobot_version(parser)
 
 
 def keys_option(value: str) -> RLDSKeyMap:
@@ -77,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{out} exists and is not empty; choose a new directory")
     dataset = RLDSDataset(args.source, keys_option(args.keys), split=args.split)
     episodes = list(dataset)
-    write_lerobot(out, episodes, fps=args.fps, codec=args.codec)
+    write_lerobot(out, episodes, fps=args.fps, codec=args.codec, lerobot=args.lerobot_version)
     frames = sum(episode.length for episode in episodes)
     print(f"converted {len(episodes)} episodes ({frames} frames) of RLDS '{dataset.name}' to LeRobot v3.0 at {out}")
     return 0

@@ -2,24 +2,27 @@
 frame of an episode differs clearly from its neighbours (a moving square over a drifting gradient), so a
 reader that returns the wrong frame is caught even through lossy video compression.
 
-``loongforge make-data synthetic-episodes ROOT [--version v3.0] [--codec h264] [--lengths 12 15 10]`` writes such a
-set from the command line (no downloads).
+``loongforge make-data synthetic-episodes ROOT [--version v3.0] [--codec h264] [--lengths 12 15 10] [--subtasks]
+[--lerobot-version 0.6]`` writes such a set from the command line (no downloads).
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 from loongforge.errors import LoongForgeError
 
 from loongforge_embodied.data.lerobot_format import INFO_PATH
-from loongforge_embodied.data.lerobot_writer import EpisodeData, VideoOptions, write_lerobot_dataset
+from loongforge_embodied.data.lerobot_writer import LEROBOT_04, EpisodeData, VideoOptions, write_lerobot_dataset
 
 #: The tiny dataset the tests use: 3 episodes, an episode boundary inside a v3.0 file and one across files.
 TINY_LENGTHS = (12, 15, 10)
+#: The two subtasks of :func:`with_subtasks`.
+SUBTASKS = ("move to the object", "bring it back")
 
 
 def synthetic_frame(episode: int, t: int, size: int) -> np.ndarray:
@@ -58,14 +61,22 @@ def synthetic_episodes(
     return episodes
 
 
+def with_subtasks(episodes: Sequence[EpisodeData], fps: int) -> list[EpisodeData]:
+    """``episodes`` annotated with two subtasks each: the first half of its frames, then the rest."""
+    return [replace(ep, subtasks=[(0.0, SUBTASKS[0]), ((ep.length // 2) / fps, SUBTASKS[1])]) for ep in episodes]
+
+
 def write_synthetic_dataset(
-    root: str | Path, *, version: str, codec: str = "h264", lengths: Sequence[int] = TINY_LENGTHS, fps: int = 10
+    root: str | Path, *, version: str, codec: str = "h264", lengths: Sequence[int] = TINY_LENGTHS, fps: int = 10,
+    subtasks: bool = False, lerobot: str = LEROBOT_04,
 ) -> tuple[Path, list[EpisodeData]]:
-    """Write :func:`synthetic_episodes` as a LeRobotDataset (v3.0: two episodes per file); returns the root and
-    the episodes, the ground truth a reader is compared with."""
+    """Write :func:`synthetic_episodes` (with :func:`with_subtasks` when ``subtasks``) as a LeRobotDataset (v3.0:
+    two episodes per file) the way LeRobot release ``lerobot`` writes it; returns the root and the episodes, the
+    ground truth a reader is compared with."""
     episodes = synthetic_episodes(lengths)
+    episodes = with_subtasks(episodes, fps) if subtasks else episodes
     path = write_lerobot_dataset(root, episodes, fps=fps, version=version, video=VideoOptions(codec=codec),
-                                 episodes_per_file=2)
+                                 episodes_per_file=2, lerobot=lerobot)
     return path, episodes
 
 
@@ -76,8 +87,9 @@ def run(args: argparse.Namespace) -> int:
         raise LoongForgeError(f"{args.root} already holds a LeRobotDataset; choose a new directory or delete it")
     lengths = args.lengths or TINY_LENGTHS
     root, episodes = write_synthetic_dataset(args.root, version=args.version, codec=args.codec, lengths=lengths,
-                                             fps=args.fps)
-    print(f"wrote {len(episodes)} episodes ({sum(lengths)} frames at {args.fps} fps, LeRobot {args.version}, "
+                                             fps=args.fps, subtasks=args.subtasks, lerobot=args.lerobot_version)
+    writer = f" as LeRobot {args.lerobot_version} writes it" if args.lerobot_version != LEROBOT_04 else ""
+    print(f"wrote {len(episodes)} episodes ({sum(lengths)} frames at {args.fps} fps, LeRobot {args.version}{writer}, "
           f"{args.codec}) to {root}")
     return 0
 

@@ -27,7 +27,8 @@ import numpy as np
 from loongforge.errors import LoongForgeError
 from loongforge.progress import job_progress
 
-from loongforge_embodied.data.lerobot_writer import EpisodeData, VideoOptions, write_lerobot_dataset
+from loongforge_embodied.commands import add_lerobot_version
+from loongforge_embodied.data.lerobot_writer import LEROBOT_04, EpisodeData, VideoOptions, write_lerobot_dataset
 from loongforge_embodied.sim.environment import SimEnvironment, SimEnvironmentError, make_env
 
 #: Written next to LeRobot's metadata: how the set was made.
@@ -87,7 +88,7 @@ def expert_episode(env: SimEnvironment, seed: int, *, max_steps: int, tail: int)
 
 def collect(root: str | Path, env_name: str, *, episodes: int, seed: int = 0, max_steps: int = 200, tail: int = 10,
             version: str = "v3.0", cameras: Sequence[str] = (), image_size: int = 64,
-            max_attempts: int | None = None) -> CollectReport:
+            max_attempts: int | None = None, lerobot: str = LEROBOT_04) -> CollectReport:
     """Write ``episodes`` successful expert episodes of ``env_name`` under ``root``; returns what happened.
 
     Tries at most ``max_attempts`` seeds (default ``2 * episodes + 10``) and fails when too few succeeded. Shows
@@ -120,7 +121,7 @@ def collect(root: str | Path, env_name: str, *, episodes: int, seed: int = 0, ma
         raise CollectError(f"only {len(written)} of {attempts} expert episodes of {env_name} succeeded within "
                            f"{max_steps} steps (wanted {episodes}); raise --max-steps or lower --episodes")
     write_lerobot_dataset(root, written, fps=env.fps, version=version, video=VideoOptions(),
-                          robot_type=env.robot_type)
+                          robot_type=env.robot_type, lerobot=lerobot)
     report.seconds = time.perf_counter() - start
     (root / REPORT_PATH).write_text(json.dumps({**asdict(report), "task": env.task, "fps": env.fps,
                                                 "expert_success_rate": report.expert_success_rate}, indent=1))
@@ -141,12 +142,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cameras", nargs="*", default=[],
                         help="cameras to record as H.264 video (needs MUJOCO_GL=egl or osmesa), e.g. corner")
     parser.add_argument("--image-size", type=int, default=64, help="camera image side in pixels (default 64)")
+    add_lerobot_version(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """``loongforge collect``: collect, then print one summary line."""
     report = collect(args.root, args.env, episodes=args.episodes, seed=args.seed, max_steps=args.max_steps,
-                     tail=args.tail, version=args.version, cameras=args.cameras, image_size=args.image_size)
+                     tail=args.tail, version=args.version, cameras=args.cameras, image_size=args.image_size,
+                     lerobot=args.lerobot_version)
     print(f"wrote {len(report.seeds)} {args.env} episodes ({sum(report.lengths)} frames, seeds "
           f"{report.seeds[0]}..{report.seeds[-1]}) to {args.root} in {report.seconds:.1f} s; expert success "
           f"{report.expert_success_rate:.0%} ({len(report.failed_seeds)} failed seeds skipped)")
