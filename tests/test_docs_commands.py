@@ -109,6 +109,10 @@ EXCLUDED: dict[str, dict[str, str]] = {
         "pip install": NETWORK,
         "loongforge convert hf-to-mcore pi05_base": WEIGHTS,
         "loongforge convert mcore-to-hf ckpt/pi05-base.safetensors": WEIGHTS,
+        "loongforge train configs/embodied-wam-reach.yaml task.data=data/metaworld/reach-v3-50":
+            "the world-action recipe: 17 minutes (tests/core/test_shipped_configs.py trains it briefly)",
+        "loongforge eval runs/embodied-wam-reach": "Meta-World closed loop with videos, 100 s to 13 minutes "
+                                                   "(tests/embodied/test_policy_wam.py runs the evaluator with videos)",
     },
 }
 
