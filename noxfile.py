@@ -31,7 +31,7 @@ def _install_core(session: nox.Session, *extras: str) -> None:
 
 
 #: First-party plugins a plugin depends on (installed from this checkout first: they are not on a package index).
-PLUGIN_DEPENDS = {"embodied": ("vlm",)}
+PLUGIN_DEPENDS = {"embodied": ("vlm", "diffusion")}
 
 
 def _install_plugins(session: nox.Session, *names: str) -> None:

@@ -51,6 +51,8 @@ class CheapRun:
     core: bool = False
     #: It reads Meta-World expert episodes that ``loongforge collect`` writes (the recipe's ``task.data``).
     metaworld_episodes: bool = False
+    #: ... filmed by the corner camera at 32 pixels (``--cameras corner --image-size 32``, as the recipe's header).
+    metaworld_camera: bool = False
     #: The recipe whose checkpoint it starts from (its ``model.load``, e.g. ``runs/sft-tiny/checkpoints``), which
     #: that recipe's cheap run writes first.
     starts_from: str = ""
@@ -107,6 +109,10 @@ CHEAP = {
                                           "task.action_horizon=4", "task.eval={frames: 0}",
                                           "training.micro_batch_size=32", "optimizer.lr=1e-2"),
                                          metaworld_episodes=True),
+    "embodied-wam-reach.yaml": CheapRun(("model.overrides.layers=1", "task.held_out_episodes=1",
+                                         "task.action_horizon=4", "task.eval={frames: 0}",
+                                         "training.micro_batch_size=32", "optimizer.lr=3e-3"),
+                                        metaworld_episodes=True, metaworld_camera=True),
 }
 
 
@@ -126,6 +132,17 @@ def metaworld_episodes(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("metaworld") / "reach-v3"
     assert main(["collect", str(root), "--env", "reach-v3", "--episodes", "2", "--max-steps", "150"]) == 0
+    return root
+
+
+@pytest.fixture(scope="module")
+def metaworld_camera_episodes(tmp_path_factory) -> Path:
+    """Two reach-v3 expert episodes with the corner camera's 32-pixel frames, as the world-action recipe records."""
+    from loongforge.cli import main
+
+    root = tmp_path_factory.mktemp("metaworld") / "reach-v3-corner32"
+    assert main(["collect", str(root), "--env", "reach-v3", "--episodes", "2", "--max-steps", "150", "--cameras",
+                 "corner", "--image-size", "32"]) == 0
     return root
 
 
@@ -163,7 +180,8 @@ def test_recipe_trains_and_its_loss_falls(tmp_path, request, name):
     from loongforge.train.run import run_training
 
     cheap = CHEAP[name]
-    data = [f"task.data={request.getfixturevalue('metaworld_episodes')}"] if cheap.metaworld_episodes else []
+    episodes = "metaworld_camera_episodes" if cheap.metaworld_camera else "metaworld_episodes"
+    data = [f"task.data={request.getfixturevalue(episodes)}"] if cheap.metaworld_episodes else []
     if cheap.starts_from:  # model.load: runs/sft-tiny/checkpoints, relative to where the command runs
         request.getfixturevalue("monkeypatch").chdir(request.getfixturevalue("checkpoint_of")(cheap.starts_from))
     out = tmp_path / "run"

@@ -59,7 +59,8 @@ def test_depth_maps_are_refused_in_one_line_naming_them():
         LeRobotDataset(FIXTURE, delta_timestamps={DEPTH: [0.0]})
     dataset = LeRobotDataset(FIXTURE)
     with pytest.raises(ConfigError, match=f"'{DEPTH}' of .* is a depth map") as err:
-        PolicyTaskOptions(cameras=[DEPTH]).camera_keys(1, dataset.camera_keys, FIXTURE, "run.yaml", dataset.info.depth_keys)
+        PolicyTaskOptions(cameras=[DEPTH]).camera_keys(1, dataset.camera_keys, FIXTURE, "run.yaml",
+                                                       dataset.info.depth_keys)
     assert "\n" not in str(err.value)
 
 

@@ -1,5 +1,5 @@
-"""Entry point of the ``embodied`` plugin: registers the policy flavors (Pi0, Pi0.5, Pi0-FAST, GR00T-style) and the
-LeRobot dataset kind.
+"""Entry point of the ``embodied`` plugin: registers the policy flavors (Pi0, Pi0.5, Pi0-FAST, GR00T-style, the
+world-action model on Wan's DiT) and the LeRobot dataset kind.
 
 Torch-free at import and while registering (flavors are dataclasses; the reader loads numpy, pyarrow and PyAV when
 a run asks for it; Meta-World and the policy server load only in their commands). The torch-native
@@ -10,7 +10,9 @@ from __future__ import annotations
 from loongforge import hookimpl
 
 #: Shown by ``loongforge plugins``.
-SUMMARY = "embodied VLA: Pi0 / Pi0.5 / Pi0-FAST / GR00T-style policies, LeRobot v2.1/v3.0 data, Meta-World closed loop"
+SUMMARY = (
+    "embodied VLA: Pi0 / Pi0.5 / Pi0-FAST / GR00T-style policies, a Wan world-action model, LeRobot v2.1/v3.0 data, "
+    "Meta-World closed loop")
 
 
 @hookimpl
@@ -21,10 +23,10 @@ def loongforge_register_datasets(registry):
 
 @hookimpl
 def loongforge_register_models(registry):
-    from loongforge_embodied.policies import fast_flavors, flavors, gr00t_flavors, pi05_gemma_flavors
+    from loongforge_embodied.policies import fast_flavors, flavors, gr00t_flavors, pi05_gemma_flavors, wam_flavors
 
     for name, flavor in {**flavors.FLAVORS, **fast_flavors.FLAVORS, **gr00t_flavors.FLAVORS,
-                         **pi05_gemma_flavors.FLAVORS}.items():
+                         **pi05_gemma_flavors.FLAVORS, **wam_flavors.FLAVORS}.items():
         registry.register(name, flavor, description=flavor.describe())
 
 

@@ -155,3 +155,16 @@ class Pi05TaskOptions(PolicyTaskOptions):
     """``task:`` of a Pi0.5 policy: the policy task's options and, when set, knowledge insulation."""
 
     knowledge_insulation: KnowledgeInsulationOptions | None = None
+
+
+@dataclass(frozen=True)
+class WorldActionTaskOptions(PolicyTaskOptions):
+    """``task:`` of a world-action model (``wam-*``): the policy task's options, how far apart the predicted frames
+    are, and the weights of the two flow-matching losses."""
+
+    #: Dataset frames between the observed frame and the first predicted one, and between predicted frames.
+    frame_stride: int = ranged(5, low=1)
+    #: Weight of the future-frame latents' flow-matching loss.
+    video_loss_weight: float = ranged(1.0, low=0.0)
+    #: Weight of the action chunk's flow-matching loss.
+    action_loss_weight: float = ranged(1.0, low=0.0)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -88,7 +88,7 @@ class PolicyFrames:
         return self.items[index]
 
 
-def _image(image: np.ndarray, size: int) -> torch.Tensor:
+def camera_image(image: np.ndarray, size: int) -> torch.Tensor:
     """A camera frame as the policy's (3, size, size) float in [0, 1]: CHW float as the dataset decodes it, or
     HWC uint8 as a camera or simulator renders it (converted the way the dataset does)."""
     if image.dtype == np.uint8:
@@ -108,6 +108,12 @@ class PolicyTask(TaskBase):
     After :meth:`build_dataset` (or :meth:`load_state_dict` from a checkpoint's state) it holds what acting needs:
     the normaliser, the state/action dimensions, the camera keys in order and the action horizon.
     """
+
+    #: Batch keys that are not model inputs (targets, bookkeeping): left out of what :meth:`act` is given.
+    target_keys: ClassVar[tuple[str, ...]] = NOT_INPUTS
+    #: (B, frames, S, S, 3) uint8 frames the policy predicted in its last :meth:`act` call, one row per
+    #: observation; ``None`` for a policy that predicts actions only (a world-action model sets them).
+    predicted_frames: np.ndarray | None = None
 
     def __init__(self, flavor: Any, config: Any) -> None:
         self.options: PolicyTaskOptions = task_options(flavor, config)
@@ -174,14 +180,18 @@ class PolicyTask(TaskBase):
         self.stats, self.normalizer = stats, Normalizer(stats, modes)
         self.state_dim, self.action_dim, self.camera_keys = state_dim, action_dim, list(camera_keys)
 
+    def _require_normaliser(self) -> None:
+        """A one-line :class:`ConfigError` when the task cannot act yet (no normaliser: neither trained nor loaded)."""
+        if self.normalizer is None:
+            raise ConfigError("the policy task has no normaliser yet: call build_dataset(), or load the task from a "
+                              "checkpoint (loongforge.train.task_checkpoint.load_task_model)")
+
     def observation_inputs(self, task_text: str, state: np.ndarray,
                            images: dict[str, np.ndarray] | None = None) -> dict[str, torch.Tensor]:
         """One frame's model inputs (unbatched): the flavor's ``frame_inputs`` of the normalised state and, when
         the flavor has cameras, ``"images"`` (cameras, 3, S, S) from ``images[key]`` for each camera key in order
         (CHW float in [0, 1] or HWC uint8). ``state`` is in the dataset's units. Training items use this too."""
-        if self.normalizer is None:
-            raise ConfigError("the policy task has no normaliser yet: call build_dataset(), or load the task from a "
-                              "checkpoint (loongforge.train.task_checkpoint.load_task_model)")
+        self._require_normaliser()
         state = np.asarray(state, dtype=np.float64)
         if state.shape != (self.state_dim,):
             raise ValueError(f"state has shape {state.shape}; the policy was trained on {self.state_dim} dimensions")
@@ -191,7 +201,8 @@ class PolicyTask(TaskBase):
             missing = [key for key in self.camera_keys if key not in (images or {})]
             if missing:
                 raise ValueError(f"images lack camera(s) {missing}; the policy reads {self.camera_keys}")
-            inputs["images"] = torch.stack([_image(images[key], self.flavor.image_size) for key in self.camera_keys])
+            size = self.flavor.image_size
+            inputs["images"] = torch.stack([camera_image(images[key], size) for key in self.camera_keys])
         return inputs
 
     def training_item(self, frame: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -280,20 +291,10 @@ class PolicyTask(TaskBase):
         ``seed``, then unnormalised (float64). A sequence of B seeds seeds each sample's noise on its own, so a
         sample's chunk does not depend on what else is in the batch (a batched closed-loop evaluation acts as a
         serial one); an integer seeds the whole batch's noise at once."""
-        if self.normalizer is None:
-            raise ConfigError("the policy task has no normaliser yet: call build_dataset(), or load the task from a "
-                              "checkpoint (loongforge.train.task_checkpoint.load_task_model)")
+        self._require_normaliser()
         device = next(model.parameters()).device
         inputs = {key: value.to(device) for key, value in inputs.items()}
-        batch = next(iter(inputs.values())).shape[0]
-        shape = (self.action_horizon, self.flavor.max_action_dim)
-        if isinstance(seed, int):
-            noise = torch.randn(batch, *shape, generator=torch.Generator().manual_seed(seed))
-        else:
-            if len(seed) != batch:
-                raise ValueError(f"{len(seed)} seeds for a batch of {batch} observations")
-            noise = torch.stack([torch.randn(shape, generator=torch.Generator().manual_seed(s)) for s in seed])
-        noise = noise.to(device)
+        (noise,) = seeded_noise([(self.action_horizon, self.flavor.max_action_dim)], inputs, seed, device)
         chunks = self.flow.euler_sample(lambda x, t: model(inputs, x, t), noise, steps)
         return self.normalizer.unnormalize(ACTION, chunks[..., :self.action_dim].double().cpu().numpy())
 
@@ -309,7 +310,7 @@ class PolicyTask(TaskBase):
         count = len(frames.frames)
         picked = np.linspace(0, count - 1, min(opts.frames, count)).round().astype(int).tolist()
         items = [self.training_item(frames.frames[i]) for i in picked]
-        batch = {key: torch.stack([item[key] for item in items]) for key in items[0] if key not in NOT_INPUTS}
+        batch = {key: torch.stack([item[key] for item in items]) for key in items[0] if key not in self.target_keys}
         model.eval()
         predicted = torch.as_tensor(self.act(model, batch, steps=opts.steps, seed=opts.seed))
         truth = frames.raw_actions[picked].double()
@@ -331,3 +332,19 @@ class PolicyTask(TaskBase):
         """Policies act on observations, not prompts alone: ``loongforge sample`` has nothing to write."""
         raise ConfigError("a VLA policy samples actions from observations; `loongforge sample` (prompts to media) "
                           "does not apply (training reports held-out action error in eval.json)")
+
+
+def seeded_noise(shapes: Sequence[tuple[int, ...]], inputs: dict[str, torch.Tensor], seed: int | Sequence[int],
+                 device: torch.device) -> list[torch.Tensor]:
+    """Standard normal noise of each of ``shapes`` for a batch of ``inputs`` (B rows), on ``device``: an integer
+    ``seed`` draws the whole batch's noise from one generator, shape after shape; a sequence of B seeds draws each
+    row's from its own generator, so a row's noise does not depend on what else is in the batch."""
+    batch = next(iter(inputs.values())).shape[0]
+    if isinstance(seed, int):
+        generator = torch.Generator().manual_seed(seed)
+        return [torch.randn(batch, *shape, generator=generator).to(device) for shape in shapes]
+    if len(seed) != batch:
+        raise ValueError(f"{len(seed)} seeds for a batch of {batch} observations")
+    generators = [torch.Generator().manual_seed(s) for s in seed]
+    rows = [[torch.randn(shape, generator=g) for shape in shapes] for g in generators]
+    return [torch.stack([row[i] for row in rows]).to(device) for i in range(len(shapes))]

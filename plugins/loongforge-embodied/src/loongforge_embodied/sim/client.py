@@ -35,6 +35,9 @@ class PolicyClient:
     :class:`PolicyServerError` with the server's words. A request larger than the limit the server announced in
     its metadata is refused here, before it is sent."""
 
+    #: The server's messages carry actions only, so no imagined frames come back.
+    predicted_frames = None
+
     def __init__(self, url: str, *, timeout: float = 60.0) -> None:
         self.url, self.timeout = url, timeout
         # entered as a context manager (what websockets >= 17.1 asks for); close() leaves it

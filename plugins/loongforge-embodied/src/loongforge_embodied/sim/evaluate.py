@@ -15,7 +15,9 @@ the episode count, successes, success rate, mean return and mean length and one 
 steps, return, video); the same rows are printed as a table. With ``--videos`` (or ``--video-dir``) every episode
 of the evaluated policy is also filmed from one camera (:mod:`loongforge_embodied.sim.recording`) as
 ``videos/episode-000-success.mp4`` and so on, the random baseline's beside them in ``videos/random/`` (in
-``videos/`` when it runs alone). A progress line per episode carries the running success rate. The totals go to the
+``videos/`` when it runs alone); a world-action model's imagined frames go beside each rollout as
+``episode-000-success-predicted.mp4`` (a row's ``predicted_video``: per chunk, the frame the policy saw and the
+frames it predicted, left to right). A progress line per episode carries the running success rate. The totals go to the
 experiment trackers too (``--trackers``, opened in ``--out``) as ``eval/<policy|random>/<metric>`` at the
 checkpoint's training step.
 
@@ -91,7 +93,9 @@ def run_episodes(envs: Sequence[SimEnvironment], policy: Any, seeds: Sequence[in
     ``policy.act_batch`` call, then every episode takes one step; a finished episode's environment starts the
     next seed. An episode's chunks are seeded from (``sample_seed``, its seed, its step) and each episode has its
     own simulator, so a row does not depend on how many run beside it. ``recorder`` films each episode's reset
-    frame and every step's frame; ``on_done(index, row)`` hears of each finished episode."""
+    frame and every step's frame, and with a policy that imagines frames (a world-action model's
+    ``predicted_frames``) each chunk's observed and predicted frames; ``on_done(index, row)`` hears of each finished
+    episode."""
     queue = iter(enumerate(seeds))
     rows: list[dict[str, Any]] = [{} for _ in seeds]
     running: list[_Episode] = []
@@ -115,6 +119,9 @@ def run_episodes(envs: Sequence[SimEnvironment], policy: Any, seeds: Sequence[in
                                       [chunk_seed(sample_seed, e.seed, e.steps) for e in asking])
             for episode, chunk in zip(asking, chunks, strict=True):
                 episode.planned = list(chunk[:replan])
+            if recorder and policy.predicted_frames is not None:
+                for episode, frames in zip(asking, policy.predicted_frames, strict=True):
+                    recorder.imagine(episode.index, next(iter(episode.observation.images.values())), frames)
         for episode in list(running):
             episode.observation, success = episode.env.step(episode.planned.pop(0))
             episode.steps, episode.total = episode.steps + 1, episode.total + episode.observation.reward
@@ -155,6 +162,9 @@ def evaluate(policy: Any, env_name: str, seeds: Sequence[int], *, replan: int = 
                 nonlocal successes, done
                 if recorder:
                     row["video"] = str(recorder.finish(index, row["success"]))
+                    predicted = recorder.finish_predicted(index, row["success"])
+                    if predicted:
+                        row["predicted_video"] = str(predicted)
                 successes, done = successes + row["success"], done + 1
                 progress.advance(note=f"success {successes}/{done} ({successes / done:.0%})")
 
@@ -270,8 +280,9 @@ def closed_loop(args: argparse.Namespace) -> dict[str, Any]:
                                      recorder=recorder and (recorder.beside("random") if summary else recorder))
     for result in summary.values():
         for row in result["per_episode"]:
-            if "video" in row:
-                row["video"] = _shown(Path(row["video"]), out)
+            for key in ("video", "predicted_video"):
+                if key in row:
+                    row[key] = _shown(Path(row[key]), out)
     out.mkdir(parents=True, exist_ok=True)
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=1))
     for name, result in summary.items():

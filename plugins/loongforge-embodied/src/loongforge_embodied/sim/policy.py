@@ -1,8 +1,9 @@
 """Things that act: a trained checkpoint in this process, or uniform random actions (the baseline).
 
 Both answer ``act(task, state, images, seed) -> (H, A) actions`` for one observation and ``act_batch(task, states,
-images, seeds) -> (E, H, A)`` for E observations at once (what a batched closed-loop evaluation asks each step), and
-carry ``metadata`` (what the policy server sends on connect), so the evaluator, the server and
+images, seeds) -> (E, H, A)`` for E observations at once (what a batched closed-loop evaluation asks each step),
+carry ``metadata`` (what the policy server sends on connect) and ``predicted_frames`` (the frames a world-action
+model imagined in its last ``act_batch``, else ``None``), so the evaluator, the server and
 :class:`~loongforge_embodied.sim.client.PolicyClient` use them interchangeably. Each observation of a batch has its
 own seed, so its chunk is the one ``act`` gives it alone.
 """
@@ -63,12 +64,21 @@ class CheckpointPolicy:
         batch = {key: torch.stack([item[key] for item in items]) for key in items[0]}
         return np.asarray(self.task.act(self.model, batch, steps=self.steps, seed=list(seeds)))
 
+    @property
+    def predicted_frames(self) -> np.ndarray | None:
+        """(E, frames, S, S, 3) uint8 camera frames the policy imagined in its last :meth:`act_batch` call (a
+        world-action model), or ``None`` (a policy that predicts actions only)."""
+        return self.task.predicted_frames
+
 
 class RandomPolicy:
     """Uniform actions in [-1, 1] (Meta-World's action box), drawn from ``seed``: the chance-level baseline.
 
     It ignores its observation, but declares one like a checkpoint does (``state_dim``, ``cameras`` and their
     ``image_size``; by default any state and no cameras), so a server in front of it checks requests the same way."""
+
+    #: It imagines no frames.
+    predicted_frames = None
 
     def __init__(self, *, action_dim: int = 4, horizon: int = 10, state_dim: int | None = None,
                  cameras: tuple[str, ...] = (), image_size: int | None = None) -> None:

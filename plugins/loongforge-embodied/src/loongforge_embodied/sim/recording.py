@@ -56,6 +56,8 @@ class RolloutRecorder:
     format: str = "mp4"
     #: Frames of the episodes being filmed, by episode index (a batched evaluation films several at once).
     _frames: dict[int, list[np.ndarray]] = field(default_factory=dict, init=False, repr=False)
+    #: Per episode, one strip per chunk: the observed frame and the frames the policy predicted (:meth:`imagine`).
+    _imagined: dict[int, list[np.ndarray]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.format not in VIDEO_FORMATS:
@@ -69,6 +71,24 @@ class RolloutRecorder:
     def capture(self, env: SimEnvironment, index: int) -> None:
         """Add ``env``'s current frame to episode ``index`` (call after the reset and after each step)."""
         self._frames.setdefault(index, []).append(env.render(self.camera or env.video_camera, self.size))
+
+    def imagine(self, index: int, observed: np.ndarray, predicted: np.ndarray) -> None:
+        """Add one chunk's strip to episode ``index``: ``observed`` (S, S, 3), the frame the policy acted on, then
+        its ``predicted`` (F, S, S, 3) future frames, each scaled to the recorder's size (nearest neighbour)."""
+        frames = [observed, *predicted]
+        repeat = max(1, self.size // observed.shape[0])
+        self._imagined.setdefault(index, []).append(
+            np.concatenate([frame.repeat(repeat, axis=0).repeat(repeat, axis=1) for frame in frames], axis=1))
+
+    def finish_predicted(self, index: int, success: bool) -> Path | None:
+        """Write episode ``index``'s imagined strips (one video frame per chunk) and forget them; returns the file,
+        or ``None`` when the policy imagined nothing."""
+        strips = self._imagined.pop(index, None)
+        if not strips:
+            return None
+        path = self.directory / f"episode-{index:03d}-{'success' if success else 'failure'}-predicted.{self.format}"
+        write_rollout(path, np.stack(strips), max(1, self.fps // 5))
+        return path
 
     def finish(self, index: int, success: bool) -> Path:
         """Write the frames captured for episode ``index`` and forget them; returns the file."""
