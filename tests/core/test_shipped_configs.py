@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,12 +139,14 @@ def metaworld_episodes(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def metaworld_camera_episodes(tmp_path_factory) -> Path:
-    """Two reach-v3 expert episodes with the corner camera's 32-pixel frames, as the world-action recipe records."""
-    from loongforge.cli import main
-
+    """Two reach-v3 expert episodes with the corner camera's 32-pixel frames, as the world-action recipe records.
+    A process of its own: MuJoCo picks its GL backend once per process, and the state-only episodes above may have
+    imported it without one."""
     root = tmp_path_factory.mktemp("metaworld") / "reach-v3-corner32"
-    assert main(["collect", str(root), "--env", "reach-v3", "--episodes", "2", "--max-steps", "150", "--cameras",
-                 "corner", "--image-size", "32"]) == 0
+    done = subprocess.run([sys.executable, "-m", "loongforge.cli", "collect", str(root), "--env", "reach-v3",
+                           "--episodes", "2", "--max-steps", "150", "--cameras", "corner", "--image-size", "32"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
     return root
 
 
