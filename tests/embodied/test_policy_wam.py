@@ -83,17 +83,18 @@ def test_without_the_action_loss_actions_are_not_learned(tmp_path):
 
 
 class _StandInEnv:
-    """What the evaluator asks of a Meta-World environment, over a 2-d point world filmed as the reach set is: the
-    state is a position, an action moves it, success is never reached (every episode runs ``max_steps``)."""
+    """An environment as the evaluator asks for it (``sim.environment.SimEnvironment``), over a 2-d point world
+    filmed as the reach set is: the state is a position, an action moves it, success is never reached (every
+    episode runs ``max_steps``)."""
 
-    max_steps = 500
+    max_steps, fps, action_dim, robot_type, video_camera = 500, 80, 2, "point", "corner"
 
     def __init__(self, name: str, *, cameras, image_size: int) -> None:
         self.task, self.cameras, self.size = "reach the red square", cameras, image_size
         self.position = np.zeros(2)
 
     def _observe(self, reward: float = 0.0):
-        from loongforge_embodied.sim.metaworld_env import Observation
+        from loongforge_embodied.sim.environment import Observation
 
         return Observation(self.position.copy(), {cam: self.render(cam, self.size) for cam in self.cameras}, reward)
 
@@ -132,7 +133,8 @@ def test_acting_returns_chunks_and_the_evaluation_films_imagined_frames(trained,
     np.testing.assert_allclose(alone[0], chunks[1], atol=1e-5)
     assert np.abs(policy.predicted_frames[0].astype(int) - frames[1].astype(int)).max() <= 1
 
-    monkeypatch.setattr(evaluation, "MetaWorldEnv", _StandInEnv)
+    monkeypatch.setattr(evaluation, "make_env", lambda name, *, cameras, image_size: _StandInEnv(
+        name, cameras=cameras, image_size=image_size))
     recorder = RolloutRecorder(tmp_path / "videos", size=32, format="gif")
     summary = evaluation.evaluate(policy, "reach-v3", [7, 8], replan=2, max_steps=6, recorder=recorder, batch=2)
     for index, row in enumerate(summary["per_episode"]):
