@@ -4,6 +4,7 @@ attention takes their sequence boundaries (varlen, the default) or the dense blo
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from loongforge.config.schema import DataConfig  # noqa: E402
 from loongforge.data.chat_dataset import shipped_chat  # noqa: E402
@@ -118,3 +119,21 @@ def test_sdpa_attention_applies_a_block_causal_mask_exactly(megatron_cpu_world):
     # One segment covering the row is plain causal attention.
     causal = attention(q, k, v, block_causal_mask(torch.zeros(b, s, dtype=torch.long)))
     assert torch.allclose(causal, attention(q, k, v, None), atol=1e-6)
+
+
+def test_the_trainer_attends_packed_rows_varlen_unless_the_attention_cannot(megatron_cpu_world, caplog):
+    """Core's attention takes the boundaries; any other core attention (Transformer Engine's) gets the dense mask."""
+    from loongforge.train.engines.megatron import _packed_rows_varlen
+
+    model = build_model(FLAVORS["llama-debug"], backend=megatron_cpu_world)
+    assert _packed_rows_varlen([model])
+    model.decoder.layers[1].self_attention.core_attention = torch.nn.Identity()  # stands for TEDotProductAttention
+    with caplog.at_level("INFO", logger="loongforge.train.engines.megatron"):
+        assert not _packed_rows_varlen([model])
+    assert "Identity does not take packed_seq_params" in caplog.text
+    batch = {"tokens": torch.zeros(2, 5, dtype=torch.long), "cu_seqlens": torch.tensor([0, 2, 5, 9, 10])}
+    assert set(attend_packed(batch, varlen=True)) == {"tokens", "packed_seq_params"}
+    mask = attend_packed(batch, varlen=False)["attention_mask"]
+    assert torch.equal(mask, block_causal_mask(torch.tensor([[0, 0, 1, 1, 1], [2, 2, 2, 2, 3]])))
+    with pytest.raises(ValueError, match="cross the row end at token 5"):
+        PackedRows.from_cu_seqlens(torch.tensor([0, 2, 6, 10]), 2, 5)

@@ -13,7 +13,7 @@ The rows keep megatron's ``[s, b]`` layout (qkv format ``sbhd``), so megatron's 
 batch and restart RoPE per sequence) stay off and RoPE runs as for any row: within a sequence it sees the same
 distances as in the unpacked sample, which is what makes packing exact (:mod:`loongforge.data.packing`).
 
-Attention that cannot read the layout (Transformer Engine's, DeepSeek's sparse attention) gets the dense mask
+A core attention that cannot read the layout (Transformer Engine's, a plugin's own) gets the dense mask
 instead (:meth:`PackedRows.dense_mask`, :func:`attend_packed`): the same numbers, the old memory.
 """
 

@@ -89,7 +89,7 @@ def _check_local_attention(chunks: list[Any], setting: str, way_out: str) -> Non
 def _packed_rows_varlen(chunks: list[Any]) -> bool:
     """Whether packed rows (``data.pack``, cp = 1) are attended sequence by sequence (varlen,
     :mod:`loongforge.parallel.packed_rows`): when core's local attention runs every layer. Other attention (Transformer
-    Engine's, DeepSeek's sparse attention) gets the dense block-diagonal mask, which gives the same numbers but
+    Engine's, a plugin's own) gets the dense block-diagonal mask, which gives the same numbers but
     costs ``seq_length**2`` per row; that is logged once."""
     if (foreign := _foreign_attention(chunks)) is None:
         return True
