@@ -82,6 +82,7 @@ EXCLUDED: dict[str, dict[str, str]] = {
     },
     "docs/long-context.md": {
         "python benchmarks/cp_dynamic.py": SUITE,
+        "python benchmarks/packed_attention.py": SUITE,
         "python benchmarks/moe_a2a_overlap.py": SUITE,
     },
     "docs/planner.md": {

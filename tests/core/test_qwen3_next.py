@@ -288,14 +288,18 @@ class TestGenerationAndPacking:
 
     def test_packed_documents_do_not_mix(self, tiny_model):
         from loongforge.data.packing import block_causal_mask
+        from loongforge.parallel.packed_rows import PackedRows
 
         first, second = tokens(1, 70, seed=2), tokens(1, 50, seed=3)
         mask = block_causal_mask(torch.from_numpy(np.array([[0] * 70 + [1] * 50])))
         positions = torch.cat([torch.arange(70), torch.arange(50)])[None]
+        layout = PackedRows.from_cu_seqlens(torch.tensor([0, 70, 120]), 1, 120)
         with torch.no_grad():
             packed = tiny_model(torch.cat([first, second], 1), positions, mask)
+            varlen = tiny_model(torch.cat([first, second], 1), positions, None, packed_seq_params=layout)
             alone = tiny_model(second, torch.arange(50)[None], None)
         assert (packed[:, 70:] - alone).abs().max() <= 1e-5
+        assert (varlen - packed).abs().max() <= 1e-5  # the boundaries, not the mask: every layer keeps them
 
 
 # -- training ---------------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from loongforge.data.packing import ChatRowDataset, pack_rows
 from loongforge.data.sft import read_conversations, render_spans, tokenize_conversation
 from loongforge.data.tokenizers import ByteTokenizer, HFTokenizer
 from loongforge.errors import ConfigError
+from loongforge.parallel.packed_rows import PackedRows
 from loongforge.train.batches import split_dataset
 
 BYTE = ByteTokenizer()
@@ -159,7 +160,9 @@ def test_packed_rows_restart_positions_confine_attention_and_keep_every_target()
     starts = np.cumsum([0, *lengths])
     for start, n in zip(starts[:-1], lengths, strict=True):
         assert positions[start : start + n].tolist() == list(range(n))
-    mask = full["attention_mask"][1, 0]
+    # the boundaries of row 1's samples, and of its padding tail, over the flattened rows
+    assert [b - 256 for b in full["cu_seqlens"].tolist() if 256 <= b <= 512] == sorted({*starts.tolist(), 256})
+    mask = PackedRows.from_cu_seqlens(full["cu_seqlens"], len(packed), 256).dense_mask()[1, 0]
     assert mask.shape == (256, 256) and mask.dtype == torch.bool
     first, second = starts[1] - 1, starts[1]  # last token of sample 0, first of sample 1
     assert not mask[second, second] and mask[second, first] and not mask[first, 0] and mask[0, 1]

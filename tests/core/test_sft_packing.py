@@ -1,8 +1,10 @@
-"""Packed chat rows train exactly like the same conversations one per row (megatron model, fp32, CPU)."""
+"""Packed chat rows train exactly like the same conversations one per row (megatron model, fp32, CPU), whether
+attention takes their sequence boundaries (varlen, the default) or the dense block-diagonal mask (the fallback)."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from loongforge.config.schema import DataConfig  # noqa: E402
 from loongforge.data.chat_dataset import shipped_chat  # noqa: E402
@@ -10,6 +12,7 @@ from loongforge.data.packing import block_causal_mask  # noqa: E402
 from loongforge.data.tokenizers import ByteTokenizer  # noqa: E402
 from loongforge.models.decoder_model import build_model  # noqa: E402
 from loongforge.models.llama import FLAVORS  # noqa: E402
+from loongforge.parallel.packed_rows import PackedRows, attend_packed  # noqa: E402
 from loongforge.train.engines.megatron import _masked_mean_loss  # noqa: E402
 
 NUM_SAMPLES = 24
@@ -26,11 +29,21 @@ def _spread_weights(model):
                 param.normal_(0.0, 0.15, generator=generator)
 
 
-def _loss(model, batch, *, mask=True):
-    attention_mask = batch.get("attention_mask") if mask else None
-    per_token = model(batch["tokens"], batch["position_ids"], attention_mask, labels=batch["labels"])
+def _loss(model, batch, *, varlen=True):
+    """The packed ``batch`` (with ``cu_seqlens``) as the trainer feeds it: varlen, dense mask, or (``None``) neither."""
+    if "cu_seqlens" in batch:
+        batch = attend_packed(batch, varlen=bool(varlen))
+        if varlen is None:
+            batch.pop("attention_mask")
+    extra = {"packed_seq_params": batch["packed_seq_params"]} if "packed_seq_params" in batch else {}
+    per_token = model(batch["tokens"], batch["position_ids"], batch.get("attention_mask"), labels=batch["labels"],
+                      **extra)
     loss, _ = _masked_mean_loss(batch["loss_mask"], per_token)
     return loss
+
+
+def _relative(a, b):
+    return ((a - b).norm() / b.norm()).item()
 
 
 def _grads(model, loss):
@@ -59,11 +72,15 @@ def test_packed_rows_give_the_unpacked_loss_and_grads(megatron_cpu_world):
     plain_grads = _grads(model, plain_loss)
     packed_loss = _loss(model, packed_batch)
     packed_grads = _grads(model, packed_loss)
-    assert abs(packed_loss.item() - plain_loss.item()) <= 1e-5
-    assert torch.allclose(packed_grads, plain_grads, rtol=1e-4, atol=1e-6)
+    dense_loss = _loss(model, packed_batch, varlen=False)
+    dense_grads = _grads(model, dense_loss)
+    # varlen and the dense mask are the same attention: equal to fp32 rounding
+    assert _relative(packed_loss, dense_loss) <= 1e-6 and _relative(packed_grads, dense_grads) <= 1e-6
+    # and the samples one per row (RoPE turns them by other positions, the same distances: rounding only)
+    assert _relative(packed_loss, plain_loss) <= 2e-6 and _relative(packed_grads, plain_grads) <= 2e-6
     # The test can see a leak: without the block-diagonal mask, later samples attend to earlier ones.
     with torch.no_grad():
-        leaking = _loss(model, packed_batch, mask=False).item()
+        leaking = _loss(model, packed_batch, varlen=None).item()
     assert abs(leaking - plain_loss.item()) > 1e-2, (leaking, plain_loss.item())
 
 
@@ -83,6 +100,8 @@ def test_sdpa_attention_applies_a_block_causal_mask_exactly(megatron_cpu_world):
     segments = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 2, 2, -1], [0, 0, 0, 0, 0, 0, 1, 1, 1, 1]])
     mask = block_causal_mask(segments)
     out = attention(q, k, v, mask)
+    q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
+    varlen = attention(q, k, v, None, packed_seq_params=PackedRows.from_segments(segments))
     # Reference: plain softmax attention with GQA repeat and the same mask.
     rep = heads // groups
     qh = q.permute(1, 2, 0, 3)
@@ -90,6 +109,31 @@ def test_sdpa_attention_applies_a_block_causal_mask_exactly(megatron_cpu_world):
     scores = (qh @ kh.transpose(-1, -2)) / dim**0.5
     reference = (scores.masked_fill(mask, float("-inf")).softmax(-1) @ vh).permute(2, 0, 1, 3).reshape(s, b, -1)
     assert torch.allclose(out, reference, atol=1e-6)
+    # varlen: the boundaries instead of the mask, the same numbers and gradients as the reference's
+    assert torch.allclose(varlen, reference, atol=1e-6)
+    weights = torch.randn(varlen.shape, generator=generator)
+    grads = torch.autograd.grad((varlen * weights).sum(), (q, k, v))
+    expected = torch.autograd.grad((reference * weights).sum(), (q, k, v))
+    for got, want in zip(grads, expected, strict=True):
+        assert torch.allclose(got, want, atol=1e-6)
     # One segment covering the row is plain causal attention.
     causal = attention(q, k, v, block_causal_mask(torch.zeros(b, s, dtype=torch.long)))
     assert torch.allclose(causal, attention(q, k, v, None), atol=1e-6)
+
+
+def test_the_trainer_attends_packed_rows_varlen_unless_the_attention_cannot(megatron_cpu_world, caplog):
+    """Core's attention takes the boundaries; any other core attention (Transformer Engine's) gets the dense mask."""
+    from loongforge.train.engines.megatron import _packed_rows_varlen
+
+    model = build_model(FLAVORS["llama-debug"], backend=megatron_cpu_world)
+    assert _packed_rows_varlen([model])
+    model.decoder.layers[1].self_attention.core_attention = torch.nn.Identity()  # stands for TEDotProductAttention
+    with caplog.at_level("INFO", logger="loongforge.train.engines.megatron"):
+        assert not _packed_rows_varlen([model])
+    assert "Identity does not take packed_seq_params" in caplog.text
+    batch = {"tokens": torch.zeros(2, 5, dtype=torch.long), "cu_seqlens": torch.tensor([0, 2, 5, 9, 10])}
+    assert set(attend_packed(batch, varlen=True)) == {"tokens", "packed_seq_params"}
+    mask = attend_packed(batch, varlen=False)["attention_mask"]
+    assert torch.equal(mask, block_causal_mask(torch.tensor([[0, 0, 1, 1, 1], [2, 2, 2, 2, 3]])))
+    with pytest.raises(ValueError, match="cross the row end at token 5"):
+        PackedRows.from_cu_seqlens(torch.tensor([0, 2, 6, 10]), 2, 5)

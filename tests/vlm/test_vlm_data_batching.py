@@ -10,6 +10,7 @@ import pytest
 import torch
 from loongforge.data.errors import DataError
 from loongforge.data.sampler import TrainBatchIterator
+from loongforge.parallel.packed_rows import PackedRows
 from loongforge_vlm.data.batching import VisionRowDataset, split_rows
 from loongforge_vlm.data.dataset import VisionChatDataset
 from loongforge_vlm.data.sources import JsonlSource
@@ -57,7 +58,7 @@ def test_packed_rows_hold_each_sample_as_unpacked(dataset):
     assert sorted(i for row in packed.rows for i in row) == list(range(8))
     batch = packed.batch(np.arange(len(packed)))
     assert set(batch) == {"tokens", "labels", "loss_mask", "position_ids", "segment_ids", "cu_seqlens",
-                          "pixel_values", "image_grid_thw", "attention_mask"}  # no videos: no video keys
+                          "pixel_values", "image_grid_thw"}  # no videos: no video keys; no s x s mask
     images_seen = 0
     for r, row in enumerate(packed.rows):
         for k, sample_index in enumerate(row):
@@ -91,12 +92,11 @@ def test_segments_cu_seqlens_and_mask_agree(dataset):
         if boundaries[-1] != (r + 1) * SEQ:
             boundaries.append((r + 1) * SEQ)  # the padding tail is a segment of its own
     assert batch["cu_seqlens"].tolist() == boundaries and batch["cu_seqlens"].dtype == torch.int32
-    mask = batch["attention_mask"][:, 0]
+    mask = PackedRows.from_cu_seqlens(batch["cu_seqlens"], 2, SEQ).dense_mask()[:, 0]
     same = segments[:, :, None] == segments[:, None, :]
     causal = torch.ones(SEQ, SEQ, dtype=torch.bool).tril()
     assert torch.equal(~mask, same & causal)
     unpacked = split_rows(dataset, SEQ, pack=False)[0]
-    assert "attention_mask" not in unpacked.batch([0])
     assert "pixel_values" not in unpacked.batch([2]) and "image_grid_thw" not in unpacked.batch([2])  # text only
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from loongforge.parallel.packed_rows import PackedRows
 from loongforge_vlm.model.flavors import FLAVORS
 from loongforge_vlm.model.hf_interop import from_hf
 from loongforge_vlm.model.vlm import build_vlm
@@ -323,9 +324,10 @@ def test_a_moving_square_clip_set_trains(world, tmp_path):
     model = build_vlm(flavor, backend=world).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     inputs = {k: batch[k] for k in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")}
+    inputs["packed_seq_params"] = PackedRows.from_cu_seqlens(batch["cu_seqlens"], *batch["tokens"].shape)
     losses = []
     for _ in range(4):
-        per_token = model(batch["tokens"], attention_mask=batch["attention_mask"], labels=batch["labels"], **inputs)
+        per_token = model(batch["tokens"], labels=batch["labels"], **inputs)
         loss = (per_token * batch["loss_mask"]).sum() / batch["loss_mask"].sum()
         optimizer.zero_grad()
         loss.backward()

@@ -4,8 +4,11 @@ Why packing: chat samples are short and vary in length, so padding each to ``seq
 compute. A packed row holds several conversations back to back; for it to train exactly as the separate
 samples would, each token must see only earlier tokens *of its own conversation*:
 
-* the row carries an explicit attention mask, block-diagonal causal (megatron convention ``[b, 1, s, s]``,
-  ``True`` = masked out); padding at the end of a row is a block of its own, so no query row is fully masked;
+* the batch carries the sequence boundaries, ``cu_seqlens`` (over the micro-batch's tokens flattened row by row;
+  padding at the end of a row is a sequence of its own), and attention runs on each sequence alone
+  (:mod:`loongforge.parallel.packed_rows`); attention that cannot do that gets the same rule as a dense
+  block-diagonal causal mask (:func:`block_causal_mask`, megatron convention ``[b, 1, s, s]``, ``True`` = masked
+  out), built only then, as it costs ``s * s`` per row;
 * ``position_ids`` restart at 0 for each conversation. megatron's RoPE derives rotations from the row index
   rather than from ``position_ids``, but RoPE scores depend only on the *distance* between two positions, and
   within a block that distance is the same as in the unpacked sample, so the result is the same (the packing
@@ -54,7 +57,7 @@ class ChatRowDataset:
 
     Each sample is cut to ``seq_length + 1`` ids (inputs are ``ids[:-1]``, labels ``ids[1:]``, and a label is a
     target when it is a reply token). ``rows`` lists the samples of each row: one each when not packed.
-    Batches have the keys of a pre-training batch, plus ``attention_mask`` when packed.
+    Batches have the keys of a pre-training batch, plus ``cu_seqlens`` when packed.
     """
 
     def __init__(self, samples: Sequence[ChatSample], seq_length: int, pad_id: int, *, pack: bool) -> None:
@@ -72,7 +75,7 @@ class ChatRowDataset:
 
     def batch(self, indices: np.ndarray) -> dict[str, torch.Tensor]:
         """``tokens``, ``labels``, ``position_ids`` (int64), ``loss_mask`` (float32) [b, s]; packed rows add
-        ``attention_mask`` (bool [b, 1, s, s], True = masked out)."""
+        ``cu_seqlens`` (int32, :func:`sequence_boundaries`)."""
         import torch
 
         b, s = len(indices), self.seq_length
@@ -100,11 +103,21 @@ class ChatRowDataset:
             "position_ids": torch.from_numpy(positions),
         }
         if self.pack:
-            batch["attention_mask"] = block_causal_mask(torch.from_numpy(segments))
+            batch["cu_seqlens"] = torch.tensor(sequence_boundaries(segments), dtype=torch.int32)
         return batch
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         return {key: value[0] for key, value in self.batch(np.asarray([index])).items()}
+
+
+def sequence_boundaries(segments: np.ndarray) -> list[int]:
+    """``cu_seqlens`` of ``[b, s]`` rows whose tokens carry their sample's index in the row (``-1``: padding): where
+    a sample starts or ends over the rows flattened one after another, every row end included (a padding tail is a
+    sequence of its own)."""
+    rows, length = segments.shape
+    change = np.ones((rows, length), dtype=bool)
+    change[:, 1:] = segments[:, 1:] != segments[:, :-1]
+    return [*np.flatnonzero(change).tolist(), rows * length]
 
 
 def block_causal_mask(segments: torch.Tensor) -> torch.Tensor:

@@ -23,9 +23,9 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.utils import is_layer_window_attention
 from megatron.core.utils import divide
 
-from loongforge.data.packing import block_causal_mask
 from loongforge.devices import chunk_attention, ring_attention, ulysses
 from loongforge.errors import ConfigError
+from loongforge.parallel.packed_rows import PackedRows
 from loongforge.parallel.sequence_chunks import SequenceChunk
 from loongforge.parallel.sequence_pieces import SequencePieces
 
@@ -47,16 +47,19 @@ class SDPAttention(MegatronModule):
     softmax scale is ``1 / sqrt(k_channels)``. Supported: causal and
     ``no_mask`` attention, explicit boolean masks (megatron convention: ``True`` = masked out), attention
     dropout (forked on the model-parallel RNG like megatron), GQA. An explicit mask replaces the causal flag (as
-    in megatron's softmax), so it must carry causality itself: packed rows pass a block-diagonal causal mask
-    (:mod:`loongforge.data.packing`). Context parallelism (``context_parallel_size > 1``) goes through an
+    in megatron's softmax), so it must carry causality itself. Packed rows come as ``packed_seq_params``
+    :class:`~loongforge.parallel.packed_rows.PackedRows` (their sequence boundaries, ``cu_seqlens``): each sequence
+    is attended causally on its own (varlen; :meth:`_attend_varlen`), with no ``s * s`` mask. Context parallelism
+    (``context_parallel_size > 1``) goes through an
     all-to-all over heads (:mod:`loongforge.devices.ulysses`), ring attention (:mod:`loongforge.devices.ring_attention`)
     or both (Ulysses inside megatron's hierarchical cp sub-groups, a ring across them), as megatron's
     ``cp_comm_type`` says (``a2a`` or None, ``p2p`` or ``all_gather``, ``a2a+p2p``); causal and unmasked attention
     only, and no attention dropout around a ring. Packed rows under context parallelism come as
     ``packed_seq_params`` :class:`~loongforge.parallel.sequence_pieces.SequencePieces` (every sequence split on
-    its own, or dealt whole to one rank): each token attends causally within its own sequence. A chunk of a sequence
-(``parallel.seq_chunks``) comes as :class:`~loongforge.parallel.sequence_chunks.SequenceChunk` and attends over its
-own and the earlier chunks' K/V (:mod:`loongforge.devices.chunk_attention`). Sliding-window attention
+    its own, or dealt whole to one rank): each token attends causally within its own sequence (varlen again). A
+    chunk of a sequence (``parallel.seq_chunks``) comes as
+    :class:`~loongforge.parallel.sequence_chunks.SequenceChunk` and attends over its own and the earlier chunks'
+    K/V (:mod:`loongforge.devices.chunk_attention`). Sliding-window attention
     follows megatron's ``window_size``/``window_attn_skip_freq`` (a band mask on the layers they select) and
     ``softcap`` ``c`` replaces the scaled scores ``s`` by ``c * tanh(s / c)`` before masking (Gemma-2; SDPA has no
     hook for it, so those layers compute the scores explicitly). ``num_splits`` (TE's flash-decoding split
@@ -157,7 +160,8 @@ own and the earlier chunks' K/V (:mod:`loongforge.devices.chunk_attention`). Sli
         packed_seq_params: Any = None,
     ) -> torch.Tensor:
         """Attend ``query`` over ``key``/``value``; returns ``[sq, b, heads * v_channels]``."""
-        if packed_seq_params is not None and not isinstance(packed_seq_params, (SequencePieces, SequenceChunk)):
+        if packed_seq_params is not None and not isinstance(packed_seq_params,
+                                                            (PackedRows, SequencePieces, SequenceChunk)):
             raise NotImplementedError("SDPAttention does not support megatron's THD packed sequences")
         if attention_bias is not None:
             raise NotImplementedError("SDPAttention does not support attention bias")
@@ -168,6 +172,11 @@ own and the earlier chunks' K/V (:mod:`loongforge.devices.chunk_attention`). Sli
         mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
         if isinstance(packed_seq_params, SequenceChunk):  # parallel.seq_chunks: over the earlier chunks' K/V too
             out = self._attend_chunk(query, key, value, attention_mask, mask_type, packed_seq_params)
+        elif isinstance(packed_seq_params, PackedRows):
+            if self.cp_group is not None:
+                raise NotImplementedError("SDPAttention: packed rows under context parallelism come as SequencePieces")
+            self._check_packed(attention_mask, mask_type)
+            out = self._attend_varlen(query, key, value, packed_seq_params)
         elif packed_seq_params is not None:
             out = self._attend_pieces(query, key, value, attention_mask, mask_type, packed_seq_params)
         elif self.cp_group is None:
@@ -183,22 +192,49 @@ own and the earlier chunks' K/V (:mod:`loongforge.devices.chunk_attention`). Sli
                        attention_mask: torch.Tensor | None, mask_type: AttnMaskType,
                        pieces: SequencePieces) -> torch.Tensor:
         """Causal attention within each sequence of a packed row laid out by ``pieces``; ``[sq, 1, n, dv]``."""
-        if attention_mask is not None or mask_type != AttnMaskType.causal:
-            raise NotImplementedError("SDPAttention: packed sequences (packed_seq_params) take causal attention "
-                                      f"without an explicit mask, got {mask_type}")
+        self._check_packed(attention_mask, mask_type)
         if not pieces.split:  # every sequence whole on this rank: local attention, no exchange
             rank = 0 if self.cp_group is None else self.cp_group.rank()
-            return self._attend(query, key, value, block_causal_mask(pieces.segments(rank)[None]), mask_type)
+            return self._attend_varlen(query, key, value, PackedRows.from_segments(pieces.segments(rank)[None]))
         if self.cp_group is None:
             raise ValueError("SDPAttention: split packed sequences need context parallelism (cp > 1)")
         if self.cp_mode == "ulysses":
             order, segments = pieces.natural_order()
             (query, key, value), restore = ulysses.gather_sequence((query, key, value), self.cp_group, order)
-            out = self._attend(query, key, value, block_causal_mask(segments[None]), mask_type)
+            out = self._attend_varlen(query, key, value, PackedRows.from_segments(segments[None]))
             return ulysses.scatter_sequence(out, restore, self.cp_group)
         a2a_group, ring_group = self.hybrid_groups or (None, self.cp_group)
         return ring_attention.context_parallel_attention(
             query, key, value, ring_group, a2a_group, causal=True, scale=self.softmax_scale, pieces=pieces.pieces)
+
+    @staticmethod
+    def _check_packed(attention_mask: torch.Tensor | None, mask_type: AttnMaskType) -> None:
+        """Packed sequences are attended causally, each on its own; an explicit mask would say something else."""
+        if attention_mask is not None or mask_type != AttnMaskType.causal:
+            raise NotImplementedError("SDPAttention: packed sequences (packed_seq_params) take causal attention "
+                                      f"without an explicit mask, got {mask_type}")
+
+    def _attend_varlen(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       layout: PackedRows) -> torch.Tensor:
+        """Causal attention within each sequence of ``layout`` over ``[s, b, heads, d]`` rows; ``[s, b, n, dv]``.
+
+        The tokens are reordered once so that the sequences of one length sit together, each such group is viewed
+        as a batch ``[length, count, heads, d]`` and attended with the causal flag (:meth:`_attend`, so windows,
+        soft-capping, dropout and GQA behave as for whole rows), and the outputs are put back in row order: one
+        gather and one scatter per tensor, however many sequences (a gather per group would make backward add up
+        a zero-filled full-size gradient per group). No ``s * s`` tensor is made; a device with a varlen kernel
+        overrides this method (the CUDA plugin's flash-attention)."""
+        s, b = query.shape[:2]
+        order = layout.order.to(query.device)
+        grouped = [x.transpose(0, 1).reshape(b * s, *x.shape[2:]).index_select(0, order) for x in (query, key, value)]
+        sizes = [length * count for length, count in layout.groups]
+        outs = []
+        for (length, count), *parts in zip(layout.groups, *(x.split(sizes) for x in grouped), strict=True):
+            batched = [part.view(count, length, *part.shape[1:]).transpose(0, 1) for part in parts]
+            out = self._attend(*batched, None, AttnMaskType.causal)  # [length, count, n, dv]
+            outs.append(out.transpose(0, 1).reshape(length * count, *out.shape[2:]))
+        out = torch.cat(outs).index_select(0, layout.restore.to(query.device))
+        return out.reshape(b, s, *out.shape[1:]).transpose(0, 1)
 
     def _attend_chunk(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, mask_type: AttnMaskType,

@@ -129,7 +129,7 @@ def split_packed_for_rank(batch: dict[str, Any], rank: int, size: int, threshold
     themselves and add nothing to the loss, so leaving them out changes no number of a dense model and spares their
     compute; it also keeps a row's padding from counting as a long sequence for dynamic CP. (A micro-batch with no
     target at all keeps its sequences.)"""
-    other = sorted(set(batch) - {"attention_mask", *SEQUENCE_KEYS})
+    other = sorted(set(batch) - {"attention_mask", "cu_seqlens", *SEQUENCE_KEYS})
     if other:
         raise ValueError(f"packed rows under context parallelism carry text only; this batch also has {other} "
                          "(a vision-language batch?): set data.pack: false or parallel.cp: 1")

@@ -134,8 +134,9 @@ def split_dataset(dataset: Any, config: LoongForgeConfig) -> tuple[Any, Any]:
 
 
 def check_pack(config: LoongForgeConfig, decoder: Any, cp: int) -> None:
-    """``data.pack`` (rows packed from several samples, attended with a block-diagonal causal mask; under context
-    parallelism split per sequence, :mod:`loongforge.parallel.sequence_pieces`) and
+    """``data.pack`` (rows packed from several samples, each attended on its own,
+    :mod:`loongforge.parallel.packed_rows`; under context parallelism split per sequence,
+    :mod:`loongforge.parallel.sequence_pieces`) and
     ``parallel.dynamic_cp_threshold`` against the layout and the decoder's attention; one line naming the key.
     Shared by the pre-flight and the run."""
     parallel, where = config.parallel, config.source

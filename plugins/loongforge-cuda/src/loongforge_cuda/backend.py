@@ -102,17 +102,17 @@ class CUDABackend(DeviceModuleBackend):
     def spec_provider(self) -> Any:
         """Transformer Engine's spec provider when TE is installed (and the run did not ask for
         ``layers: local``), else megatron's local layers with torch SDPA attention
-        (:class:`~loongforge_cuda.local_spec.LocalSDPASpecProvider`; a notice when TE is simply missing)."""
+        (:class:`~loongforge_cuda.local_spec.LocalSDPASpecProvider`; a notice when TE is simply missing), whose packed
+        rows go through flash-attn's varlen kernel when ``supports("flash_attn")``."""
         from loongforge_cuda.local_spec import LocalSDPASpecProvider
 
-        if self._layers == "local":
-            return LocalSDPASpecProvider()
-        if installed("transformer_engine"):
-            from megatron.core.extensions.transformer_engine_spec_provider import TESpecProvider
+        if self._layers != "local":
+            if installed("transformer_engine"):
+                from megatron.core.extensions.transformer_engine_spec_provider import TESpecProvider
 
-            return TESpecProvider()
-        _local_layers_notice()
-        return LocalSDPASpecProvider()
+                return TESpecProvider()
+            _local_layers_notice()
+        return LocalSDPASpecProvider(flash_varlen=self.supports("flash_attn"))
 
     def megatron_settings(self, precision: str = "fp32", **options: Any) -> CUDAMegatronSettings:
         """Precision (bf16, FP8 with a TE recipe), attention backend, CUDA graphs and overlap switches.

@@ -49,6 +49,7 @@ from megatron.core.transformer.utils import (
 
 from loongforge.errors import ConfigError
 from loongforge.models.qwen3_next.deltanet import gated_delta_rule, recurrent_gated_delta_rule
+from loongforge.parallel.packed_rows import PackedRows
 
 #: ``A = exp(A_log)`` starts evenly spread over this range across the value heads (megatron's ``A_init_range``),
 #: the same for every layout (transformers draws it at random).
@@ -139,12 +140,14 @@ class GatedDeltaNet(MegatronModule):
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 inference_context: Any = None, packed_seq_params: Any = None, **_: Any) -> tuple[torch.Tensor, None]:
         """``hidden_states`` ``[s, b, h]`` (a sequence shard under sequence parallelism) -> ``([s, b, h], None)``."""
-        if packed_seq_params is not None:
-            raise ConfigError("Gated DeltaNet layers do not take packed (THD) sequences; pack with a block-causal "
-                              "attention mask instead")
+        if packed_seq_params is not None and not isinstance(packed_seq_params, PackedRows):
+            raise ConfigError("Gated DeltaNet layers take packed rows as PackedRows (data.pack at cp 1) or a "
+                              f"block-causal attention mask, not {type(packed_seq_params).__name__}")
         projected, _ = self.in_proj(hidden_states)  # [s, b, local]: the whole sequence
         length, batch = projected.shape[:2]
         padding, segments = _mask_layout(attention_mask, length)
+        if packed_seq_params is not None:  # each packed document alone, as its block of the mask says
+            segments = packed_seq_params.row_spans()
         if padding is not None:
             projected = projected.masked_fill(padding.t()[..., None], 0.0)
         grouped = projected.view(length, batch, self.k_heads, sum(self.group_sizes))

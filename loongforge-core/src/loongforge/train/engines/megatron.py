@@ -8,6 +8,7 @@ loss per step (the optimizer's grad-norm already synchronises), no file I/O and 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -24,6 +25,7 @@ from loongforge.config.schema import LoongForgeConfig
 from loongforge.errors import ConfigError
 from loongforge.parallel import context, sequence_pieces
 from loongforge.parallel.chunk_feeds import chunk_feeds
+from loongforge.parallel.packed_rows import CU_SEQLENS, attend_packed
 from loongforge.parallel.sequence_chunks import SequenceChunk, chunk_mean_loss, chunk_passes, discard_output
 from loongforge.train.activation_memory import FirstStepActivations
 from loongforge.train.compile import CompileReport, compile_blocks
@@ -38,6 +40,8 @@ if TYPE_CHECKING:
     from loongforge.train.checkpointing import RunCheckpoints
     from loongforge.train.health import StepHealth
     from loongforge.train.trainer import Trainer
+
+logger = logging.getLogger(__name__)
 
 #: ``math.exp`` overflows above this; a larger validation loss has an infinite perplexity.
 _LARGEST_EXP = 709.0
@@ -60,19 +64,38 @@ def _compile_targets(chunks: list[Any]) -> tuple[list[Any], list[Any]]:
     return layers, rest
 
 
-def _check_local_attention(chunks: list[Any], setting: str, way_out: str) -> None:
-    """Packed rows under context parallelism and chunks of a sequence (``parallel.seq_chunks``) reach attention as
-    ``packed_seq_params`` (:class:`~loongforge.parallel.sequence_pieces.SequencePieces`,
-    :class:`~loongforge.parallel.sequence_chunks.SequenceChunk`), which core's local attention reads; another
-    (Transformer Engine's) would attend within the wrong tokens, so it is refused in one line naming ``setting``."""
+def _foreign_attention(chunks: list[Any]) -> str | None:
+    """The class name of the first core attention in ``chunks`` that is not core's local attention (SDPAttention),
+    which alone reads core's ``packed_seq_params`` layouts; None when every one is."""
     from megatron.core.transformer.attention import Attention
 
     from loongforge.devices.sdpa_attention import SDPAttention
 
     for module in (m for chunk in chunks for m in chunk.modules() if isinstance(m, Attention)):
         if not isinstance(module.core_attention, SDPAttention):
-            raise ConfigError(f"{setting} runs on core's local attention (SDPAttention), not "
-                              f"{type(module.core_attention).__name__}; {way_out}")
+            return type(module.core_attention).__name__
+    return None
+
+
+def _check_local_attention(chunks: list[Any], setting: str, way_out: str) -> None:
+    """Packed rows under context parallelism and chunks of a sequence (``parallel.seq_chunks``) reach attention as
+    ``packed_seq_params`` (:class:`~loongforge.parallel.sequence_pieces.SequencePieces`,
+    :class:`~loongforge.parallel.sequence_chunks.SequenceChunk`), which core's local attention reads; another
+    (Transformer Engine's) would attend within the wrong tokens, so it is refused in one line naming ``setting``."""
+    if (foreign := _foreign_attention(chunks)) is not None:
+        raise ConfigError(f"{setting} runs on core's local attention (SDPAttention), not {foreign}; {way_out}")
+
+
+def _packed_rows_varlen(chunks: list[Any]) -> bool:
+    """Whether packed rows (``data.pack``, cp = 1) are attended sequence by sequence (varlen,
+    :mod:`loongforge.parallel.packed_rows`): when core's local attention runs every layer. Other attention (Transformer
+    Engine's, a plugin's own) gets the dense block-diagonal mask, which gives the same numbers but
+    costs ``seq_length**2`` per row; that is logged once."""
+    if (foreign := _foreign_attention(chunks)) is None:
+        return True
+    logger.info("data.pack: %s does not take packed_seq_params; packed rows are attended through a dense "
+                "block-diagonal mask (seq_length^2 per row)", foreign)
+    return False
 
 
 def _masked_mean_loss(loss_mask: torch.Tensor, per_token_loss: torch.Tensor) -> tuple[torch.Tensor, dict]:
@@ -153,6 +176,8 @@ class MegatronEngine(StepEngine):
         self._moe = MoEStats(model, model_config) if model_config.num_moe_experts else None
         #: Multi-token-prediction blocks (DecoderSpec.mtp_block_spec): their loss reads the loss mask too.
         self._mtp_blocks = getattr(model_config, "mtp_num_layers", None) or 0
+        #: Packed rows at cp = 1 go to attention as their sequence boundaries (varlen), else as a dense mask.
+        self._varlen = bool(config.data.pack) and self._cp_size == 1 and _packed_rows_varlen(model)
         if config.data.pack and self._cp_size > 1:
             _check_local_attention(model, "data.pack with parallel.cp > 1", "set data.pack: false or parallel.cp: 1")
             # Rows re-laid per sequence vary in length between micro-batches: pipeline stages send each other the
@@ -193,6 +218,8 @@ class MegatronEngine(StepEngine):
             self._whole_micro_batches += model.training and not batch["packed_seq_params"].split
         elif self._cp_size > 1:  # this rank's chunks of every sequence
             batch = context.split_for_rank(batch, self._cp_rank, self._cp_size)
+        elif self.config.data.pack and CU_SEQLENS in batch:  # each packed sequence attended on its own
+            batch = attend_packed(batch, varlen=self._varlen)
         return self._per_token_loss(batch, model), self._loss_func(batch, token_sums=token_sums)
 
     def _loss_func(self, batch: dict[str, Any], *, token_sums: bool) -> Callable:

@@ -2,7 +2,8 @@
 
 Packing follows core's chat packing (:mod:`loongforge.data.packing`, whose ``pack_rows`` places the samples:
 best fit in dataset order, so the rows are a pure function of the data): each sample keeps its own segment,
-``position_ids`` restart at 0 per sample and, when packed, ``attention_mask`` is block-diagonal causal. The
+``position_ids`` restart at 0 per sample and ``cu_seqlens`` holds the sample boundaries, along which the trainer
+attends packed rows sample by sample (:mod:`loongforge.parallel.packed_rows`). The
 multimodal part: every row's images are concatenated in token order (row by row, sample by sample, image by
 image), so the ``k``-th run of image pad tokens in ``tokens.flatten()`` belongs to ``image_grid_thw[k]``.
 A sample longer than a row is cut only when no vision token would be cut (its images stay whole); otherwise it
@@ -10,8 +11,9 @@ is skipped and counted like any other bad sample.
 
 Batch keys (``b`` rows of ``s`` tokens): ``tokens``, ``labels``, ``position_ids``, ``segment_ids`` (sample index
 inside the row, -1 for padding) int64 ``[b, s]``; ``loss_mask`` float32 ``[b, s]``; ``cu_seqlens`` int32: the
-sample boundaries over the flattened ``b * s`` tokens (padding tails are segments too), for varlen attention;
-packed batches add ``attention_mask`` (bool ``[b, 1, s, s]``, True = masked out). When the batch has images:
+sample boundaries over the flattened ``b * s`` tokens (padding tails are segments too), for varlen attention
+(a model called directly on packed rows takes ``PackedRows.from_cu_seqlens(...)`` as ``packed_seq_params``, or
+its ``dense_mask()`` as ``attention_mask``). When the batch has images:
 ``pixel_values`` float32 (Qwen: ``[patches, patch_dim]``; fixed-size towers: ``[images, C, S, S]``) and
 ``image_grid_thw`` int64 ``[images, 3]``; when it has videos: ``pixel_values_videos``, ``video_grid_thw`` and
 ``second_per_grid_ts`` float32 ``[videos]`` (temporal patch / fps, for Qwen2.5-VL's M-RoPE).
@@ -32,7 +34,7 @@ import numpy as np
 import torch
 from loongforge.data.contracts import BalancedRows
 from loongforge.data.errors import DataError
-from loongforge.data.packing import block_causal_mask, pack_rows
+from loongforge.data.packing import pack_rows, sequence_boundaries
 
 from loongforge_vlm.data.dataset import VisionChatDataset, VisionSample
 from loongforge_vlm.data.tokens import VisionTokenIds, vision_mask
@@ -53,8 +55,7 @@ def row_cut(ids: np.ndarray, supervised: np.ndarray, seq_length: int, vision: Vi
     return seq_length + 1
 
 
-def collate(rows: Sequence[Sequence[VisionSample]], seq_length: int, pad_id: int, *,
-            packed: bool) -> dict[str, torch.Tensor]:
+def collate(rows: Sequence[Sequence[VisionSample]], seq_length: int, pad_id: int) -> dict[str, torch.Tensor]:
     """The batch of ``rows`` (each a list of samples that fit in ``seq_length`` input tokens); keys above."""
     b, s = len(rows), seq_length
     tokens = np.full((b, s), pad_id, dtype=np.int64)
@@ -62,7 +63,6 @@ def collate(rows: Sequence[Sequence[VisionSample]], seq_length: int, pad_id: int
     loss_mask = np.zeros((b, s), dtype=np.float32)
     positions = np.tile(np.arange(s, dtype=np.int64), (b, 1))
     segments = np.full((b, s), -1, dtype=np.int64)
-    boundaries = [0]
     for r, row in enumerate(rows):
         start = 0
         for k, sample in enumerate(row):
@@ -75,10 +75,7 @@ def collate(rows: Sequence[Sequence[VisionSample]], seq_length: int, pad_id: int
             positions[r, start: start + n] = np.arange(n)
             segments[r, start: start + n] = k
             start += n
-            boundaries.append(r * s + start)
         positions[r, start:] = np.arange(s - start)
-        if start < s:
-            boundaries.append((r + 1) * s)
     samples = [sample for row in rows for sample in row]
     batch = {
         "tokens": torch.from_numpy(tokens),
@@ -86,7 +83,7 @@ def collate(rows: Sequence[Sequence[VisionSample]], seq_length: int, pad_id: int
         "loss_mask": torch.from_numpy(loss_mask),
         "position_ids": torch.from_numpy(positions),
         "segment_ids": torch.from_numpy(segments),
-        "cu_seqlens": torch.tensor(boundaries, dtype=torch.int32),
+        "cu_seqlens": torch.tensor(sequence_boundaries(segments), dtype=torch.int32),
     }
     for pixels, grids in (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw")):
         if any(len(getattr(x, grids)) for x in samples):
@@ -94,8 +91,6 @@ def collate(rows: Sequence[Sequence[VisionSample]], seq_length: int, pad_id: int
             batch[grids] = torch.from_numpy(np.concatenate([getattr(x, grids) for x in samples]))
     if "video_grid_thw" in batch:
         batch["second_per_grid_ts"] = torch.from_numpy(np.concatenate([x.second_per_grid_ts for x in samples]))
-    if packed:
-        batch["attention_mask"] = block_causal_mask(batch["segment_ids"])
     return batch
 
 
@@ -126,7 +121,7 @@ class VisionRowDataset(BalancedRows):
 
     def collate_rows(self, rows: Sequence[Sequence[VisionSample]]) -> dict[str, torch.Tensor]:
         """The micro-batch of ``rows`` of samples (see :func:`collate`)."""
-        return collate(rows, self.seq_length, self.dataset.tokenizer.pad_id, packed=self.pack)
+        return collate(rows, self.seq_length, self.dataset.tokenizer.pad_id)
 
     def batch(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
         return self.collate_rows([self.row_samples(int(row)) for row in indices])

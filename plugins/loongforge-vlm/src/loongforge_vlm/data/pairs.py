@@ -215,6 +215,6 @@ class VisionPairRows:
         pairs = [self.dataset.samples(self.pair_indices[int(i)]) for i in indices]
         rows = [[replace(pair[side], ids=pair[side].ids[:cut], supervised=pair[side].supervised[:cut])]
                 for side in (0, 1) for pair in pairs]
-        batch = collate(rows, self.seq_length, self.dataset.tokenizer.pad_id, packed=False)
+        batch = collate(rows, self.seq_length, self.dataset.tokenizer.pad_id)
         batch[PAIR_INDEX] = torch.as_tensor(np.asarray(indices, dtype=np.int64))
         return batch

@@ -258,13 +258,16 @@ class VisionLanguageModel(MegatronModule):
         inference_context: Any = None,
         runtime_gather_output: bool | None = None,
         media_columns: int | None = None,
+        packed_seq_params: Any = None,
     ) -> torch.Tensor:
         """Logits ``(B, S, vocab)``, or the per-token loss ``(B, S)`` when ``labels`` are given.
 
         ``loss_mask`` reaches a foundation with multi-token-prediction blocks (DeepSeek-V3), whose loss counts the
         same targets as the main loss (the answers, in SFT); other foundations take no mask.
         ``attention_mask`` is either a ``(B, S)`` padding mask (1 = real token; left or right padding) or
-        megatron's ``[B, 1, S, S]`` boolean mask (``True`` = masked out), passed through. Images: Qwen
+        megatron's ``[B, 1, S, S]`` boolean mask (``True`` = masked out), passed through; packed rows may instead come
+        as ``packed_seq_params`` (their sample boundaries, :class:`~loongforge.parallel.packed_rows.PackedRows`),
+        which the backbone's attention reads without a mask. Images: Qwen
         encoders take the processor's ``pixel_values`` ``(patches, patch_dim)`` with ``image_grid_thw``; a
         SigLIP encoder takes ``(images, C, H, W)``. ``position_ids`` default to :meth:`position_ids`; an M-RoPE
         model also accepts ``(B, S)`` ids for text-only batches (all three rows equal).
@@ -293,6 +296,8 @@ class VisionLanguageModel(MegatronModule):
                                        pixel_values_videos=pixel_values_videos, video_grid_thw=video_grid_thw,
                                        position_ids=position_ids, media_columns=media_columns)
         extra = {} if loss_mask is None else {"loss_mask": loss_mask}
+        if packed_seq_params is not None:
+            extra["packed_seq_params"] = packed_seq_params
         if inference_context is not None:
             extra.update(inference_context=inference_context, runtime_gather_output=runtime_gather_output)
         return self.language_model(input_ids, position_ids, mask, decoder_input=decoder_input, labels=labels,
