@@ -69,20 +69,10 @@ class WanModel(nn.Module):
         self.head = Head(d, flavor.out_channels * flavor.patch_volume, flavor.eps)
         self.reset_parameters()
 
-    @torch.no_grad()
     def reset_parameters(self) -> None:
-        """The reference's initialisation for training from scratch: Xavier-uniform linear and patch weights
-        with zero biases, N(0, 0.02) for the text and time MLPs, and a zero output projection so the first
-        prediction is 0 and the first loss is simply ``E|eps - x0|^2``."""
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.xavier_uniform_(module.weight)
-                nn.init.zeros_(module.bias)
-        nn.init.xavier_uniform_(self.patch_embed.proj.weight.flatten(1))
-        nn.init.zeros_(self.patch_embed.proj.bias)
-        for mlp in (self.text_embed.fc1, self.text_embed.fc2, self.time_embed.mlp_in, self.time_embed.mlp_out):
-            nn.init.normal_(mlp.weight, std=0.02)
-        nn.init.zeros_(self.head.proj.weight)
+        """The reference's initialisation for training from scratch (:func:`init_from_scratch`): the first
+        prediction is 0, so the first loss is simply ``E|eps - x0|^2``."""
+        init_from_scratch(self, [self.head])
 
     def forward(self, video: torch.Tensor, timestep: torch.Tensor, context: torch.Tensor,
                 image_context: torch.Tensor | None = None, *, cp: Any = None) -> torch.Tensor:
@@ -128,3 +118,21 @@ class WanModel(nn.Module):
             else:
                 x = block(x, context, image_context, time_mod, rope, layout)
         return self.head(x, temb)
+
+
+@torch.no_grad()
+def init_from_scratch(model: nn.Module, heads: list[nn.Module]) -> None:
+    """Wan's initialisation for training from scratch, for any model built of Wan's parts (``patch_embed``,
+    ``text_embed``, ``time_embed`` and output ``heads``, as :class:`WanModel` and the embodied plugin's world-action
+    model are): Xavier-uniform linear and patch weights with zero biases, N(0, 0.02) for the text and time MLPs,
+    and zero output projections, so every head's first prediction is 0."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.xavier_uniform_(module.weight)
+            nn.init.zeros_(module.bias)
+    nn.init.xavier_uniform_(model.patch_embed.proj.weight.flatten(1))
+    nn.init.zeros_(model.patch_embed.proj.bias)
+    for mlp in (model.text_embed.fc1, model.text_embed.fc2, model.time_embed.mlp_in, model.time_embed.mlp_out):
+        nn.init.normal_(mlp.weight, std=0.02)
+    for head in heads:
+        nn.init.zeros_(head.proj.weight)

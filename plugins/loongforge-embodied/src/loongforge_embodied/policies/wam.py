@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from loongforge_diffusion.wan.block import WanBlock
 from loongforge_diffusion.wan.embeddings import PatchEmbed3D, TextProjection, TimeEmbedding
-from loongforge_diffusion.wan.model import Head, unpatchify
+from loongforge_diffusion.wan.model import Head, init_from_scratch, unpatchify
 from loongforge_diffusion.wan.rope import rope_table
 from torch import nn
 
@@ -81,20 +81,9 @@ class WorldActionModel(nn.Module):
         self.action_head = Head(d, flavor.max_action_dim, flavor.eps)
         self.reset_parameters()
 
-    @torch.no_grad()
     def reset_parameters(self) -> None:
-        """Wan's initialisation for training from scratch (Xavier-uniform linear and patch weights, zero biases,
-        N(0, 0.02) time and text MLPs) with zero output projections, so the first velocities are 0."""
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.xavier_uniform_(module.weight)
-                nn.init.zeros_(module.bias)
-        nn.init.xavier_uniform_(self.patch_embed.proj.weight.flatten(1))
-        nn.init.zeros_(self.patch_embed.proj.bias)
-        for mlp in (self.text_embed.fc1, self.text_embed.fc2, self.time_embed.mlp_in, self.time_embed.mlp_out):
-            nn.init.normal_(mlp.weight, std=0.02)
-        for head in (self.video_head, self.action_head):
-            nn.init.zeros_(head.proj.weight)
+        """Wan's initialisation for training from scratch, both heads' first velocities 0."""
+        init_from_scratch(self, [self.video_head, self.action_head])
 
     def forward(self, inputs: dict[str, torch.Tensor], noisy_video: torch.Tensor, noisy_actions: torch.Tensor,
                 time: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
