@@ -4,7 +4,7 @@ Every mode trains the ``test_parallel_parity`` model and data (its single-proces
 each rank holds 2 of the 2*cp sequence chunks, the loss averages over all ranks' tokens and gradients are reduced
 over dp*cp. Attention sees the whole sequence three ways: Ulysses at cp=2 (heads gathered per head group: the
 cp x pp runs below), ring at cp=4 (K/V blocks around the ring: the model's 2 query groups do not divide by 4,
-which Ulysses refuses; the cp=4 resume below) and hybrid at cp=4 (Ulysses in pairs, a ring of 2 across them).
+which Ulysses refuses) and hybrid at cp=4 (Ulysses in pairs, a ring of 2 across them).
 Each launch of 4 processes on a 2-core CI machine costs minutes, so every layout is run once. Any of a wrong chunk
 order, wrong RoPE positions, a missing causal reorder, a wrong causal block or a loss/gradient scaled by cp moves
 the numbers far beyond 1e-5.
@@ -34,6 +34,7 @@ from test_parallel_parity import CONFIG, STEPS, assert_parity, reference, root, 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 MODES = {
+    "cp4-ring": (4, ["parallel.cp=4", "parallel.cp_mode=ring"], "cp=4 ring dp=1"),
     "cp4-hybrid-a2a2": (4, ["parallel.cp=4", "parallel.cp_mode=hybrid", "parallel.cp_a2a_size=2"],
                         "cp=4 hybrid a2a=2 dp=1"),
 }
