@@ -75,6 +75,7 @@ def _recomputed_loss(config, checkpoint: Path, samples: int) -> float:
     from loongforge.interop.mcore_checkpoint import load_trained_model
     from loongforge.interop.world import standalone_world
     from loongforge.models.chunks import build_standalone
+    from loongforge.parallel.packed_rows import CU_SEQLENS, attend_packed
     from loongforge.plugins import get_host
     from loongforge.resolve import resolve_model_flavor
     from loongforge.train.batches import load_tokenizer, open_dataset, split_dataset
@@ -89,6 +90,8 @@ def _recomputed_loss(config, checkpoint: Path, samples: int) -> float:
     else:
         _, rows = split_dataset(open_dataset(host, config, tokenizer, model=family), config)
     batch = rows.batch(np.arange(samples))
+    if CU_SEQLENS in batch:  # packed rows: each sample attends only to itself, here through the dense mask
+        batch = attend_packed(batch, varlen=False)
     with standalone_world() as backend:
         model = load_trained_model(checkpoint, build_standalone(family, backend), config)
         model.eval()
