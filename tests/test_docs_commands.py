@@ -115,8 +115,10 @@ EXCLUDED: dict[str, dict[str, str]] = {
         "loongforge collect data/libero": LIBERO,
         "loongforge train configs/embodied-metaworld-reach.yaml run.name=libero-object0": LIBERO,
         "loongforge eval runs/libero-object0": LIBERO,
-        "loongforge train configs/embodied-wam-reach.yaml task.data=data/metaworld/reach-v3-50":
-            "the world-action recipe: 17 minutes (tests/core/test_shipped_configs.py trains it briefly)",
+        "loongforge collect data/metaworld/reach-v3-2-corner32": "tests/core/test_shipped_configs.py runs this "
+                                                                 "collect and a short run of the recipe on it",
+        "loongforge train configs/embodied-wam-reach.yaml": "the world-action recipe: 17 minutes "
+                                                            "(tests/core/test_shipped_configs.py trains it briefly)",
         "loongforge eval runs/embodied-wam-reach": "Meta-World closed loop with videos, 100 s to 13 minutes "
                                                    "(tests/embodied/test_policy_wam.py runs the evaluator with videos)",
     },
