@@ -1,5 +1,6 @@
-"""``loongforge plan`` answers for every shipped recipe: a ranked layout for megatron-engine models (LLMs, VLMs),
-a one-line refusal (exit 2, no traceback) for models the task engine trains, which have no megatron layout."""
+"""``loongforge plan`` answers for every shipped recipe: a ranked layout for megatron-engine models (LLMs, VLMs) and
+for task-engine models whose family states its sizes (the Wan DiTs), a one-line refusal (exit 2, no traceback) for
+the task models that state none."""
 
 from __future__ import annotations
 
@@ -22,11 +23,14 @@ def test_plan_answers_every_recipe(path, capsys):
     if family.engine == "megatron":
         assert code == 0, err
         assert "chose tp" in out and "Traceback" not in err
+    elif family.task_sizes(load_config(path)) is not None:
+        assert code == 0, err
+        assert "chose " in out and " dp" in out and "Traceback" not in err
     else:
         assert code == 2 and out == ""
         assert err.strip().splitlines() == [
-            f"error: {path}: model '{load_config(path).model.name}' is trained by the task engine; the planner "
-            "sizes megatron layouts only"]
+            f"error: {path}: model '{load_config(path).model.name}' is trained by the task engine and states no "
+            "sizes for the planner (ModelFamily.task_sizes)"]
 
 
 def test_recipes_cover_both_engines():

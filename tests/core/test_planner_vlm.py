@@ -76,8 +76,8 @@ def test_a_task_engine_family_is_refused_in_one_line():
 
     config = _config()
     config.model.name = "some-dit"
-    with pytest.raises(ConfigError, match=r"^<defaults>: model 'some-dit' is trained by the task engine; the planner "
-                                          r"sizes megatron layouts only$"):
+    with pytest.raises(ConfigError, match=r"^<defaults>: model 'some-dit' is trained by the task engine; parallel: "
+                                          r"auto chooses megatron layouts only \(`loongforge plan` ranks"):
         workload_for(config, TaskModel(), "te")
 
 

@@ -105,6 +105,10 @@ def _configure_plan(planner: argparse.ArgumentParser) -> None:
     planner.add_argument("--kernels", choices=("te", "local"), default="te",
                          help="activation profile: te (CUDA with Transformer Engine) or local (CPU build)")
     planner.add_argument("--margin", type=float, help="share of memory kept free (default 0.1)")
+    planner.add_argument("--sample-shape", metavar="AxBxC",
+                         help="task models: one sample's shape in the family's terms (Wan: latent frames x height x "
+                              "width, e.g. 21x60x104), for data not at hand (default: parallel.planner.sample_shape, "
+                              "then the config's data)")
     planner.add_argument("--calibration", help="calibration file (benchmarks/planner_calibration.py --write)")
     planner.add_argument("--top", type=int, default=5, help="layouts to show (default 5)")
     planner.add_argument("--write", metavar="FILE",

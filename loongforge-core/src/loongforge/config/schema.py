@@ -132,6 +132,9 @@ class PlannerConfig:
     margin: float = 0.1
     #: A calibration file written by ``benchmarks/planner_calibration.py``.
     calibration: str | None = None
+    #: Task-engine models: one training sample's shape in the model family's own terms (a Wan video's latent
+    #: ``[frames, height, width]``), to plan for data that is not at hand; null: the shape of the config's data.
+    sample_shape: list[int] | None = None
 
 
 @dataclass

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from loongforge.models.media import MediaPrompts, MediaRequest
     from loongforge.models.parameter_groups import ParameterGroup
     from loongforge.models.sizing import DecoderTerms, LayoutProblem
+    from loongforge.models.task_sizing import TaskSizes
     from loongforge.parallel.megatron import Layout
     from loongforge.registry import Registry
 
@@ -238,6 +239,16 @@ class ModelFamily:
         """Memory/compute parts the planner adds outside the decoder (a VLM's vision encoder), sized for ``config``
         (:class:`loongforge.planner.memory.ComponentModel` objects); default none."""
         return ()
+
+    def task_sizes(self, config: LoongForgeConfig, sample_shape: tuple[int, ...] | None = None) -> TaskSizes | None:
+        """Task engine: the model's parameters, FLOPs and activations for one training sample of ``config``
+        (:class:`loongforge.models.task_sizing.TaskSizes`), which ``loongforge plan`` splits over torch-native layouts
+        (:mod:`loongforge.planner.task_planner`). ``sample_shape`` (``parallel.planner.sample_shape``, ``loongforge
+        plan --sample-shape``) is one sample's shape in the family's own terms (a video's latent frames, height and
+        width), for planning data that is not at hand; ``None``: the shape of the data ``config`` names. Raise a
+        :class:`~loongforge.errors.ConfigError` when neither gives one. Default ``None``: the planner refuses the
+        model in one line."""
+        return None
 
     def num_params(self, *, include_embeddings: bool = True) -> int | None:
         """Parameters of the whole model with the unpadded vocabulary, as published sizes count them

@@ -27,6 +27,7 @@ gathers to full tensors on rank 0 for checkpoints, so a checkpoint loads at any 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -166,10 +167,14 @@ class TorchNativeStrategy(ParallelStrategy):
             mesh = both["shard"]
         else:
             mesh = init_device_mesh(device_type, (layout.world_size,))
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32)
+        # Only the root casts the model's floating-point inputs to bf16: a unit's inputs are what the model computed
+        # before it, in the dtype the model chose (a Wan block's RoPE table is float32, which its complex rotation
+        # needs; cast per unit, as the policy does by default, it reached the block in bf16 and the step failed).
+        root = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32)
+        inner = dataclasses.replace(root, cast_forward_inputs=False)
         for unit in fsdp_units(model, run_forward):
-            fully_shard(unit, mesh=mesh, mp_policy=policy, shard_placement_fn=shard_placement)
-        fully_shard(model, mesh=mesh, mp_policy=policy, shard_placement_fn=shard_placement)
+            fully_shard(unit, mesh=mesh, mp_policy=inner, shard_placement_fn=shard_placement)
+        fully_shard(model, mesh=mesh, mp_policy=root, shard_placement_fn=shard_placement)
         return model
 
     def optimizer(self, params: list[nn.Parameter], **adamw: Any) -> torch.optim.Optimizer:

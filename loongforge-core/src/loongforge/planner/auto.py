@@ -50,12 +50,13 @@ def cluster_from_options(options: Any, num_devices: int, facts: dict[str, Any]) 
 def workload_for(config: LoongForgeConfig, family: ModelFamily, kernels: str) -> Workload:
     """What the planner sizes: ``family`` -- its megatron decoder (a composed model's language backbone) as the
     family's own slots state it (``decoder_terms``, ``check_layout``) -- and the parts the family reports outside it
-    (``planner_parts``: a VLM's vision encoder). A task-engine model has no megatron layout to plan: a one-line
-    :class:`ConfigError`."""
+    (``planner_parts``: a VLM's vision encoder). A task-engine model has no megatron layout (``loongforge plan`` sizes
+    it through :mod:`~loongforge.planner.task_planner` instead): a one-line :class:`ConfigError`."""
     decoder = family.decoder
     if family.engine != "megatron" or decoder is None:
         raise ConfigError(f"{config.source}: model '{config.model.name}' is trained by the {family.engine} engine; "
-                          "the planner sizes megatron layouts only")
+                          "parallel: auto chooses megatron layouts only (`loongforge plan` ranks a task model's "
+                          "torch-native layouts where its family states its sizes; --write saves the best)")
     offload = config.training.offload_activations
     offloaded = (frozenset() if offload is None or offload.layers == "auto"
                  else offloaded_layer_indices(offload, decoder.num_layers, config.source))

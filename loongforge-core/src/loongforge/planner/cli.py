@@ -21,7 +21,8 @@ from loongforge.planner.auto import cluster_from_options, search_space, workload
 from loongforge.planner.calibrate import load_calibration
 from loongforge.planner.hardware import GIB, ClusterSpec, device_facts
 from loongforge.planner.planner import plan
-from loongforge.planner.report import print_plan
+from loongforge.planner.report import print_plan, print_task_plan
+from loongforge.planner.task_planner import plan_task
 
 #: The cluster a given device memory describes, unless flags say otherwise: nodes of 8 current datacenter GPUs
 #: (the speeds are :class:`~loongforge.planner.hardware.ClusterSpec`'s defaults).
@@ -34,7 +35,9 @@ def plan_command(args: argparse.Namespace) -> int:
     from loongforge.resolve import resolve_model_flavor
 
     config = load_config(args.config, args.overrides)
-    workload = workload_for(config, resolve_model_flavor(config), args.kernels)  # a task model stops here
+    family = resolve_model_flavor(config)
+    sizes = task_sizes_for(config, family, args.sample_shape) if family.engine != "megatron" else None
+    workload = workload_for(config, family, args.kernels) if sizes is None else None
     options = config.parallel.planner
     flags = {"device_memory": args.device_memory, "ranks_per_node": args.ranks_per_node,
              "device_tflops": args.device_tflops, "intra_node_gbps": args.intra_node_gbps,
@@ -45,27 +48,62 @@ def plan_command(args: argparse.Namespace) -> int:
     cluster = cluster_from_options(options, args.devices, facts)
     print(describe_devices(cluster))
     calibration = load_calibration(options.calibration)
-    result = plan(workload, cluster, search_space(config),
-                  memory_coefficients=calibration.memory, time_coefficients=calibration.time, margin=options.margin)
-    print_plan(result, top=args.top)
+    if sizes is not None:
+        result = plan_task(sizes, cluster, precision=config.training.precision,
+                           micro_batch_size=config.training.micro_batch_size, margin=options.margin,
+                           time_coefficients=calibration.time, fixed_bytes=calibration.memory.fixed_bytes)
+        print_task_plan(result, config.model.name or family.family_name, top=args.top)
+    else:
+        result = plan(workload, cluster, search_space(config), memory_coefficients=calibration.memory,
+                      time_coefficients=calibration.time, margin=options.margin)
+        print_plan(result, top=args.top)
     if not result.ranked:
         raise ConfigError(result.infeasible_message())
     if args.write:
-        write_planned_config(config, result, args.write)
+        if sizes is not None:
+            _write_yaml(load_config(args.config, [*args.overrides, *result.best.candidate.overrides(sizes)]),
+                        args.write)
+        else:
+            write_planned_config(config, result, args.write)
         print(f"wrote {args.write}: loongforge train {args.write} --nproc {args.devices}")
     return 0
+
+
+def task_sizes_for(config: Any, family: Any, flag: str | None) -> Any:
+    """A task-engine model's :class:`~loongforge.models.task_sizing.TaskSizes` for one sample of ``--sample-shape``
+    (``AxBxC``), else ``parallel.planner.sample_shape``, else the config's data; a family that states none is
+    refused in one line."""
+    shape = config.parallel.planner.sample_shape
+    if flag is not None:
+        try:
+            shape = [int(part) for part in flag.lower().split("x")]
+        except ValueError:
+            raise ConfigError(f"--sample-shape {flag!r}: expected sizes joined by x, e.g. 21x60x104") from None
+    if shape is not None and (not shape or min(shape) < 1):
+        raise ConfigError(f"{config.source}: the sample shape {shape} must be positive sizes")
+    sizes = family.task_sizes(config, tuple(shape) if shape is not None else None)
+    if sizes is None:
+        raise ConfigError(f"{config.source}: model '{config.model.name}' is trained by the {family.engine} engine "
+                          "and states no sizes for the planner (ModelFamily.task_sizes)")
+    return sizes
 
 
 def write_planned_config(config: Any, result: Any, path: str) -> None:
     """``config`` with the plan's best layout applied (:func:`~loongforge.planner.auto.apply_plan`), as YAML: what
     ``loongforge check``/``train`` load back with nothing left for the planner to choose."""
+    from loongforge.planner.auto import apply_plan
+
+    _write_yaml(apply_plan(config, result), path)
+
+
+def _write_yaml(config: Any, path: str) -> None:
+    """``config`` as the YAML ``loongforge check``/``train`` load back."""
     import yaml
 
     from loongforge.config.loader import config_to_dict
-    from loongforge.planner.auto import apply_plan
 
     with open(path, "w", encoding="utf-8") as out:
-        yaml.safe_dump(config_to_dict(apply_plan(config, result)), out, sort_keys=False)
+        yaml.safe_dump(config_to_dict(config), out, sort_keys=False)
 
 
 def machine_facts(config: Any, num_devices: int) -> dict[str, Any]:

@@ -81,7 +81,7 @@ class TimeEstimate:
         return sum(self.terms.values())
 
 
-def _ring(
+def ring_seconds(
     size: float, ranks: int, cluster: ClusterSpec, span: int, all_reduce: bool, coeffs: TimeCoefficients
 ) -> float:
     """Seconds for one collective of ``size`` bytes over ``ranks`` ranks whose group spans ``span`` ranks."""
@@ -122,7 +122,7 @@ def context_parallel_seconds(workload: Workload, cand: Candidate, cluster: Clust
     a2a = {"ulysses": cand.cp, "ring": 1, "hybrid": cand.cp_a2a_size or 1}[cand.cp_mode]
     ring = cand.cp // a2a
     exchanged = tokens * terms.context_parallel_width * e / cand.tp  # q, k, v and out of this rank's tokens
-    seconds = 2 * _ring(exchanged, a2a, cluster, cand.tp * a2a, False, coeffs)
+    seconds = 2 * ring_seconds(exchanged, a2a, cluster, cand.tp * a2a, False, coeffs)
     if ring > 1:
         kv = tokens * 2 * terms.kv_width / cand.tp  # a member's K/V block: the same bytes whatever a2a
         hop, share = _p2p(kv * e, cluster, cand.tp * cand.cp, coeffs), _attention_seconds(workload, cand, cluster,
@@ -190,25 +190,26 @@ def estimate_time(
         balanced = ((base + extra) * tokens_rank + parts) / cand.pp / (cluster.device_flops * coeffs.flops_scale)
         terms["compute"], terms["stage_imbalance"] = balanced, compute - balanced
     tp_span = cand.tp
-    per_layer_tp = 4 * _ring(act, cand.tp, cluster, tp_span, True, coeffs)
+    per_layer_tp = 4 * ring_seconds(act, cand.tp, cluster, tp_span, True, coeffs)
     terms["tp_comm"] = per_layer_tp * layers * m * (1 + rc_fraction / 2)
     terms["cp_comm"] = context_parallel_seconds(workload, cand, cluster, coeffs) * layers * m
     terms["offload"] = offload_seconds(workload, cand, cluster, coeffs)
     if f.num_experts:
         a2a = tokens_mb * f.moe_router_topk * f.hidden_size * e / (cand.tp if cand.sequence_parallel else 1)
-        terms["ep_comm"] = 4 * _ring(a2a, cand.ep, cluster, cand.ep * cand.etp, False, coeffs) * layers * m
+        terms["ep_comm"] = 4 * ring_seconds(a2a, cand.ep, cluster, cand.ep * cand.etp, False, coeffs) * layers * m
     stage_bytes = act / (cand.tp if cand.sequence_parallel else 1)
     pp_span = cand.tp * cand.cp * cand.dp * cand.pp
-    terms["pp_comm"] = 2 * m * cand.vpp * _ring(stage_bytes, 2, cluster, pp_span, False, coeffs) if cand.pp > 1 else 0
+    terms["pp_comm"] = (2 * m * cand.vpp * ring_seconds(stage_bytes, 2, cluster, pp_span, False, coeffs)
+                        if cand.pp > 1 else 0)
     dense, expert = f.layer_params(cand.tp, cand.ep, cand.etp)
     params = (dense + expert) * layers + padded_vocab(f.vocab_size, cand.tp) * f.hidden_size / cand.tp
     params += sum(c.param_count(cand) for c in workload.components)  # reduced by the first stage's ranks
     dp_ranks, dp_span = cand.dp * cand.cp, cand.world_size
     if cand.distributed_optimizer:
-        terms["dp_comm"] = (_ring(params * 4, dp_ranks, cluster, dp_span, False, coeffs)
-                            + _ring(params * e, dp_ranks, cluster, dp_span, False, coeffs))
+        terms["dp_comm"] = (ring_seconds(params * 4, dp_ranks, cluster, dp_span, False, coeffs)
+                            + ring_seconds(params * e, dp_ranks, cluster, dp_span, False, coeffs))
     else:
-        terms["dp_comm"] = _ring(params * 4, dp_ranks, cluster, dp_span, True, coeffs)
+        terms["dp_comm"] = ring_seconds(params * 4, dp_ranks, cluster, dp_span, True, coeffs)
     passes = layers * m * (1 + rc_fraction / 3) * (1 + (cand.pp - 1) / (m * cand.vpp))
     terms["overhead"] = coeffs.overhead_per_layer * passes
     return TimeEstimate(terms=terms)
