@@ -18,6 +18,9 @@ from loongforge.planner.hardware import GIB, ClusterSpec
 from loongforge.planner.task_planner import TaskCandidate, estimate_task_memory, plan_task
 from loongforge.resolve import resolve_model_flavor
 from loongforge.train.activation_memory import SavedActivations
+from loongforge_diffusion.qwen_image.flavors import FLAVORS as QWEN_FLAVORS
+from loongforge_diffusion.qwen_image.model import QwenImageModel
+from loongforge_diffusion.qwen_image.sizing import qwen_image_sizes
 from loongforge_diffusion.wan.flavors import FLAVORS, num_params
 from loongforge_diffusion.wan.model import WanModel
 from loongforge_diffusion.wan.sizing import wan_sizes
@@ -82,42 +85,75 @@ def test_block_activations_are_what_autograd_saves(dtype, image):
         assert outside == pytest.approx(tokens * acts.outside_per_token, rel=0.15)  # the context embeddings beside it
 
 
-def _measure(out: Path, nproc: int, *overrides: str) -> int:
-    """The highest per-rank peak of ``loongforge.train.measure`` on the planner test's moving-squares DiT."""
-    config = out.parent / "measured.yaml"
-    config.write_text("model: {name: wan-tiny, overrides: {dim: 128, ffn_dim: 256, num_heads: 4, num_layers: 2, "
-                      "rope_max_seq_len: 256}}\ntraining: {steps: 2, micro_batch_size: 2, threads: 1}\n"
-                      "task: {samples: 4, frames: 4, side: 48, sample: {videos: 0}, ema: null}\n")
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_qwen_image_block_activations_are_what_autograd_saves(dtype):
+    """The same count for Qwen-Image's double-stream block over the joint image + text sequence."""
+    torch.manual_seed(0)
+    rows, text = 8, 6
+    flavor = QWEN_FLAVORS["qwen-image-tiny"].with_overrides(num_heads=4, head_dim=32, axes_dims=(8, 12, 12))
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+
+    def saved(layers: int) -> int:
+        model = QwenImageModel(flavor.with_overrides(num_layers=layers)).to(torch_dtype)
+        image = torch.randn(2, rows * rows, flavor.in_channels, dtype=torch_dtype)
+        with SavedActivations([model]) as count:
+            model(image, torch.randn(2, text, flavor.text_dim, dtype=torch_dtype), None,
+                  torch.rand(2, dtype=torch_dtype), [(1, rows, rows)] * 2)
+        return count.bytes_by_component["blocks"]
+
+    sizes = qwen_image_sizes(flavor, rows * flavor.patch_size, "<test>", None)
+    acts = sizes.activations[dtype]
+    tokens = 2 * (rows * rows + text)
+    assert sizes.tokens == rows * rows + 2  # the still squares' caption is 2 tokens
+    stated = tokens * acts.replicated_per_token + 2 * acts.split_per_sample
+    assert saved(2) - saved(1) == pytest.approx(stated, rel=0.01)
+
+
+#: The measured runs' models: a moving-squares Wan DiT and a still-squares Qwen-Image MMDiT, each widened so that
+#: activations, not the runtime, make most of a rank's peak.
+MEASURED = {
+    "wan": "model: {name: wan-tiny, overrides: {dim: 128, ffn_dim: 256, num_heads: 4, num_layers: 2, "
+           "rope_max_seq_len: 256}}\ntask: {samples: 4, frames: 4, side: 48, sample: {videos: 0}, ema: null}\n",
+    "qwen": "model: {name: qwen-image-tiny, overrides: {in_channels: 12, out_channels: 3, text_dim: 32, num_layers: 2, "
+            "num_heads: 4, head_dim: 32, axes_dims: [4, 14, 14]}}\ntask: {samples: 8, side: 96, sample: {images: 0}}\n",
+}
+
+
+def _measure(out: Path, model: str, nproc: int, *overrides: str) -> tuple[int, Path]:
+    """The highest per-rank peak of ``loongforge.train.measure`` on a :data:`MEASURED` model, and its config."""
+    out.mkdir(parents=True)
+    config = out / "measured.yaml"
+    config.write_text(MEASURED[model] + "training: {steps: 2, micro_batch_size: 2, threads: 1}\n")
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)] \
         if nproc > 1 else [sys.executable]
-    done = subprocess.run([*launcher, "-m", "loongforge.train.measure", str(config), str(out), "--time-steps", "1",
-                           *overrides], capture_output=True, text=True, timeout=600,
+    done = subprocess.run([*launcher, "-m", "loongforge.train.measure", str(config), str(out / "measured"),
+                           "--time-steps", "1", *overrides], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    return max(json.loads(path.read_text())["peak_bytes"] for path in out.glob("rank*.json"))
+    return max(json.loads(path.read_text())["peak_bytes"] for path in (out / "measured").glob("rank*.json")), config
 
 
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_predicted_peaks_match_measured_runs(tmp_path):
-    """Profiler-measured peak live bytes of real training steps against the prediction, within 12%: one process
-    (fp32, recompute on), FSDP2 in bf16 with Ulysses cp 2 (the activations halved per rank, the exchange's backward
-    copies added) and with tp 2 (the heads' and FFN's share halved, the rest whole). Each would miss by 25% or more
-    with its term wrong (measured: recompute ignored +83%, cp not dividing the tokens +62%, tp dividing every
-    activation -27%)."""
-    runs = {
-        TaskCandidate("single", 1, recompute=True, micro_batch_size=2): (1, ["task.recompute=true"]),
-        TaskCandidate("fsdp2", 2, cp=2, micro_batch_size=2): (2, ["parallel.strategy=fsdp2", "parallel.cp=2",
-                                                                  "training.precision=bf16"]),
-        TaskCandidate("fsdp2", 2, tp=2, micro_batch_size=2): (2, ["parallel.strategy=fsdp2", "parallel.tp=2",
-                                                                  "training.precision=bf16"]),
-    }
-    for index, (candidate, (nproc, overrides)) in enumerate(runs.items()):
-        measured = _measure(tmp_path / f"run{index}", nproc, *overrides)
-        config = load_config(tmp_path / "measured.yaml", overrides)
-        sizes = config_sizes(config)
-        predicted = estimate_task_memory(sizes, candidate, config.training.precision).total
-        assert predicted == pytest.approx(measured, rel=0.12), (candidate.describe(), predicted, measured)
+    """Profiler-measured peak live bytes of real training steps against the prediction, within 12%: Wan in one
+    process (fp32, recompute on), Wan under FSDP2 in bf16 with Ulysses cp 2 (the activations halved per rank, the
+    exchange's backward copies added) and with tp 2 (the heads' and FFN's share halved, the rest whole), and
+    Qwen-Image under FSDP2 in bf16 with recompute. Each would miss by 25% or more with its term wrong (measured:
+    recompute ignored +83%, cp not dividing the tokens +62%, tp dividing every activation -27%). The FSDP2 bf16 runs
+    also train at all: before, FSDP2 cast each block's inputs to bf16, and Wan's RoPE table could not rotate."""
+    bf16 = ["parallel.strategy=fsdp2", "training.precision=bf16"]
+    runs = [
+        ("wan", TaskCandidate("single", 1, recompute=True, micro_batch_size=2), ["task.recompute=true"]),
+        ("wan", TaskCandidate("fsdp2", 2, cp=2, micro_batch_size=2), [*bf16, "parallel.cp=2"]),
+        ("wan", TaskCandidate("fsdp2", 2, tp=2, micro_batch_size=2), [*bf16, "parallel.tp=2"]),
+        ("qwen", TaskCandidate("fsdp2", 2, recompute=True, micro_batch_size=2), [*bf16, "task.recompute=true"]),
+    ]
+    for index, (model, candidate, overrides) in enumerate(runs):
+        measured, path = _measure(tmp_path / f"run{index}", model, candidate.world_size, *overrides)
+        config = load_config(path, overrides)
+        predicted = estimate_task_memory(config_sizes(config), candidate, config.training.precision).total
+        assert predicted == pytest.approx(measured, rel=0.12), (model, candidate.describe(), predicted, measured)
 
 
 def config_sizes(config):

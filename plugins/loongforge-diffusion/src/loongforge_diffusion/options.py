@@ -150,3 +150,4 @@ class QwenImageTaskOptions:
     #: A LoongForge checkpoint of this task or a diffusers QwenImageTransformer2DModel directory.
     init: str | None = path_field()
     ema: EMAOptions | None = None
+    recompute: bool = False

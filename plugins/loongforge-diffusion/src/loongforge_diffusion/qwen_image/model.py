@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from loongforge_diffusion.qwen_image.block import JointBlock
 from loongforge_diffusion.qwen_image.embeddings import TextInput, TimeEmbedding
@@ -76,9 +77,14 @@ def unpack_latents(tokens: torch.Tensor, rows: int, cols: int, patch_size: int =
 
 
 class QwenImageModel(nn.Module):
-    def __init__(self, flavor: QwenImageFlavor) -> None:
+    """``recompute=True`` keeps only each block's inputs during the forward and re-runs the block in the backward
+    (activation checkpointing), as ``WanModel`` does: one block's intermediates instead of all of them, for a second
+    forward; gradients are bitwise the same."""
+
+    def __init__(self, flavor: QwenImageFlavor, *, recompute: bool = False) -> None:
         super().__init__()
         self.flavor = flavor
+        self.recompute = recompute
         d = flavor.dim
         self.image_in = nn.Linear(flavor.in_channels, d)
         self.text_in = TextInput(flavor.text_dim, d)
@@ -129,5 +135,8 @@ class QwenImageModel(nn.Module):
         text = self.text_in(encoder_hidden_states)
         temb = self.time_embed(timestep.expand(batch) if timestep.ndim == 0 else timestep)
         for block in self.blocks:
-            image, text = block(image, text, temb, image_rope, text_rope, mask)
+            if self.recompute and torch.is_grad_enabled():
+                image, text = checkpoint(block, image, text, temb, image_rope, text_rope, mask, use_reentrant=False)
+            else:
+                image, text = block(image, text, temb, image_rope, text_rope, mask)
         return self.head(image, temb)

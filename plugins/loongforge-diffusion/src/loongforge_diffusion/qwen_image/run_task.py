@@ -14,6 +14,7 @@ options under ``task:`` (see ``configs/diffusion-squares-image.yaml``)::
       init: null              # weights to start from: a LoongForge checkpoint of this task, or a diffusers
                               #   QwenImageTransformer2DModel directory (*.safetensors, or under transformer/)
       ema: null               # {decay: 0.999, warmup: true}: samples use the averaged weights
+      recompute: false        # activation checkpointing per block
 
 The model takes the noise level ``sigma`` in ``[0, 1]`` as its timestep (it scales by 1000 itself, as diffusers'
 pipeline passes ``timestep / 1000``). Noise is drawn per sample from (seed, step, dataset index), so ddp/fsdp2 runs
@@ -90,7 +91,7 @@ class QwenImageRunTask(TaskBase):
         they never reach the loss (diffusers' model carries them too, for weight compatibility). Frozen, they
         train exactly as before (no gradient either way) and DDP does not wait for gradients that never come.
         """
-        model = QwenImageModel(self.flavor)
+        model = QwenImageModel(self.flavor, recompute=self.options.recompute)
         path = self.options.init
         if path:
             weights = checkpoint_weights(path)
