@@ -6,7 +6,8 @@ Ulysses context parallelism (``parallel.cp=2``: both ranks train the whole batch
 under ``ddp`` and ``fsdp2``. Every
 sample's noise is drawn from (seed, step, sample index), so per-step loss and gradient norm must match the
 single-process run within 1e-5 relative. An ``fsdp2`` checkpoint (full tensors gathered on rank 0) resumes in
-one process and continues the same curve.
+one process and continues the same curve, and so does a data-parallel x tensor-parallel one (fsdp2, dp 2 x tp 2 on 4
+ranks: DTensor slices gathered into the checkpoint and split again on resume).
 """
 
 from __future__ import annotations
@@ -31,13 +32,16 @@ COMMON = ["logging.progress=false", "logging.tensorboard=false", "training.threa
           "scheduler.warmup_steps=2", f"scheduler.decay_steps={STEPS}"]  # one schedule, also for a run cut short
 
 
-def train(out: Path, *overrides: str, nproc: int = 1, cp: int = 1) -> dict:
+def train(out: Path, *overrides: str, nproc: int = 1, cp: int = 1, tp: int = 1) -> dict:
+    """The run's metrics rows by step; the ``cp x tp`` ranks of a group train the same samples, so each data-parallel
+    rank's micro-batch is the global batch over ``nproc / (cp x tp)``."""
     cmd = [sys.executable, "-m", "loongforge.cli", "train", str(ROOT / "configs/diffusion-moving-squares.yaml"),
-           f"run.output_dir={out}", *COMMON, f"training.micro_batch_size={GLOBAL_BATCH * cp // nproc}",
-           f"parallel.cp={cp}", *overrides,
+           f"run.output_dir={out}", *COMMON, f"training.micro_batch_size={GLOBAL_BATCH * cp * tp // nproc}",
+           f"parallel.cp={cp}", f"parallel.tp={tp}", *overrides,
            *(["--nproc", str(nproc)] if nproc > 1 else [])]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    (out / "stdout.txt").write_text(done.stdout)  # the last run's, for what it said (a resume)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return {row["step"]: row for row in rows}
 
@@ -71,4 +75,16 @@ def test_fsdp2_checkpoint_resumes_in_one_process(tmp_path, reference):
     train(out, "parallel.strategy=fsdp2", "checkpoint.interval=3", "training.steps=3", NO_EMA, nproc=2)
     assert (out / "checkpoints" / "step-0000003" / "model.safetensors").is_file()
     rows = train(out, NO_EMA)  # the same output directory: resumes at step 3 with one process and micro-batch 8
+    assert "resumed from" in (out / "stdout.txt").read_text() and "at step 3" in (out / "stdout.txt").read_text()
+    assert_same_run({s: r for s, r in rows.items() if s > 3}, reference, range(4, STEPS + 1))
+
+
+def test_dp2_tp2_checkpoint_resumes_in_its_layout(tmp_path, reference):
+    out = tmp_path / "run"
+    layout = ["parallel.strategy=fsdp2", NO_EMA]
+    first = train(out, *layout, "checkpoint.interval=3", "training.steps=3", nproc=4, tp=2)
+    assert_same_run(first, reference, range(1, 4))
+    assert (out / "checkpoints" / "step-0000003" / "model.safetensors").is_file()
+    rows = train(out, *layout, nproc=4, tp=2)  # the same output directory: resumes at step 3
+    assert "resumed from" in (out / "stdout.txt").read_text() and "at step 3" in (out / "stdout.txt").read_text()
     assert_same_run({s: r for s, r in rows.items() if s > 3}, reference, range(4, STEPS + 1))
