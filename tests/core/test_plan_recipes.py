@@ -23,14 +23,14 @@ def test_plan_answers_every_recipe(path, capsys):
     if family.engine == "megatron":
         assert code == 0, err
         assert "chose tp" in out and "Traceback" not in err
-    elif family.task_sizes(load_config(path)) is not None:
+    elif family.task_terms(load_config(path)) is not None:
         assert code == 0, err
         assert "chose " in out and " dp" in out and "Traceback" not in err
     else:
         assert code == 2 and out == ""
         assert err.strip().splitlines() == [
             f"error: {path}: model '{load_config(path).model.name}' is trained by the task engine and states no "
-            "sizes for the planner (ModelFamily.task_sizes)"]
+            "sizes for the planner (ModelFamily.task_terms)"]
 
 
 def test_recipes_cover_both_engines():

@@ -13,17 +13,17 @@ import pytest
 import torch
 from loongforge.cli import main
 from loongforge.config import load_config
-from loongforge.planner.cli import task_sizes_for
+from loongforge.planner.cli import task_terms_for
 from loongforge.planner.hardware import GIB, ClusterSpec
 from loongforge.planner.task_planner import TaskCandidate, estimate_task_memory, plan_task
 from loongforge.resolve import resolve_model_flavor
 from loongforge.train.activation_memory import SavedActivations
 from loongforge_diffusion.qwen_image.flavors import FLAVORS as QWEN_FLAVORS
 from loongforge_diffusion.qwen_image.model import QwenImageModel
-from loongforge_diffusion.qwen_image.sizing import qwen_image_sizes
+from loongforge_diffusion.qwen_image.sizing import qwen_image_terms
 from loongforge_diffusion.wan.flavors import FLAVORS, num_params
 from loongforge_diffusion.wan.model import WanModel
-from loongforge_diffusion.wan.sizing import wan_sizes
+from loongforge_diffusion.wan.sizing import wan_terms
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Whole on every tensor-parallel rank (wan/tensor_parallel.py): fused projections' and row-parallel outputs'
@@ -44,14 +44,14 @@ def test_parameter_split_is_the_modules_own(name):
     """Every block parameter the sizes call whole is one tensor parallelism leaves whole, and the counts add up to
     the flavor's published size (I2V's image branch and Wan 2.2's width included)."""
     flavor = FLAVORS[name]
-    sizes = wan_sizes(flavor, None, "<test>", (1, 2, 2))
+    sizes = wan_terms(flavor, None, "<test>", (1, 2, 2))
     assert sizes.model_params == num_params(flavor)
     small = flavor.with_overrides(dim=flavor.num_heads * 8, ffn_dim=48, num_layers=1, text_dim=16, freq_dim=16,
                                   **({"image_dim": 24} if flavor.image_dim else {}))
     block = WanModel(small).blocks[0]
     whole = sum(p.numel() for n, p in block.named_parameters() if n in WHOLE)
     split = sum(p.numel() for n, p in block.named_parameters() if n not in WHOLE)
-    small_sizes = wan_sizes(small, None, "<test>", (1, 2, 2))
+    small_sizes = wan_terms(small, None, "<test>", (1, 2, 2))
     assert (small_sizes.block_replicated_params, small_sizes.block_split_params) == (whole, split)
 
 
@@ -74,7 +74,7 @@ def test_block_activations_are_what_autograd_saves(dtype, image):
             model(video, torch.rand(2, dtype=torch_dtype) * 1000, torch.randn(2, text, 32, dtype=torch_dtype), images)
         return count.bytes_by_component
 
-    sizes = wan_sizes(flavor, None, "<test>", (frames, side, side))
+    sizes = wan_terms(flavor, None, "<test>", (frames, side, side))
     acts = sizes.activations[dtype]
     tokens = 2 * sizes.tokens
     one, two = saved(1), saved(2)
@@ -101,7 +101,7 @@ def test_qwen_image_block_activations_are_what_autograd_saves(dtype):
                   torch.rand(2, dtype=torch_dtype), [(1, rows, rows)] * 2)
         return count.bytes_by_component["blocks"]
 
-    sizes = qwen_image_sizes(flavor, rows * flavor.patch_size, "<test>", None)
+    sizes = qwen_image_terms(flavor, rows * flavor.patch_size, "<test>", None)
     acts = sizes.activations[dtype]
     tokens = 2 * (rows * rows + text)
     assert sizes.tokens == rows * rows + 2  # the still squares' caption is 2 tokens
@@ -158,7 +158,7 @@ def test_predicted_peaks_match_measured_runs(tmp_path):
 
 def config_sizes(config):
     """What ``loongforge plan`` sizes for ``config`` (its ``parallel.planner.sample_shape``, else its data)."""
-    return task_sizes_for(config, resolve_model_flavor(config), None)
+    return task_terms_for(config, resolve_model_flavor(config), None)
 
 
 def test_plan_for_wan21_14b_on_8_gpus(tmp_path):

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from loongforge.models.media import MediaPrompts, MediaRequest
     from loongforge.models.parameter_groups import ParameterGroup
     from loongforge.models.sizing import DecoderTerms, LayoutProblem
-    from loongforge.models.task_sizing import TaskSizes
+    from loongforge.models.task_terms import TaskTerms
     from loongforge.parallel.megatron import Layout
     from loongforge.registry import Registry
 
@@ -240,9 +240,9 @@ class ModelFamily:
         (:class:`loongforge.planner.memory.ComponentModel` objects); default none."""
         return ()
 
-    def task_sizes(self, config: LoongForgeConfig, sample_shape: tuple[int, ...] | None = None) -> TaskSizes | None:
+    def task_terms(self, config: LoongForgeConfig, sample_shape: tuple[int, ...] | None = None) -> TaskTerms | None:
         """Task engine: the model's parameters, FLOPs and activations for one training sample of ``config``
-        (:class:`loongforge.models.task_sizing.TaskSizes`), which ``loongforge plan`` splits over torch-native layouts
+        (:class:`loongforge.models.task_terms.TaskTerms`), which ``loongforge plan`` splits over torch-native layouts
         (:mod:`loongforge.planner.task_planner`). ``sample_shape`` (``parallel.planner.sample_shape``, ``loongforge
         plan --sample-shape``) is one sample's shape in the family's own terms (a video's latent frames, height and
         width), for planning data that is not at hand; ``None``: the shape of the data ``config`` names. Raise a

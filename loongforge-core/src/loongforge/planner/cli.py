@@ -36,7 +36,7 @@ def plan_command(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.overrides)
     family = resolve_model_flavor(config)
-    sizes = task_sizes_for(config, family, args.sample_shape) if family.engine != "megatron" else None
+    sizes = task_terms_for(config, family, args.sample_shape) if family.engine != "megatron" else None
     workload = workload_for(config, family, args.kernels) if sizes is None else None
     options = config.parallel.planner
     flags = {"device_memory": args.device_memory, "ranks_per_node": args.ranks_per_node,
@@ -69,8 +69,8 @@ def plan_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def task_sizes_for(config: Any, family: Any, flag: str | None) -> Any:
-    """A task-engine model's :class:`~loongforge.models.task_sizing.TaskSizes` for one sample of ``--sample-shape``
+def task_terms_for(config: Any, family: Any, flag: str | None) -> Any:
+    """A task-engine model's :class:`~loongforge.models.task_terms.TaskTerms` for one sample of ``--sample-shape``
     (``AxBxC``), else ``parallel.planner.sample_shape``, else the config's data; a family that states none is
     refused in one line."""
     shape = config.parallel.planner.sample_shape
@@ -81,10 +81,10 @@ def task_sizes_for(config: Any, family: Any, flag: str | None) -> Any:
             raise ConfigError(f"--sample-shape {flag!r}: expected sizes joined by x, e.g. 21x60x104") from None
     if shape is not None and (not shape or min(shape) < 1):
         raise ConfigError(f"{config.source}: the sample shape {shape} must be positive sizes")
-    sizes = family.task_sizes(config, tuple(shape) if shape is not None else None)
+    sizes = family.task_terms(config, tuple(shape) if shape is not None else None)
     if sizes is None:
         raise ConfigError(f"{config.source}: model '{config.model.name}' is trained by the {family.engine} engine "
-                          "and states no sizes for the planner (ModelFamily.task_sizes)")
+                          "and states no sizes for the planner (ModelFamily.task_terms)")
     return sizes
 
 

@@ -1,6 +1,6 @@
 """The planner for task-engine models: torch-native layouts (DDP, ZeRO-1, FSDP2, HSDP x cp x tp) sized and timed.
 
-A task model states its sizes (:class:`~loongforge.models.task_sizing.TaskSizes`); this module enumerates the
+A task model states its sizes (:class:`~loongforge.models.task_terms.TaskTerms`); this module enumerates the
 layouts :mod:`loongforge.parallel.torch_native` can run on N devices, predicts each one's peak memory per rank and
 step time, and ranks those that fit. One process runs the model unwrapped. Per-block recompute (the task's
 ``recompute_option``) is tried where the task has it; the micro-batch size is the config's (a task step has no
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from loongforge.errors import ConfigError
-from loongforge.models.task_sizing import TaskSizes
+from loongforge.models.task_terms import TaskTerms
 from loongforge.planner.hardware import ClusterSpec, format_bytes
 from loongforge.planner.memory import MemoryEstimate
 from loongforge.planner.timing import TimeCoefficients, TimeEstimate, ring_seconds
@@ -81,7 +81,7 @@ class TaskCandidate:
         return " ".join([kind, *sizes, f"dp{self.dp}", f"mbs{self.micro_batch_size}"]
                         + (["recompute"] if self.recompute else []))
 
-    def overrides(self, sizes: TaskSizes) -> list[str]:
+    def overrides(self, sizes: TaskTerms) -> list[str]:
         """The config overrides that run this layout (what ``loongforge plan --write`` applies)."""
         strategy = "ddp" if self.strategy == "single" else self.strategy
         out = [f"parallel.strategy={strategy}", f"parallel.cp={self.cp}", f"parallel.tp={self.tp}",
@@ -109,7 +109,7 @@ class TaskEvaluated:
 class TaskPlan:
     """The ranked layouts of a task model that fit, the rejections, and (none fitting) what would fit."""
 
-    sizes: TaskSizes
+    sizes: TaskTerms
     cluster: ClusterSpec
     precision: str
     ranked: list[TaskEvaluated]
@@ -151,7 +151,7 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def task_layouts(sizes: TaskSizes, cluster: ClusterSpec, micro_batch_size: int,
+def task_layouts(sizes: TaskTerms, cluster: ClusterSpec, micro_batch_size: int,
                  rejected: Counter) -> Iterator[TaskCandidate]:
     """Every torch-native layout of ``sizes`` on ``cluster.num_devices`` ranks; refused ones are counted."""
     world = cluster.num_devices
@@ -181,7 +181,7 @@ def task_layouts(sizes: TaskSizes, cluster: ClusterSpec, micro_batch_size: int,
             yield TaskCandidate(kind, world, cp, tp, shard, choice, micro_batch_size)
 
 
-def estimate_task_memory(sizes: TaskSizes, cand: TaskCandidate, precision: str,
+def estimate_task_memory(sizes: TaskTerms, cand: TaskCandidate, precision: str,
                          fixed_bytes: float = 0.0) -> MemoryEstimate:
     """Peak bytes of one rank, by term (see the module docstring)."""
     dtype = compute_dtype(cand, precision)
@@ -206,7 +206,7 @@ def estimate_task_memory(sizes: TaskSizes, cand: TaskCandidate, precision: str,
     return MemoryEstimate(terms, stage=0)
 
 
-def estimate_task_time(sizes: TaskSizes, cand: TaskCandidate, precision: str, cluster: ClusterSpec,
+def estimate_task_time(sizes: TaskTerms, cand: TaskCandidate, precision: str, cluster: ClusterSpec,
                        coeffs: TimeCoefficients) -> TimeEstimate:
     """Seconds of one step, by term (see the module docstring)."""
     dtype = compute_dtype(cand, precision)
@@ -250,7 +250,7 @@ def _rank_key(ev: TaskEvaluated) -> tuple[float, float]:
     return float(f"{ev.seconds_per_sample:.3g}"), ev.memory.total
 
 
-def plan_task(sizes: TaskSizes, cluster: ClusterSpec, *, precision: str, micro_batch_size: int = 1,
+def plan_task(sizes: TaskTerms, cluster: ClusterSpec, *, precision: str, micro_batch_size: int = 1,
               margin: float = 0.10, time_coefficients: TimeCoefficients | None = None, fixed_bytes: float = 0.0,
               search_minimum: bool = True) -> TaskPlan:
     """Rank every torch-native layout of ``sizes`` on ``cluster`` that fits memory (module docstring)."""
@@ -277,7 +277,7 @@ def plan_task(sizes: TaskSizes, cluster: ClusterSpec, *, precision: str, micro_b
     return result
 
 
-def _smallest_device_count(sizes: TaskSizes, cluster: ClusterSpec, precision: str, micro_batch_size: int,
+def _smallest_device_count(sizes: TaskTerms, cluster: ClusterSpec, precision: str, micro_batch_size: int,
                            budget: float, fixed_bytes: float) -> int | None:
     """The fewest devices (of this memory) on which some layout fits: every count to 1024, then powers of two."""
     counts = list(range(cluster.num_devices + 1, 1025)) + [1 << k for k in range(11, 17)]

@@ -100,15 +100,15 @@ class QwenImageFlavor(ModelFamily):
 
         return check_image_task(self, config, options)
 
-    def task_sizes(self, config: Any, sample_shape: tuple[int, ...] | None = None) -> Any:
+    def task_terms(self, config: Any, sample_shape: tuple[int, ...] | None = None) -> Any:
         """The planner's statement of this MMDiT for one image
-        (:func:`loongforge_diffusion.qwen_image.sizing.qwen_image_sizes`): ``sample_shape`` is the input grid's
+        (:func:`loongforge_diffusion.qwen_image.sizing.qwen_image_terms`): ``sample_shape`` is the input grid's
         height x width, else the config's still squares."""
         from loongforge.config.plugin_sections import task_options
 
-        from loongforge_diffusion.qwen_image.sizing import qwen_image_sizes
+        from loongforge_diffusion.qwen_image.sizing import qwen_image_terms
 
-        return qwen_image_sizes(self, task_options(self, config).side, config.source, sample_shape)
+        return qwen_image_terms(self, task_options(self, config).side, config.source, sample_shape)
 
     def num_params(self, *, include_embeddings: bool = True) -> int:
         """The model family's parameter count (:func:`num_params`; a DiT has no token embeddings to leave out)."""

@@ -1,4 +1,4 @@
-"""A Qwen-Image MMDiT's sizes for the layout planner (:class:`loongforge.models.task_sizing.TaskSizes`).
+"""A Qwen-Image MMDiT's sizes for the layout planner (:class:`loongforge.models.task_terms.TaskTerms`).
 
 The blocks run over one joint sequence: the image's ``N`` patch tokens and the caption's ``L`` text tokens, each
 through its own stream's weights, meeting in one attention. Its task splits neither sequences nor weights, so the
@@ -18,7 +18,7 @@ from typing import Any
 
 from loongforge.errors import ConfigError
 from loongforge.models.listing import count_of_shapes
-from loongforge.models.task_sizing import BlockActivations, TaskSizes
+from loongforge.models.task_terms import BlockActivations, TaskTerms
 
 #: Text tokens a planned sample's caption takes (diffusers' ``QwenImagePipeline`` default ``max_sequence_length``).
 PLANNED_TEXT_TOKENS = 512
@@ -26,7 +26,7 @@ PLANNED_TEXT_TOKENS = 512
 SQUARES_TEXT_TOKENS = 2
 
 
-def qwen_image_sizes(flavor: Any, side: int, source: str, sample_shape: tuple[int, ...] | None) -> TaskSizes:
+def qwen_image_terms(flavor: Any, side: int, source: str, sample_shape: tuple[int, ...] | None) -> TaskTerms:
     """The planner's statement for ``flavor`` on one image: ``sample_shape`` (the model's input grid before its
     ``patch_size`` patching -- a real model's latent height x width, 166 x 166 for 1328 px -- and a 512-token caption)
     or the config's still squares of ``side`` pixels."""
@@ -59,7 +59,7 @@ def qwen_image_sizes(flavor: Any, side: int, source: str, sample_shape: tuple[in
             split_per_sample=(72 if fp32 else 40) * d, backward_per_token=12 * d, recompute_per_token=width * d,
             outside_per_token=width * flavor.in_channels + (12 if fp32 else 10) * d + 4 * flavor.head_dim)
 
-    return TaskSizes(
+    return TaskTerms(
         blocks=flavor.num_layers, block_split_params=0.0, block_replicated_params=block, outside_params=outside,
         tokens=tokens, heads=h, hidden=d, block_forward_flops=flavor.num_layers * block_flops,
         outside_forward_flops=outside_flops, activations={dtype: activations(dtype) for dtype in ("fp32", "bf16")},

@@ -107,14 +107,14 @@ class WanFlavor(ModelFamily):
 
         return check_video_task(self, config, options)
 
-    def task_sizes(self, config: Any, sample_shape: tuple[int, ...] | None = None) -> Any:
-        """The planner's statement of this DiT for one sample (:func:`loongforge_diffusion.wan.sizing.wan_sizes`):
+    def task_terms(self, config: Any, sample_shape: tuple[int, ...] | None = None) -> Any:
+        """The planner's statement of this DiT for one sample (:func:`loongforge_diffusion.wan.sizing.wan_terms`):
         ``sample_shape`` is latent frames x height x width, else the config's data."""
         from loongforge.config.plugin_sections import task_options
 
-        from loongforge_diffusion.wan.sizing import wan_sizes
+        from loongforge_diffusion.wan.sizing import wan_terms
 
-        return wan_sizes(self, task_options(self, config), config.source, sample_shape, config.training.compile)
+        return wan_terms(self, task_options(self, config), config.source, sample_shape, config.training.compile)
 
     def num_params(self, *, include_embeddings: bool = True) -> int:
         """The model family's parameter count (:func:`num_params`, twice for two experts; a DiT has no token

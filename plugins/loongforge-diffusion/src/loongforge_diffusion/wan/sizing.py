@@ -1,4 +1,4 @@
-"""A Wan DiT's sizes for the layout planner (:class:`loongforge.models.task_sizing.TaskSizes`).
+"""A Wan DiT's sizes for the layout planner (:class:`loongforge.models.task_terms.TaskTerms`).
 
 Parameters follow :func:`loongforge_diffusion.wan.flavors.num_params`, split as :mod:`~loongforge_diffusion.wan.
 tensor_parallel` splits them: the projections into and out of heads and the FFN's columns over tp, the fused
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from loongforge.errors import ConfigError
-from loongforge.models.task_sizing import BlockActivations, TaskSizes
+from loongforge.models.task_terms import BlockActivations, TaskTerms
 
 #: CLIP image tokens Wan 2.1 I2V attends to (ViT-H/14 at 224 px: 16 x 16 patches and the class token).
 CLIP_TOKENS = 257
@@ -88,8 +88,8 @@ def run_limits(options: Any, compile_mode: Any, experts: int) -> dict[str, Any]:
             "models": models}
 
 
-def wan_sizes(flavor: Any, options: Any, source: str, sample_shape: tuple[int, ...] | None,
-              compile_mode: Any = False) -> TaskSizes:
+def wan_terms(flavor: Any, options: Any, source: str, sample_shape: tuple[int, ...] | None,
+              compile_mode: Any = False) -> TaskTerms:
     """The planner's statement for ``flavor`` trained on one sample of ``sample_shape`` (latent frames, height,
     width; the text context then ``text_len`` tokens, as the encoders pad it) or of the config's data, within what
     the run's ``task:`` options (``None``: the defaults) and ``training.compile`` allow (:func:`run_limits`)."""
@@ -134,7 +134,7 @@ def wan_sizes(flavor: Any, options: Any, source: str, sample_shape: tuple[int, .
             outside_per_token=width * patch + (12 if fp32 else 10) * d + 9 + 4 * flavor.head_dim)
 
     limits = run_limits(options, compile_mode, 2 if flavor.expert_boundary is not None else 1)
-    return TaskSizes(
+    return TaskTerms(
         blocks=flavor.num_layers, block_split_params=split, block_replicated_params=whole, outside_params=outside,
         tokens=tokens, heads=h, hidden=d, block_forward_flops=flavor.num_layers * block_flops,
         outside_forward_flops=outside_flops, activations={dtype: activations(dtype) for dtype in _BYTES},

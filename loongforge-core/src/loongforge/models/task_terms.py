@@ -6,7 +6,7 @@ context and tensor parallelism (:mod:`loongforge.parallel.torch_native`) -- not 
 layers, and its memory is dominated by different things: a DiT's sequence is a whole video (tens of thousands of
 tokens per sample), its per-token activations depend on the compute dtype (norms and residuals kept in fp32), and a
 mixture of two experts (Wan 2.2 A14B) holds two models but trains one per step. The family states these numbers
-(:meth:`loongforge.models.family.ModelFamily.task_sizes`); the planner (:mod:`loongforge.planner.task_planner`) only
+(:meth:`loongforge.models.family.ModelFamily.task_terms`); the planner (:mod:`loongforge.planner.task_planner`) only
 splits them over a layout. Torch-free, like the flavors.
 
 Activations are stated in *bytes per token of one block* for each compute dtype, split into what tensor
@@ -48,7 +48,7 @@ class BlockActivations:
 
 
 @dataclass(frozen=True)
-class TaskSizes:
+class TaskTerms:
     """One task model's parameters, FLOPs and activations for one training sample (see the module docstring).
 
     ``models``/``models_per_step``: a mixture of models of one shape, each step training some (Wan 2.2 A14B: two
