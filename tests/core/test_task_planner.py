@@ -85,6 +85,13 @@ def test_ranked_by_time_per_sample_and_infeasible_names_what_would_fit():
         _ = alone.best
 
 
+def test_a_run_its_options_keep_to_one_process_says_so():
+    pinned = terms(strategies=(), notes=("task.experts_resident: one: one process",))
+    result = plan_task(pinned, ClusterSpec(num_devices=4, device_memory=80 * GIB), precision="bf16")
+    assert result.infeasible_message() == ("no layout of this model runs on 4 device(s): task.experts_resident: one: "
+                                           "one process")
+
+
 def test_terms_are_checked():
     with pytest.raises(ConfigError, match="activations must be stated for bf16"):
         terms(activations={"fp32": ACTS})

@@ -130,6 +130,9 @@ class TaskPlan:
         return self.ranked[0]
 
     def infeasible_message(self) -> str:
+        if not self.ranked and not self.near_misses:  # nothing the run's options allow at this device count
+            why = "; ".join(self.sizes.notes) or "no layout divides its heads and tokens"
+            return f"no layout of this model runs on {self.cluster.num_devices} device(s): {why}"
         lines = [f"no layout of this {self.sizes.blocks}-block model ({self.sizes.sample}) fits "
                  f"{self.cluster.num_devices} device(s) of {format_bytes(self.cluster.device_memory)} "
                  f"(keeping {self.margin:.0%} free)"]
