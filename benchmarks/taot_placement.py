@@ -2,6 +2,7 @@
 
     python benchmarks/taot_placement.py [--steps 12] [--seeds 3]
     python benchmarks/taot_placement.py --reference --steps 4   # vs the MILP (the test's 4 loads), minutes
+    python benchmarks/taot_placement.py --reference --steps 4 --spare-slots 2
 
 Per (ranks R, spare slots K): 128 experts, 4096 tokens x top-8 per rank, 8 ranks per node, popularity from
 ``loongforge_balance.taot.synthetic`` (log-normal, drifting each step). Planners:
@@ -32,7 +33,7 @@ from taot_reference import milp_fewest_inter_node_clones, per_node_lower_bound
 
 EXPERTS, RANKS_PER_NODE = 128, 8
 EXPERT_BYTES = 3 * 2048 * 768 * 2  # gate, up, down projections in bf16
-CONFIGS = [(16, 1), (32, 1), (64, 1), (64, 2)]
+CONFIGS = [(16, 1), (32, 1), (64, 1), (16, 2), (32, 2), (64, 2)]
 
 
 def eplb_replicas(history: torch.Tensor, ranks: int, spare_slots: int) -> torch.Tensor:
@@ -107,20 +108,22 @@ def _record(row: dict, plan: ReplicaPlan) -> None:
     row["tokens"].append(costs.cross_node_tokens)
 
 
-def reference_table(loads: list[torch.Tensor], node_limit: int) -> None:
+def reference_table(loads: list[torch.Tensor], node_limit: int, spare_slots: int) -> None:
     """Full-weight inter-node clones per load vs the independent references (``taot_reference``): the MILP's best
-    placement (exports from full nodes only), its bound, and the per-node lower bound; K = 1, steps 0, 3, 6, 9."""
+    placement (exports from full nodes only), its bound, and the per-node lower bound; K spare slots, steps 0, 3, 6,
+    9."""
+    print(f"K = {spare_slots} spare slot(s) per rank")
     print(f"{'R':>3} {'load':>5} {'taot w=1':>9} {'MILP placement':>15} {'MILP bound':>11} {'node bound':>11}")
     for ranks in (16, 32, 64):
         local, totals = EXPERTS // ranks, [0, 0, 0, 0]
         for index, counts in enumerate(torch.cat(loads)[0::3][:4]):
             counts = counts[:ranks]
-            ours = plan_costs(plan_replicas(counts, experts_per_rank=local, spare_slots=1,
+            ours = plan_costs(plan_replicas(counts, experts_per_rank=local, spare_slots=spare_slots,
                                             ranks_per_node=RANKS_PER_NODE, topology_weight=1.0),
                               RANKS_PER_NODE).inter_node_clones
             expert_load = counts.sum(0).tolist()
-            milp = milp_fewest_inter_node_clones(expert_load, RANKS_PER_NODE, local, 1, full_nodes_export_only=True,
-                                                 node_limit=node_limit)
+            milp = milp_fewest_inter_node_clones(expert_load, RANKS_PER_NODE, local, spare_slots,
+                                                 full_nodes_export_only=True, node_limit=node_limit)
             row = [ours, milp.clones, milp.bound, per_node_lower_bound(expert_load, RANKS_PER_NODE, local)]
             totals = [t + (v or 0) for t, v in zip(totals, row, strict=True)]
             print(f"{ranks:>3} {index:>5} {row[0]:>9} {row[1]!s:>15} {row[2]:>11} {row[3]:>11}", flush=True)
@@ -137,11 +140,12 @@ def main() -> None:
     parser.add_argument("--topology-weight", type=float, default=ReplicaSettings().topology_weight)
     parser.add_argument("--reference", action="store_true", help="compare with the MILP reference instead")
     parser.add_argument("--reference-node-limit", type=int, default=2000)
+    parser.add_argument("--spare-slots", type=int, default=1, help="K of the --reference table")
     args = parser.parse_args()
     torch.set_num_threads(1)
     loads = [skewed_counts(args.steps, 64, EXPERTS, seed=seed) for seed in range(args.seeds)]
     if args.reference:
-        reference_table(loads, args.reference_node_limit)
+        reference_table(loads, args.reference_node_limit, args.spare_slots)
         return
     print(f"{EXPERTS} experts, 4096 tokens x top-8 per rank, {RANKS_PER_NODE} ranks/node, {args.steps} steps x "
           f"{args.seeds} seeds, EPLB every {args.eplb_interval} steps, topology weight {args.topology_weight}")

@@ -34,18 +34,23 @@ the overflow on to one rank of its own node (one of its home experts, best fit) 
 exact optimum does this (an inter-node piece lands on a rank that then sheds its own experts locally), and it
 lets one inter-node clone carry a whole donor's excess instead of two smaller ones.
 
-``topology_weight`` picks among four candidate plans, computed independently of the weight: topology-blind
-(the world seen as one node), node-aware, node-aware with chains, and node-aware with chains where ranks of nodes
+``topology_weight`` picks among five candidate plans, computed independently of the weight: topology-blind
+(the world seen as one node), node-aware, node-aware with chains, node-aware with chains where ranks of nodes
 within their capacity shed inside their node before any forced move (imports otherwise take the slots such a node
-needs for itself, and its own hot expert then has to leave it). It keeps the plan minimising
-``(1 - w) * clones + w * inter-node clones`` among those meeting the balance bound (ties: that order). Because the
-candidates do not depend on ``w``, inter-node clones never rise with ``w``: if ``a`` is kept at ``w1`` and ``b``
-at ``w2 > w1``, adding the two optimality inequalities gives ``(w2 - w1) * (inter_b - inter_a) <= 0`` after
-dividing by ``1 - w`` (the exchange argument for a weighted sum over a fixed set).
+needs for itself, and its own hot expert then has to leave it), and *export first*: every node above its capacity
+first sends its biggest whole expert pieces to other nodes until its excess is gone -- the pieces the per-node
+lower bound counts -- and the pass then balances each node inside it (receivers pass their own experts on). The
+last needs slots for that settling: with two spare slots per rank it is the one picked at full weight. It keeps
+the plan minimising ``(1 - w) * clones + w * inter-node clones`` among those meeting the balance bound (ties: that
+order). Because the candidates do not depend on ``w``, inter-node clones never rise with ``w``: if ``a`` is kept
+at ``w1`` and ``b`` at ``w2 > w1``, adding the two optimality inequalities gives ``(w2 - w1) * (inter_b - inter_a)
+<= 0`` after dividing by ``1 - w`` (the exchange argument for a weighted sum over a fixed set).
 
 Measured against independent references (tests/balance/test_taot_planner.py) at full weight: an exact MILP
-(8 ranks: 12 vs 11 inter-node clones) and a per-node lower bound (16/32/64 ranks: 1.5x/1.3x/1.31x of the bound,
-which the exact optimum itself exceeds where the excess must leave in pieces smaller than a rank).
+(8 ranks: 12 vs 11 inter-node clones) and the per-node lower bound, which no balanced plan beats: with two spare
+slots per rank 1.0x / 1.0x / 1.03x of it at 16 / 32 / 64 ranks (2 / 10 / 30 clones on four loads vs 2 / 10 / 29);
+with one slot 1.5x / 1.3x / 1.31x (3 / 13 / 38), where the exact MILP reaches the bound (2 / 10 / 29): one slot a
+rank leaves too little room to settle the imports, and the greedy passes cannot pack it.
 """
 
 from __future__ import annotations
@@ -142,7 +147,8 @@ def candidate_plans(counts: torch.Tensor, *, experts_per_rank: int, spare_slots:
     if ranks_per_node >= ranks:  # one node: topology changes nothing
         return [blind]
     return [blind] + [_greedy(counts, experts_per_rank, spare_slots, ranks_per_node, chains=chains, settle_first=settle)
-                      for chains, settle in ((False, False), (True, False), (True, True))]
+                      for chains, settle in ((False, False), (True, False), (True, True))] + [
+        _greedy(counts, experts_per_rank, spare_slots, ranks_per_node, chains=False, export_first=True)]
 
 
 def pick_plan(candidates: list[ReplicaPlan], ranks_per_node: int, topology_weight: float) -> ReplicaPlan:
@@ -178,12 +184,16 @@ Move = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (expert, receiver, amo
 
 
 def _greedy(counts: torch.Tensor, experts_per_rank: int, spare_slots: int, ranks_per_node: int, *,
-            chains: bool, settle_first: bool = False) -> ReplicaPlan:
+            chains: bool, settle_first: bool = False, export_first: bool = False) -> ReplicaPlan:
     """One greedy pass (module docstring): forced inter-node, then intra-node, then any move, one per iteration;
     with ``settle_first``, a rank above ``high`` on a node within its capacity sheds inside its node before any
-    forced move (so imports do not take the slots that node needs for itself)."""
+    forced move (so imports do not take the slots that node needs for itself); with ``export_first``, every node's
+    excess leaves first in its biggest pieces (:func:`_export_move`), and the pass then balances what is left."""
     state = _PlanState(counts, experts_per_rank, spare_slots, ranks_per_node)
     one_node = ranks_per_node >= counts.shape[0]  # a config value, not data: no device sync
+    if export_first and not one_node:
+        for _ in range(counts.shape[0] * spare_slots):
+            state.apply(*_export_move(state))
     for _ in range(counts.shape[0] * spare_slots):
         host = state.can_host()
         local, anywhere = _shed_moves(state, host)
@@ -303,6 +313,27 @@ def _forced_move(state: _PlanState, host: torch.Tensor, chains: bool) -> Move:
     best = _lexicographic_first(valid, [key])
     receiver, flat_l = best // local, best % local
     return donor * local + flat_l, receiver, torch.where(valid.flatten()[best], amount.flatten()[best], 0)
+
+
+def _export_move(state: _PlanState) -> Move:
+    """The node furthest above its capacity sends its biggest expert piece -- the whole of the expert's load at home,
+    as far as another node's room and one rank's capacity allow -- to the least loaded rank, on another node, that
+    can take the most of it: the pieces the per-node lower bound counts, so few clones cross nodes. The receiver may
+    end above ``high``; its own experts then go to ranks of its node (the pass's intra-node moves), as the exact
+    optimum's placements do."""
+    node_excess = state.node_excess()
+    worst, excess = torch.argmax(node_excess), node_excess.max()  # (indexing by a tensor would read it on the host)
+    on_worst = state.nodes[state.home_rank] == worst  # [E]
+    node_room = (-node_excess).clamp(min=0)  # [N]
+    # what one receiver can take: its node's room, and no more than a rank's capacity
+    reach = torch.minimum(node_room[state.nodes], state.high)  # [R]
+    piece = torch.where(on_worst & (excess > 0), state.home_load, 0)  # [E]: whole pieces, as the bound counts
+    amount = torch.minimum(piece.unsqueeze(0), reach.unsqueeze(1))  # [R, E]
+    valid = ((state.free > 0) & (state.nodes != worst)).unsqueeze(1) & ~state.has_clone & (amount > 0)
+    keys = [amount, (state.high - state.load).view(-1, 1).expand_as(amount)]  # the biggest piece, the emptiest rank
+    best = _lexicographic_first(valid, keys)
+    receiver, expert = best // amount.shape[1], best % amount.shape[1]
+    return expert, receiver, torch.where(valid.flatten()[best], amount.flatten()[best], 0)
 
 
 def _chain_reach(state: _PlanState, host: torch.Tensor) -> torch.Tensor:
