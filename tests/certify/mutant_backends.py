@@ -41,6 +41,9 @@ def _wrap(module: Any, attribute: str, make: Any) -> None:
     original = getattr(module, attribute)
     if not getattr(original, "mutated", False):
         replacement = make(original)
+        # the original's own attributes too: megatron's linear reads and sets a warn-once flag on whatever function
+        # its module name holds at call time, so a wrapper without it failed where the call reached megatron's code
+        replacement.__dict__.update(original.__dict__)
         replacement.mutated = True
         setattr(module, attribute, replacement)
 

@@ -136,24 +136,27 @@ def _measure(out: Path, model: str, nproc: int, *overrides: str) -> tuple[int, P
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_predicted_peaks_match_measured_runs(tmp_path):
-    """Profiler-measured peak live bytes of real training steps against the prediction, within 12%: Wan in one
-    process (fp32, recompute on), Wan under FSDP2 in bf16 with Ulysses cp 2 (the activations halved per rank, the
-    exchange's backward copies added) and with tp 2 (the heads' and FFN's share halved, the rest whole), and
-    Qwen-Image under FSDP2 in bf16 with recompute. Each would miss by 25% or more with its term wrong (measured:
-    recompute ignored +83%, cp not dividing the tokens +62%, tp dividing every activation -27%). The FSDP2 bf16 runs
-    also train at all: before, FSDP2 cast each block's inputs to bf16, and Wan's RoPE table could not rotate."""
+    """Profiler-measured peak live bytes of real training steps against the prediction: Wan in one process (fp32,
+    recompute on), Wan under FSDP2 in bf16 with Ulysses cp 2 (the activations halved per rank, the exchange's
+    backward copies added) and with tp 4 (the heads' and FFN's share quartered, the rest whole), and Qwen-Image under
+    FSDP2 in bf16 with recompute. One process is deterministic (within 10%); a multi-process peak moves from run to
+    run by up to 10% idle and 18% on a loaded machine (gloo's buffers freed as its threads finish), hence 20% there.
+    Each term wrong misses by far more (measured: recompute ignored +83%, cp not dividing the tokens +62%, tp
+    dividing every activation -46%). The FSDP2 bf16 runs also train at all: before, FSDP2 cast each block's inputs
+    to bf16, and Wan's RoPE table could not rotate."""
     bf16 = ["parallel.strategy=fsdp2", "training.precision=bf16"]
     runs = [
         ("wan", TaskCandidate("single", 1, recompute=True, micro_batch_size=2), ["task.recompute=true"]),
         ("wan", TaskCandidate("fsdp2", 2, cp=2, micro_batch_size=2), [*bf16, "parallel.cp=2"]),
-        ("wan", TaskCandidate("fsdp2", 2, tp=2, micro_batch_size=2), [*bf16, "parallel.tp=2"]),
+        ("wan", TaskCandidate("fsdp2", 4, tp=4, micro_batch_size=2), [*bf16, "parallel.tp=4"]),
         ("qwen", TaskCandidate("fsdp2", 2, recompute=True, micro_batch_size=2), [*bf16, "task.recompute=true"]),
     ]
     for index, (model, candidate, overrides) in enumerate(runs):
         measured, path = _measure(tmp_path / f"run{index}", model, candidate.world_size, *overrides)
         config = load_config(path, overrides)
         predicted = estimate_task_memory(config_sizes(config), candidate, config.training.precision).total
-        assert predicted == pytest.approx(measured, rel=0.12), (model, candidate.describe(), predicted, measured)
+        tolerance = 0.10 if candidate.world_size == 1 else 0.20
+        assert predicted == pytest.approx(measured, rel=tolerance), (model, candidate.describe(), predicted, measured)
 
 
 def config_sizes(config):
