@@ -41,8 +41,45 @@ class Evaluated:
         return self.candidate.describe(workload.terms().num_layers)
 
 
+class PlanAnswer:
+    """What the megatron :class:`Plan` and a task model's :class:`~loongforge.planner.task_planner.TaskPlan` answer
+    alike: the memory budget, the best layout, and -- when nothing fits -- one line naming what would. A subclass has
+    ``cluster``, ``margin``, ``ranked``, ``min_devices``, ``min_memory`` and says what did not fit
+    (:meth:`what_failed`)."""
+
+    cluster: ClusterSpec
+    margin: float
+    ranked: list[Any]
+    min_devices: int | None
+    min_memory: float | None
+
+    @property
+    def budget(self) -> float:
+        return self.cluster.device_memory * (1 - self.margin)
+
+    @property
+    def best(self) -> Any:
+        if not self.ranked:
+            raise ConfigError(self.infeasible_message())
+        return self.ranked[0]
+
+    def what_failed(self) -> str:
+        raise NotImplementedError
+
+    def infeasible_message(self) -> str:
+        lines = [f"{self.what_failed()} fits {self.cluster.num_devices} device(s) of "
+                 f"{format_bytes(self.cluster.device_memory)} (keeping {self.margin:.0%} free)"]
+        if self.min_devices is not None:
+            lines.append(f"smallest device count that works at {format_bytes(self.cluster.device_memory)}: "
+                         f"{self.min_devices}")
+        if self.min_memory is not None:
+            lines.append(f"smallest memory per device that works with {self.cluster.num_devices} device(s): "
+                         f"{format_bytes(self.min_memory)}")
+        return "; ".join(lines)
+
+
 @dataclass
-class Plan:
+class Plan(PlanAnswer):
     """The planner's answer: ranked layouts that fit, what was rejected and why."""
 
     workload: Workload
@@ -56,27 +93,8 @@ class Plan:
     min_devices: int | None = None
     min_memory: float | None = None
 
-    @property
-    def budget(self) -> float:
-        return self.cluster.device_memory * (1 - self.margin)
-
-    @property
-    def best(self) -> Evaluated:
-        if not self.ranked:
-            raise ConfigError(self.infeasible_message())
-        return self.ranked[0]
-
-    def infeasible_message(self) -> str:
-        layers = self.workload.terms().num_layers
-        lines = [f"no layout of this {layers}-layer model fits {self.cluster.num_devices} device(s) of "
-                 f"{format_bytes(self.cluster.device_memory)} (keeping {self.margin:.0%} free)"]
-        if self.min_devices is not None:
-            lines.append(f"smallest device count that works at {format_bytes(self.cluster.device_memory)}: "
-                         f"{self.min_devices}")
-        if self.min_memory is not None:
-            lines.append(f"smallest memory per device that works with {self.cluster.num_devices} device(s): "
-                         f"{format_bytes(self.min_memory)}")
-        return "; ".join(lines)
+    def what_failed(self) -> str:
+        return f"no layout of this {self.workload.terms().num_layers}-layer model"
 
     def decision(self) -> dict[str, Any]:
         """What ``parallel: auto`` records in the run's metadata: the layout, its predictions and the inputs."""

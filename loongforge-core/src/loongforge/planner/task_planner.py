@@ -40,10 +40,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from loongforge.errors import ConfigError
 from loongforge.models.task_terms import TaskTerms
-from loongforge.planner.hardware import ClusterSpec, format_bytes
+from loongforge.planner.hardware import ClusterSpec
 from loongforge.planner.memory import MemoryEstimate
+from loongforge.planner.planner import PlanAnswer
 from loongforge.planner.timing import TimeCoefficients, TimeEstimate, ring_seconds
 
 #: Strategies :mod:`loongforge.parallel.torch_native` runs; ``single``: one process, no wrapper.
@@ -106,7 +106,7 @@ class TaskEvaluated:
 
 
 @dataclass
-class TaskPlan:
+class TaskPlan(PlanAnswer):
     """The ranked layouts of a task model that fit, the rejections, and (none fitting) what would fit."""
 
     sizes: TaskTerms
@@ -119,30 +119,14 @@ class TaskPlan:
     min_devices: int | None = None
     min_memory: float | None = None
 
-    @property
-    def budget(self) -> float:
-        return self.cluster.device_memory * (1 - self.margin)
-
-    @property
-    def best(self) -> TaskEvaluated:
-        if not self.ranked:
-            raise ConfigError(self.infeasible_message())
-        return self.ranked[0]
+    def what_failed(self) -> str:
+        return f"no layout of this {self.sizes.blocks}-block model ({self.sizes.sample})"
 
     def infeasible_message(self) -> str:
         if not self.ranked and not self.near_misses:  # nothing the run's options allow at this device count
             why = "; ".join(self.sizes.notes) or "no layout divides its heads and tokens"
             return f"no layout of this model runs on {self.cluster.num_devices} device(s): {why}"
-        lines = [f"no layout of this {self.sizes.blocks}-block model ({self.sizes.sample}) fits "
-                 f"{self.cluster.num_devices} device(s) of {format_bytes(self.cluster.device_memory)} "
-                 f"(keeping {self.margin:.0%} free)"]
-        if self.min_devices is not None:
-            lines.append(f"smallest device count that works at {format_bytes(self.cluster.device_memory)}: "
-                         f"{self.min_devices}")
-        if self.min_memory is not None:
-            lines.append(f"smallest memory per device that works with {self.cluster.num_devices} device(s): "
-                         f"{format_bytes(self.min_memory)}")
-        return "; ".join(lines)
+        return super().infeasible_message()
 
 
 def compute_dtype(candidate: TaskCandidate, precision: str) -> str:
