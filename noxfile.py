@@ -54,9 +54,7 @@ def tests(session: nox.Session) -> None:
     # test would be discovered by its plugin loading.
     # One intra-op thread per test process: the two workers already fill the two cores, and a second OpenMP thread
     # each only oversubscribes them (spinning waits); the tests' torchrun launches set the same (parallel/launch.py).
-    # ATen's CPU kernels pinned to AVX2: the recorded outputs the docs test compares (losses, perplexities) were made
-    # with them, and AVX-512 kernels (chosen by default where the CPU has them) round differently in the 4th digit.
-    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": "avx2"}
+    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     session.run("pytest", "-q", "-ra", "--durations=15", "-n", "2", "--dist", "loadfile", "tests",
                 "-m", "not slurm and not venv_install", *session.posargs, env=env)
     session.run("pytest", "-q", "-ra", "tests", "-m", "venv_install", *session.posargs, env=env)

@@ -9,6 +9,7 @@ the sequence.
 
     python benchmarks/chunk_pipeline_memory.py --seq 2048 --chunks 4      # a minute
     python benchmarks/chunk_pipeline_memory.py --seq 16384 --chunks 4,8   # the docs' numbers
+    python benchmarks/chunk_pipeline_memory.py --seq 32768 --chunks 16 --memory-steps 1   # one step per run
 
 Baseline for the ratios: the same run with ``parallel.seq_chunks: 1`` (ratio = unchunked peak / chunked peak).
 """
@@ -32,11 +33,14 @@ logging: {{interval: 1}}
 """
 
 
-def stage_peaks(config: Path, out: Path, chunks: int, pp: int) -> dict[int, int]:
-    """Peak live tensor bytes of each pipeline stage of one measured run."""
+def stage_peaks(config: Path, out: Path, chunks: int, pp: int, memory_steps: int = 2) -> dict[int, int]:
+    """Peak live tensor bytes of each pipeline stage of one measured run (``memory_steps`` 1: no timed run either,
+    for sequences whose chunked steps take many minutes; llama-tiny's Adam moments, which only the second step holds,
+    are 12 MB per model, split over the stages: under 1% of a 32K peak)."""
+    timed = 1 if memory_steps > 1 else 0
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(pp),
-               "-m", "loongforge.train.measure", str(config), str(out), "--time-steps=1",
-               f"parallel.pp={pp}", f"parallel.seq_chunks={chunks}"]
+               "-m", "loongforge.train.measure", str(config), str(out), f"--time-steps={timed}",
+               f"--memory-steps={memory_steps}", f"parallel.pp={pp}", f"parallel.seq_chunks={chunks}"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=3600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     if done.returncode:
@@ -50,6 +54,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=16384, help="tokens per sequence")
     parser.add_argument("--chunks", default="4,8", help="comma-separated chunk counts to compare with 1")
     parser.add_argument("--pp", type=int, default=2, help="pipeline stages (processes)")
+    parser.add_argument("--memory-steps", type=int, default=2, help="profiled steps per run (1: the quick way)")
     args = parser.parse_args()
     counts = [int(c) for c in args.chunks.split(",")]
     print(f"llama-tiny, seq {args.seq}, pp={args.pp}, micro-batch 1, fp32, CPU (gloo); peak live tensors per stage")
@@ -60,7 +65,7 @@ def main() -> None:
         config.write_text(CONFIG.format(seq=args.seq))
         baseline = None
         for chunks in [1, *counts]:
-            peaks = stage_peaks(config, root / f"chunks{chunks}", chunks, args.pp)
+            peaks = stage_peaks(config, root / f"chunks{chunks}", chunks, args.pp, args.memory_steps)
             baseline = baseline or peaks
             print(f"{chunks:10d} " + " ".join(f"{peaks[s] / 2**20:12.1f} {baseline[s] / peaks[s]:6.2f}"
                                               for s in range(args.pp)), flush=True)

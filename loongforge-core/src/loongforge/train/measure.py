@@ -71,10 +71,12 @@ def measure(config_path: str, out_dir: str, overrides: list[str], time_steps: in
     out = Path(out_dir)
     common = ["checkpoint.save_at_end=false", "checkpoint.resume=never", "logging.progress=false",
               "logging.tensorboard=false", "training.sample_tokens=0", *overrides]
-    timed = load_config(config_path, [*common, f"training.steps={time_steps}", f"run.output_dir={out / 'time'}"])
-    run_training(timed)
-    rows = [json.loads(line) for line in (out / "time" / "metrics.jsonl").read_text().splitlines()]
-    step_time = statistics.median(row["step_time"] for row in rows[1:] or rows)
+    step_time = None  # --time-steps 0: memory only (a run whose steps take many minutes)
+    if time_steps:
+        timed = load_config(config_path, [*common, f"training.steps={time_steps}", f"run.output_dir={out / 'time'}"])
+        run_training(timed)
+        rows = [json.loads(line) for line in (out / "time" / "metrics.jsonl").read_text().splitlines()]
+        step_time = statistics.median(row["step_time"] for row in rows[1:] or rows)
     memory = load_config(config_path, [*common, f"training.steps={memory_steps}", "logging.jsonl=false",
                                        f"run.output_dir={out / 'memory'}"])
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -95,9 +97,12 @@ def main(argv: list[str]) -> None:
     parser.add_argument("config", help="the run's YAML config")
     parser.add_argument("out_dir", help="directory for the measured runs")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, as for train")
-    parser.add_argument("--time-steps", type=int, default=4, help="steps of the timed run (the first is left out)")
+    parser.add_argument("--time-steps", type=int, default=4,
+                        help="steps of the timed run (the first is left out); 0: no timed run")
+    parser.add_argument("--memory-steps", type=int, default=2,
+                        help="steps of the profiled run (2: the optimizer state exists during the second)")
     args = parser.parse_intermixed_args(argv)
-    measure(args.config, args.out_dir, args.overrides, time_steps=args.time_steps)
+    measure(args.config, args.out_dir, args.overrides, time_steps=args.time_steps, memory_steps=args.memory_steps)
 
 
 if __name__ == "__main__":
