@@ -73,7 +73,7 @@ def test_ranked_by_time_per_sample_and_infeasible_names_what_would_fit():
     per sample though each of its steps (8 samples) takes longer than a cp 8 step (1 sample)."""
     slow = ClusterSpec(num_devices=8, device_memory=80 * GIB, intra_node_bandwidth=1e6)
     result = plan_task(terms(block_forward_flops=1e15), slow, precision="bf16")
-    paces = [float(f"{ev.seconds_per_sample:.3g}") for ev in result.ranked]
+    paces = [float(f"{ev.pace:.3g}") for ev in result.ranked]
     assert paces == sorted(paces)
     best = result.best
     split = next(ev for ev in result.ranked if ev.candidate.cp == 8)

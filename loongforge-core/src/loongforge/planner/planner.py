@@ -12,10 +12,11 @@ says how many devices (at this memory) or how much memory per device (at this co
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from loongforge.errors import ConfigError
 from loongforge.planner.hardware import ClusterSpec, format_bytes
@@ -37,11 +38,16 @@ class Evaluated:
     memory: MemoryEstimate
     time: TimeEstimate
 
+    @property
+    def pace(self) -> float:
+        """What layouts are ranked by: step time (the global batch is fixed, so steps compare)."""
+        return self.time.total
+
     def describe(self, workload: Workload) -> str:
         return self.candidate.describe(workload.terms().num_layers)
 
 
-class PlanAnswer:
+class PlanAnswer(ABC):
     """What the megatron :class:`Plan` and a task model's :class:`~loongforge.planner.task_planner.TaskPlan` answer
     alike: the memory budget, the best layout, and -- when nothing fits -- one line naming what would. A subclass has
     ``cluster``, ``margin``, ``ranked``, ``min_devices``, ``min_memory`` and says what did not fit
@@ -63,8 +69,12 @@ class PlanAnswer:
             raise ConfigError(self.infeasible_message())
         return self.ranked[0]
 
+    #: What the report adds to a runner-up's relative pace ("" for step time).
+    pace_unit: ClassVar[str] = ""
+
+    @abstractmethod
     def what_failed(self) -> str:
-        raise NotImplementedError
+        """The start of the infeasible line: which model no layout of it fits."""
 
     def infeasible_message(self) -> str:
         lines = [f"{self.what_failed()} fits {self.cluster.num_devices} device(s) of "

@@ -38,22 +38,13 @@ def explain(plan: Any) -> list[str]:
     if len(plan.ranked) > 1:
         second = plan.ranked[1]
         lines.append(f"runner-up {second.describe(sizes)}: step {second.time.total:.3g} s "
-                     f"({_pace(second) / _pace(best) - 1:+.1%}{_PER_SAMPLE if sizes is None else ''}), peak "
+                     f"({second.pace / best.pace - 1:+.1%}{plan.pace_unit}), peak "
                      f"{format_bytes(second.memory.total)}")
     considered = len(plan.ranked) + sum(plan.rejected.values())
     reasons = ", ".join(f"{n} {why}" for why, n in plan.rejected.most_common())
     lines.append(f"{considered} layouts considered, {len(plan.ranked)} fit" + (f"; rejected: {reasons}" if reasons
                                                                               else ""))
     return lines
-
-
-_PER_SAMPLE = " per sample"
-
-
-def _pace(ev: Any) -> float:
-    """What layouts are ranked by: step time (megatron: the global batch is fixed), else time per sample (a task
-    step trains ``micro_batch_size x dp`` samples)."""
-    return getattr(ev, "seconds_per_sample", ev.time.total)
 
 
 def print_plan(plan: Plan, top: int = 5, console: Console | None = None) -> None:

@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from loongforge.models.task_terms import TaskTerms
 from loongforge.planner.hardware import ClusterSpec
@@ -98,16 +98,20 @@ class TaskEvaluated:
     time: TimeEstimate
 
     @property
-    def seconds_per_sample(self) -> float:
+    def pace(self) -> float:
+        """What layouts are ranked by: seconds per sample (a step trains ``micro_batch_size x dp`` samples, so step
+        times of different dp do not compare)."""
         return self.time.total / (self.candidate.micro_batch_size * self.candidate.dp)
 
     def describe(self, _sizes: Any = None) -> str:
-        return f"{self.candidate.describe()} ({self.seconds_per_sample:.3g} s/sample)"
+        return f"{self.candidate.describe()} ({self.pace:.3g} s/sample)"
 
 
 @dataclass
 class TaskPlan(PlanAnswer):
     """The ranked layouts of a task model that fit, the rejections, and (none fitting) what would fit."""
+
+    pace_unit: ClassVar[str] = " per sample"
 
     sizes: TaskTerms
     cluster: ClusterSpec
@@ -168,13 +172,18 @@ def task_layouts(sizes: TaskTerms, cluster: ClusterSpec, micro_batch_size: int,
             yield TaskCandidate(kind, world, cp, tp, shard, choice, micro_batch_size)
 
 
+def _rank_params(sizes: TaskTerms, cand: TaskCandidate) -> tuple[float, float]:
+    """(one block's, one model's) parameters on a tensor-parallel rank, before any sharding."""
+    block = sizes.block_split_params / cand.tp + sizes.block_replicated_params
+    return block, sizes.blocks * block + sizes.outside_params
+
+
 def estimate_task_memory(sizes: TaskTerms, cand: TaskCandidate, precision: str,
                          fixed_bytes: float = 0.0) -> MemoryEstimate:
     """Peak bytes of one rank, by term (see the module docstring)."""
     dtype = compute_dtype(cand, precision)
     acts = sizes.activations[dtype]
-    block = sizes.block_split_params / cand.tp + sizes.block_replicated_params
-    params = sizes.blocks * block + sizes.outside_params
+    block, params = _rank_params(sizes, cand)
     shards = cand.param_shards
     optimizer_shards = cand.world_size if cand.strategy == "zero1" else shards
     trained = sizes.models_per_step if cand.strategy in SHARDED else sizes.models
@@ -207,8 +216,7 @@ def estimate_task_time(sizes: TaskTerms, cand: TaskCandidate, precision: str, cl
     exchanged = activation / cand.tp  # a rank's heads of q, k, v and the output, 4 exchanges each way
     cp_comm = sizes.blocks * 4 * (forwards + 1) * ring_seconds(exchanged, cand.cp, cluster, cand.cp * cand.tp,
                                                                False, coeffs)
-    block = sizes.block_split_params / cand.tp + sizes.block_replicated_params
-    params = sizes.blocks * block + sizes.outside_params
+    params = _rank_params(sizes, cand)[1]
     dp_comm = 0.0
     if cand.strategy in SHARDED:
         shards, span = cand.param_shards, cand.param_shards * cand.tp
@@ -234,7 +242,7 @@ def _rank_key(ev: TaskEvaluated) -> tuple[float, float]:
     """Less time per sample first (a step trains ``micro_batch_size x dp`` samples, so step times of different dp
     do not compare), to the three digits the report prints (a model's finer differences are noise); then less
     memory."""
-    return float(f"{ev.seconds_per_sample:.3g}"), ev.memory.total
+    return float(f"{ev.pace:.3g}"), ev.memory.total
 
 
 def plan_task(sizes: TaskTerms, cluster: ClusterSpec, *, precision: str, micro_batch_size: int = 1,
