@@ -16,7 +16,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from loongforge.devices.ring_attention import context_parallel_attention
+from loongforge.devices.ulysses import heads_to_seq
 from loongforge.parallel.context import hybrid_groups, split_for_rank
+from loongforge.train.measure import profiled_live_bytes
+from torch.profiler import ProfilerActivity, profile
 
 SEQ, BATCH, DIM, VALUE_DIM = 48, 2, 8, 6
 
@@ -56,6 +59,20 @@ def run_case(name, heads, groups, causal, cp_rank, cp, ring_group, a2a_group=Non
     return {"case": name, "rank": dist.get_rank(), **errors}
 
 
+def exchange_bytes_left(group, trials: int = 30) -> int:
+    """The most bytes still allocated after an Ulysses exchange whose input and result are dropped at once: gloo's
+    worker thread lets go of a finished collective's tensors at a moment of its own, and whatever it was handed that
+    the exchange did not release itself outlived the exchange in some of the trials."""
+    most = 0
+    for trial in range(trials):
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            x = torch.randn(4 * SEQ, BATCH, 6, 64, generator=torch.Generator().manual_seed(trial))
+            heads_to_seq(x, group)
+            del x
+        most = max(most, profiled_live_bytes(prof))
+    return most
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -73,6 +90,7 @@ def main() -> None:
         # Hybrid cp=4: Ulysses over pairs {0,1},{2,3} (6 heads / 2 groups split in two), ring across them.
         run_case("hybrid-cp4-a2a2", 6, 2, True, rank, 4, ring_group, a2a_group),
     ]
+    rows.append({"case": "ulysses-buffers", "rank": rank, "bytes_left": exchange_bytes_left(world)})
     every = [None] * 4
     dist.all_gather_object(every, rows)
     if rank == 0:

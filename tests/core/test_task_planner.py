@@ -13,14 +13,13 @@ from loongforge.planner.hardware import GIB, ClusterSpec
 from loongforge.planner.task_planner import TaskCandidate, estimate_task_memory, plan_task, task_layouts
 
 ACTS = BlockActivations(replicated_per_token=100.0, split_per_token=300.0, split_per_sample=1000.0,
-                        outside_per_token=10.0, recompute_per_token=8.0, backward_per_token=20.0,
-                        backward_cp_per_token=60.0)
+                        outside_per_token=10.0, recompute_per_token=8.0, backward_per_token=20.0)
 
 
 def terms(**changes) -> TaskTerms:
     values = dict(blocks=4, block_split_params=900.0, block_replicated_params=100.0, outside_params=1000.0,
                   tokens=64, heads=8, hidden=16, block_forward_flops=1e9, outside_forward_flops=1e7,
-                  activations={"fp32": ACTS, "bf16": BlockActivations(50.0, 150.0, 500.0, 5.0, 4.0, 20.0, 30.0)},
+                  activations={"fp32": ACTS, "bf16": BlockActivations(50.0, 150.0, 500.0, 5.0, 4.0, 20.0)},
                   context_parallel=True, tensor_parallel=True, recompute_option="task.recompute", tp_divides=(12,))
     return TaskTerms(**{**values, **changes})
 
@@ -35,7 +34,7 @@ def test_memory_terms_by_hand():
     tokens = 3 * 64 / 2
     one_block = tokens * (50 + 150 / 2) + 3 * 500 / 2
     assert fsdp["activations"] == 4 * one_block + tokens * 5
-    assert fsdp["backward_peak"] == tokens * (20 + 30 / 2)
+    assert fsdp["backward_peak"] == tokens * 20
     # DDP holds everything whole, computes in fp32 whatever the precision, and its buckets hold both models' grads
     ddp = estimate_task_memory(t, TaskCandidate("ddp", 8, micro_batch_size=3), "bf16").terms
     params = 4 * 1000 + 1000

@@ -42,9 +42,6 @@ class BlockActivations:
     #: Per token, transient gradients while a block runs backward (without recompute: the peak's excess over the
     #: saved tensors), whole on every tensor-parallel rank.
     backward_per_token: float = 0.0
-    #: Per token, what context parallelism's exchanges add to that backward (gradients of the exchanged queries,
-    #: keys and values with their send and receive copies), divided by tp.
-    backward_cp_per_token: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,10 @@ by FSDP2/HSDP and whole under DDP/ZeRO-1):
   before its reduce-scatter;
 * ``activations`` -- the blocks' saved tensors for the micro-batch (``tokens / cp`` per rank; the split part over
   tp), or with recompute each block's input only, plus what the model keeps outside its blocks;
-* ``backward_peak`` -- the transient gradients of a block's backward (more under context parallelism, whose
-  exchanges copy them); with recompute, the block being re-run holds its full activations again, which covers them
-  (measured: the re-run block's tensors are freed as its gradients are made).
+* ``backward_peak`` -- the transient gradients of a block's backward (context parallelism's exchanges add none
+  that outlive the exchange: :func:`loongforge.devices.ulysses.all_to_all_blocks`); with recompute, the block being
+  re-run holds its full activations again, which covers them (measured: the re-run block's tensors are freed as its
+  gradients are made).
 
 The compute dtype is bf16 only where ``training.precision: bf16`` reaches the model: FSDP2/HSDP's mixed-precision
 policy. DDP, ZeRO-1 and one process compute in fp32 whatever the precision (the task engine casts nothing else).
@@ -196,8 +197,7 @@ def estimate_task_memory(sizes: TaskTerms, cand: TaskCandidate, precision: str,
         + cand.micro_batch_size * acts.split_per_sample / cand.tp
     kept = tokens * acts.recompute_per_token if cand.recompute else one_block
     terms["activations"] = sizes.blocks * kept + tokens * acts.outside_per_token
-    workspace = tokens * (acts.backward_per_token + (acts.backward_cp_per_token / cand.tp if cand.cp > 1 else 0.0))
-    terms["backward_peak"] = one_block if cand.recompute else workspace
+    terms["backward_peak"] = one_block if cand.recompute else tokens * acts.backward_per_token
     terms["fixed"] = fixed_bytes
     return MemoryEstimate(terms, stage=0)
 

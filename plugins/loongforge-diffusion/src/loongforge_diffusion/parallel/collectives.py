@@ -20,16 +20,16 @@ def _seq_to_heads(x: torch.Tensor, group: Any) -> torch.Tensor:
     """``(B, s, H, D)`` (my tokens, all heads) -> ``(B, cp*s, H/cp, D)`` (all tokens in rank order, my heads)."""
     cp = dist.get_world_size(group)
     b, s, h, d = x.shape
-    received = all_to_all_blocks(x.reshape(b, s, cp, h // cp, d).permute(2, 0, 1, 3, 4), group)
-    return received.permute(1, 0, 2, 3, 4).reshape(b, cp * s, h // cp, d)
+    return all_to_all_blocks(x.reshape(b, s, cp, h // cp, d).permute(2, 0, 1, 3, 4), group,
+                             lambda received: received.permute(1, 0, 2, 3, 4).reshape(b, cp * s, h // cp, d))
 
 
 def _heads_to_seq(x: torch.Tensor, group: Any) -> torch.Tensor:
     """The inverse of :func:`_seq_to_heads`: ``(B, S, h, D)`` -> ``(B, S/cp, cp*h, D)``."""
     cp = dist.get_world_size(group)
     b, total, h, d = x.shape
-    received = all_to_all_blocks(x.reshape(b, cp, total // cp, h, d).permute(1, 0, 2, 3, 4), group)
-    return received.permute(1, 2, 0, 3, 4).reshape(b, total // cp, cp * h, d)
+    return all_to_all_blocks(x.reshape(b, cp, total // cp, h, d).permute(1, 0, 2, 3, 4), group,
+                             lambda received: received.permute(1, 2, 0, 3, 4).reshape(b, total // cp, cp * h, d))
 
 
 class _Exchange(torch.autograd.Function):

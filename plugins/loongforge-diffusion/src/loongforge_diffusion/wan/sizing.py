@@ -24,10 +24,10 @@ per sample. Outside the blocks a token keeps the patch embedding's input, the he
 input (``d`` values in the compute dtype).
 
 A block's backward adds transient gradients beyond the saved tensors: three fp32 vectors per token (``12 d``, the
-residual stream's gradients, which Wan keeps in fp32), and under Ulysses context parallelism six copies of the
-exchanged q/k/v gradients (``18 d`` values). These two are fitted to profiler-measured peaks of CPU runs (one
-process fp32; two-process FSDP2 bf16 with cp 2, mbs 1 and 2), not counted; ``tests/diffusion/test_wan_planner.py``
-holds the whole prediction to measured peaks.
+residual stream's gradients, which Wan keeps in fp32). This term is fitted to profiler-measured peaks of CPU runs
+(one process fp32; two-process FSDP2 bf16 with cp 2, mbs 1 and 2), not counted; Ulysses' exchanges add nothing
+measurable once their buffers are freed as the exchange ends. ``tests/diffusion/test_wan_planner.py`` holds the
+whole prediction to measured peaks.
 """
 
 from __future__ import annotations
@@ -130,7 +130,6 @@ def wan_terms(flavor: Any, options: Any, source: str, sample_shape: tuple[int, .
         return BlockActivations(
             replicated_per_token=(40 if fp32 else 34) * d + 36, split_per_token=split_tok,
             split_per_sample=per_sample, recompute_per_token=width * d, backward_per_token=12 * d,
-            backward_cp_per_token=18 * d * width,
             outside_per_token=width * patch + (12 if fp32 else 10) * d + 9 + 4 * flavor.head_dim)
 
     limits = run_limits(options, compile_mode, 2 if flavor.expert_boundary is not None else 1)
