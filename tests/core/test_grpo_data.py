@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 from loongforge import hookimpl
 from loongforge.config import load_config
 from loongforge.config.schema import DataConfig
 from loongforge.data.errors import DataError
-from loongforge.data.prompt_dataset import PROMPT_INDEX, PromptDataset, shipped_tasks, shipped_tasks_path
+from loongforge.data.prompt_dataset import PROMPT_INDEX, PromptDataset, shipped_tasks_path
 from loongforge.data.tokenizers import ByteTokenizer
+from loongforge.data.verifiable_tasks import DEFAULT_KINDS, tasks
 from loongforge.errors import ConfigError, LoongForgeError
 from loongforge.plugins import get_host
 from loongforge.train.rl.rewards import exact_match, numeric, regex, resolve_rewards, score
@@ -100,8 +102,9 @@ def _config(*overrides):
                               *overrides])
 
 
-def test_rewards_come_from_the_prompts_the_config_plugins_and_import_paths(register_plugin):
-    prompts = shipped_tasks([], BYTE).prompts
+def test_rewards_come_from_the_prompts_the_config_plugins_and_import_paths(register_plugin, tmp_path):
+    prompts = PromptDataset([_write(tmp_path / "p.jsonl", [TASK, {**TASK, "answer": "x", "reward": "regex"}])],
+                            BYTE).prompts
     assert set(resolve_rewards(_config(), get_host(), prompts)) == {"numeric", "regex"}
     register_plugin(LengthReward(), "length-reward")
     (short,) = resolve_rewards(_config("grpo.reward=short"), get_host(), prompts).values()
@@ -193,7 +196,7 @@ def test_shipped_tasks_are_what_the_generator_writes(tmp_path):
     assert main(["make-data", "verifiable-tasks", str(out)]) == 0
     assert out.read_bytes() == shipped_tasks_path().read_bytes()
     tasks = [json.loads(line) for line in out.read_text().splitlines()]
-    assert {t["reward"] for t in tasks} == {"numeric", "regex"} and len(tasks) == 512
+    assert {t["reward"] for t in tasks} == {"numeric"} and len(tasks) == 512
     for task in tasks:  # every shipped answer is what its own reward accepts
         reply = task["answer"] if task["reward"] == "numeric" else "x"
         if task["reward"] == "numeric":
@@ -201,10 +204,8 @@ def test_shipped_tasks_are_what_the_generator_writes(tmp_path):
 
 
 def test_the_generator_writes_the_kinds_asked_for_and_refuses_unknown_ones(tmp_path, capsys):
-    import re
-
     from loongforge.cli import main
-    from loongforge.data.verifiable_tasks import DEFAULT_KINDS, KINDS, tasks
+    from loongforge.data.verifiable_tasks import KINDS
 
     def question(task):
         return task["prompt"] if isinstance(task["prompt"], str) else task["prompt"][-1]["content"]
@@ -225,4 +226,28 @@ def test_the_generator_writes_the_kinds_asked_for_and_refuses_unknown_ones(tmp_p
         assert task["answer"] == str(len(word[1]) if word else a + b) and task["reward"] == "numeric"
     assert main(["make-data", "verifiable-tasks", str(tmp_path / "x.jsonl"), "--kinds", "sums,poems"]) == 2
     assert "unknown or none (poems); known: sums, capitals" in capsys.readouterr().err
+    assert main(["make-data", "verifiable-tasks", str(tmp_path / "x.jsonl"), "--kinds", "author,novel"]) == 2
+    assert "none can be held out (author, novel, published are facts of three novels" in capsys.readouterr().err
+    assert main(["make-data", "verifiable-tasks", str(tmp_path / "x.jsonl"), "--held-out", "600"]) == 2
+    assert "--held-out 600: must be between 0 and --count 512" in capsys.readouterr().err
     assert not (tmp_path / "x.jsonl").exists()
+
+
+@pytest.mark.parametrize("kinds", [("letters", "author", "published", "novel"), ("sums", "capitals", "backwards",
+                                                                                 "novel")])
+def test_held_out_tasks_ask_nothing_the_training_tasks_ask(kinds):
+    """The last eighth (``data.valid_fraction: 0.125``) are skills about words and numbers no training prompt names,
+    and no facts of the novels (a policy is rewarded only into the facts it is asked about), so a held-out gain is
+    not the same questions answered again. With --held-out 0 every kind is spread over the whole set."""
+    def subject(task):  # the quoted word or the first number of a skill; "fact" for a question about the novels
+        text = task["prompt"] if isinstance(task["prompt"], str) else task["prompt"][-1]["content"]
+        skill = re.search(r"'([a-z]+)'|What is (\d+)", text)
+        assert skill or re.match(r"Who wrote|When was|In which novel", text), text
+        return skill.group(skill.lastindex) if skill else "fact"
+
+    written = tasks(512, 7, kinds)
+    training, held = {subject(t) for t in written[:-64]}, [subject(t) for t in written[-64:]]
+    assert not training & set(held) and "fact" in training
+    assert len(set(held)) >= 20  # varied
+    mixed = tasks(512, 7, kinds, held_out=0)
+    assert "fact" in {subject(t) for t in mixed[-64:]}
