@@ -6,6 +6,7 @@ use, so plugin registration stays light. Modules:
 - :mod:`~loongforge_vlm.data.processor`: images/videos -> Qwen ViT patch rows + ``grid_thw``, or fixed-size
   (SigLIP) pixels
 - :mod:`~loongforge_vlm.data.tiling`: InternVL's dynamic tiling (tiles + thumbnail) for InternViT
+- :mod:`~loongforge_vlm.data.anyres`: LLaVA-OneVision's AnyRes tiling (base tile + grid) for SigLIP towers
 - :mod:`~loongforge_vlm.data.tokens`: vision tokens, ``VisionByteTokenizer``, conversation -> ids + reply mask
 - :mod:`~loongforge_vlm.data.records` / :mod:`~loongforge_vlm.data.sources`: record formats; jsonl and tar shards
 - :mod:`~loongforge_vlm.data.dataset` / :mod:`~loongforge_vlm.data.skips`: checked samples, counted skips
@@ -26,6 +27,7 @@ _EXPORTS = {
     "FixedSizeProcessor": "processor",
     "processor_for": "processor",
     "TilingProcessor": "tiling",
+    "AnyResProcessor": "anyres",
     "smart_resize": "processor",
     "VisionByteTokenizer": "tokens",
     "VisionTokenIds": "tokens",

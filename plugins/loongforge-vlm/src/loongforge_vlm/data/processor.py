@@ -234,14 +234,18 @@ class FixedSizeProcessor:
 
 def processor_for(encoder: Any, *, merge_size: int | None = None, **overrides: Any) -> ImageProcessor:
     """The processor that feeds an encoder flavor: a Qwen ViT flavor (it has ``spatial_merge_size``) or a
-    fixed-size one (``image_size``; pass the projector's ``merge_size``), tiled when it has ``max_tiles``.
-    ``overrides`` go to the processor."""
+    fixed-size one (``image_size``; pass the projector's ``merge_size``), tiled when it has ``max_tiles``
+    (InternViT) or AnyRes on (a SigLIP tower). ``overrides`` go to the processor."""
     if hasattr(encoder, "spatial_merge_size"):
         return VisionProcessor.for_encoder(encoder, **overrides)
     if hasattr(encoder, "max_tiles"):  # InternViT: dynamic tiling (loongforge_vlm.data.tiling)
         from loongforge_vlm.data.tiling import TilingProcessor
 
         return TilingProcessor.for_encoder(encoder, merge_size=merge_size or 1, **overrides)
+    if getattr(encoder, "anyres", False):  # SigLIP with LLaVA-OneVision's tiling (loongforge_vlm.data.anyres)
+        from loongforge_vlm.data.anyres import AnyResProcessor
+
+        return AnyResProcessor.for_encoder(encoder, merge_size=merge_size or 1, **overrides)
     if hasattr(encoder, "image_size"):
         return FixedSizeProcessor(image_size=encoder.image_size, patch_size=encoder.patch_size,
                                   merge_size=merge_size or 1, **overrides)

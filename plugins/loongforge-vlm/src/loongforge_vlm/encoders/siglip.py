@@ -4,7 +4,8 @@ The tower is a pre-LN ViT: patches are embedded by one linear layer over flatten
 patches (the same arithmetic as SigLIP's stride-``patch`` convolution, as a matmul), a learned position table
 is added (bicubically resized when the image grid differs from the trained one, as transformers does with
 ``interpolate_pos_encoding=True``), then blocks of attention and GELU(tanh) MLP, and a final LayerNorm. The
-output is every patch token, which is what a VLM projects into its LLM; the pooling head is not modelled.
+output is every patch token, which is what a VLM projects into its LLM; the pooling head is not modelled (nor the
+final LayerNorm of a flavor without ``post_norm``, whose checkpoint tensors are left out on import).
 Attention uses one fused ``qkv`` projection; the adapter splits and concatenates it, which copies bitwise.
 """
 
@@ -92,7 +93,7 @@ class SiglipVisionEncoder(nn.Module):
         self.patch_embed = nn.Linear(flavor.patch_dim, flavor.dim)
         self.pos_embed = nn.Parameter(torch.empty(flavor.num_positions, flavor.dim))
         self.blocks = nn.ModuleList(SiglipBlock(flavor) for _ in range(flavor.num_layers))
-        self.post_norm = nn.LayerNorm(flavor.dim, eps=flavor.eps)
+        self.post_norm = nn.LayerNorm(flavor.dim, eps=flavor.eps) if flavor.post_norm else None
         nn.init.normal_(self.pos_embed, std=flavor.dim ** -0.5)
 
     @property
@@ -132,7 +133,7 @@ class SiglipVisionEncoder(nn.Module):
         x = self.patch_embed(self.patchify(pixel_values.to(self.patch_embed.weight.dtype)))
         x = x + self.position_embeddings(rows, cols, interpolate_pos_encoding)
         x = run_blocks(self.blocks, x, recompute=self.recompute)
-        return self.post_norm(x)
+        return x if self.post_norm is None else self.post_norm(x)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -156,6 +157,8 @@ _TOP: dict[str, str] = {
 }
 #: transformers' attention-pooling head; a VLM uses the patch tokens, so these are dropped on import.
 _POOLING_HEAD_PREFIX = "head."
+#: transformers' final LayerNorm, dropped on import into a tower without one (``SiglipFlavor.post_norm`` false).
+_POST_NORM_PREFIX = "post_layernorm."
 
 
 def _hf_names(name: str) -> tuple[str, ...]:
@@ -216,10 +219,12 @@ def from_hf_state_dict(state: Mapping[str, torch.Tensor], flavor: SiglipFlavor, 
 
     ``prefix`` selects the vision tower inside a larger checkpoint (``"vision_model."`` in the published SigLIP
     files, which also hold the text tower); names outside it are ignored. The attention-pooling head
-    (``head.*``) is dropped; any other name that is not a tower parameter is an error naming it.
+    (``head.*``) is dropped, and so is the final LayerNorm for a flavor without ``post_norm``; any other name that
+    is not a tower parameter is an error naming it.
     """
+    unused = (_POOLING_HEAD_PREFIX,) if flavor.post_norm else (_POOLING_HEAD_PREFIX, _POST_NORM_PREFIX)
     tower = {name[len(prefix):]: tensor for name, tensor in state.items()
-             if name.startswith(prefix) and not name[len(prefix):].startswith(_POOLING_HEAD_PREFIX)}
+             if name.startswith(prefix) and not name[len(prefix):].startswith(unused)}
     shapes = parameter_shapes(flavor)
     expected = {hf: name for name in shapes for hf in _hf_names(name)}
     unknown = sorted(set(tower) - set(expected))

@@ -5,7 +5,9 @@ instant (the model itself lives in :mod:`loongforge_vlm.encoders.siglip`, which 
 The real size carries the ``vision_config`` of the published ``google/siglip-so400m-patch14-384`` checkpoint;
 ``siglip-tiny`` is a CPU size for parity tests and the synthetic-shapes quickstart (32x32 images, 4x4 patches).
 Only the patch-token trunk is modelled: SigLIP's attention-pooling head is not, because a VLM feeds the
-LLM the patch tokens, not one pooled vector.
+LLM the patch tokens, not one pooled vector. The ``anyres_*`` fields switch on LLaVA-OneVision's AnyRes tiling
+(:mod:`loongforge_vlm.encoders.anyres`); they are the tower's because they say what images it sees, as InternViT's
+tiling fields do.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, ClassVar
 from loongforge.errors import ConfigError
 from loongforge.models.listing import count_of_shapes, size_label
 
+from loongforge_vlm.encoders.anyres import AnyResLayout, Pinpoints, grid_pinpoints
 from loongforge_vlm.encoders.vit_sizes import ViTSizes
 
 
@@ -31,11 +34,61 @@ class SiglipFlavor(ViTSizes):
 
     kind: ClassVar[str] = "siglip"
 
+    #: The final LayerNorm on the output tokens. LLaVA-OneVision feeds its projector the last block's output
+    #: without it (``vision_feature_layer: -1`` of transformers' hidden states), so its tower has none.
+    post_norm: bool = True
+    #: AnyRes tiling on, with every ``rows x cols`` grid of ``image_size`` tiles up to this many per side as the
+    #: allowed resolutions (LLaVA-OneVision: 6); 0 is off (one ``image_size`` square per image).
+    anyres_grid: int = 0
+    #: AnyRes tiling on, with these ``[height, width]`` resolutions (multiples of ``image_size``) instead of a full
+    #: grid: transformers' ``image_grid_pinpoints``. Set this or ``anyres_grid``, not both.
+    anyres_pinpoints: Pinpoints = ()
+    #: The token budget of a tiled image's high-resolution features, in tiles (``anyres_max_9``: 9); a feature map
+    #: more than 1.1 times larger is shrunk (bilinearly) to it.
+    anyres_max_tiles: int = 9
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.image_size < self.patch_size:
             raise ConfigError(f"siglip flavor: image_size ({self.image_size}) is smaller than patch_size "
                               f"({self.patch_size})")
+        self._check_anyres()
+
+    def _check_anyres(self) -> None:
+        """Normalise the pinpoints to a tuple of pairs (YAML gives lists) and refuse what cannot tile."""
+        try:
+            pinpoints = tuple((int(h), int(w)) for h, w in self.anyres_pinpoints)
+        except (TypeError, ValueError):
+            raise ConfigError(f"siglip flavor: anyres_pinpoints must be [height, width] pairs, got "
+                              f"{self.anyres_pinpoints!r}") from None
+        object.__setattr__(self, "anyres_pinpoints", pinpoints)
+        odd = [list(p) for p in pinpoints if min(p) < 1 or p[0] % self.image_size or p[1] % self.image_size]
+        if odd:
+            raise ConfigError(f"siglip flavor: anyres_pinpoints {odd} are not positive multiples of image_size "
+                              f"{self.image_size}")
+        if self.anyres_grid < 0 or self.anyres_max_tiles < 1:
+            raise ConfigError(f"siglip flavor: need anyres_grid >= 0 and anyres_max_tiles >= 1, got "
+                              f"{self.anyres_grid} and {self.anyres_max_tiles}")
+        if pinpoints and self.anyres_grid:
+            raise ConfigError("siglip flavor: set anyres_grid or anyres_pinpoints, not both (the grid is shorthand "
+                              "for the pinpoints of every arrangement up to that size)")
+
+    @property
+    def anyres(self) -> bool:
+        """Whether images are AnyRes-tiled."""
+        return bool(self.anyres_grid or self.anyres_pinpoints)
+
+    @property
+    def pinpoints(self) -> Pinpoints:
+        """The allowed ``(height, width)`` resolutions of AnyRes tiling (empty when it is off)."""
+        return self.anyres_pinpoints or grid_pinpoints(self.anyres_grid, self.image_size)
+
+    def anyres_layout(self, merge: int) -> AnyResLayout | None:
+        """The AnyRes geometry behind a projector merging ``merge x merge`` patches (``None`` when it is off)."""
+        if not self.anyres:
+            return None
+        return AnyResLayout(tile=self.image_size, side=self.grid_size // merge, pinpoints=self.pinpoints,
+                            max_tiles=self.anyres_max_tiles)
 
     @property
     def num_positions(self) -> int:
@@ -91,7 +144,8 @@ def parameter_shapes(flavor: SiglipFlavor) -> dict[str, tuple[int, ...]]:
         norm(f"{prefix}.mlp_norm")
         linear(f"{prefix}.mlp.fc1", d, flavor.ffn_dim)
         linear(f"{prefix}.mlp.fc2", flavor.ffn_dim, d)
-    norm("post_norm")
+    if flavor.post_norm:
+        norm("post_norm")
     return shapes
 
 
@@ -114,5 +168,6 @@ def describe(flavor: SiglipFlavor) -> str:
     """One line for ``loongforge list``."""
     count = num_params(flavor)
     size = size_label(count)
+    tiling = f", AnyRes up to {max(map(max, flavor.pinpoints))}px" if flavor.anyres else ""
     return (f"SigLIP vision encoder, {size} params, {flavor.num_layers} layers, d{flavor.dim}, "
-            f"{flavor.num_heads} heads, patch {flavor.patch_size}, {flavor.image_size}px")
+            f"{flavor.num_heads} heads, patch {flavor.patch_size}, {flavor.image_size}px{tiling}")

@@ -107,6 +107,11 @@ class VLMFlavor(ModelFamily):
             raise ConfigError(f"vlm flavor: image/video/vision-start/vision-end token ids must differ, got {ids}")
         if self.video_token_id is not None and not qwen:
             raise ConfigError("vlm flavor: videos need a Qwen ViT encoder (it embeds frames with grid_thw)")
+        tiled = isinstance(self.encoder, SiglipFlavor) and self.encoder.anyres
+        if tiled and self.encoder.grid_size % self.projector.merge:  # type: ignore[union-attr]
+            raise ConfigError(f"vlm flavor: AnyRes tiles of {self.encoder.grid_size}x{self.encoder.grid_size} patches "
+                              f"do not split into the projector's {self.projector.merge}x{self.projector.merge} "
+                              "blocks; pick a merge that divides the patch grid")
         if self.deepstack_levels > self.foundation.num_layers:
             raise ConfigError(f"vlm flavor: {self.deepstack_levels} DeepStack feature sets need as many decoder "
                               f"layers, the backbone has {self.foundation.num_layers}")
@@ -186,9 +191,9 @@ class VLMFlavor(ModelFamily):
         """The Hugging Face tensors and ``config.json`` of a flavor with a transformers counterpart
         (:mod:`loongforge_vlm.model.hf_adapter`), so core reads its directories (``generate``, ``diff``); ``None``
         for a composed one."""
-        from loongforge_vlm.model.hf_adapter import ARCHITECTURES, INTERNVL_ARCHITECTURE, VLMHFAdapter
+        from loongforge_vlm.model.hf_adapter import ARCHITECTURES, LLAVA_LAYOUTS, VLMHFAdapter
 
-        if self.hf_architecture not in (*ARCHITECTURES, INTERNVL_ARCHITECTURE):
+        if self.hf_architecture not in (*ARCHITECTURES, *LLAVA_LAYOUTS):
             return None
         return VLMHFAdapter(self)
 
@@ -273,18 +278,23 @@ def projector_shapes(flavor: VLMFlavor) -> dict[str, tuple[int, ...]]:
         return {}
     merged = flavor.encoder.dim * flavor.projector.merge ** 2
     hidden = flavor.projector.hidden_dim or flavor.foundation.hidden_size
+    width = flavor.foundation.hidden_size
     norm = {"norm.weight": (merged,), "norm.bias": (merged,)} if flavor.projector.norm else {}
-    return {**norm, "fc1.weight": (hidden, merged), "fc1.bias": (hidden,),
-            "fc2.weight": (flavor.foundation.hidden_size, hidden), "fc2.bias": (flavor.foundation.hidden_size,)}
+    newline = {"newline": (width,)} if isinstance(flavor.encoder, SiglipFlavor) and flavor.encoder.anyres else {}
+    return {**norm, "fc1.weight": (hidden, merged), "fc1.bias": (hidden,), "fc2.weight": (width, hidden),
+            "fc2.bias": (width,), **newline}
 
 
 def num_params(flavor: VLMFlavor, *, include_embeddings: bool = True) -> int:
     """Parameter count with the unpadded vocabulary (as published sizes and transformers count it);
     ``include_embeddings=False`` leaves out the backbone's token embeddings and output layer."""
     encoder = flavor.encoder
-    vision = qwen_vit_num_params(encoder) if isinstance(encoder, QwenViTFlavor) else siglip_num_params(encoder)
-    if isinstance(encoder, InternViTFlavor):
+    if isinstance(encoder, QwenViTFlavor):
+        vision = qwen_vit_num_params(encoder)
+    elif isinstance(encoder, InternViTFlavor):
         vision = internvit_num_params(encoder)
+    else:
+        vision = siglip_num_params(encoder)
     projector = count_of_shapes(projector_shapes(flavor))
     return vision + projector + flavor.foundation.num_params(include_embeddings=include_embeddings)
 
@@ -447,6 +457,7 @@ def describe(flavor: VLMFlavor) -> str:
         vision = f"InternViT ({encoder.image_size}px tiles) + pixel-shuffle LN-MLP projector"
     else:
         vision = f"SigLIP + {flavor.projector.merge}x{flavor.projector.merge} MLP projector"  # type: ignore[union-attr]
+        vision += ", AnyRes tiling" if encoder.anyres else ""
     text = flavor.foundation
     positions = f"M-RoPE {list(text.mrope_section)}" if text.mrope_section else "1D RoPE"
     if text.mrope_interleaved:

@@ -1,5 +1,6 @@
 """The VLM family's side of core's Hugging Face crossing: a reader of Qwen2-VL / Qwen2.5-VL / Qwen3-VL (dense and
-MoE) / InternVL ``config.json`` files and the adapter of their tensors (:class:`loongforge.models.family.HFReader`,
+MoE) / InternVL / LLaVA-OneVision ``config.json`` files and the adapter of their tensors
+(:class:`loongforge.models.family.HFReader`,
 :class:`loongforge.models.family.HFAdapter`).
 
 Why registered with core: every command that reads a Hugging Face directory through core (``loongforge generate``,
@@ -28,6 +29,11 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
 }
 #: InternVL's architecture and ``model_type`` (:mod:`loongforge_vlm.model.internvl_interop` maps its tensors).
 INTERNVL_ARCHITECTURE, INTERNVL_MODEL_TYPE = "InternVLForConditionalGeneration", "internvl"
+#: LLaVA-OneVision's (:mod:`loongforge_vlm.model.llava_onevision_interop`).
+LLAVA_ONEVISION_ARCHITECTURE, LLAVA_ONEVISION_MODEL_TYPE = "LlavaOnevisionForConditionalGeneration", "llava_onevision"
+#: The architectures of the LLaVA layout (:mod:`loongforge_vlm.model.llava_layout`) and their ``model_type``.
+LLAVA_LAYOUTS: dict[str, str] = {INTERNVL_ARCHITECTURE: INTERNVL_MODEL_TYPE,
+                                 LLAVA_ONEVISION_ARCHITECTURE: LLAVA_ONEVISION_MODEL_TYPE}
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
@@ -99,8 +105,7 @@ class VLMHFAdapter:
 
 def register_hf_architectures(registry: Any) -> None:
     """Each VLM architecture the plugin converts, with its ``model_type`` as an alias."""
-    rows = {**{arch: model_type for arch, (_, model_type) in ARCHITECTURES.items()},
-            INTERNVL_ARCHITECTURE: INTERNVL_MODEL_TYPE}
+    rows = {**{arch: model_type for arch, (_, model_type) in ARCHITECTURES.items()}, **LLAVA_LAYOUTS}
     for architecture, model_type in rows.items():
         registry.register(architecture, "loongforge_vlm.model.hf_adapter:READER", aliases=(model_type,),
                           description="vision-language model (loongforge-vlm)")

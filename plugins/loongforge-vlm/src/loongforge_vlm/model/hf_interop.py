@@ -18,8 +18,10 @@ load, as it does the published files) and :func:`in_memory_layout` reads both by
 
 ``config.json`` <-> :class:`~loongforge_vlm.model.flavors.VLMFlavor`: the nested (transformers 5) and the flat
 published layout are read; a setting our model does not implement is a one-line :class:`ConfigError` naming the
-file and key. InternVL checkpoints (``InternVLForConditionalGeneration``) take the same entry points, which hand them
-to :mod:`loongforge_vlm.model.internvl_interop`.
+file and key. InternVL (``InternVLForConditionalGeneration``) and LLaVA-OneVision
+(``LlavaOnevisionForConditionalGeneration``) checkpoints take the same entry points, which hand them to
+:mod:`loongforge_vlm.model.internvl_interop` and :mod:`loongforge_vlm.model.llava_onevision_interop` (both the LLaVA
+layout, :mod:`loongforge_vlm.model.llava_layout`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from loongforge.models.hf_adapter import hf_tensor_shapes, hf_to_megatron, megat
 from loongforge_vlm.encoders import qwen_vit_adapter
 from loongforge_vlm.encoders.qwen_vit_flavors import ACTIVATIONS as _VISION_ACT
 from loongforge_vlm.encoders.qwen_vit_flavors import QwenViTFlavor
-from loongforge_vlm.model import internvl_interop
+from loongforge_vlm.model import internvl_interop, llava_layout, llava_onevision_interop
 from loongforge_vlm.model.flavors import VLMFlavor
 from loongforge_vlm.model.hf_adapter import ARCHITECTURES
 
@@ -58,6 +60,9 @@ _MOE_TEXT_DEFAULTS = {"num_experts": 60, "num_experts_per_tok": 4, "moe_intermed
 EXPERT_TENSORS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 VISUAL, LANGUAGE, LM_HEAD = "model.visual.", "model.language_model.", "lm_head.weight"
 _LEGACY_VISUAL, _LEGACY_LANGUAGE = "visual.", "model."
+#: The LLaVA-layout architectures, each with its module (``claims``, ``flavor_from_hf_config``, ``hf_config_dict``,
+#: ``from_hf``, ``to_hf``).
+_LLAVA_LAYOUTS = {module.ARCHITECTURE: module for module in (internvl_interop, llava_onevision_interop)}
 _TOKEN_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
 #: Defaults of keys a config may omit (transformers' config classes).
 _TEXT_DEFAULTS = {"rms_norm_eps": 1e-5, "max_position_embeddings": 32768, "hidden_act": "silu",
@@ -157,10 +162,11 @@ def _text_flavor(text: Mapping[str, Any], tied: bool, where: str, prefix: str, a
 
 
 def flavor_from_hf_config(raw: Mapping[str, Any], *, where: str = "config.json") -> VLMFlavor:
-    """The flavor a Qwen2-VL / Qwen2.5-VL / Qwen3-VL (or InternVL) ``config.json`` mapping describes (``where``
-    names it in errors)."""
-    if internvl_interop.claims(raw):
-        return internvl_interop.flavor_from_hf_config(raw, where=where)
+    """The flavor a Qwen2-VL / Qwen2.5-VL / Qwen3-VL (or InternVL, LLaVA-OneVision) ``config.json`` mapping describes
+    (``where`` names it in errors)."""
+    for module in _LLAVA_LAYOUTS.values():
+        if module.claims(raw):
+            return module.flavor_from_hf_config(raw, where=where)
     architecture, family = _family(raw, where)
     nested = isinstance(raw.get("text_config"), Mapping)
     text = raw["text_config"] if nested else raw
@@ -193,9 +199,9 @@ def read_hf_config(directory: str | Path) -> VLMFlavor:
 
 def hf_config_dict(flavor: VLMFlavor, dtype: str = "float32") -> dict[str, Any]:
     """The transformers 5 ``config.json`` of ``flavor`` (``Qwen2VLConfig(**d)`` / ``Qwen2_5_VLConfig(**d)`` /
-    ``Qwen3VLConfig(**d)`` / ``Qwen3VLMoeConfig(**d)``; InternVL's is :func:`internvl_interop.hf_config_dict`'s)."""
-    if flavor.hf_architecture == internvl_interop.ARCHITECTURE:
-        return internvl_interop.hf_config_dict(flavor, dtype)
+    ``Qwen3VLConfig(**d)`` / ``Qwen3VLMoeConfig(**d)``; the LLaVA layouts' are their modules')."""
+    if flavor.hf_architecture in _LLAVA_LAYOUTS:
+        return _LLAVA_LAYOUTS[flavor.hf_architecture].hf_config_dict(flavor, dtype)
     if flavor.hf_architecture not in ARCHITECTURES or not isinstance(flavor.encoder, QwenViTFlavor):
         raise ConfigError(f"vlm flavor with architecture {flavor.hf_architecture!r} has no Hugging Face format; "
                           f"supported: {', '.join(ARCHITECTURES)}")
@@ -287,8 +293,8 @@ def check_megatron_names(state: Mapping[str, torch.Tensor], flavor: VLMFlavor) -
 
 def from_hf(state: Mapping[str, torch.Tensor], flavor: VLMFlavor) -> dict[str, torch.Tensor]:
     """A ``*VLForConditionalGeneration`` state dict (transformers 5 or published layout) -> ours."""
-    if flavor.hf_architecture == internvl_interop.ARCHITECTURE:
-        return internvl_interop.from_hf(state, flavor)
+    if flavor.hf_architecture in _LLAVA_LAYOUTS:
+        return _LLAVA_LAYOUTS[flavor.hf_architecture].from_hf(state, flavor)
     legacy = not any(name.startswith(VISUAL) for name in state)
     visual, language = (_LEGACY_VISUAL, _LEGACY_LANGUAGE) if legacy else (VISUAL, LANGUAGE)
     text: dict[str, torch.Tensor] = {}
@@ -314,8 +320,8 @@ def saved_layout(state: Mapping[str, torch.Tensor], flavor: VLMFlavor) -> dict[s
     """transformers 5 names -> the names in published checkpoint files (``visual.*``, ``model.*``), which is also
     what transformers 5's ``save_pretrained`` writes, so older and newer versions both read our exports. Qwen3-VL's
     published files keep the transformers 5 names."""
-    if any(name.startswith(internvl_interop.VISION) for name in state):
-        return internvl_interop.saved_layout(state)
+    if any(name.startswith(llava_layout.VISION) for name in state):
+        return llava_layout.saved_layout(state)
     if flavor.encoder.family == "qwen3-vl":
         return _transposed_experts(state, flavor)
     renamed = {}
@@ -358,8 +364,8 @@ def _transposed_experts(state: Mapping[str, torch.Tensor], flavor: VLMFlavor) ->
 
 def to_hf(state: Mapping[str, torch.Tensor], flavor: VLMFlavor) -> dict[str, torch.Tensor]:
     """Our state dict (``VisionLanguageModel.state_dict()``) -> transformers 5 names."""
-    if flavor.hf_architecture == internvl_interop.ARCHITECTURE:
-        return internvl_interop.to_hf(state, flavor)
+    if flavor.hf_architecture in _LLAVA_LAYOUTS:
+        return _LLAVA_LAYOUTS[flavor.hf_architecture].to_hf(state, flavor)
     encoder, decoder = {}, {}
     for name, tensor in state.items():
         if name.endswith("_extra_state"):

@@ -3,9 +3,10 @@ image placed at the start of every sequence, so the vision tower and projector c
 at the module where it begins, not only by the parameter that moved.
 
 The image is the smallest the encoder takes -- a Qwen ViT's ``2m x 2m`` patches (``m`` the merge size: ``4``
-tokens), a fixed-size tower's one image -- of random pixels from the replay's generator, with the markers and the
-placeholder count the data pipeline would write (:func:`loongforge_vlm.data.processor.processor_for`). Random text
-ids that are vision ids are replaced, so the only placeholders are the ones placed here.
+tokens), a fixed-size tower's one image (its tiles, when it tiles) -- of random pixels from the replay's generator,
+with the markers and the placeholder count the data pipeline would write
+(:func:`loongforge_vlm.data.processor.processor_for`). Random text ids that are vision ids are replaced, so the only
+placeholders are the ones placed here.
 """
 
 from __future__ import annotations
@@ -37,10 +38,7 @@ def replay_batch(flavor: Any, batch: dict[str, Any], generator: torch.Generator)
     tokens[:, 1 : 1 + len(placed)] = torch.tensor(placed)
     labels = batch["labels"].clone()
     labels[:, :-1] = tokens[:, 1:]
-    if qwen:
-        patches = grid[0] * grid[1] * grid[2]
-        pixels = torch.randn(rows * patches, *processor.pixel_shape, generator=generator)
-        extra = {"pixel_values": pixels, "image_grid_thw": torch.tensor([grid] * rows)}
-    else:
-        extra = {"pixel_values": torch.randn(rows, *processor.pixel_shape, generator=generator)}
+    items = grid[0] * grid[1] * grid[2] if qwen else grid[0]  # patch rows, or tiles of a fixed-size tower
+    extra = {"pixel_values": torch.randn(rows * items, *processor.pixel_shape, generator=generator),
+             "image_grid_thw": torch.tensor([grid] * rows)}
     return {**batch, "tokens": tokens, "labels": labels, **extra}

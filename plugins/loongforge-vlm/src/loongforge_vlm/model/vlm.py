@@ -7,7 +7,8 @@ sequence and pipeline parallelism apply to it unchanged. The forward pass embeds
 image/video placeholder positions, scatters the result over the sequence-parallel ranks when sequence
 parallelism is on, and runs the decoder from that ``decoder_input`` in megatron's ``[seq, batch, hidden]``
 layout. With labels it returns the per-token loss, like core's ``GPTModel`` path in the trainer. A Qwen3-VL
-encoder's DeepStack features reach the first decoder layers through :mod:`loongforge_vlm.model.deepstack`.
+encoder's DeepStack features reach the first decoder layers through :mod:`loongforge_vlm.model.deepstack`; an AnyRes
+SigLIP tower's tile features are packed per image by :mod:`loongforge_vlm.model.anyres`.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from torch import nn
 from loongforge_vlm.encoders.internvit import InternViT, InternViTFlavor
 from loongforge_vlm.encoders.qwen_vit import QwenViT
 from loongforge_vlm.encoders.qwen_vit_flavors import QwenViTFlavor
-from loongforge_vlm.encoders.siglip import SiglipVisionEncoder
+from loongforge_vlm.encoders.siglip import SiglipFlavor, SiglipVisionEncoder
 from loongforge_vlm.encoders.tensor_parallel import shard_heads_and_mlp
+from loongforge_vlm.model.anyres import pack_images
 from loongforge_vlm.model.deepstack import DeepStackInjection, check_recompute
 from loongforge_vlm.model.encoder_data_parallel import EncoderDataParallel, average_over_tp
 from loongforge_vlm.model.flavors import VLMFlavor, encoder_tp_problem
@@ -86,6 +88,8 @@ class VisionLanguageModel(MegatronModule):
         #: The TP group over which the images are shared out (``model.encoder.data_parallel_over_tp``), or ``None``.
         self.encoder_data_parallel = encoder_data_parallel
         self.language_model = language_model
+        #: The AnyRes geometry of a tiling SigLIP tower (``None``: every tile is one image's features as it is).
+        self.anyres = anyres_layout(flavor)
         self.deepstack = None
         if encoder is not None and flavor.deepstack_levels:
             check_recompute(language_model.config)
@@ -142,9 +146,10 @@ class VisionLanguageModel(MegatronModule):
 
     def _vision_features(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor | None
                          ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """One ``(tokens, hidden)`` tensor per image (or video), and the DeepStack features of all of them, one
-        ``(all tokens, hidden)`` tensor per level (none without DeepStack). With heterogeneous data parallelism
-        (:attr:`encoder_data_parallel`) this rank encodes its share of the items and the group gathers the rest."""
+        """One ``(tokens, hidden)`` tensor per image (or video; per tile of a tiled one), and the DeepStack features of
+        all of them, one ``(all tokens, hidden)`` tensor per level (none without DeepStack). With heterogeneous data
+        parallelism (:attr:`encoder_data_parallel`) this rank encodes its share of the items (tiles) and the group
+        gathers the rest; AnyRes packs the gathered tiles into images afterwards."""
         if self.projector is None:
             patches = grid_thw.prod(-1)
             tokens = (patches // self.flavor.spatial_merge_size ** 2).tolist()
@@ -172,7 +177,10 @@ class VisionLanguageModel(MegatronModule):
                 encode, costs, tokens, width=self.language_model.config.hidden_size,
                 levels=1 + self.flavor.deepstack_levels, dtype=vision[0].dtype,
                 requires_grad=torch.is_grad_enabled() and any(p.requires_grad for p in vision))
-        return list(merged.split(tokens)), deepstack
+        features = list(merged.split(tokens))
+        if self.anyres is not None:
+            features = pack_images(features, grid_thw, self.anyres, self.projector.newline)
+        return features, deepstack
 
     def _scatter(self, embeddings: torch.Tensor, input_ids: torch.Tensor, token_id: int, kind: str,
                  features: list[torch.Tensor], deepstack: list[torch.Tensor], residuals: list[torch.Tensor],
@@ -360,11 +368,19 @@ def _encoder_tensor_parallel(flavor: VLMFlavor, encoder: nn.Module) -> None:
         shard_heads_and_mlp(encoder.blocks, flavor.encoder_options.tp)
 
 
+def anyres_layout(flavor: VLMFlavor) -> Any:
+    """The :class:`~loongforge_vlm.encoders.anyres.AnyResLayout` of a flavor whose SigLIP tower tiles (else
+    ``None``)."""
+    if not isinstance(flavor.encoder, SiglipFlavor):
+        return None
+    return flavor.encoder.anyres_layout(flavor.projector.merge)  # type: ignore[union-attr]
+
+
 def _vision_parts(flavor: VLMFlavor) -> tuple[nn.Module, nn.Module | None]:
-    """Freshly initialised encoder and (separate) projector."""
+    """Freshly initialised encoder and (separate) projector (with AnyRes's newline token when the tower tiles)."""
     if isinstance(flavor.encoder, QwenViTFlavor):
         return QwenViT(flavor.encoder), None
     tower = InternViT if isinstance(flavor.encoder, InternViTFlavor) else SiglipVisionEncoder
     encoder, spec = tower(flavor.encoder), flavor.projector
     return encoder, MlpProjector(flavor.encoder.dim, flavor.foundation.hidden_size, hidden_dim=spec.hidden_dim,
-                                 merge=spec.merge, norm=spec.norm)
+                                 merge=spec.merge, norm=spec.norm, newline=anyres_layout(flavor) is not None)

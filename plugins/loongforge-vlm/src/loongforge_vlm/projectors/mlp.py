@@ -5,7 +5,9 @@ first concatenated into one token (pixel-unshuffle), so the LLM sees ``merge ** 
 each carrying the features of the whole block. That is the cheap way to fit high-resolution encoders such as
 SigLIP-so400m (729 tokens at 384px) into a short LLM context. With ``norm`` the merged tokens are LayerNormed
 before ``fc1``: that is InternVL's projector, whose "pixel shuffle" (downsample ratio 0.5) concatenates each 2x2
-block in the same row-major order as :func:`merge_patches`.
+block in the same row-major order as :func:`merge_patches`. With ``newline`` it also holds AnyRes's learned
+end-of-row token (LLaVA-NeXT / OneVision's ``image_newline``, at the LLM's width): it lives in the projector because
+it trains with it (LLaVA's alignment stage trains both) and :mod:`loongforge_vlm.model.anyres` places it.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class MlpProjector(nn.Module):
     NORM_EPS = 1e-5
 
     def __init__(self, in_dim: int, out_dim: int, *, hidden_dim: int | None = None, merge: int = 1,
-                 norm: bool = False) -> None:
+                 norm: bool = False, newline: bool = False) -> None:
         super().__init__()
         if min(in_dim, out_dim, merge) <= 0 or (hidden_dim is not None and hidden_dim <= 0):
             raise ValueError(f"mlp projector: sizes must be positive, got in_dim={in_dim}, out_dim={out_dim}, "
@@ -50,6 +52,7 @@ class MlpProjector(nn.Module):
         self.norm = nn.LayerNorm(in_dim * merge * merge, eps=self.NORM_EPS) if norm else None
         self.fc1 = nn.Linear(in_dim * merge * merge, hidden)
         self.fc2 = nn.Linear(hidden, out_dim)
+        self.newline = nn.Parameter(torch.randn(out_dim) * out_dim ** -0.5) if newline else None
 
     def output_grid(self, grid: tuple[int, int]) -> tuple[int, int]:
         """The token grid the LLM sees for an encoder patch grid."""

@@ -1,0 +1,179 @@
+"""AnyRes tiling for a SigLIP tower against transformers' LLaVA-OneVision, built tiny from a config written here.
+
+The reference is ``LlavaOnevisionForConditionalGeneration`` (SigLIP tower read before its final LayerNorm, a GELU
+projector, a Qwen2 decoder, grid pinpoints up to 3x3 tiles of 16px) with noise added to every weight, imported into
+our composed model through the plugin's Hugging Face path (its ``config.json`` read into a flavor, its state dict
+mapped). Checked: our processor's pixels and image sizes against transformers' PIL processor; logits on a padded batch
+of a wide and a tall image (unpadded along different axes), once within the token budget and once shrunk to it
+(``anyres_max_2``); and every parameter's gradient of a loss through both models.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from loongforge_vlm.data.processor import processor_for
+from loongforge_vlm.model.flavors import VLMFlavor
+from loongforge_vlm.model.hf_interop import flavor_from_hf_config, from_hf, hf_config_dict, saved_layout, to_hf
+from loongforge_vlm.model.vlm import build_vlm
+from PIL import Image
+from transformers import LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration, Qwen2Config, SiglipVisionConfig
+from transformers.models.llava_onevision.image_processing_pil_llava_onevision import LlavaOnevisionImageProcessorPil
+from vlm_reference import megatron_world
+
+TILE = 16
+#: Every arrangement of 16px tiles up to 3x3, as (height, width).
+PINPOINTS = [[rows * TILE, cols * TILE] for rows in (1, 2, 3) for cols in (1, 2, 3)]
+IMAGE_TOKEN = 380
+#: (width, height): a wide image on a 1x3 grid (rows of padding cut: 2x12 features) and a tall one on a 3x2 grid
+#: (columns cut: 12x6, shrunk to 8x4 at anyres_max_2).
+BATCH_IMAGES = ((100, 21), (23, 41))
+
+
+def _config(budget: int) -> LlavaOnevisionConfig:
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=48, num_attention_heads=2, num_hidden_layers=2,
+                                patch_size=4, image_size=TILE, vision_use_head=False)
+    text = Qwen2Config(hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, vocab_size=384, max_position_embeddings=1024, rms_norm_eps=1e-6,
+                       rope_parameters={"rope_type": "default", "rope_theta": 100.0}, tie_word_embeddings=False)
+    return LlavaOnevisionConfig(vision_config=vision, text_config=text, image_token_index=IMAGE_TOKEN,
+                                video_token_index=381, image_grid_pinpoints=PINPOINTS, vision_feature_layer=-1,
+                                vision_feature_select_strategy="full", vision_aspect_ratio=f"anyres_max_{budget}",
+                                attn_implementation="eager")
+
+
+def _perturbed(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Noise on every weight: norm scales and biases of order 0.3, matrices a fifth of their init spread again."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            noise = torch.randn(param.shape, generator=gen)
+            spread = 0.5 / param[0].numel() ** 0.5 if param.dim() > 1 else 0.3
+            param.add_(noise * spread)
+    return model.float().eval()
+
+
+def _image(rng: np.random.Generator, width: int, height: int) -> Image.Image:
+    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+
+def _reference_processor(flavor: VLMFlavor) -> LlavaOnevisionImageProcessorPil:
+    return LlavaOnevisionImageProcessorPil(size={"height": TILE, "width": TILE}, image_grid_pinpoints=PINPOINTS,
+                                           image_mean=[0.5] * 3, image_std=[0.5] * 3)
+
+
+def test_pixels_and_sizes_equal_transformers_image_processor():
+    flavor = flavor_from_hf_config(_config(9).to_dict())
+    ours = processor_for(flavor.encoder, merge_size=flavor.projector.merge)
+    rng = np.random.default_rng(0)
+    images = [_image(rng, w, h) for w, h in ((37, 13), (23, 41), (50, 50), (9, 8), (100, 21))]
+    expected = _reference_processor(flavor)(images, return_tensors="np")
+    worst = 0.0
+    for image, theirs, size in zip(images, expected["pixel_values"], expected["image_sizes"], strict=True):
+        pixels, grid = ours.image(image)
+        assert grid == ours.grid(*image.size) and tuple(grid[1:]) == tuple(size), (image.size, grid, size)
+        worst = max(worst, float(np.abs(pixels - theirs[:len(pixels)]).max()))
+        assert not theirs[len(pixels):].any()  # transformers pads the batch with zero tiles, nothing else
+    print(f"anyres pixels: max abs diff {worst:.3g}")
+    assert worst <= 1e-6
+
+
+@pytest.fixture(scope="module")
+def world():
+    with megatron_world() as backend:
+        yield backend
+
+
+def _batch(flavor: VLMFlavor) -> dict[str, torch.Tensor]:
+    """Two samples, one image each (placeholders as our processor counts them); sample 1 left-padded."""
+    processor = processor_for(flavor.encoder, merge_size=flavor.projector.merge)
+    rng = np.random.default_rng(3)
+    gen = torch.Generator().manual_seed(4)
+    rows, tiles, grids = [], [], []
+    for width, height in BATCH_IMAGES:
+        pixels, grid = processor.image(_image(rng, width, height))
+        tiles.append(torch.from_numpy(pixels))
+        grids.append(grid)
+        text = torch.randint(0, 300, (10,), generator=gen).tolist()
+        rows.append(text[:4] + [IMAGE_TOKEN] * processor.num_tokens(grid) + text[4:])
+    length = max(map(len, rows))
+    pads = [length - len(row) for row in rows]
+    ids = [rows[0] + [0] * pads[0], [0] * pads[1] + rows[1]]
+    mask = torch.tensor([[1] * len(rows[0]) + [0] * pads[0], [0] * pads[1] + [1] * len(rows[1])])
+    grid_thw = torch.tensor(grids)
+    return {"input_ids": torch.tensor(ids), "attention_mask": mask, "pixel_values": torch.cat(tiles),
+            "image_grid_thw": grid_thw, "image_sizes": grid_thw[:, 1:],
+            "position_ids": ((mask.cumsum(-1) - 1) * mask).clamp(min=0)}
+
+
+def _ours(batch: dict[str, torch.Tensor], model: torch.nn.Module, vocab: int) -> torch.Tensor:
+    return model(batch["input_ids"], attention_mask=batch["attention_mask"], pixel_values=batch["pixel_values"],
+                 image_grid_thw=batch["image_grid_thw"])[..., :vocab]
+
+
+def _theirs(batch: dict[str, torch.Tensor], model: torch.nn.Module) -> torch.Tensor:
+    return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                 pixel_values=batch["pixel_values"], image_sizes=batch["image_sizes"],
+                 position_ids=batch["position_ids"]).logits
+
+
+def _loss(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Next-token loss on the real tokens, targets the inputs themselves shifted (image positions included)."""
+    keep = batch["attention_mask"][:, 1:].bool()
+    targets = batch["input_ids"][:, 1:][keep] % 300
+    return torch.nn.functional.cross_entropy(logits[:, :-1][keep], targets)
+
+
+@pytest.mark.parametrize("budget", [9, 2], ids=["within-budget", "shrunk"])
+def test_logits_and_gradients_match_transformers(world, budget):
+    reference = _perturbed(LlavaOnevisionForConditionalGeneration(_config(budget)), seed=budget)
+    flavor = flavor_from_hf_config(reference.config.to_dict())
+    assert flavor.encoder.anyres and not flavor.encoder.post_norm and flavor.encoder.anyres_max_tiles == budget
+    ours = build_vlm(flavor, backend=world).eval()
+    missing, unexpected = ours.load_state_dict(from_hf(reference.state_dict(), flavor), strict=False)
+    assert not unexpected and all(k.endswith("_extra_state") for k in missing), (missing, unexpected)
+    batch = _batch(flavor)
+    keep = batch["attention_mask"].bool()
+    expected = _theirs(batch, reference)
+    actual = _ours(batch, ours, flavor.foundation.vocab_size)
+    assert expected[keep].std() > 0.5
+    diff = (actual - expected)[keep].abs().max().item()
+    print(f"anyres logits (anyres_max_{budget}): max abs diff {diff:.3g}, max rel "
+          f"{diff / expected[keep].abs().max().item():.3g}")
+    assert diff <= 1e-4
+
+    _loss(expected, batch).backward()
+    _loss(actual, batch).backward()
+    grads = to_hf({name: param.grad for name, param in ours.named_parameters()}, flavor)
+    worst = 0.0
+    for name, param in reference.named_parameters():
+        if param.grad is None:  # the tower's final LayerNorm: LLaVA-OneVision does not use it
+            assert "post_layernorm" in name, name
+            continue
+        gap, size = (grads[name] - param.grad).norm().item(), param.grad.norm().item()
+        if name.startswith("model.vision_tower.") and name.endswith("k_proj.bias"):  # softmax ignores it: ~0
+            assert size < 1e-5 and gap < 1e-5, name
+            continue
+        worst = max(worst, gap / size)
+        assert gap <= 1e-4 * size, (name, gap, size)
+    print(f"anyres gradients (anyres_max_{budget}): worst relative L2 gap {worst:.3g}")
+    assert reference.model.image_newline.grad.norm() > 0
+
+
+def test_round_trips_are_bitwise_in_memory_and_through_saved_names(world):
+    reference = _perturbed(LlavaOnevisionForConditionalGeneration(_config(9)), seed=5)
+    flavor = flavor_from_hf_config(reference.config.to_dict())
+    assert flavor_from_hf_config(hf_config_dict(flavor)) == flavor
+    theirs = reference.state_dict()
+    ours = from_hf(theirs, flavor)
+    back = to_hf(ours, flavor)
+    assert back.keys() == theirs.keys()
+    for name, tensor in theirs.items():
+        if "post_layernorm" in name:  # unused by the model: written as the identity
+            identity = torch.ones_like(tensor) if name.endswith("weight") else torch.zeros_like(tensor)
+            assert torch.equal(back[name], identity), name
+        else:
+            assert torch.equal(back[name], tensor), name
+    again = from_hf(saved_layout(back, flavor), flavor)
+    assert again.keys() == ours.keys() and all(torch.equal(again[k], ours[k]) for k in ours)
