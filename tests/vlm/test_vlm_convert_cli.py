@@ -60,3 +60,24 @@ def test_bad_inputs_are_one_line_and_write_nothing(tmp_path, capsys):
     assert err.count("\n") == 1 and f"no registered handler claims '{tmp_path / 'hf'}'" in err, err
     assert "hf-exportable-checkpoint (loongforge-core): a LoongForge checkpoint" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_saved_checkpoint_config_rebuilds_overridden_parts():
+    """What ``convert hf-to-mcore`` records for a model whose parts differ from every registered flavor's (the
+    nearest name, the differing parts as plain mappings in ``config.yaml``) rebuilds that model; a mapping that is
+    no part is one line naming it."""
+    import pytest
+    from loongforge.config.sections import section_to_dict
+    from loongforge.errors import ConfigError
+    from loongforge.models.hf_adopt import name_model
+    from loongforge.models.qwen import FLAVORS as QWEN
+
+    internvl = FLAVORS["internvl-tiny"]
+    models = [internvl.with_overrides(foundation=QWEN["qwen3-tiny"]),
+              internvl.with_overrides(encoder=FLAVORS["vlm-tiny"].encoder.with_overrides(post_norm=False)),
+              FLAVORS["qwen2-vl-tiny"].with_overrides(encoder=FLAVORS["qwen2.5-vl-tiny"].encoder)]
+    for model in models:
+        name, overrides = name_model(model, None, "hf")
+        assert FLAVORS[name].with_overrides(**section_to_dict(overrides)) == model
+    with pytest.raises(ConfigError, match=r"^vlm flavor: override encoder=\{'layers': 3\} is neither"):
+        internvl.with_overrides(encoder={"layers": 3})

@@ -150,8 +150,13 @@ class VLMFlavor(ModelFamily):
         return self.projector.merge  # type: ignore[union-attr]
 
     def with_overrides(self, **overrides: Any) -> VLMFlavor:
-        """A copy with some fields replaced (``foundation=...`` swaps the backbone); unknown names are errors."""
-        return replace_fields(self, overrides, what="vlm flavor")
+        """A copy with some fields replaced (``foundation=...`` swaps the backbone); unknown names are errors. A part
+        may be a mapping, as a saved config holds it (:func:`~loongforge_vlm.model.parts.overridden_part`)."""
+        from loongforge_vlm.model.parts import overridden_part
+
+        parts = {role: overridden_part(role, overrides[role], getattr(self, role))
+                 for role in PART_ROLES if role in overrides}
+        return replace_fields(self, {**overrides, **parts}, what="vlm flavor")
 
     def with_parts(self, parts: dict[str, Any], *, registry: Any, where: str) -> VLMFlavor:
         """A copy with config parts (``model.encoder/projector/foundation``) replaced, see

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from loongforge.errors import ConfigError
 from loongforge.models.family import ModelFamily
-from loongforge.models.flavor import DecoderFlavor
+from loongforge.models.flavor import DecoderFlavor, replace_fields
 
 from loongforge_vlm.encoders.internvit_flavors import InternViTFlavor
 from loongforge_vlm.encoders.qwen_vit_flavors import QwenViTFlavor
@@ -74,6 +74,36 @@ def _projector(value: Any, encoder: Any, where: str) -> Any:
             raise ConfigError(f"{location}: an mlp projector takes merge and hidden_dim, got {sorted(value)}")
         return MlpProjectorFlavor(**{k: v for k, v in value.items() if k != "name"})
     raise ConfigError(f"{location}: one of {', '.join(PROJECTORS)} or a mapping, got {value!r}")
+
+
+def overridden_part(role: str, value: Any, current: Any) -> Any:
+    """The part ``VLMFlavor.with_overrides`` gets as ``role``: a flavor as it is, or a mapping.
+
+    Why mappings: a saved config's ``model.overrides`` holds a part as its fields alone -- YAML keeps no class -- and
+    ``loongforge convert hf-to-mcore`` writes a whole part there whenever the model's differs from the nearest
+    registered one's (a LLaVA-OneVision SigLIP beside internvl-tiny's InternViT). Field names the model's own part
+    has override it; otherwise the mapping must be all the fields one kind of part takes, and builds that part.
+    """
+    from loongforge_vlm.model.flavors import MlpProjectorFlavor
+
+    if not isinstance(value, dict):
+        return value
+    kinds = {"encoder": ENCODER_KINDS, "projector": (MlpProjectorFlavor,), "foundation": (DecoderFlavor,)}[role]
+    if current is not None and set(value) <= {f.name for f in dataclasses.fields(current)}:
+        return replace_fields(current, value, what=f"vlm {role}")
+    fitting = [kind for kind in kinds if _builds(kind, value)]
+    if len(fitting) != 1:
+        names = " or ".join(kind.__name__ for kind in kinds)
+        raise ConfigError(f"vlm flavor: override {role}={value!r} is neither fields of the model's {role} nor all "
+                          f"the fields of one {names}")
+    return fitting[0](**{name: tuple(v) if isinstance(v, list) else v for name, v in value.items()})
+
+
+def _builds(kind: type, fields: dict[str, Any]) -> bool:
+    """Whether ``fields`` name only fields of the dataclass ``kind`` and every one it requires."""
+    known = dataclasses.fields(kind)
+    required = {f.name for f in known if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    return required <= set(fields) <= {f.name for f in known}
 
 
 def compose_parts(base: Any, parts: dict[str, Any], *, registry: Any, where: str, defaults: dict[str, Any]) -> Any:
