@@ -202,3 +202,32 @@ def test_convert_commands_round_trip_a_saved_directory_to_the_same_logits(tmp_pa
     diff = (actual - expected)[keep].abs().max().item()
     print(f"anyres export through loongforge convert: max abs logit diff {diff:.3g}, std {expected[keep].std():.3g}")
     assert expected[keep].std() > 0.5 and diff <= 1e-5
+
+
+def test_dp_balance_costs_an_anyres_image_by_its_tiles(tmp_path):
+    """What data-parallel balancing hands the cost model for AnyRes samples: the tower's work is each tile's patches
+    (a tile attends alone), not the image's size in pixels that its grid row holds; its tokens hold the image's
+    packed features (the counts the logits tests hold to transformers)."""
+    from loongforge_vlm.data.balanced import BalancedBatches
+    from loongforge_vlm.data.batching import VisionRowDataset
+    from loongforge_vlm.data.dataset import VisionChatDataset
+    from loongforge_vlm.data.sources import JsonlSource
+    from vlm_data_helpers import TOKENIZER, ask, png, write_jsonl
+
+    flavor = flavor_from_hf_config(_config(9).to_dict())
+    processor = processor_for(flavor.encoder, merge_size=flavor.projector.merge)
+    files = {f"{w}x{h}.png": png(w, h, seed=w) for w, h in BATCH_IMAGES}
+    lines = [{"image": name, "messages": ask("What is it?", "noise")} for name in files]
+    dataset = VisionChatDataset([JsonlSource(write_jsonl(tmp_path / "d.jsonl", lines, files))], TOKENIZER, processor)
+    rows = VisionRowDataset(dataset, range(len(lines)), 512, pack=True)
+    sent: list[dict[str, torch.Tensor]] = []
+    next(BalancedBatches(rows, 1, 0, balance=lambda samples: sent.extend(samples) or samples,
+                         num_microbatches=len(rows)))
+    patches = (TILE // flavor.encoder.patch_size) ** 2
+    tokens = {(21, 100): 16 + 2 * (12 + 1), (41, 23): 16 + 12 * (6 + 1)}  # base tile, then rows and their newlines
+    assert len(sent) == len(BATCH_IMAGES)
+    for wire in sent:
+        tiles, height, width = wire["image_grid_thw"][0].tolist()
+        assert wire["pixel_values"].shape[0] == tiles
+        assert wire["encoder_work"].tolist() == [tiles * patches, tiles * patches ** 2]
+        assert (wire["tokens"] == TOKENIZER.vision_tokens.image_pad).sum() == tokens[height, width]

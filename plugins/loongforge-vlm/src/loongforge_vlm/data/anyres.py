@@ -61,6 +61,11 @@ class AnyResProcessor:
         _, height, width = grid_thw
         return self.layout.num_tokens(height, width)
 
+    def encoder_grid(self, grid_thw: Sequence[int]) -> tuple[int, int, int]:
+        """``(tiles, patches, patches)`` the tower encodes for an image of grid row ``(tiles, height, width)``."""
+        _, height, width = grid_thw
+        return self.layout.encoder_grid(height, width)
+
     def image(self, image: Image.Image) -> tuple[np.ndarray, tuple[int, int, int]]:
         """The base tile and the grid's tiles (row-major) ``[tiles, 3, S, S]`` float32, and the grid."""
         width, height = image.size

@@ -32,6 +32,7 @@ from loongforge.data.packing import pack_rows
 from loongforge.data.sampler import TrainBatchIterator
 
 from loongforge_vlm.data.dataset import VisionSample
+from loongforge_vlm.data.processor import ImageProcessor
 
 #: VisionSample fields sent as they are (their first dimension varies per sample).
 _MEDIA = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
@@ -40,26 +41,31 @@ _MEDIA = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_t
 ENCODER_WORK = "encoder_work"
 
 
-def encoder_work(sample: VisionSample) -> tuple[int, int]:
+def encoder_work(sample: VisionSample, processor: ImageProcessor | None = None) -> tuple[int, int]:
     """``(patches, patch pairs)`` the vision tower computes for ``sample``: every patch of its images and videos,
     and attention within each image, tile or video frame group of ``h * w`` patches (a ``(t, h, w)`` grid is ``t``
-    such blocks: Qwen's ViTs attend per frame group, InternViT per tile), so ``t * (h * w) ** 2`` pairs."""
-    grids = np.concatenate([sample.image_grid_thw.reshape(-1, 3), sample.video_grid_thw.reshape(-1, 3)])
+    such blocks: Qwen's ViTs attend per frame group, InternViT and AnyRes SigLIP per tile), so ``t * (h * w) ** 2``
+    pairs. ``processor`` (the one that made the sample) reads its grid rows as patch grids: an AnyRes row is
+    ``(tiles, height, width)`` in pixels; without one the rows are taken as patch grids."""
+    rows = np.concatenate([sample.image_grid_thw.reshape(-1, 3), sample.video_grid_thw.reshape(-1, 3)])
+    grids = rows if processor is None else np.array([processor.encoder_grid(row) for row in rows.tolist()],
+                                                    dtype=np.int64).reshape(-1, 3)
     t, area = grids[:, 0].astype(np.int64), grids[:, 1].astype(np.int64) * grids[:, 2]
     return int(np.sum(t * area)), int(np.sum(t * area * area))
 
 
-def to_wire(index: int, sample: VisionSample) -> dict[str, torch.Tensor]:
-    """A sample as the balance hook takes it: ``tokens`` [n] are its input ids (text and vision tokens: the length
-    the cost model sees), ``targets``/``supervised`` [n] the shifted ids and reply mask, ``index`` [1] its dataset
-    index, :data:`ENCODER_WORK` [2] what its images and videos cost the vision tower (:func:`encoder_work`: a video
-    of few LLM tokens can be many patches), and its pixels and grids."""
+def to_wire(index: int, sample: VisionSample, processor: ImageProcessor | None = None) -> dict[str, torch.Tensor]:
+    """A sample as the balance hook takes it: ``tokens`` [n] are its input ids (text and vision tokens, as many as
+    the processor counts for each image: the length the cost model sees), ``targets``/``supervised`` [n] the shifted
+    ids and reply mask, ``index`` [1] its dataset index, :data:`ENCODER_WORK` [2] what its images and videos cost
+    the vision tower (:func:`encoder_work` with ``processor``: a video of few LLM tokens can be many patches), and
+    its pixels and grids."""
     wire = {
         "index": torch.tensor([index], dtype=torch.int64),
         "tokens": torch.from_numpy(np.ascontiguousarray(sample.ids[:-1])),
         "targets": torch.from_numpy(np.ascontiguousarray(sample.ids[1:])),
         "supervised": torch.from_numpy(np.ascontiguousarray(sample.supervised[1:])),
-        ENCODER_WORK: torch.tensor(encoder_work(sample), dtype=torch.int64),
+        ENCODER_WORK: torch.tensor(encoder_work(sample, processor), dtype=torch.int64),
     }
     return {**wire, **{key: torch.from_numpy(np.ascontiguousarray(getattr(sample, key))) for key in _MEDIA}}
 
@@ -132,7 +138,9 @@ class BalancedBatches(TrainBatchIterator):
         row_indices = [int(row) for row in self.sample_indices(positions)]
         rows = [self.dataset.row_samples(row) for row in row_indices]
         indices = [int(i) for row in row_indices for i in self.dataset.rows[row]]
-        own = [to_wire(i, sample) for i, sample in zip(indices, (s for row in rows for s in row), strict=True)]
+        processor = self.dataset.dataset.processor
+        own = [to_wire(i, sample, processor)
+               for i, sample in zip(indices, (s for row in rows for s in row), strict=True)]
         received = self.balance(own)
         got = [int(wire["index"][0]) for wire in received]
         self.step_indices = got

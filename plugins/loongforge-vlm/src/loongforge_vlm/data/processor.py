@@ -76,9 +76,22 @@ class ImageProcessor(Protocol):
 
     def num_tokens(self, grid_thw: Sequence[int]) -> int: ...
 
+    def encoder_grid(self, grid_thw: Sequence[int]) -> tuple[int, int, int]: ...
+
     def image(self, image: Image.Image) -> tuple[np.ndarray, tuple[int, int, int]]: ...
 
     def video(self, frames: Sequence[Image.Image]) -> tuple[np.ndarray, tuple[int, int, int]]: ...
+
+
+class PatchGridRows:
+    """For a processor whose grid rows already count the tower's patches: every one but AnyRes's, whose rows hold the
+    image's size in pixels."""
+
+    def encoder_grid(self, grid_thw: Sequence[int]) -> tuple[int, int, int]:
+        """``(blocks, h, w)``: the tower attends within each of ``blocks`` blocks (frame groups, tiles) of ``h x w``
+        patches -- what one image or video with this grid row costs it."""
+        blocks, h, w = (int(n) for n in grid_thw)
+        return blocks, h, w
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
@@ -101,7 +114,7 @@ def normalized_pixels(image: Image.Image, width: int, height: int, normalization
 
 
 @dataclass(frozen=True)
-class VisionProcessor:
+class VisionProcessor(PatchGridRows):
     """Settings of one vision tower's input; defaults are Qwen2-VL's image processor.
 
     ``normalization`` names an entry of :data:`NORMALIZATIONS`. ``frame_sampling`` is the rule videos are sampled
@@ -189,7 +202,7 @@ class VisionProcessor:
 
 
 @dataclass(frozen=True)
-class FixedSizeProcessor:
+class FixedSizeProcessor(PatchGridRows):
     """Images for a tower with one square input size (SigLIP): ``[1, 3, S, S]`` per image, no videos.
 
     ``merge_size`` is the projector's merge (``merge x merge`` patches per LLM token); the grid must divide.

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from loongforge_vlm.data.processor import NORMALIZATIONS, normalized_pixels
+from loongforge_vlm.data.processor import NORMALIZATIONS, PatchGridRows, normalized_pixels
 
 
 def tile_grid(width: int, height: int, tile: int, min_tiles: int, max_tiles: int) -> tuple[int, int]:
@@ -41,7 +41,7 @@ def tile_grid(width: int, height: int, tile: int, min_tiles: int, max_tiles: int
 
 
 @dataclass(frozen=True)
-class TilingProcessor:
+class TilingProcessor(PatchGridRows):
     """Images for InternViT: ``[tiles, 3, S, S]`` per image, no videos. ``merge_size`` is the projector's (pixel
     shuffle); ``max_tiles=1`` is one resized square per image."""
 

@@ -63,10 +63,12 @@ def fitted_size(height: int, width: int, target: tuple[int, int]) -> tuple[int, 
 
 @dataclass(frozen=True)
 class AnyResLayout:
-    """The AnyRes geometry of one tower: ``tile`` pixels per tile side, ``side`` LLM tokens per tile side (the
-    tower's patch grid divided by the projector's merge), the allowed ``pinpoints`` and the ``max_tiles`` budget."""
+    """The AnyRes geometry of one tower: ``tile`` pixels per tile side, ``patches`` per tile side, ``side`` LLM tokens
+    per tile side (the patches divided by the projector's merge), the allowed ``pinpoints`` and the ``max_tiles``
+    budget."""
 
     tile: int
+    patches: int
     side: int
     pinpoints: Pinpoints
     max_tiles: int
@@ -80,6 +82,10 @@ class AnyResLayout:
         """Tiles the tower encodes for the image: the base and the grid."""
         rows, cols = self.tile_grid(height, width)
         return 1 + rows * cols
+
+    def encoder_grid(self, height: int, width: int) -> tuple[int, int, int]:
+        """``(tiles, patches, patches)``: what the tower encodes for the image, each tile attending alone."""
+        return self.num_tiles(height, width), self.patches, self.patches
 
     def unpadded_window(self, height: int, width: int) -> tuple[int, int, int, int]:
         """``(top, rows, left, cols)`` of the tiles' feature map that unpadding keeps (step 3)."""

@@ -87,8 +87,8 @@ class SiglipFlavor(ViTSizes):
         """The AnyRes geometry behind a projector merging ``merge x merge`` patches (``None`` when it is off)."""
         if not self.anyres:
             return None
-        return AnyResLayout(tile=self.image_size, side=self.grid_size // merge, pinpoints=self.pinpoints,
-                            max_tiles=self.anyres_max_tiles)
+        return AnyResLayout(tile=self.image_size, patches=self.grid_size, side=self.grid_size // merge,
+                            pinpoints=self.pinpoints, max_tiles=self.anyres_max_tiles)
 
     @property
     def num_positions(self) -> int:
