@@ -140,6 +140,9 @@ def test_staged_recipe_aligns_the_projector_first_and_resumes_bit_exactly(tmp_pa
      "model.encoder: freeze and unfreeze_at_step exclude each other"),
     ("model.projector={lr: 1.0e-3, min_lr: 1.0e-2}", "model.projector: min_lr (0.01) is above its lr (0.001)"),
     ("model.foundation={name: qwen3-tiny, recompute: true}", "model.foundation.recompute: only the encoder"),
+    ("model.projector={merge: 3}", "model.projector.merge=3 does not divide the encoder's 8x8 patch grid"),
+    ("model.encoder={name: siglip-tiny, anyres_pinpoints: [[32, 48]]}",
+     "siglip flavor: anyres_pinpoints [[32, 48]] are not positive multiples of image_size 32"),
     ("model.projecter={lr: 1.0e-3}", "model 'vlm' has no part 'projecter'; its parts: encoder, projector, foundation. "
                                       "Did you mean 'projector'?"),
 ])

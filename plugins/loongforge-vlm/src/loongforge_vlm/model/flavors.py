@@ -107,11 +107,11 @@ class VLMFlavor(ModelFamily):
             raise ConfigError(f"vlm flavor: image/video/vision-start/vision-end token ids must differ, got {ids}")
         if self.video_token_id is not None and not qwen:
             raise ConfigError("vlm flavor: videos need a Qwen ViT encoder (it embeds frames with grid_thw)")
-        tiled = isinstance(self.encoder, SiglipFlavor) and self.encoder.anyres
-        if tiled and self.encoder.grid_size % self.projector.merge:  # type: ignore[union-attr]
-            raise ConfigError(f"vlm flavor: AnyRes tiles of {self.encoder.grid_size}x{self.encoder.grid_size} patches "
-                              f"do not split into the projector's {self.projector.merge}x{self.projector.merge} "
-                              "blocks; pick a merge that divides the patch grid")
+        if not qwen and self.encoder.grid_size % self.projector.merge:  # type: ignore[union-attr]
+            side, merge = self.encoder.grid_size, self.projector.merge  # type: ignore[union-attr]
+            pixels = f"{self.encoder.image_size}px in {self.encoder.patch_size}px patches"
+            raise ConfigError(f"vlm flavor: model.projector.merge={merge} does not divide the encoder's {side}x{side} "
+                              f"patch grid ({pixels}); pick a merge that divides it")
         if self.deepstack_levels > self.foundation.num_layers:
             raise ConfigError(f"vlm flavor: {self.deepstack_levels} DeepStack feature sets need as many decoder "
                               f"layers, the backbone has {self.foundation.num_layers}")
