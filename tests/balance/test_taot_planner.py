@@ -144,10 +144,11 @@ def test_inter_node_clones_within_1_2x_of_the_exact_optimum_at_8_ranks():
     assert optimum > 0 and ours <= 1.2 * optimum, (ours, optimum)  # measured 12 vs 11
 
 
-# Full weight over the per-node lower bound, as measured (16: 3 vs 2 clones, 32: 13 vs 10, 64: 38 vs 29; 41 before the
-# settle-first candidate). The exact optimum sits between: `python benchmarks/taot_placement.py --reference` prints
-# the MILP's placement and bound per load (64 ranks, 4 loads: 34 clones found, 29 bound).
-LOWER_BOUND_RATIO = {16: 1.5, 32: 1.3, 64: 1.32}
+# Full weight over the per-node lower bound, as measured (16: 2 vs 2 clones, 32: 13 vs 10, 64: 35 vs 29; 3 / 13 / 38
+# before the receivers of exports were picked by the fewest pieces to shed and the interleaved-exports candidate, which
+# fails the 16- and 64-rank bounds). The exact optimum sits between: `python benchmarks/taot_placement.py --reference`
+# prints the MILP's placement and bound per load.
+LOWER_BOUND_RATIO = {16: 1.2, 32: 1.3, 64: 1.21}
 
 
 @pytest.mark.parametrize("ranks", [16, 32, 64])
@@ -181,7 +182,7 @@ def test_with_two_spare_slots_inter_node_clones_are_within_1_2x_of_the_lower_bou
 def test_plan_replicas_is_the_pick_among_the_candidates(loads):
     counts = loads[3, :32]
     candidates = candidate_plans(counts, experts_per_rank=4, spare_slots=1, ranks_per_node=RANKS_PER_NODE)
-    assert len(candidates) == 5
+    assert len(candidates) == 6
     picked, planned = pick_plan(candidates, RANKS_PER_NODE, 0.5), plan(counts, 1)
     for field in ("slot_expert", "slot_take", "home_keep"):
         assert torch.equal(getattr(picked, field), getattr(planned, field))

@@ -34,23 +34,27 @@ the overflow on to one rank of its own node (one of its home experts, best fit) 
 exact optimum does this (an inter-node piece lands on a rank that then sheds its own experts locally), and it
 lets one inter-node clone carry a whole donor's excess instead of two smaller ones.
 
-``topology_weight`` picks among five candidate plans, computed independently of the weight: topology-blind
+``topology_weight`` picks among six candidate plans, computed independently of the weight: topology-blind
 (the world seen as one node), node-aware, node-aware with chains, node-aware with chains where ranks of nodes
 within their capacity shed inside their node before any forced move (imports otherwise take the slots such a node
-needs for itself, and its own hot expert then has to leave it), and *export first*: every node above its capacity
+needs for itself, and its own hot expert then has to leave it), *export first*: every node above its capacity
 first sends its biggest whole expert pieces to other nodes until its excess is gone -- the pieces the per-node
-lower bound counts -- and the pass then balances each node inside it (receivers pass their own experts on). The
-last needs slots for that settling: with two spare slots per rank it is the one picked at full weight. It keeps
-the plan minimising ``(1 - w) * clones + w * inter-node clones`` among those meeting the balance bound (ties: that
-order). Because the candidates do not depend on ``w``, inter-node clones never rise with ``w``: if ``a`` is kept
-at ``w1`` and ``b`` at ``w2 > w1``, adding the two optimality inequalities gives ``(w2 - w1) * (inter_b - inter_a)
-<= 0`` after dividing by ``1 - w`` (the exchange argument for a weighted sum over a fixed set).
+lower bound counts -- to the receivers whose overflow their own biggest experts cover in the fewest pieces (each
+takes a slot of their node), and the pass then balances each node inside it (receivers pass their own experts on),
+and *interleaved exports*: the same export moves, capped at what a receiver can hold or pass on to one rank of its
+node, interleaved with the settling of nodes within capacity, so each import is passed on before the next lands.
+Export first needs slots for that settling: with two spare slots per rank it is the one picked at full weight;
+with one, interleaving leaves each import the slots it needs. It keeps the plan minimising ``(1 - w) * clones
++ w * inter-node clones`` among those meeting the balance bound (ties: that order). Because the candidates do not
+depend on ``w``, inter-node clones never rise with ``w``: if ``a`` is kept at ``w1`` and ``b`` at ``w2 > w1``,
+adding the two optimality inequalities gives ``(w2 - w1) * (inter_b - inter_a) <= 0`` after dividing by ``1 - w``
+(the exchange argument for a weighted sum over a fixed set).
 
 Measured against independent references (tests/balance/test_taot_planner.py) at full weight: an exact MILP
 (8 ranks: 12 vs 11 inter-node clones) and the per-node lower bound, which no balanced plan beats: with two spare
 slots per rank 1.0x / 1.0x / 1.03x of it at 16 / 32 / 64 ranks (2 / 10 / 30 clones on four loads vs 2 / 10 / 29);
-with one slot 1.5x / 1.3x / 1.31x (3 / 13 / 38), where the exact MILP reaches the bound (2 / 10 / 29): one slot a
-rank leaves too little room to settle the imports, and the greedy passes cannot pack it.
+with one slot 1.0x / 1.3x / 1.21x (2 / 13 / 35), where the exact MILP reaches the bound (2 / 10 / 29): one slot a
+rank leaves too little room to settle the imports, and the greedy passes cannot pack it exactly.
 """
 
 from __future__ import annotations
@@ -139,16 +143,19 @@ def plan_replicas(
 def candidate_plans(counts: torch.Tensor, *, experts_per_rank: int, spare_slots: int,
                     ranks_per_node: int) -> list[ReplicaPlan]:
     """The plans ``topology_weight`` chooses among (topology-blind, node-aware, with chains, with chains and
-    nodes within capacity settled first); none depends on the weight, which is what makes inter-node clones
-    monotone in it (module docstring)."""
+    nodes within capacity settled first, export first, interleaved exports); none depends on the weight, which is
+    what makes inter-node clones monotone in it (module docstring)."""
     counts = counts.to(torch.int64)
     ranks = counts.shape[0]
     blind = _greedy(counts, experts_per_rank, spare_slots, ranks, chains=False)
     if ranks_per_node >= ranks:  # one node: topology changes nothing
         return [blind]
-    return [blind] + [_greedy(counts, experts_per_rank, spare_slots, ranks_per_node, chains=chains, settle_first=settle)
-                      for chains, settle in ((False, False), (True, False), (True, True))] + [
-        _greedy(counts, experts_per_rank, spare_slots, ranks_per_node, chains=False, export_first=True)]
+    node_aware = [_greedy(counts, experts_per_rank, spare_slots, ranks_per_node, chains=chains, settle_first=settle)
+                  for chains, settle in ((False, False), (True, False), (True, True))]
+    export_first = _greedy(counts, experts_per_rank, spare_slots, ranks_per_node, chains=False, export_first=True)
+    interleaved = _greedy(counts, experts_per_rank, spare_slots, ranks_per_node, chains=False, settle_first=True,
+                          interleaved_exports=True)
+    return [blind, *node_aware, export_first, interleaved]
 
 
 def pick_plan(candidates: list[ReplicaPlan], ranks_per_node: int, topology_weight: float) -> ReplicaPlan:
@@ -184,11 +191,15 @@ Move = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (expert, receiver, amo
 
 
 def _greedy(counts: torch.Tensor, experts_per_rank: int, spare_slots: int, ranks_per_node: int, *,
-            chains: bool, settle_first: bool = False, export_first: bool = False) -> ReplicaPlan:
+            chains: bool, settle_first: bool = False, export_first: bool = False,
+            interleaved_exports: bool = False) -> ReplicaPlan:
     """One greedy pass (module docstring): forced inter-node, then intra-node, then any move, one per iteration;
     with ``settle_first``, a rank above ``high`` on a node within its capacity sheds inside its node before any
     forced move (so imports do not take the slots that node needs for itself); with ``export_first``, every node's
-    excess leaves first in its biggest pieces (:func:`_export_move`), and the pass then balances what is left."""
+    excess leaves first in its biggest pieces (:func:`_export_move`), and the pass then balances what is left; with
+    ``interleaved_exports``, export moves capped at what the receiver can hold or pass on to one rank of its node
+    take the forced moves' place, so (with ``settle_first``) each import is passed on inside its node before the next
+    one lands."""
     state = _PlanState(counts, experts_per_rank, spare_slots, ranks_per_node)
     one_node = ranks_per_node >= counts.shape[0]  # a config value, not data: no device sync
     if export_first and not one_node:
@@ -200,7 +211,9 @@ def _greedy(counts: torch.Tensor, experts_per_rank: int, spare_slots: int, ranks
         if one_node:
             move = local
         else:
-            move = _first_nonempty(_forced_move(state, host, chains), local, anywhere)
+            inter_node = (_export_move(state, chain_host=host) if interleaved_exports
+                          else _forced_move(state, host, chains))
+            move = _first_nonempty(inter_node, local, anywhere)
             if settle_first:
                 settle = _shed_moves(state, host, donors=state.node_excess()[state.nodes] <= 0)[0]
                 move = _first_nonempty(settle, move)
@@ -315,25 +328,38 @@ def _forced_move(state: _PlanState, host: torch.Tensor, chains: bool) -> Move:
     return donor * local + flat_l, receiver, torch.where(valid.flatten()[best], amount.flatten()[best], 0)
 
 
-def _export_move(state: _PlanState) -> Move:
+def _export_move(state: _PlanState, chain_host: torch.Tensor | None = None) -> Move:
     """The node furthest above its capacity sends its biggest expert piece -- the whole of the expert's load at home,
-    as far as another node's room and one rank's capacity allow -- to the least loaded rank, on another node, that
-    can take the most of it: the pieces the per-node lower bound counts, so few clones cross nodes. The receiver may
-    end above ``high``; its own experts then go to ranks of its node (the pass's intra-node moves), as the exact
-    optimum's placements do."""
+    as far as another node's room and one rank's capacity allow (given ``chain_host``, the ``can_host`` mask, as far
+    as the receiver can hold or pass on to one rank of its node) -- to the rank, on another node, that can take the
+    most of it, then whose overflow above ``high`` its own biggest experts cover in the fewest pieces (each piece
+    takes a slot of its node), then the least loaded: the pieces the per-node lower bound counts, so few clones
+    cross nodes. The receiver may end above ``high``; its own experts then go to ranks of its node (the pass's
+    intra-node moves), as the exact optimum's placements do."""
     node_excess = state.node_excess()
     worst, excess = torch.argmax(node_excess), node_excess.max()  # (indexing by a tensor would read it on the host)
     on_worst = state.nodes[state.home_rank] == worst  # [E]
     node_room = (-node_excess).clamp(min=0)  # [N]
     # what one receiver can take: its node's room, and no more than a rank's capacity
     reach = torch.minimum(node_room[state.nodes], state.high)  # [R]
+    if chain_host is not None:
+        reach = torch.minimum(reach, state.room() + _chain_reach(state, chain_host))
     piece = torch.where(on_worst & (excess > 0), state.home_load, 0)  # [E]: whole pieces, as the bound counts
     amount = torch.minimum(piece.unsqueeze(0), reach.unsqueeze(1))  # [R, E]
     valid = ((state.free > 0) & (state.nodes != worst)).unsqueeze(1) & ~state.has_clone & (amount > 0)
-    keys = [amount, (state.high - state.load).view(-1, 1).expand_as(amount)]  # the biggest piece, the emptiest rank
+    keys = [amount, -_pieces_to_shed(state, state.load.unsqueeze(1) + amount - state.high),
+            (state.high - state.load).view(-1, 1).expand_as(amount)]  # the biggest piece, fewest sheds, emptiest
     best = _lexicographic_first(valid, keys)
     receiver, expert = best // amount.shape[1], best % amount.shape[1]
     return expert, receiver, torch.where(valid.flatten()[best], amount.flatten()[best], 0)
+
+
+def _pieces_to_shed(state: _PlanState, over: torch.Tensor) -> torch.Tensor:
+    """``over[r, j]`` tokens above ``high`` on rank ``r``: how many of its home experts, biggest first, cover them
+    (0 where nothing is over; ``experts_per_rank + 1`` where all of them do not)."""
+    ranks, local = state.rank_ids.shape[0], state.experts_per_rank
+    covered = state.home_load.view(ranks, local).sort(dim=1, descending=True).values.cumsum(dim=1)  # [R, l]
+    return (covered.unsqueeze(1) < over.unsqueeze(2)).sum(dim=2) + (over > 0).to(torch.int64)
 
 
 def _chain_reach(state: _PlanState, host: torch.Tensor) -> torch.Tensor:
