@@ -91,9 +91,9 @@ def _reference_tokens(flavor, model, tokenizer, processor, paths, text):
     return out[0, ids.shape[1]:].tolist()
 
 
-def _ours(capsys, source, paths, *options):
+def _ours(capsys, source, paths, *options, prompts=PROMPTS):
     argv = ["generate", str(source), "--max-new-tokens", str(STEPS), "--ignore-eos", "--jsonl", *options]
-    for prompt in PROMPTS:
+    for prompt in prompts:
         argv += ["--prompt", prompt]
     for path in paths:
         argv += ["--image", str(path)]
@@ -316,3 +316,47 @@ def test_internvl_greedy_tokens_equal_transformers_with_and_without_the_kv_cache
     capsys.readouterr()
     assert _ours(capsys, tmp_path / "hf", paths) == theirs
     assert _ours(capsys, tmp_path / "hf", paths, "--no-kv-cache") == theirs
+
+
+
+#: One image per prompt: with several, LLaVA-OneVision encodes each image's base tile alone (no AnyRes).
+ANYRES_PROMPTS = ("w5 w7 <image> w9 w11", "w30 w31 w32")
+
+
+def test_anyres_greedy_tokens_equal_transformers_llava_onevision(tmp_path, capsys):
+    """An AnyRes model (a tiny LLaVA-OneVision, :mod:`test_anyres`'s) from its Hugging Face directory and from the
+    checkpoint ``convert`` makes of it: the processor is AnyRes because the model's config says so, and the image
+    tokens stand bare (LLaVA-OneVision has no start/end markers). The reference's pixels are transformers' image
+    processor's and its image token counts ``LlavaOnevisionProcessor``'s own (built without its video processor,
+    which needs torchvision)."""
+    from test_anyres import _config, _reference_processor
+    from transformers import LlavaOnevisionForConditionalGeneration, LlavaOnevisionProcessor
+    from vlm_reference import perturbed
+
+    model = perturbed(LlavaOnevisionForConditionalGeneration(_config(2)), seed=2)
+    model.save_pretrained(tmp_path / "hf")
+    model.generation_config.eos_token_id = None
+    tokenizer = _save_tokenizer(tmp_path / "hf")
+    counter = object.__new__(LlavaOnevisionProcessor)
+    vision = model.config.vision_config
+    counter.image_processor, counter.num_image_tokens = _reference_processor(None), \
+        (vision.image_size // vision.patch_size) ** 2
+    counter.vision_aspect_ratio, counter.vision_feature_select_strategy = model.config.vision_aspect_ratio, "full"
+    path = _images(tmp_path)[1]  # 20x44: a 3x2 grid, shrunk to the anyres_max_2 budget
+    pixels = counter.image_processor([Image.open(path).convert("RGB")], return_tensors="pt")
+    pads = VISION_TOKENS[0] * counter._get_number_of_features(*pixels["image_sizes"][0].tolist(),
+                                                              vision.image_size, vision.image_size)
+    theirs = []
+    for text in ANYRES_PROMPTS:
+        ids = tokenizer(text.replace("<image>", pads) if "<image>" in text else pads + text,
+                        return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **pixels,
+                                 max_new_tokens=STEPS, do_sample=False, pad_token_id=0)
+        theirs.append(out[0, ids.shape[1]:].tolist())
+    assert all(len(t) == STEPS and len(set(t)) >= 4 for t in theirs), theirs
+    capsys.readouterr()
+    assert _ours(capsys, tmp_path / "hf", [path], prompts=ANYRES_PROMPTS) == theirs
+    assert main(["convert", "hf-to-mcore", str(tmp_path / "hf"), str(tmp_path / "ours")]) == 0
+    capsys.readouterr()
+    assert _ours(capsys, tmp_path / "ours", [path], prompts=ANYRES_PROMPTS) == theirs

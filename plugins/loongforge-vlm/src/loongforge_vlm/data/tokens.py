@@ -33,7 +33,8 @@ _MARKERS = re.compile(f"({re.escape(IMAGE_MARKER)}|{re.escape(VIDEO_MARKER)})")
 
 @dataclass(frozen=True)
 class VisionTokenIds:
-    """Ids of the four vision tokens in one tokenizer's vocabulary."""
+    """Ids of the four vision tokens in one tokenizer's vocabulary; -1 for one the model has none of (a model without
+    videos, LLaVA-OneVision's images without start/end markers)."""
 
     vision_start: int
     vision_end: int
@@ -82,8 +83,8 @@ def vision_token_ids(tokenizer: Tokenizer) -> VisionTokenIds:
 
 
 class MarkerTokenizer:
-    """Wraps a tokenizer so that each image/video marker in the text encodes to start, one pad, end: what core's
-    chat tokenization is given, before :func:`expand_vision_tokens` repeats each pad."""
+    """Wraps a tokenizer so that each image/video marker in the text encodes to start, one pad, end (the markers the
+    model has): what core's chat tokenization is given, before :func:`expand_vision_tokens` repeats each pad."""
 
     def __init__(self, base: Tokenizer, vision: VisionTokenIds) -> None:
         self._base, self._vision = base, vision
@@ -95,7 +96,7 @@ class MarkerTokenizer:
         for piece in _MARKERS.split(text):
             if piece == IMAGE_MARKER or piece == VIDEO_MARKER:
                 pad = self._vision.image_pad if piece == IMAGE_MARKER else self._vision.video_pad
-                ids += [self._vision.vision_start, pad, self._vision.vision_end]
+                ids += [i for i in (self._vision.vision_start, pad, self._vision.vision_end) if i >= 0]
             elif piece:
                 ids += self._base.encode(piece)
         return ids

@@ -170,11 +170,11 @@ def _placed(prompt: Any, images: int, videos: int, where: str) -> list[dict[str,
 
 
 def _token_ids(flavor: Any) -> VisionTokenIds:
-    """The model's own marker ids: start, image, end (a model without a video token never sees its id, -1)."""
-    if flavor.vision_start_token_id is None or flavor.vision_end_token_id is None:
-        raise LoongForgeError("this vlm flavor names no vision start/end token ids, which prompts with images need")
-    video = -1 if flavor.video_token_id is None else flavor.video_token_id
-    return VisionTokenIds(flavor.vision_start_token_id, flavor.vision_end_token_id, flavor.image_token_id, video)
+    """The model's own marker ids: start, image, end, video; -1 for one it has none of (no video token; no start/end
+    markers: LLaVA-OneVision's image tokens stand bare in the text)."""
+    start, end, video = (-1 if i is None else i for i in (flavor.vision_start_token_id, flavor.vision_end_token_id,
+                                                          flavor.video_token_id))
+    return VisionTokenIds(start, end, flavor.image_token_id, video)
 
 
 def _processor(flavor: Any, model_dir: Path | None) -> ImageProcessor:
