@@ -5,7 +5,9 @@ projector, a Qwen2 decoder, grid pinpoints up to 3x3 tiles of 16px) with noise a
 our composed model through the plugin's Hugging Face path (its ``config.json`` read into a flavor, its state dict
 mapped). Checked: our processor's pixels and image sizes against transformers' PIL processor; logits on a padded batch
 of a wide and a tall image (unpadded along different axes), once within the token budget and once shrunk to it
-(``anyres_max_2``); and every parameter's gradient of a loss through both models.
+(``anyres_max_2``); and every parameter's gradient of a loss through both models. A multi-image sample beside a
+single-image one (transformers' ``batch_num_images``): its images padded to squares, one tile each, pixels and logits
+equal.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ IMAGE_TOKEN = 380
 #: (width, height): a wide image on a 1x3 grid (rows of padding cut: 2x12 features) and a tall one on a 3x2 grid
 #: (columns cut: 12x6, shrunk to 8x4 at anyres_max_2).
 BATCH_IMAGES = ((100, 21), (23, 41))
+#: Two samples: two images of different sizes (not tiled: padded squares, one tile each), then one tall image (tiled).
+MULTI_IMAGE_SAMPLES = (((100, 21), (30, 57)), ((23, 41),))
 
 
 def _config(budget: int) -> LlavaOnevisionConfig:
@@ -79,24 +83,48 @@ def test_pixels_and_sizes_equal_transformers_image_processor():
     assert worst <= 1e-6
 
 
+def test_multi_image_sample_pixels_equal_transformers_image_processor():
+    """Nested lists give transformers ``batch_num_images``: the images of a multi-image sample are padded to squares
+    of the mean colour and squashed to one tile each, the lone image is tiled."""
+    flavor = flavor_from_hf_config(_config(9).to_dict())
+    processor = processor_for(flavor.encoder, merge_size=flavor.projector.merge)
+    rng = np.random.default_rng(1)
+    samples = [[_image(rng, w, h) for w, h in sizes] for sizes in MULTI_IMAGE_SAMPLES]
+    expected = _reference_processor(flavor)(samples, return_tensors="np")
+    assert expected["batch_num_images"].tolist() == [2, 1]
+    ours = [processor.for_sample(len(images)).image(image) for images in samples for image in images]
+    assert [grid[0] for _, grid in ours] == [1, 1, processor.grid(23, 41)[0]]
+    worst = 0.0
+    for (pixels, grid), theirs, size in zip(ours, expected["pixel_values"], expected["image_sizes"], strict=True):
+        assert tuple(grid[1:]) == tuple(size) and not theirs[len(pixels):].any()
+        worst = max(worst, float(np.abs(pixels - theirs[:len(pixels)]).max()))
+    print(f"anyres multi-image pixels: max abs diff {worst:.3g}")
+    assert worst <= 1e-6
+
+
 @pytest.fixture  # per test: loongforge convert starts a megatron world of its own
 def world():
     with megatron_world() as backend:
         yield backend
 
 
-def _batch(flavor: VLMFlavor) -> dict[str, torch.Tensor]:
-    """Two samples, one image each (placeholders as our processor counts them); sample 1 left-padded."""
+def _batch(flavor: VLMFlavor, samples=tuple((size,) for size in BATCH_IMAGES)) -> dict[str, torch.Tensor]:
+    """Two samples of the given image sizes (placeholders as our processor counts them, a text token between two
+    images); sample 1 left-padded."""
     processor = processor_for(flavor.encoder, merge_size=flavor.projector.merge)
     rng = np.random.default_rng(3)
     gen = torch.Generator().manual_seed(4)
     rows, tiles, grids = [], [], []
-    for width, height in BATCH_IMAGES:
-        pixels, grid = processor.image(_image(rng, width, height))
-        tiles.append(torch.from_numpy(pixels))
-        grids.append(grid)
+    for sizes in samples:
+        counts = []
+        for width, height in sizes:
+            pixels, grid = processor.for_sample(len(sizes)).image(_image(rng, width, height))
+            tiles.append(torch.from_numpy(pixels))
+            grids.append(grid)
+            counts.append(processor.num_tokens(grid))
         text = torch.randint(0, 300, (10,), generator=gen).tolist()
-        rows.append(text[:4] + [IMAGE_TOKEN] * processor.num_tokens(grid) + text[4:])
+        vision = [token for count in counts for token in [IMAGE_TOKEN] * count + text[-1:]][:-1]
+        rows.append(text[:4] + vision + text[4:])
     length = max(map(len, rows))
     pads = [length - len(row) for row in rows]
     ids = [rows[0] + [0] * pads[0], [0] * pads[1] + rows[1]]
@@ -104,6 +132,7 @@ def _batch(flavor: VLMFlavor) -> dict[str, torch.Tensor]:
     grid_thw = torch.tensor(grids)
     return {"input_ids": torch.tensor(ids), "attention_mask": mask, "pixel_values": torch.cat(tiles),
             "image_grid_thw": grid_thw, "image_sizes": grid_thw[:, 1:],
+            "batch_num_images": torch.tensor([len(sizes) for sizes in samples]),
             "position_ids": ((mask.cumsum(-1) - 1) * mask).clamp(min=0)}
 
 
@@ -115,7 +144,7 @@ def _ours(batch: dict[str, torch.Tensor], model: torch.nn.Module, vocab: int) ->
 def _theirs(batch: dict[str, torch.Tensor], model: torch.nn.Module) -> torch.Tensor:
     return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                  pixel_values=batch["pixel_values"], image_sizes=batch["image_sizes"],
-                 position_ids=batch["position_ids"]).logits
+                 batch_num_images=batch["batch_num_images"], position_ids=batch["position_ids"]).logits
 
 
 def _loss(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -159,6 +188,27 @@ def test_logits_and_gradients_match_transformers(world, budget):
         assert gap <= 1e-4 * size, (name, gap, size)
     print(f"anyres gradients (anyres_max_{budget}): worst relative L2 gap {worst:.3g}")
     assert reference.model.image_newline.grad.norm() > 0
+
+
+def test_multi_image_sample_logits_match_transformers(world):
+    """A sample of two images beside one of a single image: transformers (given ``batch_num_images``) encodes the two
+    as one padded tile each, its features then one newline; ours reads the same from their one-tile grid rows."""
+    reference = _perturbed(LlavaOnevisionForConditionalGeneration(_config(2)), seed=7)
+    flavor = flavor_from_hf_config(reference.config.to_dict())
+    ours = build_vlm(flavor, backend=world).eval()
+    ours.load_state_dict(from_hf(reference.state_dict(), flavor), strict=False)
+    batch = _batch(flavor, MULTI_IMAGE_SAMPLES)
+    untiled = (TILE // flavor.encoder.patch_size) ** 2 + 1  # one tile's features and the newline
+    assert batch["image_grid_thw"][:, 0].tolist()[:2] == [1, 1]
+    assert (batch["input_ids"][0] == IMAGE_TOKEN).sum() == 2 * untiled
+    keep = batch["attention_mask"].bool()
+    with torch.no_grad():
+        expected = _theirs(batch, reference)
+        actual = _ours(batch, ours, flavor.foundation.vocab_size)
+    assert expected[keep].std() > 0.5
+    diff = (actual - expected)[keep].abs().max().item()
+    print(f"anyres multi-image logits: max abs diff {diff:.3g}, max rel {diff / expected[keep].abs().max().item():.3g}")
+    assert diff <= 1e-4
 
 
 def test_round_trips_are_bitwise_in_memory_and_through_saved_names(world):
@@ -207,7 +257,8 @@ def test_convert_commands_round_trip_a_saved_directory_to_the_same_logits(tmp_pa
 def test_dp_balance_costs_an_anyres_image_by_its_tiles(tmp_path):
     """What data-parallel balancing hands the cost model for AnyRes samples: the tower's work is each tile's patches
     (a tile attends alone), not the image's size in pixels that its grid row holds; its tokens hold the image's
-    packed features (the counts the logits tests hold to transformers)."""
+    packed features (the counts the logits tests hold to transformers). The images of a two-image sample cost one tile
+    each."""
     from loongforge_vlm.data.balanced import BalancedBatches
     from loongforge_vlm.data.batching import VisionRowDataset
     from loongforge_vlm.data.dataset import VisionChatDataset
@@ -218,16 +269,21 @@ def test_dp_balance_costs_an_anyres_image_by_its_tiles(tmp_path):
     processor = processor_for(flavor.encoder, merge_size=flavor.projector.merge)
     files = {f"{w}x{h}.png": png(w, h, seed=w) for w, h in BATCH_IMAGES}
     lines = [{"image": name, "messages": ask("What is it?", "noise")} for name in files]
+    lines.append({"images": list(files), "messages": ask("Which is wider?", "the first", images=2)})
     dataset = VisionChatDataset([JsonlSource(write_jsonl(tmp_path / "d.jsonl", lines, files))], TOKENIZER, processor)
     rows = VisionRowDataset(dataset, range(len(lines)), 512, pack=True)
     sent: list[dict[str, torch.Tensor]] = []
     next(BalancedBatches(rows, 1, 0, balance=lambda samples: sent.extend(samples) or samples,
                          num_microbatches=len(rows)))
     patches = (TILE // flavor.encoder.patch_size) ** 2
-    tokens = {(21, 100): 16 + 2 * (12 + 1), (41, 23): 16 + 12 * (6 + 1)}  # base tile, then rows and their newlines
-    assert len(sent) == len(BATCH_IMAGES)
+    # base tile, then rows and their newlines; untiled (one tile): its features and one newline
+    tokens = {(21, 100): 16 + 2 * (12 + 1), (41, 23): 16 + 12 * (6 + 1), 1: 16 + 1}
+    assert sorted(len(wire["image_grid_thw"]) for wire in sent) == [1, 1, 2]
     for wire in sent:
-        tiles, height, width = wire["image_grid_thw"][0].tolist()
+        grid = wire["image_grid_thw"].tolist()
+        tiles = sum(row[0] for row in grid)
+        assert all((row[0] == 1) == (len(grid) == 2) for row in grid), grid
         assert wire["pixel_values"].shape[0] == tiles
         assert wire["encoder_work"].tolist() == [tiles * patches, tiles * patches ** 2]
-        assert (wire["tokens"] == TOKENIZER.vision_tokens.image_pad).sum() == tokens[height, width]
+        expected = sum(tokens[1] if n == 1 else tokens[height, width] for n, height, width in grid)
+        assert (wire["tokens"] == TOKENIZER.vision_tokens.image_pad).sum() == expected

@@ -10,27 +10,33 @@ one tile goes first. Rescale and per-channel normalisation are
 An image's pixels are ``[1 + rows * cols, 3, S, S]``. Its grid is ``(tiles, height, width)`` with the image's own
 size in pixels, not a patch grid: the model needs that size to cut the padding off the tiles' features again (as
 transformers passes ``image_sizes``), and the token count follows from it (``num_tokens``).
+
+An image of a multi-image sample is not tiled (:meth:`for_sample`): it is centred on a square of the normalisation's
+mean colour (in 8-bit, as transformers pads before resizing) and squashed to one tile, ``[1, 3, S, S]`` with grid
+``(1, height, width)``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
-from loongforge_vlm.data.processor import NORMALIZATIONS, normalized_pixels
+from loongforge_vlm.data.processor import NORMALIZATIONS, normalized_pixels, to_rgb
 from loongforge_vlm.encoders.anyres import AnyResLayout, best_resolution, fitted_size
 
 
 @dataclass(frozen=True)
 class AnyResProcessor:
-    """Images for a SigLIP tower with AnyRes tiling; no videos. Build it with :meth:`for_encoder`."""
+    """Images for a SigLIP tower with AnyRes tiling; no videos. Build it with :meth:`for_encoder`; ``tiled`` is
+    false for the images of a multi-image sample (:meth:`for_sample`)."""
 
     layout: AnyResLayout
     normalization: str = "siglip"
+    tiled: bool = True
 
     supports_video = False
 
@@ -47,6 +53,11 @@ class AnyResProcessor:
                              f"which merge_size {merge_size} does not divide")
         return cls(flavor.anyres_layout(merge_size), **overrides)
 
+    def for_sample(self, images: int) -> AnyResProcessor:
+        """The processor of a sample holding ``images`` images: LLaVA-OneVision tiles an image only when it is
+        alone."""
+        return replace(self, tiled=images <= 1)
+
     @property
     def pixel_shape(self) -> tuple[int, ...]:
         return (3, self.layout.tile, self.layout.tile)
@@ -55,21 +66,24 @@ class AnyResProcessor:
         """``(tiles, height, width)`` of one image (no pixels needed)."""
         if frames != 1:
             raise ValueError(f"an AnyRes {self.layout.tile}px tower takes images, not {frames}-frame videos")
-        return self.layout.num_tiles(height, width), height, width
+        return self.layout.num_tiles(height, width, self.tiled), height, width
 
     def num_tokens(self, grid_thw: Sequence[int]) -> int:
-        _, height, width = grid_thw
-        return self.layout.num_tokens(height, width)
+        tiles, height, width = grid_thw
+        return self.layout.num_tokens(height, width, self.layout.is_tiled(tiles))
 
     def encoder_grid(self, grid_thw: Sequence[int]) -> tuple[int, int, int]:
         """``(tiles, patches, patches)`` the tower encodes for an image of grid row ``(tiles, height, width)``."""
-        _, height, width = grid_thw
-        return self.layout.encoder_grid(height, width)
+        tiles, height, width = grid_thw
+        return self.layout.encoder_grid(height, width, self.layout.is_tiled(tiles))
 
     def image(self, image: Image.Image) -> tuple[np.ndarray, tuple[int, int, int]]:
-        """The base tile and the grid's tiles (row-major) ``[tiles, 3, S, S]`` float32, and the grid."""
+        """The base tile and the grid's tiles (row-major) ``[tiles, 3, S, S]`` float32, and the grid; untiled, the
+        padded square as one tile."""
         width, height = image.size
         size = self.layout.tile
+        if not self.tiled:
+            return self._square(image), self.grid(width, height)
         target_h, target_w = best_resolution(height, width, self.layout.pinpoints)
         fit_h, fit_w = fitted_size(height, width, (target_h, target_w))
         black = normalized_pixels(Image.new("RGB", (1, 1)), 1, 1, self.normalization)[0, 0]
@@ -80,6 +94,15 @@ class AnyResProcessor:
         tiles = canvas.reshape(rows, size, cols, size, 3).transpose(0, 2, 4, 1, 3).reshape(rows * cols, 3, size, size)
         base = normalized_pixels(image, size, size, self.normalization).transpose(2, 0, 1)
         return np.ascontiguousarray(np.concatenate([base[None], tiles])), self.grid(width, height)
+
+    def _square(self, image: Image.Image) -> np.ndarray:
+        """``[1, 3, S, S]``: the image centred on a square of the mean colour, resized to one tile."""
+        width, height = image.size
+        mean = NORMALIZATIONS[self.normalization][0]
+        square = Image.new("RGB", (max(width, height),) * 2, tuple(int(channel * 255) for channel in mean))
+        square.paste(to_rgb(image), ((square.width - width) // 2, (square.height - height) // 2))
+        size = self.layout.tile
+        return np.ascontiguousarray(normalized_pixels(square, size, size, self.normalization).transpose(2, 0, 1)[None])
 
     def video(self, frames: Sequence[Image.Image]) -> tuple[np.ndarray, tuple[int, int, int]]:
         raise ValueError(f"an AnyRes {self.layout.tile}px tower takes images, not videos")

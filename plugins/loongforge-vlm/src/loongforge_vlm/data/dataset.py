@@ -75,6 +75,7 @@ class Media:
 
     def image_tokens(self, processor: ImageProcessor, source: Any, index: int, *, full: bool = True) -> list[int]:
         """LLM tokens of each image."""
+        processor = processor.for_sample(len(self.images))
         return [processor.num_tokens(_grid(processor, source, index, name, full)) for name in self.images]
 
     def sampled_videos(self, processor: ImageProcessor, source: Any, index: int, *,
@@ -93,8 +94,9 @@ class Media:
     def load(self, processor: ImageProcessor, source: Any, index: int, *, verified: bool) -> dict[str, np.ndarray]:
         """The pixel fields of a :class:`VisionSample`. An image that was read when the dataset was indexed and is
         unreadable now stops the run in one line (``verified``: it was decoded fully then, not only its header)."""
+        per_image = processor.for_sample(len(self.images))
         try:
-            images = [processor.image(decode_image(source, index, name)[1]) for name in self.images]
+            images = [per_image.image(decode_image(source, index, name)[1]) for name in self.images]
             sampled = self.sampled_videos(processor, source, index)
         except SampleProblem as problem:
             checked = "decoded" if verified else "had a readable header (verify_images=False)"

@@ -67,10 +67,13 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
 
 class ImageProcessor(Protocol):
     """What the dataset needs from a processor. ``pixel_shape`` is the trailing shape of its pixel arrays (the
-    leading axis concatenates images); ``grid`` and ``num_tokens`` size a sample without touching pixels."""
+    leading axis concatenates images); ``grid`` and ``num_tokens`` size a sample without touching pixels;
+    ``for_sample`` gives the processor for the images of a sample holding that many (AnyRes tiles lone images only)."""
 
     pixel_shape: tuple[int, ...]
     supports_video: bool
+
+    def for_sample(self, images: int) -> ImageProcessor: ...
 
     def grid(self, width: int, height: int, frames: int = 1) -> tuple[int, int, int]: ...
 
@@ -84,8 +87,12 @@ class ImageProcessor(Protocol):
 
 
 class PatchGridRows:
-    """For a processor whose grid rows already count the tower's patches: every one but AnyRes's, whose rows hold the
-    image's size in pixels."""
+    """For a processor whose grid rows already count the tower's patches and that treats an image the same whatever
+    else its sample holds: every one but AnyRes's, whose rows hold the image's size in pixels."""
+
+    def for_sample(self, images: int) -> PatchGridRows:
+        """Itself: the sample's other images change nothing."""
+        return self
 
     def encoder_grid(self, grid_thw: Sequence[int]) -> tuple[int, int, int]:
         """``(blocks, h, w)``: the tower attends within each of ``blocks`` blocks (frame groups, tiles) of ``h x w``

@@ -19,6 +19,11 @@ The layout of one ``height x width`` image:
    worth of tokens (the ``anyres_max_N`` budget).
 4. the LLM sees the base tile's ``side * side`` tokens, then the map row by row, each row followed by one learned
    newline token.
+
+Only an image alone in its sample is tiled. An image of a multi-image sample is padded to a square and squashed to one
+tile, which gives ``side * side`` tokens and one newline (LLaVA-OneVision tiles single images only). A tiled image has
+at least two tiles (the base and a grid), so a grid row of one tile marks an untiled image
+(:meth:`AnyResLayout.is_tiled`) and the model needs no other hint.
 """
 
 from __future__ import annotations
@@ -78,14 +83,21 @@ class AnyResLayout:
         target_h, target_w = best_resolution(height, width, self.pinpoints)
         return target_h // self.tile, target_w // self.tile
 
-    def num_tiles(self, height: int, width: int) -> int:
-        """Tiles the tower encodes for the image: the base and the grid."""
+    @staticmethod
+    def is_tiled(tiles: int) -> bool:
+        """Whether an image of ``tiles`` tiles was tiled, rather than squashed to one (see the module docstring)."""
+        return tiles > 1
+
+    def num_tiles(self, height: int, width: int, tiled: bool = True) -> int:
+        """Tiles the tower encodes for the image: the base and the grid, or the one square tile when not ``tiled``."""
+        if not tiled:
+            return 1
         rows, cols = self.tile_grid(height, width)
         return 1 + rows * cols
 
-    def encoder_grid(self, height: int, width: int) -> tuple[int, int, int]:
+    def encoder_grid(self, height: int, width: int, tiled: bool = True) -> tuple[int, int, int]:
         """``(tiles, patches, patches)``: what the tower encodes for the image, each tile attending alone."""
-        return self.num_tiles(height, width), self.patches, self.patches
+        return self.num_tiles(height, width, tiled), self.patches, self.patches
 
     def unpadded_window(self, height: int, width: int) -> tuple[int, int, int, int]:
         """``(top, rows, left, cols)`` of the tiles' feature map that unpadding keeps (step 3)."""
@@ -111,7 +123,10 @@ class AnyResLayout:
         _, rows, _, cols = self.unpadded_window(height, width)
         return self.shrunk_size(rows, cols)
 
-    def num_tokens(self, height: int, width: int) -> int:
-        """LLM tokens of the image: the base tile, then each feature row and its newline (step 4)."""
+    def num_tokens(self, height: int, width: int, tiled: bool = True) -> int:
+        """LLM tokens of the image: the base tile, then each feature row and its newline (step 4); an untiled image's
+        one tile is a single row."""
+        if not tiled:
+            return self.side ** 2 + 1
         rows, cols = self.packed_grid(height, width)
         return self.side ** 2 + rows * (cols + 1)

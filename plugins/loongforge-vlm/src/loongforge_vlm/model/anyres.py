@@ -3,7 +3,8 @@
 The tower and projector see tiles; the LLM sees images. An AnyRes image arrives as its base tile and a ``rows x
 cols`` grid of tiles (:mod:`loongforge_vlm.data.anyres`); its tokens are the base tile's features, then the grid's
 features stitched into one map, with the padding cut off, shrunk to the token budget when too large, and read row
-by row with the learned newline token after each row. Every size comes from
+by row with the learned newline token after each row. An image of a multi-image sample arrives as one tile, untiled,
+and gets its features and one newline. Every size comes from
 :class:`~loongforge_vlm.encoders.anyres.AnyResLayout`, which also counts the placeholders the data writes, so the two
 sides cannot disagree.
 """
@@ -18,7 +19,10 @@ from loongforge_vlm.encoders.anyres import AnyResLayout
 
 def pack_image(tiles: torch.Tensor, height: int, width: int, layout: AnyResLayout,
                newline: torch.Tensor) -> torch.Tensor:
-    """``(1 + rows*cols, side*side, D)`` features of one ``height x width`` image -> its ``(tokens, D)``."""
+    """``(1 + rows*cols, side*side, D)`` features of one ``height x width`` image (``(1, side*side, D)`` untiled) ->
+    its ``(tokens, D)``."""
+    if not layout.is_tiled(tiles.shape[0]):
+        return torch.cat([tiles[0], newline.to(tiles.dtype)[None]])
     rows, cols = layout.tile_grid(height, width)
     side, dim = layout.side, tiles.shape[-1]
     if tiles.shape[0] != 1 + rows * cols or tiles.shape[1] != side * side:

@@ -55,7 +55,8 @@ def media_prompts(flavor: Any, request: MediaRequest) -> MediaPrompts:
     """The prompts of ``request`` with its images and videos, ready for ``flavor``'s model (see the module
     docstring)."""
     processor = _processor(flavor, request.model_dir)
-    images = [processor.image(read_image(path)) for path in request.files.get("image", ())]
+    paths = request.files.get("image", ())
+    images = [processor.for_sample(len(paths)).image(read_image(path)) for path in paths]
     sampled = [read_video(path, processor) for path in request.files.get("video", ())]
     videos = [processor.video(video.frames) for video in sampled]
     image_counts = [processor.num_tokens(grid) for _, grid in images]
