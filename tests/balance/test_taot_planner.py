@@ -141,14 +141,16 @@ def test_inter_node_clones_within_1_2x_of_the_exact_optimum_at_8_ranks():
             exact = reference.milp_fewest_inter_node_clones(counts.sum(0).tolist(), ranks_per_node, experts // ranks, 1)
             assert exact.optimal
             optimum += exact.clones
-    assert optimum > 0 and ours <= 1.2 * optimum, (ours, optimum)  # measured 12 vs 11
+    assert optimum > 0 and ours <= 1.2 * optimum, (ours, optimum)  # measured 11 vs 11 (12 before repacking)
 
 
-# Full weight over the per-node lower bound, as measured (16: 2 vs 2 clones, 32: 13 vs 10, 64: 35 vs 29; 3 / 13 / 38
-# before the receivers of exports were picked by the fewest pieces to shed and the interleaved-exports candidate, which
-# fails the 16- and 64-rank bounds). The exact optimum sits between: `python benchmarks/taot_placement.py --reference`
-# prints the MILP's placement and bound per load.
-LOWER_BOUND_RATIO = {16: 1.2, 32: 1.3, 64: 1.21}
+# Full weight over the per-node lower bound, as measured (16: 2 vs 2 clones, 32: 12 vs 10, 64: 33 vs 29; 2 / 13 / 35
+# before every candidate was repacked (leftover inter-node pieces moved into slots freed on their own node) and the
+# candidate whose exports go to the roomiest node first, which fails the 32- and 64-rank bounds; 3 / 13 / 38 before the
+# receivers of exports were picked by the fewest pieces to shed and the interleaved-exports candidate). The exact
+# optimum sits between: `python benchmarks/taot_placement.py --reference` prints the MILP's placement and bound per
+# load.
+LOWER_BOUND_RATIO = {16: 1.2, 32: 1.2, 64: 1.14}
 
 
 @pytest.mark.parametrize("ranks", [16, 32, 64])
@@ -182,7 +184,7 @@ def test_with_two_spare_slots_inter_node_clones_are_within_1_2x_of_the_lower_bou
 def test_plan_replicas_is_the_pick_among_the_candidates(loads):
     counts = loads[3, :32]
     candidates = candidate_plans(counts, experts_per_rank=4, spare_slots=1, ranks_per_node=RANKS_PER_NODE)
-    assert len(candidates) == 6
+    assert len(candidates) == 7
     picked, planned = pick_plan(candidates, RANKS_PER_NODE, 0.5), plan(counts, 1)
     for field in ("slot_expert", "slot_take", "home_keep"):
         assert torch.equal(getattr(picked, field), getattr(planned, field))

@@ -34,7 +34,7 @@ the overflow on to one rank of its own node (one of its home experts, best fit) 
 exact optimum does this (an inter-node piece lands on a rank that then sheds its own experts locally), and it
 lets one inter-node clone carry a whole donor's excess instead of two smaller ones.
 
-``topology_weight`` picks among six candidate plans, computed independently of the weight: topology-blind
+``topology_weight`` picks among seven candidate plans, computed independently of the weight: topology-blind
 (the world seen as one node), node-aware, node-aware with chains, node-aware with chains where ranks of nodes
 within their capacity shed inside their node before any forced move (imports otherwise take the slots such a node
 needs for itself, and its own hot expert then has to leave it), *export first*: every node above its capacity
@@ -42,7 +42,11 @@ first sends its biggest whole expert pieces to other nodes until its excess is g
 lower bound counts -- to the receivers whose overflow their own biggest experts cover in the fewest pieces (each
 takes a slot of their node), and the pass then balances each node inside it (receivers pass their own experts on),
 and *interleaved exports*: the same export moves, capped at what a receiver can hold or pass on to one rank of its
-node, interleaved with the settling of nodes within capacity, so each import is passed on before the next lands.
+node, interleaved with the settling of nodes within capacity, so each import is passed on before the next lands,
+and the same with each export sent to the node with the most room first (which then has the most room to settle it).
+On more than one node every candidate is then *repacked* (:func:`_repack`): leftover inter-node pieces move into
+slots of their own node, freed by merging two intra-node clones of one rank's experts; this only lowers clones or
+inter-node clones.
 Export first needs slots for that settling: with two spare slots per rank it is the one picked at full weight;
 with one, interleaving leaves each import the slots it needs. It keeps the plan minimising ``(1 - w) * clones
 + w * inter-node clones`` among those meeting the balance bound (ties: that order). Because the candidates do not
@@ -51,10 +55,10 @@ adding the two optimality inequalities gives ``(w2 - w1) * (inter_b - inter_a) <
 (the exchange argument for a weighted sum over a fixed set).
 
 Measured against independent references (tests/balance/test_taot_planner.py) at full weight: an exact MILP
-(8 ranks: 12 vs 11 inter-node clones) and the per-node lower bound, which no balanced plan beats: with two spare
+(8 ranks: 11 vs 11 inter-node clones) and the per-node lower bound, which no balanced plan beats: with two spare
 slots per rank 1.0x / 1.0x / 1.03x of it at 16 / 32 / 64 ranks (2 / 10 / 30 clones on four loads vs 2 / 10 / 29);
-with one slot 1.0x / 1.3x / 1.21x (2 / 13 / 35), where the exact MILP reaches the bound (2 / 10 / 29): one slot a
-rank leaves too little room to settle the imports, and the greedy passes cannot pack it exactly.
+with one slot 1.0x / 1.2x / 1.14x (2 / 12 / 33), where the exact MILP reaches the bound (2 / 10 / 29): one slot a
+rank leaves too little room to settle the imports, and the greedy passes and the repacking cannot pack it exactly.
 """
 
 from __future__ import annotations
@@ -143,8 +147,8 @@ def plan_replicas(
 def candidate_plans(counts: torch.Tensor, *, experts_per_rank: int, spare_slots: int,
                     ranks_per_node: int) -> list[ReplicaPlan]:
     """The plans ``topology_weight`` chooses among (topology-blind, node-aware, with chains, with chains and
-    nodes within capacity settled first, export first, interleaved exports); none depends on the weight, which is
-    what makes inter-node clones monotone in it (module docstring)."""
+    nodes within capacity settled first, export first, interleaved exports, interleaved exports to the roomiest node
+    first); none depends on the weight, which is what makes inter-node clones monotone in it (module docstring)."""
     counts = counts.to(torch.int64)
     ranks = counts.shape[0]
     blind = _greedy(counts, experts_per_rank, spare_slots, ranks, chains=False)
@@ -153,9 +157,9 @@ def candidate_plans(counts: torch.Tensor, *, experts_per_rank: int, spare_slots:
     node_aware = [_greedy(counts, experts_per_rank, spare_slots, ranks_per_node, chains=chains, settle_first=settle)
                   for chains, settle in ((False, False), (True, False), (True, True))]
     export_first = _greedy(counts, experts_per_rank, spare_slots, ranks_per_node, chains=False, export_first=True)
-    interleaved = _greedy(counts, experts_per_rank, spare_slots, ranks_per_node, chains=False, settle_first=True,
-                          interleaved_exports=True)
-    return [blind, *node_aware, export_first, interleaved]
+    interleaved = [_greedy(counts, experts_per_rank, spare_slots, ranks_per_node, chains=False, settle_first=True,
+                           interleaved_exports=True, roomiest_node_first=roomiest) for roomiest in (False, True)]
+    return [_repack(plan, ranks_per_node) for plan in (blind, *node_aware, export_first, *interleaved)]
 
 
 def pick_plan(candidates: list[ReplicaPlan], ranks_per_node: int, topology_weight: float) -> ReplicaPlan:
@@ -192,14 +196,14 @@ Move = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (expert, receiver, amo
 
 def _greedy(counts: torch.Tensor, experts_per_rank: int, spare_slots: int, ranks_per_node: int, *,
             chains: bool, settle_first: bool = False, export_first: bool = False,
-            interleaved_exports: bool = False) -> ReplicaPlan:
+            interleaved_exports: bool = False, roomiest_node_first: bool = False) -> ReplicaPlan:
     """One greedy pass (module docstring): forced inter-node, then intra-node, then any move, one per iteration;
     with ``settle_first``, a rank above ``high`` on a node within its capacity sheds inside its node before any
     forced move (so imports do not take the slots that node needs for itself); with ``export_first``, every node's
     excess leaves first in its biggest pieces (:func:`_export_move`), and the pass then balances what is left; with
     ``interleaved_exports``, export moves capped at what the receiver can hold or pass on to one rank of its node
     take the forced moves' place, so (with ``settle_first``) each import is passed on inside its node before the next
-    one lands."""
+    one lands; ``roomiest_node_first`` sends each export to the node with the most room (:func:`_export_move`)."""
     state = _PlanState(counts, experts_per_rank, spare_slots, ranks_per_node)
     one_node = ranks_per_node >= counts.shape[0]  # a config value, not data: no device sync
     if export_first and not one_node:
@@ -211,7 +215,8 @@ def _greedy(counts: torch.Tensor, experts_per_rank: int, spare_slots: int, ranks
         if one_node:
             move = local
         else:
-            inter_node = (_export_move(state, chain_host=host) if interleaved_exports
+            inter_node = (_export_move(state, chain_host=host, roomiest_node_first=roomiest_node_first)
+                          if interleaved_exports
                           else _forced_move(state, host, chains))
             move = _first_nonempty(inter_node, local, anywhere)
             if settle_first:
@@ -223,11 +228,136 @@ def _greedy(counts: torch.Tensor, experts_per_rank: int, spare_slots: int, ranks
     return ReplicaPlan(state.slot_expert, state.slot_take, state.keep, experts_per_rank, spare_slots)
 
 
-def _first_nonempty(*moves: Move) -> Move:
-    """The first move with a positive amount (the last one when none has)."""
+def _repack(plan: ReplicaPlan, ranks_per_node: int) -> ReplicaPlan:
+    """A finished plan, locally improved: each of a fixed ``num_ranks // 4`` iterations makes the first of
+
+    1. *relocation*: an inter-node clone (the smallest first) moves to a rank of its expert's node with a free slot
+       that can take its tokens, passing what it cannot hold on through one existing clone of its own experts;
+    2. *merge*: the smaller of two intra-node clones of one rank's experts hands its tokens to the other's host (which
+       passes its overflow on the same way), so its slot frees for a relocation.
+
+    Why: the greedy passes leave small leftover pieces (a donor's last ``high - mean`` tokens) on other nodes because
+    every slot of the donor's node is taken, often by two pieces of one donor that one host could take together.
+    Relocations cut inter-node clones and keep the clone count, merges cut clones and keep inter-node ones, and no
+    rank goes above ``high``: the plan only gets better for every ``topology_weight``, and the pass does not depend on
+    the weight, so the monotonicity argument (module docstring) still holds. Moves are few (at most 9 per candidate
+    on the test loads at 64 ranks), hence the short fixed loop: a pass cut short is only less improved.
+    """
+    state = _Repacking(plan, ranks_per_node)
+    for _ in range(plan.num_ranks // 4 if plan.spare_slots else 0):
+        room = state.room()
+        reach = room + state.best_outlet(room)[0]  # [R]: what a rank can take, passing the rest on
+        state.apply(*_first_nonempty(_relocation(state, reach), _merge(state, reach)))
+    return ReplicaPlan(state.slot_expert, state.slot_take, state.keep, plan.experts_per_rank, plan.spare_slots)
+
+
+Rewrite = tuple[torch.Tensor, ...]  # (dropped slot, target slot, expert, amount), 1-element tensors
+
+
+class _Repacking:
+    """A finished plan under local improvement (int64 tensors, updated in place) and the values moves are chosen on."""
+
+    def __init__(self, plan: ReplicaPlan, ranks_per_node: int) -> None:
+        ranks, device = plan.num_ranks, plan.home_keep.device
+        self.local, self.spare = plan.experts_per_rank, plan.spare_slots
+        self.slot_expert, self.slot_take = plan.slot_expert.clone(), plan.slot_take.clone()
+        self.keep = plan.home_keep.clone()
+        self.nodes = node_of(ranks, ranks_per_node, device)
+        self.source_order = _source_order(self.nodes)
+        self.host = torch.arange(ranks * self.spare, device=device) // max(self.spare, 1)  # [S]: the slot's rank
+        self.rank_ids = torch.arange(ranks, device=device)
+        self.high = _high(self.keep.sum() + self.slot_take.sum(), ranks)
+
+    def load(self) -> torch.Tensor:
+        """``[R]``: tokens each rank computes."""
+        home = self.keep.sum(dim=0).view(-1, self.local).sum(dim=1)
+        return home.index_add(0, self.host, self.slot_take.sum(dim=1))
+
+    def room(self) -> torch.Tensor:
+        """``[R]``: what each rank can still take before ``high``."""
+        return (self.high - self.load()).clamp(min=0)
+
+    def best_outlet(self, room: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[R]`` each: the most one existing clone of a rank's experts can still take (bounded by its host's room and
+        the tokens left at home), and that clone's slot."""
+        used = self.slot_expert >= 0
+        expert = self.slot_expert.clamp(min=0)
+        outlet = torch.minimum(room[self.host], self.keep.sum(dim=0)[expert])
+        mine = used.unsqueeze(0) & (expert // self.local == self.rank_ids.unsqueeze(1))  # [R, S]
+        per_rank = torch.where(mine, outlet.unsqueeze(0), -1)
+        return per_rank.amax(dim=1).clamp(min=0), torch.argmax(per_rank, dim=1)
+
+    def apply(self, dropped: torch.Tensor, target: torch.Tensor, expert: torch.Tensor, amount: torch.Tensor) -> None:
+        """Return ``dropped``'s tokens home, put ``amount`` tokens of ``expert`` on slot ``target``, then pass the
+        target host's overflow above ``high`` on through its best outlet (nothing when ``amount`` is 0)."""
+        valid = amount > 0
+        back = torch.where(valid.unsqueeze(1), self.slot_take[dropped], 0)  # [1, R]
+        self.keep.index_add_(1, self.slot_expert[dropped].clamp(min=0), back.t())
+        self.slot_take[dropped] -= back
+        self.slot_expert[dropped] = torch.where(valid, -1, self.slot_expert[dropped])
+        self._add(target, expert, amount)
+        host = self.host[target]
+        overflow = torch.minimum((self.load()[host] - self.high).clamp(min=0), amount)  # none that was there before
+        outlet = self.best_outlet(self.room())[1][host]
+        self._add(outlet, self.slot_expert[outlet].clamp(min=0), overflow)  # no overflow where it has no outlet
+
+    def _add(self, slot: torch.Tensor, expert: torch.Tensor, amount: torch.Tensor) -> None:
+        """``amount`` more tokens of ``expert`` from its home to ``slot`` (own node's sources first)."""
+        take = _take_from_sources(self.keep[:, expert].squeeze(1), amount,
+                                  self.source_order[self.host[slot]].squeeze(0))
+        self.keep.index_add_(1, expert, -take.unsqueeze(1))
+        self.slot_take[slot] += take.unsqueeze(0)
+        self.slot_expert[slot] = torch.where(amount > 0, expert, self.slot_expert[slot])
+
+
+def _relocation(state: _Repacking, reach: torch.Tensor) -> Rewrite:
+    """The smallest inter-node clone, to the first rank of its expert's node that has a free slot, holds no clone of
+    it and can take it (``reach``: its room plus its best outlet)."""
+    ranks, spare, local = state.rank_ids.shape[0], state.spare, state.local
+    used = state.slot_expert >= 0
+    expert = state.slot_expert.clamp(min=0)
+    amount = state.slot_take.sum(dim=1)  # [S]
+    home = expert // local
+    free = (~used).view(ranks, spare)
+    holds = torch.zeros(ranks * local * ranks, dtype=torch.int64, device=used.device).index_add_(
+        0, state.host * local * ranks + expert, used.to(torch.int64)).view(ranks, -1) > 0  # [R, E]
+    inter = used & (state.nodes[state.host] != state.nodes[home])  # [S]
+    valid = (inter.unsqueeze(1) & (state.nodes.unsqueeze(0) == state.nodes[home].unsqueeze(1))  # [S, R]
+             & (state.rank_ids.unsqueeze(0) != home.unsqueeze(1)) & free.any(dim=1).unsqueeze(0)
+             & ~holds.t()[expert] & (reach.unsqueeze(0) >= amount.unsqueeze(1)))
+    best = _lexicographic_first(valid, [-amount.unsqueeze(1).expand_as(valid)])
+    slot, rank = best // ranks, best % ranks
+    target = rank * spare + torch.argmax(free[rank].to(torch.int8), dim=1)
+    return slot, target, expert[slot], torch.where(valid.flatten()[best], amount[slot], 0)
+
+
+def _merge(state: _Repacking, reach: torch.Tensor) -> Rewrite:
+    """The smallest intra-node clone whose tokens another intra-node clone of the same rank's experts can take on
+    top of its own (tokens left at its home, its host's room plus best outlet)."""
+    local = state.local
+    used = state.slot_expert >= 0
+    expert = state.slot_expert.clamp(min=0)
+    amount = state.slot_take.sum(dim=1)  # [S]
+    home = expert // local
+    intra = used & (state.nodes[state.host] == state.nodes[home])
+    at_home = state.keep.sum(dim=0)[expert]  # [S]
+    slots = torch.arange(amount.shape[0], device=used.device)
+    # row: the clone given up; column: the clone that takes its tokens (of its own expert, as many)
+    available = at_home.unsqueeze(0) + torch.where(expert.unsqueeze(0) == expert.unsqueeze(1), amount.unsqueeze(1), 0)
+    valid = (intra.unsqueeze(1) & intra.unsqueeze(0) & (home.unsqueeze(0) == home.unsqueeze(1))
+             & (slots.unsqueeze(0) != slots.unsqueeze(1)) & (available >= amount.unsqueeze(1))
+             & (reach[state.host].unsqueeze(0) >= amount.unsqueeze(1)))
+    best = _lexicographic_first(valid, [-amount.unsqueeze(1).expand_as(valid)])
+    given_up, taker = best // amount.shape[0], best % amount.shape[0]
+    return given_up, taker, expert[taker], torch.where(valid.flatten()[best], amount[given_up], 0)
+
+
+def _first_nonempty(*moves: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """The first move (a :data:`Move` or a :data:`Rewrite`, amount last) with a positive amount (the last one when
+    none has)."""
     chosen = moves[-1]
     for move in reversed(moves[:-1]):
-        chosen = tuple(torch.where(move[2] > 0, m, c) for m, c in zip(move, chosen, strict=True))
+        chosen = tuple(torch.where(move[-1] > 0, m, c) for m, c in zip(move, chosen, strict=True))
     return chosen
 
 
@@ -241,9 +371,7 @@ class _PlanState:
         self.nodes = node_of(ranks, ranks_per_node, device)
         self.same_node = self.nodes.unsqueeze(1) == self.nodes.unsqueeze(0)  # [R, R]
         self.rank_ids = torch.arange(ranks, device=device)
-        # Row r: source ranks in the order a clone on r takes tokens from them: r's node first (fewer cross-node
-        # token copies), then by rank.
-        self.source_order = torch.argsort((~self.same_node).to(torch.int64) * ranks + self.rank_ids, dim=1)
+        self.source_order = _source_order(self.nodes)
         self.home_rank = torch.arange(experts, device=device) // experts_per_rank
         self.node_size = torch.zeros(-(-ranks // ranks_per_node), dtype=torch.int64, device=device).index_add_(
             0, self.nodes, torch.ones_like(self.nodes))
@@ -328,14 +456,16 @@ def _forced_move(state: _PlanState, host: torch.Tensor, chains: bool) -> Move:
     return donor * local + flat_l, receiver, torch.where(valid.flatten()[best], amount.flatten()[best], 0)
 
 
-def _export_move(state: _PlanState, chain_host: torch.Tensor | None = None) -> Move:
+def _export_move(state: _PlanState, chain_host: torch.Tensor | None = None, roomiest_node_first: bool = False) -> Move:
     """The node furthest above its capacity sends its biggest expert piece -- the whole of the expert's load at home,
     as far as another node's room and one rank's capacity allow (given ``chain_host``, the ``can_host`` mask, as far
     as the receiver can hold or pass on to one rank of its node) -- to the rank, on another node, that can take the
     most of it, then whose overflow above ``high`` its own biggest experts cover in the fewest pieces (each piece
     takes a slot of its node), then the least loaded: the pieces the per-node lower bound counts, so few clones
     cross nodes. The receiver may end above ``high``; its own experts then go to ranks of its node (the pass's
-    intra-node moves), as the exact optimum's placements do."""
+    intra-node moves), as the exact optimum's placements do. With ``roomiest_node_first`` the node with the most room
+    is preferred above all: an import there leaves its node the most room to settle it (and the next imports) inside
+    it, which with one spare slot a rank is sometimes what lets it pass the import on in few pieces."""
     node_excess = state.node_excess()
     worst, excess = torch.argmax(node_excess), node_excess.max()  # (indexing by a tensor would read it on the host)
     on_worst = state.nodes[state.home_rank] == worst  # [E]
@@ -349,6 +479,8 @@ def _export_move(state: _PlanState, chain_host: torch.Tensor | None = None) -> M
     valid = ((state.free > 0) & (state.nodes != worst)).unsqueeze(1) & ~state.has_clone & (amount > 0)
     keys = [amount, -_pieces_to_shed(state, state.load.unsqueeze(1) + amount - state.high),
             (state.high - state.load).view(-1, 1).expand_as(amount)]  # the biggest piece, fewest sheds, emptiest
+    if roomiest_node_first:
+        keys.insert(0, node_room[state.nodes].view(-1, 1).expand_as(amount))
     best = _lexicographic_first(valid, keys)
     receiver, expert = best // amount.shape[1], best % amount.shape[1]
     return expert, receiver, torch.where(valid.flatten()[best], amount.flatten()[best], 0)
@@ -407,6 +539,15 @@ def _move_at(best: torch.Tensor, amount: torch.Tensor, valid: torch.Tensor, loca
     block = amount.shape[1] * local
     receiver, expert = best // block, best % block
     return expert, receiver, torch.where(valid.flatten()[best], amount.flatten()[best], 0)
+
+
+def _source_order(nodes: torch.Tensor) -> torch.Tensor:
+    """Row ``r``: source ranks in the order a clone on ``r`` takes tokens from them: ``r``'s node first (fewer
+    cross-node token copies), then by rank."""
+    ranks = nodes.shape[0]
+    other_node = (nodes.unsqueeze(1) != nodes.unsqueeze(0)).to(torch.int64)
+    return torch.argsort(other_node * ranks + torch.arange(ranks, device=nodes.device), dim=1)
+
 
 def _take_from_sources(available: torch.Tensor, amount: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     """``amount`` tokens out of ``available[s]``, taken from the sources in ``order`` (own node first)."""
