@@ -47,17 +47,22 @@ class Evaluated:
         return self.candidate.describe(workload.terms().num_layers)
 
 
+@dataclass(kw_only=True)
 class PlanAnswer(ABC):
     """What the megatron :class:`Plan` and a task model's :class:`~loongforge.planner.task_planner.TaskPlan` answer
-    alike: the memory budget, the best layout, and -- when nothing fits -- one line naming what would. A subclass has
-    ``cluster``, ``margin``, ``ranked``, ``min_devices``, ``min_memory`` and says what did not fit
+    alike: the ranked layouts that fit, the rejections, the memory budget, the best layout, and -- when nothing
+    fits -- one line naming what would. A subclass adds what it planned for and says what did not fit
     (:meth:`what_failed`)."""
 
     cluster: ClusterSpec
-    margin: float
     ranked: list[Any]
-    min_devices: int | None
-    min_memory: float | None
+    rejected: Counter
+    margin: float
+    #: Layouts that missed the memory budget by the least (for the report).
+    near_misses: list[Any] = field(default_factory=list)
+    #: When nothing fits: the smallest device count at this memory / memory at this count that would.
+    min_devices: int | None = None
+    min_memory: float | None = None
 
     @property
     def budget(self) -> float:
@@ -88,20 +93,11 @@ class PlanAnswer(ABC):
         return "; ".join(lines)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Plan(PlanAnswer):
-    """The planner's answer: ranked layouts that fit, what was rejected and why."""
+    """The planner's answer for a megatron model: ranked layouts that fit, what was rejected and why."""
 
     workload: Workload
-    cluster: ClusterSpec
-    ranked: list[Evaluated]
-    rejected: Counter
-    margin: float
-    #: Layouts that missed the memory budget by the least (for the report).
-    near_misses: list[Evaluated] = field(default_factory=list)
-    #: When nothing fits: the smallest device count at this memory / memory at this count that would.
-    min_devices: int | None = None
-    min_memory: float | None = None
 
     def what_failed(self) -> str:
         return f"no layout of this {self.workload.terms().num_layers}-layer model"
@@ -218,7 +214,8 @@ def plan(
             ranked.append(best)
     ranked.sort(key=_rank_key)
     misses.sort(key=lambda ev: ev.memory.total)
-    result = Plan(workload, cluster, ranked, rejected, margin, near_misses=misses[:3])
+    result = Plan(workload=workload, cluster=cluster, ranked=ranked, rejected=rejected, margin=margin,
+                  near_misses=misses[:3])
     if not ranked and search_minimum:
         if misses:
             result.min_memory = misses[0].memory.total / (1 - margin)

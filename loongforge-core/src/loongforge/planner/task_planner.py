@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from loongforge.models.task_terms import TaskTerms
@@ -108,21 +108,14 @@ class TaskEvaluated:
         return f"{self.candidate.describe()} ({self.pace:.3g} s/sample)"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TaskPlan(PlanAnswer):
     """The ranked layouts of a task model that fit, the rejections, and (none fitting) what would fit."""
 
     pace_unit: ClassVar[str] = " per sample"
 
     sizes: TaskTerms
-    cluster: ClusterSpec
     precision: str
-    ranked: list[TaskEvaluated]
-    rejected: Counter
-    margin: float
-    near_misses: list[TaskEvaluated] = field(default_factory=list)
-    min_devices: int | None = None
-    min_memory: float | None = None
 
     def what_failed(self) -> str:
         return f"no layout of this {self.sizes.blocks}-block model ({self.sizes.sample})"
@@ -263,7 +256,8 @@ def plan_task(sizes: TaskTerms, cluster: ClusterSpec, *, precision: str, micro_b
             misses.append(ev)
     ranked.sort(key=_rank_key)
     misses.sort(key=lambda ev: ev.memory.total)
-    result = TaskPlan(sizes, cluster, precision, ranked, rejected, margin, near_misses=misses[:3])
+    result = TaskPlan(sizes=sizes, precision=precision, cluster=cluster, ranked=ranked, rejected=rejected,
+                      margin=margin, near_misses=misses[:3])
     if not ranked and search_minimum:
         if misses:
             result.min_memory = misses[0].memory.total / (1 - margin)
