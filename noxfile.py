@@ -98,8 +98,8 @@ def tests_plugin(session: nox.Session, plugin: str) -> None:
 #: protobuf: our RLDS reader (embodied's ``rlds`` extra), whose conversion LeRobot's reader reads back.
 LEROBOT_PARITY = ("torch==2.14.1", "torchvision==0.29.1", "transformers>=4.57.1,<5", "huggingface-hub>=0.34.2,<0.36",
                   "datasets>=4.0,<5", "draccus==0.10.0", "einops>=0.8,<0.9", "diffusers<0.36", "pyserial", "deepdiff",
-                  "termcolor", "jsonlines", "accelerate", "imageio", "av", "pillow", "pluggy", "pyyaml", "safetensors",
-                  "numpy", "importlib-metadata", "pytest", "protobuf>=4.21")
+                  "termcolor", "jsonlines", "accelerate", "imageio", "av>=17", "pillow", "pluggy", "pyyaml",
+                  "safetensors", "numpy", "importlib-metadata", "pytest", "protobuf>=4.21")
 
 
 def _install_lerobot(session: nox.Session, *extra: str) -> None:

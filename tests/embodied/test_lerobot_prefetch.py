@@ -70,13 +70,16 @@ def test_stopping_early_and_pickling(dataset):
 
 
 def test_torch_dataloader_workers_give_the_same_batches(dataset):
-    """The alternative to threads: forked worker processes, fed the prefetcher's seeded batches."""
+    """The alternative to threads: forked worker processes, fed the prefetcher's seeded batches. The parent has
+    decoded and converted a frame first (PyAV keeps that thread's converter, which a forked worker inherits: with
+    swscale threads of its own it waited forever for threads the fork did not copy); a worker that hangs fails the
+    DataLoader's timeout instead of the suite."""
     from torch.utils.data import DataLoader
 
     dataset[0]  # the parent has a video open; forked workers must open their own
     prefetcher = BatchPrefetcher(dataset, 5, seed=3)
     batches = [b.tolist() for b in prefetcher.batch_indices()]
-    loader = DataLoader(dataset, batch_sampler=batches, num_workers=2, collate_fn=collate)
+    loader = DataLoader(dataset, batch_sampler=batches, num_workers=2, collate_fn=collate, timeout=120)
     _assert_batches_equal(list(loader), list(prefetcher))
 
 

@@ -110,7 +110,9 @@ def read_video_file(path: Path) -> torch.Tensor:
         raise DataError(f"{path}: decoding video files needs PyAV: pip install av") from None
     try:
         with av.open(str(path)) as container:
-            frames = [torch.from_numpy(f.to_ndarray(format="rgb24")) for f in container.decode(video=0)]
+            # one swscale thread: PyAV's per-thread converter would hand a forked DataLoader worker slice threads
+            # that do not exist in it (a hang)
+            frames = [torch.from_numpy(f.to_ndarray(format="rgb24", threads=1)) for f in container.decode(video=0)]
     except (av.error.FFmpegError, IndexError) as exc:
         raise DataError(f"{path}: cannot decode the video ({exc})") from None
     if not frames:

@@ -90,7 +90,10 @@ def decode_frames(
     if best_gap[worst] > tolerance_s:
         found = "no frame" if best[worst] is None else f"closest frame at {best[worst].time:.4f} s"
         raise FrameLookupError(f"no frame within {tolerance_s} s of t={wanted[worst]:.4f} s ({found})")
-    return np.stack([frame.to_ndarray(format="rgb24") for frame in best])
+    # One swscale thread: PyAV keeps a converter per thread whose slice threads a forked DataLoader worker inherits
+    # without the threads themselves, so a worker forked after the parent converted a frame waited forever; the
+    # decoding is spread over our prefetch threads or worker processes already.
+    return np.stack([frame.to_ndarray(format="rgb24", threads=1) for frame in best])
 
 
 def open_video(path: str | Path) -> av.container.InputContainer:
