@@ -12,6 +12,8 @@ the sequence.
     python benchmarks/chunk_pipeline_memory.py --seq 32768 --chunks 16 --memory-steps 1   # one step per run
 
 Baseline for the ratios: the same run with ``parallel.seq_chunks: 1`` (ratio = unchunked peak / chunked peak).
+Next to each measured peak, the planner's prediction for that stage (``loongforge.planner.memory.estimate_memory`` of
+the layout with ``seq_chunks``, default coefficients; ``pred/meas``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,12 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from loongforge.config import load_config
+from loongforge.planner.auto import workload_for
+from loongforge.planner.layouts import Candidate
+from loongforge.planner.memory import estimate_memory
+from loongforge.resolve import resolve_model_flavor
 
 CONFIG = """
 run: {{seed: 1}}
@@ -58,17 +66,22 @@ def main() -> None:
     args = parser.parse_args()
     counts = [int(c) for c in args.chunks.split(",")]
     print(f"llama-tiny, seq {args.seq}, pp={args.pp}, micro-batch 1, fp32, CPU (gloo); peak live tensors per stage")
-    print(f"{'seq_chunks':>10s} " + " ".join(f"{f'stage {s} MiB':>12s} {'ratio':>6s}" for s in range(args.pp)))
+    print(f"{'seq_chunks':>10s} " + " ".join(f"{f'stage {s} MiB':>12s} {'ratio':>6s} {'pred/meas':>9s}"
+                                             for s in range(args.pp)))
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         config = root / "long.yaml"
         config.write_text(CONFIG.format(seq=args.seq))
+        resolved = load_config(str(config))
+        workload = workload_for(resolved, resolve_model_flavor(resolved), "local")
         baseline = None
         for chunks in [1, *counts]:
+            predicted = estimate_memory(workload, Candidate(tp=1, pp=args.pp, dp=1, seq_chunks=chunks,
+                                                            distributed_optimizer=False)).per_stage
             peaks = stage_peaks(config, root / f"chunks{chunks}", chunks, args.pp, args.memory_steps)
             baseline = baseline or peaks
-            print(f"{chunks:10d} " + " ".join(f"{peaks[s] / 2**20:12.1f} {baseline[s] / peaks[s]:6.2f}"
-                                              for s in range(args.pp)), flush=True)
+            print(f"{chunks:10d} " + " ".join(f"{peaks[s] / 2**20:12.1f} {baseline[s] / peaks[s]:6.2f} "
+                                              f"{predicted[s] / peaks[s]:9.3f}" for s in range(args.pp)), flush=True)
 
 
 if __name__ == "__main__":

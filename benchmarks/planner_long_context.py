@@ -1,16 +1,18 @@
-"""Predicted vs measured peak memory of long-context layouts on CPU: context-parallel modes and activation offload.
+"""Predicted vs measured peak memory of long-context layouts on CPU: context-parallel modes, activation offload and the
+chunked pipeline.
 
 Each layout trains ``llama-tiny`` (positions extended to 16K) at 8K tokens per sequence for a few steps through the
 trainer ``loongforge train`` runs (``loongforge.train.measure`` calls the same ``run_training``, under torchrun +
-gloo for cp > 1), which records every rank's peak live tensor bytes from the profiler's allocator events. The
-prediction is ``loongforge.planner.memory.estimate_memory`` of the layout as the planner describes it
-(``Candidate`` with ``cp_mode``/``cp_a2a_size``/``offload_layers``), default coefficients; the run's overrides are
-the candidate's own ``parallel_config()`` and offloaded layers, so the measured run is the config the planner writes.
+gloo for more than one process), which records every rank's peak live tensor bytes from the profiler's allocator
+events. The prediction is ``loongforge.planner.memory.estimate_memory`` of the layout as the planner describes it
+(``Candidate`` with ``cp_mode``/``cp_a2a_size``/``offload_layers``/``seq_chunks``), default coefficients; the run's
+overrides are the candidate's own ``parallel_config()`` and offloaded layers, so the measured run is the config the
+planner writes.
 
 On the CPU backend host and device are one memory: offloaded activations still count in the measured peak, so an
 offloaded layout is compared with the device peak plus what it holds in host memory (``MemoryEstimate.host_bytes``).
 
-    python benchmarks/planner_long_context.py              # 7 layouts, ~15 minutes on 2 shared cores
+    python benchmarks/planner_long_context.py              # 9 layouts, ~20 minutes on 2 shared cores
     python benchmarks/planner_long_context.py --only 0,3
 
 Baseline for the ratios: the memory model's prediction (ratio = predicted / measured; 1.00 is exact).
@@ -59,9 +61,10 @@ class Case:
         return out + ([f"training.offload_activations={json.dumps({'layers': layers})}"] if layers else [])
 
 
-def _case(cp: int = 1, mode: str = "ulysses", a2a: int | None = None, offload: int = 0) -> Case:
-    return Case(Candidate(tp=1, pp=1, dp=1, cp=cp, cp_mode=mode, cp_a2a_size=a2a, distributed_optimizer=False,
-                          offload_layers=offload))
+def _case(cp: int = 1, mode: str = "ulysses", a2a: int | None = None, offload: int = 0, pp: int = 1,
+          chunks: int = 1) -> Case:
+    return Case(Candidate(tp=1, pp=pp, dp=1, cp=cp, cp_mode=mode, cp_a2a_size=a2a, distributed_optimizer=False,
+                          offload_layers=offload, seq_chunks=chunks))
 
 
 CASES = [
@@ -72,6 +75,8 @@ CASES = [
     _case(cp=2, mode="ring", offload=2),
     _case(cp=4, mode="ring"),
     _case(cp=4, mode="hybrid", a2a=2),
+    _case(chunks=4),
+    _case(pp=2, chunks=8),
 ]
 
 

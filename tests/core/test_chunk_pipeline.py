@@ -89,9 +89,9 @@ def test_chunk_attention_matches_causal_sdpa(monkeypatch):
 
 
 def test_seq_chunks_refusals_name_the_key(tmp_path):
+    from loongforge.config.chunk_settings import check_seq_chunks
     from loongforge.plugins import get_host
     from loongforge.resolve import resolve_model_flavor
-    from loongforge.train.batches import check_seq_chunks
 
     path = tmp_path / "run.yaml"
     path.write_text(CONFIG)

@@ -42,9 +42,10 @@ def _config(tmp_path, text: str, name: str = "run.yaml"):
 
 
 def _plan(config, devices: int, memory: float = 64 * 2**30, **facts):
-    workload = workload_for(config, resolve_model_flavor(config), "local")
+    family = resolve_model_flavor(config)
+    workload = workload_for(config, family, "local")
     cluster = ClusterSpec(num_devices=devices, device_memory=int(memory), ranks_per_node=devices, **facts)
-    return workload, plan(workload, cluster, search_space(config), search_minimum=False)
+    return workload, plan(workload, cluster, search_space(config, family), search_minimum=False)
 
 
 def test_ring_when_heads_do_not_divide_tp_times_cp(tmp_path):

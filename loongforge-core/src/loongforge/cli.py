@@ -105,6 +105,8 @@ def _configure_plan(planner: argparse.ArgumentParser) -> None:
     planner.add_argument("--kernels", choices=("te", "local"), default="te",
                          help="activation profile: te (CUDA with Transformer Engine) or local (CPU build)")
     planner.add_argument("--margin", type=float, help="share of memory kept free (default 0.1)")
+    planner.add_argument("--seq-length", type=int, metavar="N",
+                         help="plan for sequences of N tokens (data.seq_length=N; default: the config's)")
     planner.add_argument("--sample-shape", metavar="AxBxC",
                          help="task models: one sample's shape in the family's terms (Wan: latent frames x height x "
                               "width, e.g. 21x60x104), for data not at hand (default: parallel.planner.sample_shape, "
@@ -112,8 +114,8 @@ def _configure_plan(planner: argparse.ArgumentParser) -> None:
     planner.add_argument("--calibration", help="calibration file (benchmarks/planner_calibration.py --write)")
     planner.add_argument("--top", type=int, default=5, help="layouts to show (default 5)")
     planner.add_argument("--write", metavar="FILE",
-                         help="write the config with the best layout filled in (parallel sizes, cp_mode, batch cut, "
-                              "recompute, offload) as YAML, runnable with train --nproc DEVICES")
+                         help="write the config with the best layout filled in (parallel sizes, cp_mode, seq_chunks, "
+                              "batch cut, recompute, offload) as YAML, runnable with train --nproc DEVICES")
 
 
 def _configure_check(check: argparse.ArgumentParser) -> None:

@@ -172,8 +172,9 @@ class ParallelConfig:
     #: pipeline as micro-batches, each attending to the earlier chunks' kept K/V, so that a stage holds one chunk's
     #: activations rather than a sequence's; exact (the loss and gradients of the unchunked run) at the cost of one
     #: more forward. 1 (default): off. Needs seq_length divisible by it, cp=1, no vpp, no data.pack, a dense
-    #: decoder with core's causal attention. See docs/long-context.md.
-    seq_chunks: int = 1
+    #: decoder with core's causal attention. ``auto``: the planner chooses the count with the layout (``parallel:
+    #: auto`` or ``loongforge plan --write``), where memory or the pipeline's bubble needs it. See docs/long-context.md.
+    seq_chunks: int | Literal["auto"] = 1
     #: Shard layer-norm/dropout activations over the tensor-parallel group (needs tp > 1).
     sequence_parallel: bool = False
     #: Shard optimizer state across data-parallel ranks (ZeRO-1).

@@ -44,7 +44,7 @@ class ChunkKV:
         self._grads: dict[Any, list[tuple[torch.Tensor, torch.Tensor] | None]] = {}
 
     def record(self, layer: Any, index: int, key: torch.Tensor, value: torch.Tensor) -> None:
-        self._kv.setdefault(layer, [None] * self.count)[index] = (key.detach(), value.detach())
+        self._kv.setdefault(layer, [None] * self.count)[index] = (_own_storage(key), _own_storage(value))
 
     def earlier(self, layer: Any, index: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The recorded K/V of chunks ``0 .. index-1`` of ``layer``, in order (a one-line error when the recording
@@ -71,6 +71,16 @@ class ChunkKV:
         if layer in self._kv:
             self._kv[layer][index] = None
         return held
+
+
+def _own_storage(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` detached, copied when it is a view into a larger storage: megatron's values are a slice of the fused
+    QKV projection's output, and a record holding the view would keep the whole projection (queries too) alive for
+    the step."""
+    tensor = tensor.detach()
+    if tensor.untyped_storage().nbytes() > tensor.numel() * tensor.element_size():
+        return tensor.clone(memory_format=torch.contiguous_format)
+    return tensor
 
 
 @dataclass

@@ -13,6 +13,7 @@ import copy
 import dataclasses
 from typing import Any
 
+from loongforge.config.chunk_settings import chunk_counts
 from loongforge.config.offload_settings import offloaded_layer_indices
 from loongforge.config.schema import LoongForgeConfig, RecomputeConfig
 from loongforge.errors import ConfigError
@@ -64,16 +65,18 @@ def workload_for(config: LoongForgeConfig, family: ModelFamily, kernels: str) ->
                     components=tuple(family.planner_parts(config)), family=family, offloaded_layers=offloaded)
 
 
-def search_space(config: LoongForgeConfig) -> SearchSpace:
+def search_space(config: LoongForgeConfig, family: ModelFamily) -> SearchSpace:
     """Keep the config's global batch (then the micro-batch size is the planner's to pick); without one, keep
     its micro-batch size (the global batch follows dp, as for a fixed layout). The context-parallel mode is the
-    config's (``auto``: the planner's), and so is activation offload (``layers: auto``: the planner's)."""
+    config's (``auto``: the planner's), and so are activation offload (``layers: auto``: the planner's) and the
+    chunked pipeline's count (``parallel.seq_chunks: auto``: the planner's, where ``family``'s decoder allows it)."""
     gbs = config.training.global_batch_size
     offload = config.training.offload_activations
     return SearchSpace(global_batch_size=gbs, micro_batch_size=None if gbs else config.training.micro_batch_size,
                        max_cp=1 if config.data.pack else 8, cp_mode=config.parallel.cp_mode,
                        cp_a2a_size=config.parallel.cp_a2a_size,
-                       choose_offload=offload is not None and offload.layers == "auto")
+                       choose_offload=offload is not None and offload.layers == "auto",
+                       chunk_counts=chunk_counts(config, family.decoder))
 
 
 def kernels_of(backend: Any) -> str:
@@ -88,13 +91,14 @@ def plan_for_run(config: LoongForgeConfig, flavor: ModelFamily, backend: Any, wo
     options = config.parallel.planner
     cluster = cluster_from_options(options, world_size, device_facts(backend))
     calibration = load_calibration(options.calibration)
-    return plan(workload_for(config, flavor, kernels_of(backend)), cluster, search_space(config),
+    return plan(workload_for(config, flavor, kernels_of(backend)), cluster, search_space(config, flavor),
                 memory_coefficients=calibration.memory, time_coefficients=calibration.time, margin=options.margin)
 
 
 def apply_plan(config: LoongForgeConfig, result: Plan) -> LoongForgeConfig:
     """A copy of ``config`` with the best layout of ``result`` written into it (``auto`` switched off): the parallel
-    sizes with the context-parallel mode, the batch cut, recompute and (where the planner chose it) offload."""
+    sizes with the context-parallel mode and the chunk count, the batch cut, recompute and (where the planner chose
+    it) offload."""
     best = result.best.candidate
     resolved = copy.deepcopy(config)
     resolved.parallel = dataclasses.replace(resolved.parallel, auto=False, **best.parallel_config())

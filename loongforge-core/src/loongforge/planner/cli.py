@@ -34,6 +34,10 @@ def plan_command(args: argparse.Namespace) -> int:
     from loongforge.config import load_config
     from loongforge.resolve import resolve_model_flavor
 
+    if args.seq_length is not None:
+        if args.seq_length < 1:
+            raise ConfigError(f"--seq-length must be a positive number of tokens, got {args.seq_length}")
+        args.overrides = [*args.overrides, f"data.seq_length={args.seq_length}"]
     config = load_config(args.config, args.overrides)
     family = resolve_model_flavor(config)
     sizes = task_terms_for(config, family, args.sample_shape) if family.engine != "megatron" else None
@@ -54,7 +58,7 @@ def plan_command(args: argparse.Namespace) -> int:
                            time_coefficients=calibration.time, fixed_bytes=calibration.memory.fixed_bytes)
         print_task_plan(result, config.model.name or family.family_name, top=args.top)
     else:
-        result = plan(workload, cluster, search_space(config), memory_coefficients=calibration.memory,
+        result = plan(workload, cluster, search_space(config, family), memory_coefficients=calibration.memory,
                       time_coefficients=calibration.time, margin=options.margin)
         print_plan(result, top=args.top)
     if not result.ranked:

@@ -116,6 +116,9 @@ class Candidate:
     #: Activation offload: the first ``offload_layers`` layers of every model chunk of a stage move what they save
     #: for backward to host memory (``training.offload_activations``; 0: none).
     offload_layers: int = 0
+    #: Chunked pipeline: every sequence cut into this many chunks that flow through the pipeline as micro-batches
+    #: (``parallel.seq_chunks``; 1: off; only at cp=1 without vpp).
+    seq_chunks: int = 1
 
     @property
     def world_size(self) -> int:
@@ -133,6 +136,7 @@ class Candidate:
         parts += ["distopt"] if self.distributed_optimizer else []
         parts += [f"rc:{self.recompute.describe(num_layers // (self.pp * self.vpp))}"]
         parts += [f"offload:{self.offload_layers}/{num_layers // (self.pp * self.vpp)}"] if self.offload_layers else []
+        parts += [f"chunks{self.seq_chunks}"] if self.seq_chunks > 1 else []
         return " ".join(parts)
 
     def parallel_config(self) -> dict[str, Any]:
@@ -142,7 +146,7 @@ class Candidate:
                 "cp_mode": self.cp_mode if self.cp > 1 else "ulysses",
                 "cp_a2a_size": self.cp_a2a_size if hybrid else None,
                 "ep": self.ep, "etp": self.etp, "sequence_parallel": self.sequence_parallel,
-                "distributed_optimizer": self.distributed_optimizer}
+                "distributed_optimizer": self.distributed_optimizer, "seq_chunks": self.seq_chunks}
 
     def offloaded_layers(self, num_layers: int) -> frozenset[int]:
         """The 0-based global decoder layers ``offload_layers`` names: the first of every model chunk of every stage
@@ -169,6 +173,10 @@ class SearchSpace:
     #: Whether the planner may offload the first k layers of a stage (``training.offload_activations.layers:
     #: auto``), like it chooses recompute; False keeps the workload's own offloaded layers.
     choose_offload: bool = False
+    #: The chunk counts a layout may take (``parallel.seq_chunks``; see
+    #: :func:`loongforge.config.chunk_settings.chunk_counts`): one count is the config's, which every layout keeps (a
+    #: count above 1 rules out cp and vpp); several (``auto``) are ways to fit at cp=1 without vpp, fewest first.
+    chunk_counts: tuple[int, ...] = (1,)
     try_vpp: bool = True
     #: Whether layouts without the distributed optimizer are compared too (it never costs time in the model).
     allow_plain_optimizer: bool = False
@@ -209,6 +217,9 @@ def enumerate_layouts(
                 continue
             for cp in _divisors(num_devices // (tp * pp)):
                 if cp > space.max_cp:
+                    continue
+                if cp > 1 and space.chunk_counts[0] > 1:
+                    rejected["parallel.seq_chunks needs cp=1"] += 1
                     continue
                 if cp > 1 and seq_length % (2 * cp * tp):
                     rejected["cp does not divide heads per tp rank or the sequence"] += 1
@@ -264,7 +275,7 @@ def _experts_and_batches(
     dist_opt = (False,) if dp == 1 else (True, False) if space.allow_plain_optimizer else (True,)
     for ep, etp in expert_choices:
         vpp_choices = [1] + ([v for v in (2, 4, 5, 8)
-                              if pp > 1
+                              if pp > 1 and space.chunk_counts[0] == 1
                               and layout_problem(flavor, tp, pp, cp, ep, etp, v, **mode) is None]
                              if space.try_vpp else [])
         for mbs, num_micro in _batch_cuts(dp, space, rejected):
@@ -276,7 +287,7 @@ def _experts_and_batches(
                     for distopt in dist_opt:
                         yield Candidate(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, vpp=vpp, sequence_parallel=sp,
                                         distributed_optimizer=distopt, micro_batch_size=mbs,
-                                        num_microbatches=num_micro, **mode)
+                                        num_microbatches=num_micro, seq_chunks=space.chunk_counts[0], **mode)
 
 
 def _batch_cuts(dp: int, space: SearchSpace, rejected: Counter) -> Iterator[tuple[int, int]]:

@@ -33,6 +33,10 @@ shape than core's grouped-query decoder states its own numbers; this module only
   fp32 score blocks per head (probabilities, their gradient, the difference and the score gradient) next to fp32
   copies of the queries, output gradient and query gradient, the K/V block held and the one in flight, and the
   K/V gradients held and shifted (:func:`ring_attention_bytes`) -- added to ``backward_peak``.
+* the chunked pipeline (``Candidate.seq_chunks``): a pass holds one chunk's activations (``seq / seq_chunks``
+  tokens), and 1F1B keeps as many chunks in flight as micro-batches otherwise; each layer of the stage keeps every
+  micro-batch's recorded K/V and the fp32 K/V gradients of the earlier chunks, and its chunk attention's backward
+  holds fp32 copies of the K/V so far with their gradients and a few score tiles (:func:`chunk_kv_bytes`).
 * ``fixed`` -- a constant (calibrated) for everything else.
 * one term per model part outside the decoder (``Workload.components``, e.g. a VLM's ``vision`` encoder and
   projector), on the first stage only: its weights, fp32 gradients, optimizer state (sharded by the
@@ -55,6 +59,8 @@ from typing import Any, Protocol
 from loongforge.models.sizing import DecoderTerms
 from loongforge.planner.layouts import Candidate, decoder_terms
 
+#: The chunk attention's tile (``loongforge.devices.chunk_attention.TILE``, not imported: that module needs torch).
+CHUNK_TILE = 512
 #: Embedding rows are padded to a multiple of lcm(128, tp) (models/decoder_model.py VOCAB_PAD_MULTIPLE).
 VOCAB_PAD_MULTIPLE = 128
 _BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
@@ -189,10 +195,11 @@ class MemoryEstimate:
 
 
 def _in_flight(cand: Candidate, stage: int) -> float:
-    """Micro-batches whose activations a rank of ``stage`` holds at once (1F1B, interleaved)."""
+    """Micro-batches (or chunks of them, ``seq_chunks``) whose activations a rank of ``stage`` holds at once (1F1B,
+    interleaved)."""
     if cand.pp == 1:
         return 1.0
-    in_flight = min(cand.num_microbatches, cand.pp - stage)
+    in_flight = min(cand.num_microbatches * cand.seq_chunks, cand.pp - stage)
     if cand.vpp > 1:
         in_flight *= 1 + (cand.pp - 1) / (cand.pp * cand.vpp)
     return in_flight
@@ -216,12 +223,38 @@ def ring_attention_bytes(workload: Workload, cand: Candidate) -> tuple[float, fl
     return kept, transient
 
 
+def chunk_kv_bytes(workload: Workload, cand: Candidate) -> tuple[float, float]:
+    """(bytes the chunked pipeline keeps on a rank of a stage, bytes one layer's chunk attention holds in its backward)
+    for ``cand.seq_chunks`` chunks; (0, 0) unchunked or for a family that states no attention shape.
+
+    Kept: the recorded K/V of every micro-batch of the step (the recording pass runs them all before the replay), in
+    the activations' dtype, and the fp32 K/V gradients later chunks leave for earlier ones (up to all but one chunk of
+    the micro-batch being replayed), for every layer of the stage. Transient: the chunk attention's fp32 copies of the
+    keys and values of the sequence so far and their gradients, fp32 queries, output gradient and query gradient of
+    the chunk, and four fp32 score tiles per head (:data:`loongforge.devices.chunk_attention.TILE` tokens a side).
+    """
+    terms, e, chunks = workload.terms(), workload.param_bytes, cand.seq_chunks
+    if chunks == 1 or not terms.attention_heads:
+        return 0.0, 0.0
+    layers = terms.num_layers // cand.pp
+    sequence = workload.seq_length * cand.micro_batch_size
+    kv = sequence * 2 * terms.kv_width / cand.tp  # K and V elements of one micro-batch and layer on this rank
+    kept = layers * kv * (cand.num_microbatches * e + (chunks - 1) / chunks * 4)
+    chunk = workload.seq_length // chunks
+    tile = chunk
+    while tile > CHUNK_TILE and tile % 2 == 0:
+        tile //= 2
+    query = sequence / chunks * terms.query_width / cand.tp
+    scores = cand.micro_batch_size * terms.attention_heads / cand.tp * tile * tile * 4
+    return kept, 2 * kv * 4 + 3 * query * 4 + 4 * scores
+
+
 def offloaded_bytes_per_layer(workload: Workload, cand: Candidate) -> float:
     """Bytes one layer keeps for backward per micro-batch with ``cand``'s recompute (what offloading it moves each
     way; full recompute does not combine with offload)."""
     terms = workload.terms()
     modules = cand.recompute.modules if cand.recompute.granularity == "selective" else ()
-    tokens = workload.seq_length * cand.micro_batch_size / cand.cp
+    tokens = workload.seq_length * cand.micro_batch_size / (cand.cp * cand.seq_chunks)
     elements = sum(terms.layer_activation_elements(cand.tp, cand.etp, cand.sequence_parallel, modules).values())
     ring_kept = 0.0 if "core_attn" in modules else ring_attention_bytes(workload, cand)[0]
     return elements * tokens * workload.param_bytes + ring_kept
@@ -231,7 +264,7 @@ def _stage_activations(workload: Workload, cand: Candidate, stage: int,
                        coeffs: Coefficients) -> tuple[float, float, float]:
     """(kept activations, backward transient, offloaded to host) in bytes for a rank of ``stage``."""
     terms, e = workload.terms(), workload.param_bytes
-    tokens = workload.seq_length * cand.micro_batch_size / cand.cp
+    tokens = workload.seq_length * cand.micro_batch_size / (cand.cp * cand.seq_chunks)  # what one pass holds
     norm_split = cand.tp if cand.sequence_parallel else 1
 
     def per_layer(modules: tuple[str, ...]) -> float:
@@ -240,6 +273,7 @@ def _stage_activations(workload: Workload, cand: Candidate, stage: int,
     # RoPE keeps no per-layer tables: TE's fused kernel and the CPU build's one-pass RoPE
     # (loongforge.devices.megatron_cpu.rope) share one cos/sin pair across the layers of a forward pass.
     ring_kept, ring_transient = ring_attention_bytes(workload, cand)
+    chunk_kept, chunk_transient = chunk_kv_bytes(workload, cand)
     full_layer = per_layer(()) * tokens * e + ring_kept
     rc = cand.recompute
     layers = terms.num_layers // cand.pp
@@ -265,7 +299,7 @@ def _stage_activations(workload: Workload, cand: Candidate, stage: int,
     if stage == cand.pp - 1:
         # final norm, the logits (plus their fp32 copy in bf16 runs) and the loss mask; labels are int64
         ends += tokens * ((3 * terms.hidden_size + 1) / norm_split * e + vocab * (e + (4 if e < 4 else 0)) + 9)
-    kept = ((kept + ends) * _in_flight(cand, stage) + window) * coeffs.activation_scale
+    kept = ((kept + ends) * _in_flight(cand, stage) + window + chunk_kept) * coeffs.activation_scale
     # Backward re-runs the recomputed part of one layer (all of it for full recompute) and needs gradient
     # workspace; the loss's backward materialises the logits' gradient (fp32).
     if rc.granularity == "full":
@@ -277,7 +311,7 @@ def _stage_activations(workload: Workload, cand: Candidate, stage: int,
     else:
         rematerialized = 0.0
     workspace = coeffs.transient_layers + (coeffs.sp_transient_layers if cand.sequence_parallel else 0.0)
-    transient = (rematerialized + workspace * full_layer + ring_transient) * coeffs.activation_scale
+    transient = (rematerialized + workspace * full_layer + ring_transient + chunk_transient) * coeffs.activation_scale
     if stage == cand.pp - 1:
         transient = max(transient, tokens * vocab * 4)
     return kept, transient, host

@@ -5,7 +5,10 @@ that fits is chosen: none, then the selective module sets, then full recompute o
 as memory requires (found by bisection: memory falls and time rises with every recomputed layer). When the
 search space lets it choose activation offload (``SearchSpace.choose_offload``), offloading the first k layers of
 each stage is one more way to fit, next to each non-full recompute choice, with the smallest k that fits (bisection
-again); at equal predicted time fewer offloaded layers win, so offload is chosen only where it is needed. Layouts
+again); at equal predicted time fewer offloaded layers win, so offload is chosen only where it is needed. Likewise,
+when it may choose the chunked pipeline (``SearchSpace.chunk_counts``: ``parallel.seq_chunks: auto``), a layout
+without cp or vpp is tried with the fewest chunks that fit next to each non-full recompute choice, and with
+the count that runs fastest (more chunks shrink the pipeline's bubble, each costs a forward). Layouts
 that do not fit even with every layer recomputed are rejected and counted; when nothing fits, the plan
 says how many devices (at this memory) or how much memory per device (at this count) would.
 """
@@ -134,9 +137,16 @@ def _evaluate(workload: Workload, cand: Candidate, cluster: ClusterSpec, mem: Co
     return Evaluated(cand, estimate_memory(workload, cand, mem), estimate_time(workload, cand, cluster, tcoef))
 
 
-def _rank_key(ev: Evaluated) -> tuple[float, int, float]:
-    """Faster first; at equal time fewer offloaded layers (host traffic for nothing), then less memory."""
-    return ev.time.total, ev.candidate.offload_layers, ev.memory.total
+def _rank_key(ev: Evaluated) -> tuple[float, int, int, float]:
+    """Faster first; at equal time fewer offloaded layers (host traffic for nothing) and fewer chunks, then less
+    memory."""
+    return ev.time.total, ev.candidate.offload_layers, ev.candidate.seq_chunks, ev.memory.total
+
+
+def _may_chunk(cand: Candidate, space: SearchSpace) -> bool:
+    """Whether the planner may cut this layout's sequences into chunks: chunk counts to choose from, and a layout the
+    chunked pipeline runs (cp=1, no vpp)."""
+    return len(space.chunk_counts) > 1 and cand.cp == 1 and cand.vpp == 1
 
 
 def _fewest_that_fit(variant: Callable[[int], Evaluated], most: int, budget: float) -> Evaluated | None:
@@ -154,11 +164,28 @@ def _fewest_that_fit(variant: Callable[[int], Evaluated], most: int, budget: flo
     return variant(lo)
 
 
+def _chunked_variants(workload: Workload, partial: list[Evaluated], cluster: ClusterSpec, budget: float,
+                      mem: Coefficients, tcoef: TimeCoefficients, counts: tuple[int, ...]) -> tuple[list, Evaluated]:
+    """(chunked variants of each non-full recompute choice that fit -- the fewest chunks that do, and the count that
+    runs fastest --, the most-chunked variant of the leanest choice) for a layout the chunked pipeline may take."""
+    fitting = []
+    for ev in partial:
+        def chunked(index: int, c: Candidate = ev.candidate) -> Evaluated:
+            return _evaluate(workload, replace(c, seq_chunks=counts[index]), cluster, mem, tcoef)
+
+        fewest = _fewest_that_fit(chunked, len(counts) - 1, budget)
+        if fewest is not None:
+            fits = [chunked(i) for i in range(counts.index(fewest.candidate.seq_chunks), len(counts))]
+            fitting += [fewest, min(fits, key=_rank_key)]
+    leanest = min(partial, key=lambda ev: ev.memory.total).candidate
+    return fitting, _evaluate(workload, replace(leanest, seq_chunks=counts[-1]), cluster, mem, tcoef)
+
+
 def _cheapest_fitting(
     workload: Workload, cand: Candidate, cluster: ClusterSpec, budget: float, mem: Coefficients,
-    tcoef: TimeCoefficients, choose_offload: bool = False,
+    tcoef: TimeCoefficients, space: SearchSpace,
 ) -> tuple[Evaluated | None, Evaluated]:
-    """(fastest recompute/offload choice that fits or None, the smallest-memory variant) for one layout."""
+    """(fastest recompute/offload/chunking choice that fits or None, the smallest-memory variant) for one layout."""
     layers_per_chunk = workload.terms().num_layers // (cand.pp * cand.vpp)
     choices = recompute_choices(workload.model, layers_per_chunk)
     partial = [_evaluate(workload, replace(cand, recompute=c), cluster, mem, tcoef)
@@ -168,7 +195,11 @@ def _cheapest_fitting(
         fastest = min(fitting, key=_rank_key) if fitting else None
         return fastest, min(partial, key=lambda ev: ev.memory.total)
     variants = [ev for ev in partial]
-    if choose_offload:  # the first k layers of every chunk offloaded, next to each non-full recompute choice
+    if _may_chunk(cand, space):
+        chunked, most = _chunked_variants(workload, partial, cluster, budget, mem, tcoef, space.chunk_counts)
+        fitting += chunked
+        variants.append(most)
+    if space.choose_offload:  # the first k layers of every chunk offloaded, next to each non-full recompute choice
         for ev in partial:
             offloaded = _fewest_that_fit(
                 lambda k, c=ev.candidate: _evaluate(workload, replace(c, offload_layers=k), cluster, mem, tcoef),
@@ -206,9 +237,11 @@ def plan(
     ranked, misses = [], []
     for cand in enumerate_layouts(workload.model, cluster.num_devices, workload.seq_length, cluster.node_size,
                                   space, rejected):
-        best, smallest = _cheapest_fitting(workload, cand, cluster, budget, mem, tcoef, space.choose_offload)
+        best, smallest = _cheapest_fitting(workload, cand, cluster, budget, mem, tcoef, space)
         if best is None:
-            rejected["exceeds memory even with full recompute" + (" or offload" if space.choose_offload else "")] += 1
+            ways = [" or offload"] if space.choose_offload else []
+            ways += [" or chunks"] if len(space.chunk_counts) > 1 else []
+            rejected["exceeds memory even with full recompute" + "".join(ways)] += 1
             misses.append(smallest)
         else:
             ranked.append(best)
@@ -232,6 +265,7 @@ def _fits_somewhere(workload: Workload, cluster: ClusterSpec, space: SearchSpace
         layers_per_chunk = workload.terms().num_layers // (cand.pp * cand.vpp)
         leanest = [replace(cand, recompute=RecomputePlan("full", num_layers=layers_per_chunk))]
         leanest += [replace(cand, offload_layers=layers_per_chunk)] if space.choose_offload else []
+        leanest += [replace(cand, seq_chunks=space.chunk_counts[-1])] if _may_chunk(cand, space) else []
         if any(estimate_memory(workload, lean, mem).total <= budget for lean in leanest):
             return True
     return False

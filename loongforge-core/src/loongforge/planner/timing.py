@@ -4,7 +4,8 @@
   attention ``6 s q`` per token and layer, plus the forward again for recomputed parts) divided over the
   ranks and by the device's achieved throughput; parts outside the decoder (``Workload.components``) add
   their FLOPs per sample, undivided, to the first stage;
-* ``bubble`` -- the 1F1B pipeline's idle share, ``(pp - 1) / (m * vpp)`` of the compute;
+* ``bubble`` -- the 1F1B pipeline's idle share, ``(pp - 1) / (m * vpp)`` of the compute (``m`` counts the
+  chunks of the chunked pipeline, ``parallel.seq_chunks``, whose recording pass adds a forward to ``compute``);
 * ``tp_comm`` -- four all-reduces (or all-gather + reduce-scatter with sequence parallelism) of the layer
   activations per layer and micro-batch; ``cp_comm`` -- context-parallel attention's exchange
   (:func:`context_parallel_seconds`: Ulysses' four all-to-alls of q/k/v/out each way, the ring's ``r - 1`` K/V hops
@@ -69,6 +70,8 @@ def flops_per_token(
             extra = terms.num_layers * min(rc.num_layers, layers_per_chunk) / layers_per_chunk * per_layer_forward
         else:  # the parts the recomputed modules re-run
             extra = terms.num_layers * terms.layer_forward_flops(seq, tp, etp, narrow_width, modules=rc.modules)
+    if cand is not None and cand.seq_chunks > 1:  # the chunked pipeline's recording pass: one more forward
+        extra += forward
     return total, extra
 
 
@@ -165,6 +168,7 @@ def estimate_time(
     coeffs = coeffs or TimeCoefficients()
     f, e = workload.terms(), workload.param_bytes
     m = cand.num_microbatches
+    passes_m = m * cand.seq_chunks  # what the schedule runs as micro-batches: chunks of them when chunked
     tokens_step = cand.micro_batch_size * m * cand.dp * workload.seq_length
     base, extra = flops_per_token(workload, cand, coeffs.narrow_width)
     # The slowest stage sets the pace: the last one also runs the output layer (its 6 V h FLOPs per token).
@@ -185,22 +189,23 @@ def estimate_time(
     full_rc = cand.recompute.granularity == "full"
     rc_fraction = min(cand.recompute.num_layers, f.num_layers // (cand.pp * cand.vpp)) / (
         f.num_layers // (cand.pp * cand.vpp)) if full_rc else 0.0
-    terms = {"compute": compute, "bubble": compute * (cand.pp - 1) / (m * cand.vpp)}
+    terms = {"compute": compute, "bubble": compute * (cand.pp - 1) / (passes_m * cand.vpp)}
     if cand.pp > 1:  # time beyond the average stage's share is the imbalance of the slowest stage
         balanced = ((base + extra) * tokens_rank + parts) / cand.pp / (cluster.device_flops * coeffs.flops_scale)
         terms["compute"], terms["stage_imbalance"] = balanced, compute - balanced
     tp_span = cand.tp
     per_layer_tp = 4 * ring_seconds(act, cand.tp, cluster, tp_span, True, coeffs)
-    terms["tp_comm"] = per_layer_tp * layers * m * (1 + rc_fraction / 2)
+    recorded = 1 / 2 if cand.seq_chunks > 1 else 0.0  # the chunked pipeline's recording pass: forward exchanges
+    terms["tp_comm"] = per_layer_tp * layers * m * (1 + rc_fraction / 2 + recorded)
     terms["cp_comm"] = context_parallel_seconds(workload, cand, cluster, coeffs) * layers * m
     terms["offload"] = offload_seconds(workload, cand, cluster, coeffs)
     if f.num_experts:
         a2a = tokens_mb * f.moe_router_topk * f.hidden_size * e / (cand.tp if cand.sequence_parallel else 1)
         terms["ep_comm"] = 4 * ring_seconds(a2a, cand.ep, cluster, cand.ep * cand.etp, False, coeffs) * layers * m
-    stage_bytes = act / (cand.tp if cand.sequence_parallel else 1)
+    stage_bytes = act / (cand.tp if cand.sequence_parallel else 1) / cand.seq_chunks
     pp_span = cand.tp * cand.cp * cand.dp * cand.pp
-    terms["pp_comm"] = (2 * m * cand.vpp * ring_seconds(stage_bytes, 2, cluster, pp_span, False, coeffs)
-                        if cand.pp > 1 else 0)
+    sends = 2 * passes_m * cand.vpp + (passes_m if cand.seq_chunks > 1 else 0)  # the recording pass sends forward
+    terms["pp_comm"] = sends * ring_seconds(stage_bytes, 2, cluster, pp_span, False, coeffs) if cand.pp > 1 else 0
     dense, expert = f.layer_params(cand.tp, cand.ep, cand.etp)
     params = (dense + expert) * layers + padded_vocab(f.vocab_size, cand.tp) * f.hidden_size / cand.tp
     params += sum(c.param_count(cand) for c in workload.components)  # reduced by the first stage's ranks
@@ -210,6 +215,7 @@ def estimate_time(
                             + ring_seconds(params * e, dp_ranks, cluster, dp_span, False, coeffs))
     else:
         terms["dp_comm"] = ring_seconds(params * 4, dp_ranks, cluster, dp_span, True, coeffs)
-    passes = layers * m * (1 + rc_fraction / 3) * (1 + (cand.pp - 1) / (m * cand.vpp))
+    forwards = 1 + rc_fraction / 3 + (1 / 3 if cand.seq_chunks > 1 else 0.0)  # recompute and recording re-run
+    passes = layers * passes_m * forwards * (1 + (cand.pp - 1) / (passes_m * cand.vpp))
     terms["overhead"] = coeffs.overhead_per_layer * passes
     return TimeEstimate(terms=terms)

@@ -158,34 +158,6 @@ def check_pack(config: LoongForgeConfig, decoder: Any, cp: int) -> None:
                           "data.pack: false")
 
 
-def check_seq_chunks(config: LoongForgeConfig, decoder: Any, *, cp: int, vpp: int | None) -> None:
-    """``parallel.seq_chunks`` (:mod:`loongforge.parallel.sequence_chunks`) against the run, in one line naming the
-    key: what the chunked pipeline cannot do. Shared by the pre-flight and the run."""
-    chunks, where = config.parallel.seq_chunks, config.source
-    if chunks < 1:
-        raise ConfigError(f"{where}: parallel.seq_chunks must be >= 1, got {chunks}")
-    if chunks == 1:
-        return
-    seq, phase = config.data.seq_length, config.training.phase
-    refusals = (  # (refused, why), the first that holds is reported
-        (seq % chunks, f"data.seq_length ({seq}) does not divide into {chunks} equal chunks"),
-        (cp > 1, "not with parallel.cp > 1 (chunks and context parallelism both split the sequence)"),
-        (vpp, "not with parallel.vpp (the interleaved schedule)"),
-        (config.data.pack, "not with data.pack (packed rows restart positions inside a chunk)"),
-        (phase not in ("pretrain", "sft"), f"not with training.phase {phase} (its engine steps pairs or rollouts)"),
-        (decoder.is_moe, "not with a mixture-of-experts decoder (routing and its balancing loss are per micro-batch)"),
-        (decoder.context_parallel_blocker, f"not with {decoder.context_parallel_blocker} (core's attention applies it "
-                                           "over whole sequences)"),
-        (decoder.position_embedding not in ("rope", "learned_absolute", "none") or decoder.mrope_section,
-         f"not with position embedding '{decoder.position_embedding}'{' (M-RoPE)' if decoder.mrope_section else ''}"),
-    )
-    why = next((why for refused, why in refusals if refused), None)
-    if why is None and decoder.decoder_spec() is not None:  # asked last: a family's spec may import megatron
-        why = "not with the decoder's own layers (only core's causal attention keeps K/V per chunk)"
-    if why is not None:
-        raise ConfigError(f"{where}: parallel.seq_chunks ({chunks}): {why}; set parallel.seq_chunks: 1")
-
-
 def validation_rows(host: Any, config: LoongForgeConfig, tokenizer: Any, held_out: Any, *, model: Any = None,
                     progress: bool = False) -> Any:
     """The rows an evaluation reads: every row of ``evaluation.data`` (opened and checked as ``data.paths`` are,

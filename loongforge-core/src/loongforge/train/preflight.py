@@ -310,7 +310,7 @@ def _check_megatron(config: LoongForgeConfig, world_size: int, family: ModelFami
                     host: PluginHost) -> tuple[list[str], int | None]:
     """Layout, batch, precision, LoRA and ``model.load`` of a megatron-engine model; what resolved, and the global
     batch (``None`` under ``parallel: auto``, whose planner picks it at train time)."""
-    from loongforge.train.batches import check_seq_chunks
+    from loongforge.config.chunk_settings import check_seq_chunks
 
     decoder, lines, global_batch = family.decoder, [], None
     where = f"parallel.strategy in {config.source}"
@@ -335,8 +335,10 @@ def _check_megatron(config: LoongForgeConfig, world_size: int, family: ModelFami
         from loongforge.train.memory_preflight import check_batch_fits
 
         check_batch_fits(config, family, backend, layout, plan.num_microbatches, world_size)
+        chunked = (f", each sequence in {config.parallel.seq_chunks} chunks (chunked pipeline)"
+                   if config.parallel.seq_chunks > 1 else "")
         lines.append(f"parallel: tp={layout.tp} pp={layout.pp} {layout.cp_description} ep={layout.ep} dp={layout.dp} "
-                     f"for {world_size} process(es), {plan.num_microbatches} micro-batch(es) per step")
+                     f"for {world_size} process(es), {plan.num_microbatches} micro-batch(es) per step{chunked}")
         from loongforge.models.recompute import recompute_kwargs  # megatron's own checks come after process groups
 
         recompute_kwargs(config.model.recompute, decoder.num_layers // (layout.pp * layout.num_chunks), config.source)

@@ -155,7 +155,7 @@ def _run(config: LoongForgeConfig, host: Any, backend: Any, reason: str, info: A
     from loongforge.parallel.moe_overlap_check import check_moe_a2a_overlap
 
     overlap = check_moe_a2a_overlap(config, layout, model_flavor.decoder, backend)  # again: auto chose the layout
-    from loongforge.train.batches import check_seq_chunks
+    from loongforge.config.chunk_settings import check_seq_chunks
 
     check_seq_chunks(config, model_flavor.decoder, cp=layout.cp, vpp=layout.vpp)
     tokenizer = load_tokenizer(host, config)
