@@ -166,3 +166,31 @@ def test_written_config_runs_with_the_chosen_count(tmp_path, capsys):
     capsys.readouterr()
     assert main(["check", str(written), "--nproc", "2"]) == 0
     assert f"each sequence in {chunks} chunks (chunked pipeline)" in capsys.readouterr().out
+
+
+def test_parallel_auto_trains_with_the_chunks_it_chose(tmp_path):
+    """``parallel: auto`` with ``seq_chunks: auto`` through the trainer, at a budget full recompute misses: the run
+    trains chunked and records the count it chose."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    text = (f"run: {{output_dir: {tmp_path / 'run'}, seed: 1}}\n"
+            "model: {name: llama-debug, overrides: {max_position_embeddings: 2048}}\n"
+            "parallel: {auto: true, seq_chunks: auto}\ndata: {seq_length: 2048}\n"
+            "training: {steps: 2, micro_batch_size: 1, global_batch_size: 1, threads: 1}\n"
+            "logging: {progress: false, tensorboard: false}\n")
+    config = _config(tmp_path, text)
+    workload, _ = _plan(config, devices=1, memory=64 * 2**30)
+    full = Candidate(tp=1, pp=1, dp=1, distributed_optimizer=False, recompute=RecomputePlan("full", num_layers=2))
+    memory = int(0.8 * estimate_memory(workload, full).total / (1 - DEFAULT_MARGIN))
+    done = subprocess.run([sys.executable, "-m", "loongforge.cli", "train", str(tmp_path / "run.yaml"),
+                           f"parallel.planner.device_memory={memory}"], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    metadata = json.loads(next((tmp_path / "run" / "checkpoints").glob("*/metadata.json")).read_text())
+    chunks = metadata["parallel_auto"]["parallel"]["seq_chunks"]
+    assert chunks > 1 and f"chunks{chunks}" in done.stdout
+    saved = yaml.safe_load(next((tmp_path / "run" / "checkpoints").glob("*/config.yaml")).read_text())
+    assert saved["parallel"]["seq_chunks"] == chunks  # the run's resolved config: the count it recorded as chosen
