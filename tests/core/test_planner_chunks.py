@@ -115,13 +115,14 @@ def test_chunks_at_two_stages_shrink_the_bubble_enough_to_win(tmp_path):
     assert piped and all(ev.candidate.seq_chunks > 1 for ev in piped)
 
 
-def test_chunks_never_beside_cp_or_vpp(tmp_path):
+def test_chunks_never_beside_cp_tp_or_vpp(tmp_path):
     _workload, result = _plan(_config(tmp_path, CHUNKS_AUTO, "parallel.cp_mode=auto"), devices=4,
                               memory=0.25 * 2**30)
-    assert result.ranked
+    assert result.ranked and any(ev.candidate.seq_chunks > 1 for ev in result.ranked)
     for ev in result.ranked:
-        chunked = ev.candidate.seq_chunks > 1
-        assert not chunked or (ev.candidate.cp == 1 and ev.candidate.vpp == 1), ev.describe(result.workload)
+        cand = ev.candidate
+        chunked = cand.seq_chunks > 1
+        assert not chunked or (cand.cp, cand.tp, cand.vpp) == (1, 1, 1), ev.describe(result.workload)
     # a fixed count holds every layout to cp=1 without vpp, each of them chunked
     _workload, fixed = _plan(_config(tmp_path, CHUNKS_AUTO, "parallel.seq_chunks=8", "parallel.cp_mode=auto"),
                              devices=4, memory=64 * 2**30)

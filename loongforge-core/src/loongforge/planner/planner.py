@@ -145,8 +145,10 @@ def _rank_key(ev: Evaluated) -> tuple[float, int, int, float]:
 
 def _may_chunk(cand: Candidate, space: SearchSpace) -> bool:
     """Whether the planner may cut this layout's sequences into chunks: chunk counts to choose from, and a layout the
-    chunked pipeline runs (cp=1, no vpp)."""
-    return len(space.chunk_counts) > 1 and cand.cp == 1 and cand.vpp == 1
+    chunked pipeline runs (cp=1, no vpp) whose memory the model has been measured to predict -- tp=1: beside tensor
+    parallelism a chunked run measured twice the prediction (docs/long-context.md), so the planner does not offer it
+    (a config may still set both)."""
+    return len(space.chunk_counts) > 1 and cand.cp == 1 and cand.vpp == 1 and cand.tp == 1
 
 
 def _fewest_that_fit(variant: Callable[[int], Evaluated], most: int, budget: float) -> Evaluated | None:
