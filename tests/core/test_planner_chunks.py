@@ -11,12 +11,11 @@ import yaml
 from loongforge.cli import main
 from loongforge.config import load_config
 from loongforge.config.chunk_settings import check_seq_chunks, chunk_counts
-from loongforge.devices.chunk_attention import TILE
 from loongforge.errors import ConfigError
 from loongforge.planner.auto import search_space, workload_for
 from loongforge.planner.hardware import ClusterSpec
 from loongforge.planner.layouts import Candidate, RecomputePlan
-from loongforge.planner.memory import CHUNK_TILE, estimate_memory
+from loongforge.planner.memory import chunk_kv_bytes, estimate_memory
 from loongforge.planner.planner import DEFAULT_MARGIN, plan
 from loongforge.planner.timing import estimate_time
 from loongforge.resolve import resolve_model_flavor
@@ -69,8 +68,15 @@ def test_memory_falls_with_the_chunk_count_and_keeps_the_sequence_kv(tmp_path):
     assert peaks[-1].terms["activations"] - floor < unchunked_act / 8  # the chunk's share is small beside it
 
 
-def test_the_tile_the_model_counts_is_the_kernel_s():
-    assert CHUNK_TILE == TILE
+def test_kv_terms_by_hand_with_the_kernel_s_tiles(tmp_path):
+    """6144 tokens in 4 chunks of 1536: the chunk attention scores tiles of 384 tokens (1536 halved while above 512),
+    not 512 or the whole chunk; llama-tiny fp32, one stage of 4 layers, 4 heads, K/V 2 x 64 wide."""
+    workload, _ = _plan(_config(tmp_path, CHUNKS_AUTO, "data.seq_length=6144"), devices=1, memory=64 * 2**30)
+    kept, transient = chunk_kv_bytes(workload, Candidate(tp=1, pp=1, dp=1, seq_chunks=4, distributed_optimizer=False))
+    kv = 6144 * 2 * 128  # K and V elements of the sequence, per layer
+    assert kept == 4 * kv * (4 + 3 / 4 * 4)  # records (fp32) and the gradients of 3 of 4 chunks, 4 layers
+    query = 1536 * 256
+    assert transient == 2 * kv * 4 + 3 * query * 4 + 4 * (4 * 384 * 384 * 4)
 
 
 def test_recording_pass_costs_a_forward_and_chunks_shrink_the_bubble(tmp_path):

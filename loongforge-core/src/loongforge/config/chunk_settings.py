@@ -8,12 +8,22 @@ from typing import Any
 
 from loongforge.errors import ConfigError
 
-__all__ = ["check_seq_chunks", "chunk_counts", "seq_chunks_problem"]
+__all__ = ["TILE", "check_seq_chunks", "chunk_counts", "chunk_tile", "seq_chunks_problem"]
 
 #: The fewest tokens a chunk the planner chooses keeps (shorter chunks cost more in per-pass overhead than they save).
 MIN_CHUNK_TOKENS = 256
 #: The most chunks the planner cuts a sequence into.
 MAX_CHUNKS = 64
+#: The chunk attention's longest run of queries or keys whose scores are computed at once (``heads x TILE x TILE``
+#: fp32 numbers; :mod:`loongforge.devices.chunk_attention`, which the planner's memory model sizes without torch).
+TILE = 512
+
+
+def chunk_tile(length: int, most: int = TILE) -> int:
+    """The tile length of a ``length``-token chunk: halved while longer than ``most`` (and even), so tiles cover it."""
+    while length > most and length % 2 == 0:
+        length //= 2
+    return length
 
 
 def seq_chunks_problem(config: Any, decoder: Any, *, chunks: int | None, cp: int, vpp: int | None) -> str | None:

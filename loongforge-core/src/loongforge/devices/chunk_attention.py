@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from loongforge.config.chunk_settings import TILE, chunk_tile
 from loongforge.devices.ring_attention import (
     attending_pairs,
     block_gradients,
@@ -30,9 +31,6 @@ from loongforge.devices.ring_attention import (
 )
 from loongforge.parallel.sequence_chunks import SequenceChunk
 from loongforge.parallel.sequence_pieces import Piece
-
-#: The longest run of queries or keys whose scores are computed at once (``heads x TILE x TILE`` fp32 numbers).
-TILE = 512
 
 
 def chunk_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: Any,
@@ -45,17 +43,10 @@ def chunk_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     return _ChunkAttention.apply(query, key, value, layer, chunk, scale)
 
 
-def _tile(length: int) -> int:
-    """The tile length: ``length`` halved while longer than :data:`TILE` (and even), so tiles cover a chunk."""
-    while length > TILE and length % 2 == 0:
-        length //= 2
-    return length
-
-
 def _pairs(chunk: SequenceChunk, length: int) -> list[tuple[slice, slice, bool]]:
     """The attending (query slice, key slice, diagonal) tiles of chunk ``chunk.index`` (``length`` tokens) over
     the keys of chunks ``0 .. index`` concatenated."""
-    tile = _tile(length)
+    tile = chunk_tile(length, TILE)  # this module's TILE: tests shrink it
     per_chunk = length // tile
     queries = [Piece(0, chunk.index * per_chunk + t, t * tile, tile) for t in range(per_chunk)]
     keys = [Piece(0, t, t * tile, tile) for t in range((chunk.index + 1) * per_chunk)]

@@ -56,11 +56,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from loongforge.config.chunk_settings import chunk_tile
 from loongforge.models.sizing import DecoderTerms
 from loongforge.planner.layouts import Candidate, decoder_terms
 
-#: The chunk attention's tile (``loongforge.devices.chunk_attention.TILE``, not imported: that module needs torch).
-CHUNK_TILE = 512
 #: Embedding rows are padded to a multiple of lcm(128, tp) (models/decoder_model.py VOCAB_PAD_MULTIPLE).
 VOCAB_PAD_MULTIPLE = 128
 _BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
@@ -231,7 +230,7 @@ def chunk_kv_bytes(workload: Workload, cand: Candidate) -> tuple[float, float]:
     the activations' dtype, and the fp32 K/V gradients later chunks leave for earlier ones (up to all but one chunk of
     the micro-batch being replayed), for every layer of the stage. Transient: the chunk attention's fp32 copies of the
     keys and values of the sequence so far and their gradients, fp32 queries, output gradient and query gradient of
-    the chunk, and four fp32 score tiles per head (:data:`loongforge.devices.chunk_attention.TILE` tokens a side).
+    the chunk, and four fp32 score tiles per head (:func:`~loongforge.config.chunk_settings.chunk_tile` tokens a side).
     """
     terms, e, chunks = workload.terms(), workload.param_bytes, cand.seq_chunks
     if chunks == 1 or not terms.attention_heads:
@@ -240,10 +239,7 @@ def chunk_kv_bytes(workload: Workload, cand: Candidate) -> tuple[float, float]:
     sequence = workload.seq_length * cand.micro_batch_size
     kv = sequence * 2 * terms.kv_width / cand.tp  # K and V elements of one micro-batch and layer on this rank
     kept = layers * kv * (cand.num_microbatches * e + (chunks - 1) / chunks * 4)
-    chunk = workload.seq_length // chunks
-    tile = chunk
-    while tile > CHUNK_TILE and tile % 2 == 0:
-        tile //= 2
+    tile = chunk_tile(workload.seq_length // chunks)
     query = sequence / chunks * terms.query_width / cand.tp
     scores = cand.micro_batch_size * terms.attention_heads / cand.tp * tile * tile * 4
     return kept, 2 * kv * 4 + 3 * query * 4 + 4 * scores

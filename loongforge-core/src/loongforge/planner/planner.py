@@ -7,7 +7,7 @@ search space lets it choose activation offload (``SearchSpace.choose_offload``),
 each stage is one more way to fit, next to each non-full recompute choice, with the smallest k that fits (bisection
 again); at equal predicted time fewer offloaded layers win, so offload is chosen only where it is needed. Likewise,
 when it may choose the chunked pipeline (``SearchSpace.chunk_counts``: ``parallel.seq_chunks: auto``), a layout
-without cp or vpp is tried with the fewest chunks that fit next to each non-full recompute choice, and with
+without cp, tp or vpp is tried with the fewest chunks that fit next to each non-full recompute choice, and with
 the count that runs fastest (more chunks shrink the pipeline's bubble, each costs a forward). Layouts
 that do not fit even with every layer recomputed are rejected and counted; when nothing fits, the plan
 says how many devices (at this memory) or how much memory per device (at this count) would.
