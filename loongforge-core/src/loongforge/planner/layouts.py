@@ -175,7 +175,8 @@ class SearchSpace:
     choose_offload: bool = False
     #: The chunk counts a layout may take (``parallel.seq_chunks``; see
     #: :func:`loongforge.config.chunk_settings.chunk_counts`): one count is the config's, which every layout keeps (a
-    #: count above 1 rules out cp and vpp); several (``auto``) are ways to fit at cp=1 and tp=1 without vpp, fewest first.
+    #: count above 1 rules out cp and vpp); several (``auto``) are ways to fit at cp=1 and tp=1 without vpp, fewest
+    #: first.
     chunk_counts: tuple[int, ...] = (1,)
     try_vpp: bool = True
     #: Whether layouts without the distributed optimizer are compared too (it never costs time in the model).
